@@ -1,0 +1,424 @@
+"""Thin helpers over jaxlib's MLIR bindings: parse, print, serialize, walk, def-use, surgery.
+
+This module is the one place in hlofuse that knows the crash hazards of the bindings
+(``../shared/reference/jax-0.10.2-facts.md``, H1-H8). Every other module goes through it:
+
+* H1  mutating ``Lowered.compiler_ir()`` poisons JAX's lowering cache: we never take the live
+      module; :func:`module_from_jax` always re-parses text into a context of our own.
+* H2  ``stablehlo.serialize_portable_artifact`` converts its argument to VHLO in place:
+      :func:`to_portable_artifact` uses the non-mutating ``jax.extend.mlir`` entry point.
+* H3  erasing an op that still has uses segfaults later: :func:`safe_erase` checks first.
+* H5  the reference interpreter aborts the process on unsupported ops: :func:`eval_module`
+      runs it in a subprocess.
+* H6  modules with Python host callbacks segfault when compiled without them:
+      :func:`check_no_host_callbacks` rejects them before they reach a compiler.
+* H7  ``FuncOp.arg_attrs`` needs an active context: helpers here always enter one.
+* H8  cloning across contexts corrupts the destination: :func:`import_funcs` and
+      :func:`clone_into` assert both sides share one context.
+(H4, the compilation cache keyed on module identity, does not arise: hlofuse never mutates a
+``Lowered``; see :mod:`hlofuse.runtime` for the re-injection route.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+import subprocess
+import sys
+import tempfile
+from typing import Callable, Iterable, Iterator, Sequence
+
+import numpy as np
+
+from jax._src.interpreters import mlir as _jmlir
+from jaxlib.mlir import ir
+from jaxlib.mlir import passmanager
+from jaxlib.mlir.dialects import func as func_d
+from jaxlib.mlir.dialects import stablehlo
+
+__all__ = [
+    "IRError", "new_context", "parse", "detect_format", "to_text", "to_bytecode",
+    "to_portable_artifact", "clone_module", "main_func", "funcs", "walk", "block_ops",
+    "users", "has_uses", "safe_erase", "import_funcs", "run_upstream_passes",
+    "inline_all_calls", "tensor_type_info", "check_no_host_callbacks", "op_location",
+    "portable_target_default", "MAGIC_BYTECODE",
+]
+
+MAGIC_BYTECODE = b"ML\xefR"
+
+_STABLEHLO_PASSES_REGISTERED = False
+
+
+class IRError(ValueError):
+    """Bad or unsupported IR. The message names the source (file, op, argument)."""
+
+
+def portable_target_default() -> str:
+    """The StableHLO version target ``jax.export`` uses for portable artifacts (WEEK_4)."""
+    try:
+        return stablehlo.get_version_from_compatibility_requirement(
+            stablehlo.StablehloCompatibilityRequirement.WEEK_4)
+    except Exception:  # older bindings: fall back to the verified value
+        return "1.15.0"
+
+
+def new_context() -> ir.Context:
+    """A fresh MLIR context with every dialect JAX emits registered.
+
+    Each optimization gets its own context so nothing is ever shared with JAX's live
+    modules (H1) and all modules a rewrite touches live in the same context (H8).
+    """
+    global _STABLEHLO_PASSES_REGISTERED
+    if not _STABLEHLO_PASSES_REGISTERED:
+        stablehlo.register_stablehlo_passes()
+        _STABLEHLO_PASSES_REGISTERED = True
+    ctx = _jmlir.make_ir_context()
+    ctx.allow_unregistered_dialects = False
+    return ctx
+
+
+def detect_format(data: str | bytes | bytearray) -> str:
+    """Classify serialized StableHLO by content: 'text', 'bytecode', 'portable' or 'exported'.
+
+    'portable' and 'bytecode' share the MLIR bytecode magic; a portable artifact names the
+    ``vhlo`` dialect in its producer/dialect section, which plain bytecode of StableHLO does not.
+    'exported' is a ``jax.export`` flatbuffer (``Exported.serialize()``).
+    """
+    if isinstance(data, str):
+        return "text"
+    data = bytes(data)
+    if data.startswith(MAGIC_BYTECODE):
+        return "portable" if b"vhlo" in data[:4096] else "bytecode"
+    head = data[:64].lstrip()
+    if head.startswith((b"module", b"func.func", b"#", b"//", b"\"builtin.module\"")):
+        return "text"
+    # flatbuffers: 4-byte root offset, then a vtable; Exported has no fixed magic, so we
+    # recognize it by attempting the (safe, Python-level) deserializer.
+    try:
+        from jax import export as jexport
+        jexport.deserialize(bytearray(data))
+        return "exported"
+    except Exception:
+        pass
+    try:
+        data.decode("utf-8")
+        return "text"
+    except UnicodeDecodeError:
+        return "unknown"
+
+
+def parse(data, ctx: ir.Context | None = None, *, source: str = "<input>") -> ir.Module:
+    """Parse StableHLO from text, MLIR bytecode, a portable artifact or an ``ir.Module``.
+
+    An ``ir.Module`` from another context (for instance JAX's own) is re-parsed from its text
+    (never cloned across contexts, H8). Raises :class:`IRError` naming ``source`` on failure.
+    """
+    ctx = ctx or new_context()
+    if isinstance(data, ir.Module):
+        if data.context is ctx:
+            return data
+        data = data.operation.get_asm(enable_debug_info=True)
+    fmt = detect_format(data)
+    try:
+        if fmt == "portable":
+            return stablehlo.deserialize_portable_artifact(ctx, bytes(data))
+        if fmt == "exported":
+            from jax import export as jexport
+            exp = jexport.deserialize(bytearray(data))
+            return parse(exp.mlir_module_serialized, ctx, source=source)
+        if fmt == "unknown":
+            raise IRError(f"{source}: not StableHLO (neither MLIR text, MLIR bytecode, a portable "
+                          f"artifact nor a jax.export artifact)")
+        with ctx:
+            mod = ir.Module.parse(data if isinstance(data, str) else bytes(data))
+    except IRError:
+        raise
+    except Exception as e:  # MLIRError carries the diagnostics; keep them, name the source
+        msg = str(e).strip().splitlines()
+        raise IRError(f"{source}: cannot parse StableHLO: " + " | ".join(m.strip() for m in msg[:6])) from None
+    if any(op.operation.name.startswith("vhlo.") for op in mod.body.operations):
+        raise IRError(f"{source}: module is in the vhlo dialect; load it as a portable artifact")
+    return mod
+
+
+def to_text(module: ir.Module, *, debug_info: bool = False) -> str:
+    return module.operation.get_asm(enable_debug_info=debug_info)
+
+
+def to_bytecode(module: ir.Module) -> bytes:
+    buf = io.BytesIO()
+    module.operation.write_bytecode(buf)
+    return buf.getvalue()
+
+
+def to_portable_artifact(module: ir.Module, target: str | None = None) -> bytes:
+    """Serialize to a versioned StableHLO portable artifact without mutating ``module`` (H2)."""
+    import jax.extend.mlir as jem
+    target = target or portable_target_default()
+    return jem.serialize_portable_artifact(to_bytecode(module), target)
+
+
+def clone_module(module: ir.Module, ctx: ir.Context | None = None) -> ir.Module:
+    """A deep copy (in ``ctx`` or the module's own context)."""
+    ctx = ctx or module.context
+    with ctx:
+        return ir.Module.parse(to_bytecode(module)) if ctx is module.context else \
+            ir.Module.parse(to_text(module, debug_info=True))
+
+
+# ---------------------------------------------------------------------------------------------
+# Navigation
+# ---------------------------------------------------------------------------------------------
+
+def funcs(module: ir.Module) -> list:
+    return [op for op in module.body.operations if op.operation.name == "func.func"]
+
+
+def main_func(module: ir.Module, *, source: str = "<input>"):
+    for f in funcs(module):
+        if ir.StringAttr(f.attributes["sym_name"]).value == "main":
+            return f
+    raise IRError(f"{source}: module has no 'main' function")
+
+
+def func_name(f) -> str:
+    return ir.StringAttr(f.operation.attributes["sym_name"]).value
+
+
+def block_ops(block: ir.Block) -> list:
+    return [op.operation for op in block.operations]
+
+
+def walk(root, fn: Callable) -> None:
+    """Pre-order walk calling ``fn(op)`` for every nested operation (``op`` is an Operation)."""
+    def cb(op):
+        fn(op.operation if hasattr(op, "operation") else op)
+        return ir.WalkResult.ADVANCE
+    root.operation.walk(cb, ir.WalkOrder.PRE_ORDER)
+
+
+def all_ops(root) -> list:
+    out = []
+    walk(root, out.append)
+    return out
+
+
+def users(value: ir.Value) -> list:
+    return [u.owner for u in value.uses]
+
+
+def has_uses(op) -> bool:
+    return any(True for r in op.results for _ in r.uses)
+
+
+def safe_erase(op) -> None:
+    """Erase ``op`` only when none of its results has a use (H3: otherwise a later segfault)."""
+    op = op.operation if hasattr(op, "operation") else op
+    if has_uses(op):
+        raise IRError(f"internal: refusing to erase '{op.name}' at {op_location(op)}: "
+                      f"its results still have uses")
+    op.erase()
+
+
+def op_location(op) -> str:
+    """Short human-readable source location of ``op`` (file:line where known)."""
+    op = op.operation if hasattr(op, "operation") else op
+    return location_str(op.location)
+
+
+def location_str(loc) -> str:
+    s = str(loc)
+    # e.g. loc(callsite("f"("/x.py":4:11 to :40) at ...)) -> pick the first file:line
+    import re
+    m = re.search(r'"([^"]+\.py)":(\d+)', s)
+    if m:
+        return f"{os.path.basename(m.group(1))}:{m.group(2)}"
+    m = re.search(r'loc\("([^"]+)"', s)
+    return m.group(1) if m else "unknown"
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorInfo:
+    shape: tuple
+    dtype: str  # MLIR element type spelling: f32, bf16, i1, i32, ui8, complex<f32>, ...
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape)) if self.shape else 1
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * dtype_bytes(self.dtype)
+
+
+def tensor_type_info(t: ir.Type) -> TensorInfo | None:
+    """Shape and element type of a ranked, static tensor type; None otherwise."""
+    if not isinstance(t, ir.RankedTensorType):
+        return None
+    rt = ir.RankedTensorType(t)
+    if not rt.has_static_shape:
+        return None
+    return TensorInfo(tuple(rt.shape), str(rt.element_type))
+
+
+_DTYPE_BYTES = {"i1": 1, "i4": 1, "i8": 1, "ui8": 1, "i16": 2, "ui16": 2, "f16": 2, "bf16": 2,
+                "i32": 4, "ui32": 4, "f32": 4, "i64": 8, "ui64": 8, "f64": 8,
+                "complex<f32>": 8, "complex<f64>": 16}
+
+
+def dtype_bytes(dt: str) -> int:
+    return _DTYPE_BYTES.get(dt, 1 if dt.startswith("f8") else 4)
+
+
+def np_dtype(dt: str):
+    """numpy (ml_dtypes) dtype of an MLIR element type spelling."""
+    import ml_dtypes
+    table = {"i1": np.bool_, "i8": np.int8, "i16": np.int16, "i32": np.int32, "i64": np.int64,
+             "ui8": np.uint8, "ui16": np.uint16, "ui32": np.uint32, "ui64": np.uint64,
+             "f16": np.float16, "f32": np.float32, "f64": np.float64,
+             "bf16": ml_dtypes.bfloat16, "complex<f32>": np.complex64, "complex<f64>": np.complex128,
+             "f8E4M3FN": ml_dtypes.float8_e4m3fn, "f8E5M2": ml_dtypes.float8_e5m2}
+    if dt not in table:
+        raise IRError(f"unsupported element type '{dt}'")
+    return np.dtype(table[dt])
+
+
+# ---------------------------------------------------------------------------------------------
+# Surgery
+# ---------------------------------------------------------------------------------------------
+
+def _check_same_context(a, b, what: str) -> None:
+    if a.context is not b.context:
+        raise IRError(f"internal: {what} across MLIR contexts (would corrupt the module, H8); "
+                      f"re-parse into one context first")
+
+
+def import_funcs(dst: ir.Module, src: ir.Module, prefix: str) -> dict[str, str]:
+    """Clone every function of ``src`` into ``dst`` as private, names prefixed.
+
+    Returns the old→new symbol map. ``jax.*``/``mhlo.*`` argument and result attributes of the
+    imported entry are dropped (they describe the source module's public signature).
+    """
+    _check_same_context(dst, src, "import_funcs")
+    src = clone_module(src)  # never mutate the caller's module
+    with src.context:
+        table = ir.SymbolTable(src.operation)
+        names = [func_name(f) for f in funcs(src)]
+        mapping = {}
+        for n in names:
+            new = prefix + n
+            ir.SymbolTable.replace_all_symbol_uses(n, new, src.operation)
+            ir.SymbolTable.set_symbol_name(table[n], new)
+            mapping[n] = new
+        dst_table = ir.SymbolTable(dst.operation)
+        for f in funcs(src):
+            if func_name(f) in dst_table:
+                raise IRError(f"internal: symbol {func_name(f)} already exists in destination")
+            ir.SymbolTable.set_visibility(f.operation, "private")
+            for key in ("arg_attrs", "res_attrs"):
+                if key in f.operation.attributes:
+                    del f.operation.attributes[key]
+            dst.body.append(f.operation.clone())
+    return mapping
+
+
+def inline_all_calls(module: ir.Module) -> int:
+    """Inline every ``func.call`` (jaxlib's ``inline`` pass does not; see facts §2).
+
+    Uses jaxlib's ``inlined_func_call`` (it maps nested-region captures correctly), innermost
+    callees first, bounded by the number of call sites. Returns how many calls were inlined.
+    """
+    from jaxlib.mlir._mlir_libs import _jax_mlir_ext
+    count = 0
+    with module.context, ir.Location.unknown():
+        for _ in range(10_000):
+            table = ir.SymbolTable(module.operation)
+            calls = [op for op in all_ops(module) if op.name == "func.call"]
+            if not calls:
+                break
+            progressed = False
+            for call in calls:
+                callee_name = ir.FlatSymbolRefAttr(call.attributes["callee"]).value
+                callee = table[callee_name]
+                # inline leaves first: skip callees that still contain calls
+                if any(o.name == "func.call" for o in all_ops(callee)):
+                    continue
+                if len(callee.regions[0].blocks) != 1:
+                    continue
+                with ir.InsertionPoint(call), call.location:
+                    new_vals = _jax_mlir_ext.inlined_func_call(callee.operation, list(call.operands))
+                for old, new in zip(call.results, new_vals):
+                    old.replace_all_uses_with(new)
+                safe_erase(call)
+                count += 1
+                progressed = True
+            if not progressed:
+                raise IRError("recursive or multi-block function calls cannot be inlined")
+    return count
+
+
+def run_upstream_passes(module: ir.Module, pipeline: str) -> None:
+    """Run an upstream MLIR pass pipeline string, e.g. ``'builtin.module(cse,canonicalize)'``."""
+    with module.context:
+        pm = passmanager.PassManager.parse(pipeline)
+        pm.run(module.operation)
+
+
+def verify(module: ir.Module) -> None:
+    try:
+        module.operation.verify()
+    except Exception as e:
+        raise IRError("module does not verify: " + " | ".join(str(e).strip().splitlines()[:8])) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Guards for things that crash the process
+# ---------------------------------------------------------------------------------------------
+
+HOST_CALLBACK_TARGETS = ("xla_ffi_python_cpu_callback", "xla_ffi_python_gpu_callback",
+                         "xla_python_cpu_callback", "xla_python_gpu_callback")
+
+
+def custom_call_targets(module: ir.Module) -> list[str]:
+    out = []
+    for op in all_ops(module):
+        if op.name == "stablehlo.custom_call":
+            out.append(ir.StringAttr(op.attributes["call_target_name"]).value)
+    return out
+
+
+def check_no_host_callbacks(module: ir.Module, *, source: str = "<input>") -> None:
+    """Raise instead of compiling a module with Python host callbacks we cannot supply (H6)."""
+    bad = [t for t in custom_call_targets(module) if t in HOST_CALLBACK_TARGETS]
+    if bad:
+        raise IRError(f"{source}: module calls Python host callbacks ({bad[0]}); these need the "
+                      f"original Python process and cannot be compiled from the file alone")
+
+
+def eval_module(module_text: str, inputs: Sequence[np.ndarray], *, timeout: float = 300) -> list[np.ndarray]:
+    """Run the StableHLO reference interpreter in a subprocess (it aborts the process on
+    unsupported ops, H5). Raises :class:`IRError` when the interpreter fails."""
+    with tempfile.TemporaryDirectory() as d:
+        mpath = os.path.join(d, "m.mlir")
+        with open(mpath, "w") as fh:
+            fh.write(module_text)
+        np.savez(os.path.join(d, "in.npz"), *inputs)
+        code = (
+            "import sys, numpy as np\n"
+            "from jaxlib.mlir import ir\n"
+            "from jaxlib.mlir.dialects import stablehlo\n"
+            "from hlofuse import ir as hir\n"
+            "ctx = hir.new_context()\n"
+            "m = hir.parse(open(sys.argv[1]).read(), ctx)\n"
+            "z = np.load(sys.argv[2]); ins = [z[f'arr_{i}'] for i in range(len(z.files))]\n"
+            "with ctx:\n"
+            "    outs = stablehlo.eval_module(m, [ir.DenseElementsAttr.get(a) for a in ins])\n"
+            "    np.savez(sys.argv[3], *[np.array(o) for o in outs])\n")
+        opath = os.path.join(d, "out.npz")
+        p = subprocess.run([sys.executable, "-c", code, mpath, os.path.join(d, "in.npz"), opath],
+                           capture_output=True, text=True, timeout=timeout)
+        if p.returncode != 0:
+            raise IRError("reference interpreter failed: " + (p.stderr.strip().splitlines() or ["(no output)"])[-1])
+        z = np.load(opath)
+        return [z[f"arr_{i}"] for i in range(len(z.files))]

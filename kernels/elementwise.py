@@ -1,0 +1,232 @@
+"""Elementwise (loop) fusion kernels: one Pallas kernel for a whole outlined elementwise region.
+
+Shape of this file (as every kernel family): :func:`elementwise_kernel` is the kernel body,
+:func:`build_elementwise` builds the ``pallas_call`` (``name=...``) for a target,
+:func:`elementwise_reference` is the plain-jnp reference.
+
+The region's iteration domain ``D`` is viewed as 2-D ``(R, C) = (prod(D[:-1]), D[-1])``; every
+input is reshaped outside the kernel (free: a bitcast in XLA) to one of four block classes:
+
+  full   (R, C)  tiled (br, bc)      operands with the domain's shape
+  col    (1, C)  tiled (1, bc)       broadcast along the last dim (a bias vector)
+  row    (R, 1)  tiled (br, 1)       broadcast along the leading dims (per-row statistics)
+  scalar (1, 1)  whole               rank-0 values
+
+Inside the kernel ``broadcast_in_dim`` becomes ``broadcast_to`` of the block shape, splat
+constants become literals, and every other op is emitted from the op rule table
+(:mod:`hlofuse.ops`). Boolean inputs/outputs cross the kernel boundary as int32 on gpu/tpu.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import math
+from typing import Sequence
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jaxlib.mlir import ir
+
+from hlofuse import ir as hir
+from hlofuse.ops import EmitError, const_value, emit_op
+from hlofuse.kernels.tiling import Blocks2D, elementwise_blocks
+
+__all__ = ["ElementwiseSpec", "spec_from_func", "elementwise_kernel", "build_elementwise",
+           "elementwise_reference"]
+
+
+def _broadcast_class(op) -> str:
+    from hlofuse.passes.fusion.predicates import broadcast_class
+    c = broadcast_class(op)
+    if c is None:
+        raise EmitError("broadcast pattern not expressible in the kernel's block view")
+    return c
+
+
+@dataclasses.dataclass(frozen=True)
+class ElementwiseSpec:
+    """Everything the kernel needs, extracted from the outlined region function."""
+    domain: tuple
+    in_shapes: tuple
+    in_dtypes: tuple          # numpy dtypes
+    in_classes: tuple         # 'full' | 'col' | 'row' | 'scalar'
+    out_dtypes: tuple
+    body_text: str            # the region's ops, for hashing and error messages
+    func_op: object = dataclasses.field(compare=False, hash=False, repr=False)
+
+    @property
+    def rows(self) -> int:
+        return int(math.prod(self.domain[:-1])) if len(self.domain) > 1 else 1
+
+    @property
+    def cols(self) -> int:
+        return int(self.domain[-1]) if self.domain else 1
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha1(self.body_text.encode()).hexdigest()[:10]
+
+
+def _class_of_value(arg: ir.Value, domain: tuple) -> str:
+    classes = set()
+    for u in arg.uses:
+        owner = u.owner
+        if owner.name == "stablehlo.broadcast_in_dim":
+            classes.add(_broadcast_class(owner.operation))
+        else:
+            info = hir.tensor_type_info(arg.type)
+            classes.add("full" if info.shape == domain else "scalar" if info.shape == () else "?")
+    if len(classes) != 1 or "?" in classes:
+        raise EmitError(f"region input used with inconsistent block classes {sorted(classes)}")
+    return classes.pop()
+
+
+def spec_from_func(fn_op) -> ElementwiseSpec:
+    """Read an outlined elementwise region (``func.func``) into an :class:`ElementwiseSpec`."""
+    ftype = ir.FunctionType(ir.TypeAttr(fn_op.attributes["function_type"]).value)
+    outs = [hir.tensor_type_info(t) for t in ftype.results]
+    ins = [hir.tensor_type_info(t) for t in ftype.inputs]
+    if any(i is None for i in outs + ins):
+        raise EmitError("dynamic shapes")
+    domain = outs[0].shape
+    if any(o.shape != domain for o in outs):
+        raise EmitError("outputs of different shapes")
+    entry = fn_op.regions[0].blocks[0]
+    classes = tuple(_class_of_value(a, domain) for a in entry.arguments)
+    body = "\n".join(str(op) for op in entry.operations)
+    return ElementwiseSpec(domain, tuple(i.shape for i in ins), tuple(hir.np_dtype(i.dtype) for i in ins),
+                           classes, tuple(hir.np_dtype(o.dtype) for o in outs), body, fn_op)
+
+
+def _value_key(v):
+    owner = v.owner
+    if isinstance(owner, ir.Block):
+        return ("arg", ir.BlockArgument(v).arg_number)
+    return ("res", getattr(owner, "operation", owner), ir.OpResult(v).result_number)
+
+
+def evaluate_region(fn_op, args: Sequence, *, block_shape: tuple | None = None) -> list:
+    """Evaluate the region body with jax on ``args``.
+
+    With ``block_shape`` (kernel mode), broadcasts produce that shape and splat constants become
+    literals; without it (reference mode), ops keep their IR shapes.
+    """
+    entry = fn_op.regions[0].blocks[0]
+    env = {("arg", i): a for i, a in enumerate(args)}
+    for op in entry.operations:
+        op = op.operation
+        if op.name == "func.return":
+            return [env[_value_key(v)] for v in op.operands]
+        vals = [env[_value_key(v)] for v in op.operands]
+        if block_shape is not None and op.name == "stablehlo.broadcast_in_dim":
+            res = [jnp.broadcast_to(vals[0], block_shape)]
+        elif block_shape is not None and op.name == "stablehlo.constant":
+            c = const_value(op)
+            res = [jnp.asarray(c) if c.ndim == 0 else jnp.full(block_shape, c.flat[0], c.dtype)]
+        else:
+            res = emit_op(op, vals)
+        for j, r in enumerate(res):
+            env[("res", op, j)] = r
+    raise EmitError("region has no return")
+
+
+def elementwise_kernel(*refs, fn_op, n_in: int, bool_in: tuple, bool_out: tuple, block_shape: tuple):
+    """Kernel body: load every block, evaluate the region, store every output block."""
+    in_refs, out_refs = refs[:n_in], refs[n_in:]
+    vals = []
+    for r, is_bool in zip(in_refs, bool_in):
+        v = r[...]
+        vals.append(v != 0 if is_bool else v)
+    outs = evaluate_region(fn_op, vals, block_shape=block_shape)
+    for r, v, is_bool in zip(out_refs, outs, bool_out):
+        if is_bool:
+            v = v.astype(jnp.int32)
+        r[...] = jnp.broadcast_to(v, block_shape).astype(r.dtype)
+
+
+def _view_shape(cls: str, rows: int, cols: int) -> tuple:
+    return {"full": (rows, cols), "col": (1, cols), "row": (rows, 1), "scalar": (1, 1)}[cls]
+
+
+def _in_spec(cls: str, blocks: Blocks2D) -> pl.BlockSpec:
+    br, bc = blocks.br, blocks.bc
+    if cls == "full":
+        return pl.BlockSpec((br, bc), lambda i, j: (i, j))
+    if cls == "col":
+        return pl.BlockSpec((1, bc), lambda i, j: (0, j))
+    if cls == "row":
+        return pl.BlockSpec((br, 1), lambda i, j: (i, 0))
+    return pl.BlockSpec((1, 1), lambda i, j: (0, 0))
+
+
+def compiler_params(target: str, blocks: Blocks2D):
+    if target == "gpu":
+        from jax.experimental.pallas import triton as pltriton
+        return pltriton.CompilerParams(num_warps=blocks.num_warps, num_stages=blocks.num_stages)
+    if target == "tpu":
+        from jax.experimental.pallas import tpu as pltpu
+        return pltpu.CompilerParams(dimension_semantics=("parallel", "parallel"))
+    return None
+
+
+def build_elementwise(spec: ElementwiseSpec, target: str, *, interpret=None,
+                      blocks: Blocks2D | None = None, name: str | None = None):
+    """The region as a JAX function ``f(*inputs) -> outputs`` around one ``pallas_call``.
+
+    ``interpret``: None lowers for the target (cpu always interprets); True runs the kernel in
+    Pallas interpret mode; a ``pltpu.InterpretParams`` runs TPU interpret mode (use with
+    ``target='tpu'`` so the kernel uses TPU blocks).
+    """
+    rows, cols = spec.rows, spec.cols
+    boolean = target != "cpu" or (interpret is not None and interpret is not True)
+    bool_in = tuple(boolean and dt == np.bool_ for dt in spec.in_dtypes)
+    bool_out = tuple(boolean and dt == np.bool_ for dt in spec.out_dtypes)
+    itemsize = max([np.dtype(d).itemsize for d in spec.in_dtypes + spec.out_dtypes] or [4])
+    blocks = blocks or elementwise_blocks(rows, cols, target=target, itemsize=itemsize,
+                                          n_arrays=len(spec.in_dtypes) + len(spec.out_dtypes))
+    if target == "tpu" and any(np.dtype(d).itemsize < 4 and d != np.bool_ and d != jnp.bfloat16
+                               for d in spec.in_dtypes + spec.out_dtypes):
+        raise EmitError("8/16-bit integer blocks are not supported by the TPU kernel")
+    name = name or f"hlofuse_elementwise_{spec.digest}"
+    block_shape = (blocks.br, blocks.bc)
+    out_dtypes = [np.int32 if b else d for d, b in zip(spec.out_dtypes, bool_out)]
+    kernel = functools.partial(elementwise_kernel, fn_op=spec.func_op, n_in=len(spec.in_dtypes),
+                               bool_in=bool_in, bool_out=bool_out, block_shape=block_shape)
+    call = pl.pallas_call(
+        kernel,
+        out_shape=[jax.ShapeDtypeStruct((rows, cols), d) for d in out_dtypes],
+        grid=blocks.grid,
+        in_specs=[_in_spec(c, blocks) for c in spec.in_classes],
+        out_specs=[pl.BlockSpec(block_shape, lambda i, j: (i, j)) for _ in out_dtypes],
+        compiler_params=None if interpret is not None else compiler_params(target, blocks),
+        interpret=(True if target == "cpu" and interpret is None else interpret) or False,
+        name=name,
+    )
+
+    def fused(*inputs):
+        views = []
+        for x, cls, b in zip(inputs, spec.in_classes, bool_in):
+            x = jnp.reshape(x, _view_shape(cls, rows, cols))
+            views.append(x.astype(jnp.int32) if b else x)
+        outs = call(*views)
+        res = []
+        for o, b in zip(outs, bool_out):
+            o = jnp.reshape(o, spec.domain)
+            res.append(o != 0 if b else o)
+        return tuple(res)
+
+    fused.blocks = blocks
+    fused.kernel_name = name
+    return fused
+
+
+def elementwise_reference(spec: ElementwiseSpec):
+    """Plain-jnp reference: the region evaluated op by op, no Pallas."""
+    def ref(*inputs):
+        return tuple(evaluate_region(spec.func_op, [jnp.asarray(x) for x in inputs]))
+    return ref

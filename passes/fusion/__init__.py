@@ -1,0 +1,1 @@
+"""Fusion in three separately tested steps: predicates -> regions -> outline, plus the cost model."""

@@ -1,0 +1,148 @@
+"""Step 3 of fusion: outline a region into a private function and call it.
+
+The region's ops are cloned into ``func.func private @<name>``; splat constants they use are
+cloned in too (they cost nothing and let the kernel see literal values). The call is placed at
+the region's last member; outside ops between the first and last member that depend on a
+region result move after the call (the region is cycle-free, so none of them feeds it). The
+call and the function carry a fused location of the members so errors point at user code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import func as func_d
+
+from hlofuse import ir as hir
+from hlofuse.passes.fusion.predicates import is_splat_constant
+
+REGION_ATTR = "hlofuse.region"
+KIND_ATTR = "hlofuse.kind"
+
+
+@dataclasses.dataclass
+class Boundary:
+    inputs: list        # ir.Values defined outside, in first-use order
+    outputs: list       # member results used outside, in program order
+    constants: list     # splat constant ops cloned into the region
+
+
+def _as_op(owner):
+    return None if isinstance(owner, ir.Block) else getattr(owner, "operation", owner)
+
+
+def region_boundary(members: list) -> Boundary:
+    mset = set(members)
+    inputs, constants, seen = [], [], set()
+    for op in members:
+        for v in op.operands:
+            prod = _as_op(v.owner)
+            if prod is not None and prod in mset:
+                continue
+            if prod is not None and is_splat_constant(prod):
+                if prod not in seen:
+                    seen.add(prod)
+                    constants.append(prod)
+                continue
+            key = _value_key(v)
+            if key not in seen:
+                seen.add(key)
+                inputs.append(v)
+    outputs = []
+    for op in members:
+        for r in op.results:
+            if any(_as_op(u.owner) not in mset for u in r.uses):
+                outputs.append(r)
+    return Boundary(inputs, outputs, constants)
+
+
+def _value_key(v: ir.Value):
+    # ir.Value objects are not uniqued; compare by owner and position
+    owner = v.owner
+    if isinstance(owner, ir.Block):
+        return ("arg", owner, ir.BlockArgument(v).arg_number)
+    return ("res", _as_op(owner), ir.OpResult(v).result_number)
+
+
+def outline_region(module: ir.Module, members: list, name: str, *, region_id: int, kind: str):
+    """Replace ``members`` (ops of one block, program order) with a call to a new function.
+
+    Returns (call_op, func_op, boundary).
+    """
+    b = region_boundary(members)
+    if not b.outputs:
+        raise hir.IRError(f"internal: region {name} has no outputs")
+    ctx = module.context
+    with ctx:
+        loc = ir.Location.fused([m.location for m in members])
+        in_types = [v.type for v in b.inputs]
+        out_types = [v.type for v in b.outputs]
+        with ir.InsertionPoint(module.body), loc:
+            fn = func_d.FuncOp(name, (in_types, out_types), visibility="private")
+            fn.operation.attributes[REGION_ATTR] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), region_id)
+            fn.operation.attributes[KIND_ATTR] = ir.StringAttr.get(kind)
+            entry = fn.add_entry_block()
+        mapping = {_value_key(v): entry.arguments[i] for i, v in enumerate(b.inputs)}
+        with ir.InsertionPoint(entry), loc:
+            for c in b.constants:
+                new = c.clone()
+                mapping[("res", c, 0)] = new.results[0]
+            for op in members:
+                new = op.clone()
+                for i, v in enumerate(op.operands):
+                    k = _value_key(v)
+                    if k in mapping:
+                        new.operands[i] = mapping[k]
+                for j, r in enumerate(op.results):
+                    mapping[("res", op, j)] = new.results[j]
+            func_d.ReturnOp([mapping[_value_key(v)] for v in b.outputs])
+
+        last = members[-1]
+        with ir.InsertionPoint(last), loc:
+            call = func_d.CallOp(out_types, ir.FlatSymbolRefAttr.get(name), b.inputs)
+        # the call sits before `last`; move it after, then fix up outside users in between
+        call.operation.move_after(last)
+        _sink_dependents(members, call.operation, b.outputs)
+        mset = set(members)
+        for old, new in zip(b.outputs, call.results):
+            for u in list(old.uses):
+                if _as_op(u.owner) not in mset:
+                    u.owner.operands[u.operand_number] = new
+        for op in reversed(members):
+            hir.safe_erase(op)
+    return call, fn, b
+
+
+def _sink_dependents(members: list, call, outputs: list) -> None:
+    """Move outside ops between the first member and the call that (transitively) use a
+    region output to just after the call, keeping their order."""
+    block = call.block
+    ops = hir.block_ops(block)
+    pos = {op: i for i, op in enumerate(ops)}
+    first, at = pos[members[0]], pos[call]
+    mset = set(members)
+    tainted_vals = {_value_key(v) for v in outputs}
+    moving = []
+    for op in ops[first:at]:
+        if op in mset:
+            continue
+        uses_region = any(_value_key(v) in tainted_vals for v in _all_operands(op))
+        if uses_region:
+            moving.append(op)
+            for r in op.results:
+                tainted_vals.add(_value_key(r))
+    anchor = call
+    for op in moving:
+        op.move_after(anchor)
+        anchor = op
+
+
+def _all_operands(op) -> list:
+    """Operands of ``op`` and of every op nested in its regions (implicit captures)."""
+    vals = list(op.operands)
+    for region in op.regions:
+        for block in region.blocks:
+            for inner in block.operations:
+                vals.extend(_all_operands(inner.operation))
+    return vals
