@@ -46,10 +46,18 @@ class Optimized:
         return hir.to_portable_artifact(self.module, target_version)
 
 
+KERNEL_PREFIX = "hlofuse_k"
+
+
 def count_main_ops(module: ir.Module) -> int:
-    main = hir.main_func(module)
-    return sum(1 for op in main.regions[0].blocks[0].operations
-               if op.operation.name != "func.return")
+    """Program-level op count: ops in every function body (nested bodies included), except
+    inside imported kernel functions (whose ops are the kernel's implementation)."""
+    n = 0
+    for f in hir.funcs(module):
+        if hir.func_name(f).startswith(KERNEL_PREFIX):
+            continue
+        n += sum(1 for op in hir.all_ops(f) if op.name not in ("func.func", "func.return", "stablehlo.return"))
+    return n
 
 
 def optimize(module, *, target: str | None = "cpu", pipeline: str | Sequence[str] | None = None,
@@ -78,4 +86,36 @@ def optimize(module, *, target: str | None = "cpu", pipeline: str | Sequence[str
                        donated_args=tuple(donated_args), source=source)
     PassManager(pipeline, disable=disable, dump_dir=dump_dir).run(mod, pctx)
     report.ops_after = count_main_ops(mod)
+    note_unhandled(mod, report)
     return Optimized(mod, report)
+
+
+_UNHANDLED_WHY = {
+    "opaque": "opaque to hlofuse (library call, side effect, collective or RNG); never fused",
+    "dynamic": "dynamic shape; passed through unchanged",
+}
+
+
+def note_unhandled(module: ir.Module, report) -> None:
+    """Tell the user which ops hlofuse left to XLA on principle, and why (one note per kind)."""
+    from hlofuse.ops import OpClass, rule_for
+    found: dict[str, list] = {}
+    for f in hir.funcs(module):
+        if hir.func_name(f).startswith(KERNEL_PREFIX):
+            continue
+        for op in hir.all_ops(f):
+            kind = None
+            if rule_for(op.name).cls is OpClass.OPAQUE:
+                kind = "opaque"
+            elif any(isinstance(r.type, ir.RankedTensorType) and not ir.RankedTensorType(r.type).has_static_shape
+                     for r in op.results):
+                kind = "dynamic"
+            if kind:
+                label = op.name
+                if op.name == "stablehlo.custom_call":
+                    label += " @" + ir.StringAttr(op.attributes["call_target_name"]).value
+                found.setdefault(kind, []).append(f"{label} ({hir.op_location(op)})")
+    for kind, items in found.items():
+        uniq = sorted(set(items))
+        more = f" and {len(uniq) - 4} more" if len(uniq) > 4 else ""
+        report.note(f"left to XLA: {', '.join(uniq[:4])}{more}: {_UNHANDLED_WHY[kind]}")

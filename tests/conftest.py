@@ -1,0 +1,13 @@
+"""Shared pytest setup: deterministic seeds, CPU platform."""
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import numpy as np
+import pytest
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(0)

@@ -1,0 +1,62 @@
+"""``kernelize``: regions become spliced kernels; failures fall back to XLA with a reason."""
+
+import numpy as np
+import pytest
+
+import hlofuse
+from hlofuse import ir as hir
+from hlofuse.kernels import FAMILIES
+from hlofuse.testing import assert_same
+
+CHAIN = """
+func.func @main(%x: tensor<8x16xf32>, %y: tensor<8x16xf32>) -> tensor<8x16xf32> {
+  %0 = stablehlo.multiply %x, %y : tensor<8x16xf32>
+  %1 = stablehlo.tanh %0 : tensor<8x16xf32>
+  %2 = stablehlo.add %1, %x : tensor<8x16xf32>
+  func.return %2 : tensor<8x16xf32>
+}"""
+
+PIPE = ["fuse-elementwise", "kernelize", "symbol-dce"]
+
+
+def _inputs():
+    rng = np.random.default_rng(0)
+    return [rng.standard_normal((8, 16)).astype(np.float32) for _ in range(2)]
+
+
+def test_region_becomes_a_kernel_and_keeps_results():
+    opt = hlofuse.optimize(CHAIN, pipeline=PIPE)
+    (r,) = opt.report.regions
+    assert r.kernel and r.kernel.startswith("hlofuse_elementwise_") and r.reason is None
+    assert "call @hlofuse_k0_main" in opt.text and "hlofuse_region_0" not in opt.text
+    assert "stablehlo.while" in opt.text  # cpu: Pallas interpret-mode kernel body
+    x = _inputs()
+    assert_same(hir.eval_module(opt.text, x), hir.eval_module(CHAIN, x), "kernel")
+
+
+@pytest.mark.parametrize("target,marker", [("gpu", "__gpu$xla.gpu.triton"), ("tpu", "tpu_custom_call")])
+def test_accelerator_targets_splice_custom_calls(target, marker):
+    opt = hlofuse.optimize(CHAIN, target=target, pipeline=PIPE)
+    assert opt.text.count(marker) == 1 and opt.report.kernels
+
+
+def test_build_failure_leaves_region_to_xla_with_reason(monkeypatch):
+    fam = FAMILIES["elementwise"]
+
+    def broken(spec, target, **kw):
+        raise NotImplementedError("this region shape is not supported")
+
+    monkeypatch.setitem(FAMILIES, "elementwise", type(fam)(fam.spec_from_func, broken, fam.reference))
+    from hlofuse.passes import kernelize
+    monkeypatch.setattr(kernelize, "_CACHE", {})
+    opt = hlofuse.optimize(CHAIN, pipeline=PIPE)
+    (r,) = opt.report.regions
+    assert r.kernel is None and "not supported" in r.reason
+    assert "call @hlofuse_region_0" in opt.text  # left to XLA: the plain outlined function
+    x = _inputs()
+    assert_same(hir.eval_module(opt.text, x), hir.eval_module(CHAIN, x), "exact")
+
+
+def test_no_kernels_option():
+    opt = hlofuse.optimize(CHAIN, pipeline=PIPE, options={"no_kernels": True})
+    assert not opt.report.kernels and "disabled" in opt.report.regions[0].reason

@@ -1,0 +1,129 @@
+"""The IR layer: parsing every format, serialization, surgery guards (the crash hazards)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+from jax import export as jexport
+from jaxlib.mlir import ir
+
+from hlofuse import ir as hir
+
+
+def _exported():
+    return jexport.export(jax.jit(lambda x: jnp.tanh(x) * 2.0), platforms=["cpu"])(
+        jax.ShapeDtypeStruct((4, 8), jnp.float32))
+
+
+def test_parse_every_format_gives_the_same_module():
+    exp = _exported()
+    text = exp.mlir_module()
+    ctx = hir.new_context()
+    from_text = hir.parse(text, ctx)
+    variants = {
+        "text": text,
+        "bytecode": hir.to_bytecode(from_text),
+        "portable": exp.mlir_module_serialized,
+        "exported": bytes(exp.serialize()),
+    }
+    expected = hir.to_text(from_text)
+    for fmt, data in variants.items():
+        assert hir.detect_format(data) == fmt
+        m = hir.parse(data, ctx, source=fmt)
+        assert hir.to_text(m) == expected, fmt
+
+
+def test_portable_artifact_round_trip_does_not_mutate():
+    ctx = hir.new_context()
+    m = hir.parse(_exported().mlir_module(), ctx)
+    before = hir.to_text(m)
+    art = hir.to_portable_artifact(m)
+    assert hir.detect_format(art) == "portable"
+    assert hir.to_text(m) == before  # H2: the source module stays StableHLO
+    assert hir.to_text(hir.parse(art, ctx)) == before
+
+
+@pytest.mark.parametrize("data,needle", [
+    (b"\x00\x01garbage\xff\xfe" * 10, "not StableHLO"),
+    ("module { func.func @main( ", "cannot parse"),
+    ("func.func @f() { \"bogus.op\"() : () -> () \n func.return }", "cannot parse"),
+])
+def test_bad_input_names_the_source(data, needle):
+    with pytest.raises(hir.IRError) as e:
+        hir.parse(data, source="model.mlir")
+    assert "model.mlir" in str(e.value) and needle in str(e.value)
+
+
+def test_missing_main_is_a_clear_error():
+    m = hir.parse("func.func @other(%a: tensor<f32>) -> tensor<f32> { func.return %a : tensor<f32> }")
+    with pytest.raises(hir.IRError, match="no 'main'"):
+        hir.main_func(m, source="x.mlir")
+
+
+def test_safe_erase_refuses_ops_with_uses():
+    m = hir.parse(_exported().mlir_module())
+    main = hir.main_func(m)
+    op = hir.block_ops(main.regions[0].blocks[0])[0]
+    assert hir.has_uses(op)
+    with pytest.raises(hir.IRError, match="still have uses"):
+        hir.safe_erase(op)
+    hir.verify(m)  # untouched
+
+
+def test_import_funcs_refuses_cross_context():
+    a = hir.parse(_exported().mlir_module(), hir.new_context())
+    b = hir.parse(_exported().mlir_module(), hir.new_context())
+    with pytest.raises(hir.IRError, match="across MLIR contexts"):
+        hir.import_funcs(a, b, "k_")
+    hir.verify(a)
+
+
+def test_import_funcs_prefixes_and_privatizes():
+    ctx = hir.new_context()
+    a = hir.parse(_exported().mlir_module(), ctx)
+    b = hir.parse(_exported().mlir_module(), ctx)
+    mapping = hir.import_funcs(a, b, "k_")
+    assert mapping == {"main": "k_main"}
+    names = [hir.func_name(f) for f in hir.funcs(a)]
+    assert names == ["main", "k_main"]
+    assert "private" in str(hir.funcs(a)[1].attributes["sym_visibility"])
+    hir.verify(a)
+
+
+def test_inline_all_calls_flattens_nested_calls_bit_exactly():
+    def f(x):
+        inner = jax.jit(lambda v: jax.nn.relu(v) * 2.0)
+        return jax.jit(lambda v: inner(v) + jnp.where(v > 0, v, 1.0))(x) + 1.0
+    exp = jexport.export(jax.jit(f), platforms=["cpu"])(jax.ShapeDtypeStruct((8,), jnp.float32))
+    m = hir.parse(exp.mlir_module())
+    n = hir.inline_all_calls(m)
+    assert n >= 2
+    assert not [op for op in hir.all_ops(m) if op.name == "func.call"]
+    hir.verify(m)
+    x = np.linspace(-2, 2, 8, dtype=np.float32)
+    import dataclasses
+    out = dataclasses.replace(exp, mlir_module_serialized=hir.to_bytecode(m)).call(x)
+    np.testing.assert_array_equal(out, f(x))
+
+
+def test_check_no_host_callbacks():
+    text = """func.func @main(%a: tensor<f32>) -> tensor<f32> {
+      %0 = stablehlo.custom_call @xla_ffi_python_cpu_callback(%a) : (tensor<f32>) -> tensor<f32>
+      func.return %0 : tensor<f32> }"""
+    with pytest.raises(hir.IRError, match="host callbacks"):
+        hir.check_no_host_callbacks(hir.parse(text), source="cb.mlir")
+
+
+def test_eval_module_runs_in_a_subprocess():
+    text = _exported().mlir_module()
+    x = np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8)
+    (out,) = hir.eval_module(text, [x])
+    np.testing.assert_allclose(out, np.tanh(x) * 2, rtol=1e-6)
+    bad = """func.func @main(%a: tensor<f32>) -> tensor<f32> {
+      %0 = stablehlo.custom_call @lapack_whatever(%a) : (tensor<f32>) -> tensor<f32>
+      func.return %0 : tensor<f32> }"""
+    with pytest.raises(hir.IRError, match="reference interpreter failed"):
+        hir.eval_module(bad, [np.float32(1.0)])

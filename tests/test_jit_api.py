@@ -1,0 +1,173 @@
+"""``hlofuse.jit`` behaves like ``jax.jit``: signature cache, static args, donation, errors."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+import hlofuse
+from hlofuse.testing import assert_same
+
+
+def chain(x, y):
+    return jnp.tanh(x * 2.0 + y) * 0.5
+
+
+def test_cache_per_signature():
+    hf = hlofuse.jit(chain)
+    a = np.ones((4, 8), np.float32)
+    hf(a, a)
+    hf(a + 1, a)
+    assert hf.compilations == 1
+    hf(np.ones((2, 8), np.float32), np.ones((2, 8), np.float32))  # new shape -> recompile
+    assert hf.compilations == 2
+    hf(a.astype(jnp.bfloat16), a.astype(jnp.bfloat16))  # new dtype -> recompile
+    assert hf.compilations == 3
+
+
+def test_weak_types_follow_jax_promotion():
+    f = lambda x, s: x * s
+    x = jnp.ones((4,), jnp.bfloat16)
+    assert hlofuse.jit(f)(x, 2.0).dtype == jax.jit(f)(x, 2.0).dtype == jnp.bfloat16
+
+
+def test_static_argnums_and_argnames():
+    def f(x, n, *, mode="tanh"):
+        for _ in range(n):
+            x = jnp.tanh(x) * 1.5 if mode == "tanh" else jnp.sin(x) * 1.5
+        return x
+    x = np.linspace(-1, 1, 32, dtype=np.float32)
+    hf = hlofuse.jit(f, static_argnums=1, static_argnames="mode")
+    for n, mode in [(2, "tanh"), (3, "tanh"), (2, "sin")]:
+        assert_same(hf(x, n, mode=mode), jax.jit(f, static_argnums=1, static_argnames="mode")(x, n, mode=mode))
+    assert hf.compilations == 3
+    hf(x, 2, mode="tanh")
+    assert hf.compilations == 3
+
+
+def test_unhashable_static_arg_error():
+    hf = hlofuse.jit(lambda x, cfg: x * 2, static_argnums=1)
+    with pytest.raises(ValueError, match="Non-hashable static arguments"):
+        hf(np.ones(3, np.float32), [1, 2])
+
+
+def test_non_array_argument_error_names_the_path():
+    hf = hlofuse.jit(lambda d: d["x"] * 2)
+    with pytest.raises(TypeError, match=r"path args\[0\]\['name'\]"):
+        hf({"x": np.ones(3, np.float32), "name": "hello"})
+
+
+def test_shape_error_is_jaxs_own():
+    hf = hlofuse.jit(lambda a, b: a @ b)
+    with pytest.raises(TypeError, match="dot_general requires contracting dimensions to have the same shape"):
+        hf(np.ones((2, 3), np.float32), np.ones((4, 5), np.float32))
+
+
+def test_pytree_structure_change_recompiles():
+    hf = hlofuse.jit(lambda t: jax.tree_util.tree_map(lambda v: jnp.tanh(v) * 2 + 1, t))
+    a = np.ones((4,), np.float32)
+    assert_same(hf({"a": a}), {"a": np.tanh(a) * 2 + 1})
+    assert_same(hf((a, a)), (np.tanh(a) * 2 + 1,) * 2)
+    assert hf.compilations == 2
+
+
+def test_donation_is_honored_and_aliases_bytes():
+    f = lambda x, y: jnp.tanh(x) * 2.0 + y
+    x = jnp.ones((256, 256), jnp.float32)
+    y = jnp.ones((256, 256), jnp.float32)
+    hf = hlofuse.jit(f, donate_argnums=0)
+    out = hf(x, y)
+    assert x.is_deleted() and not y.is_deleted()
+    assert_same(out, f(jnp.ones((256, 256)), y))
+    ours = hf.lower(y, y).compile().memory_analysis().alias_size_in_bytes
+    theirs = jax.jit(f, donate_argnums=0).lower(y, y).compile().memory_analysis().alias_size_in_bytes
+    assert ours == theirs == 256 * 256 * 4  # the whole output aliases the donated input
+
+
+def test_static_args_cannot_be_donated():
+    with pytest.raises(ValueError, match="cannot be donated"):
+        hlofuse.jit(lambda x, n: x, static_argnums=1, donate_argnums=1)
+
+
+def test_gpu_target_lowers_here_but_refuses_to_run_on_cpu():
+    hf = hlofuse.jit(chain, target="gpu")
+    a = np.ones((8, 128), np.float32)
+    text = hf.lower(a, a).as_text()
+    assert "__gpu$xla.gpu.triton" in text
+    with pytest.raises(RuntimeError, match="optimized for target='gpu'.*as_text"):
+        hf(a, a)
+
+
+def test_bad_target():
+    with pytest.raises(ValueError, match="target must be one of"):
+        hlofuse.jit(chain, target="npu")
+
+
+def test_lower_returns_text_report_and_compiles():
+    a = np.ones((8, 16), np.float32)
+    low = hlofuse.jit(chain).lower(a, a)
+    assert "call @hlofuse_k0_main" in low.as_text()
+    assert "loc(" in low.as_text(debug_info=True)
+    assert low.report.kernels
+    compiled = low.compile()
+    assert_same(compiled(a, a), chain(a, a), "kernel")
+
+
+def test_host_callbacks_run_with_plain_jit_and_say_so(capfd):
+    def f(x):
+        jax.debug.print("first={}", x[0])
+        return jnp.tanh(x) * 2 + 1
+    hf = hlofuse.jit(f)
+    x = np.ones(4, np.float32)
+    assert_same(hf(x), f(x))
+    assert "first=1" in capfd.readouterr().out
+    assert any("host callbacks" in n for n in hf.report(x).notes)
+
+
+def test_custom_call_program_runs_and_report_says_why():
+    f = lambda x: jnp.linalg.inv(x @ x.T + 4 * jnp.eye(4)) * 2.0 + 1.0
+    x = np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32)
+    hf = hlofuse.jit(f)
+    assert_same(hf(x), jax.jit(f)(x), "reassociate")
+    notes = " ".join(hf.report(x).notes)
+    assert "custom_call @lapack" in notes and "opaque" in notes
+
+
+def test_concurrent_first_calls_compile_once():
+    hf = hlofuse.jit(chain)
+    a = np.full((16, 16), 0.5, np.float32)
+    results, errors = [], []
+
+    def worker():
+        try:
+            results.append(np.asarray(hf(a, a)))
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(results) == 4
+    assert hf.compilations == 1
+    for r in results:
+        assert_same(r, chain(a, a), "kernel")
+
+
+def test_method_decoration():
+    class M:
+        scale = 3.0
+
+        @hlofuse.jit
+        def __call__(self, x):
+            return jnp.tanh(x) * 2.0
+    x = np.ones(4, np.float32)
+    # self is not an array: as with jax.jit, methods need self static or a partial
+    with pytest.raises(TypeError, match="abstract array"):
+        M()(x)
