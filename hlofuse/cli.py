@@ -1,3 +1,734 @@
-"""The ``hlofuse`` command line (placeholder entry; subcommands live below)."""
-def run_main():
-    raise SystemExit("hlofuse CLI: not yet available")
+"""The ``hlofuse`` command line: optimize StableHLO files offline, run, compare and export them.
+
+::
+
+    hlofuse optimize IN -o OUT [--target cpu|gpu|tpu] [--pipeline NAMES] [--disable-pass NAME]
+                     [--report FILE.json|.md|.html] [--dump-dir DIR] [--verify] [--format F]
+                     [--target-version X.Y.Z] [--shapes TYPES] [--in-place]
+    hlofuse run FILE [--inputs in.npz] [--outputs out.npz] [--seed N] [--shapes TYPES]
+    hlofuse check ORIGINAL OPTIMIZED [--inputs in.npz] [--seed N] [--category kernel]
+    hlofuse report FILE [--target T] [--report FILE.json|.md|.html]
+    hlofuse export MODULE:FUNCTION --args 'f32[8,128],i32[8]' -o OUT [--target T]
+
+Flags are absl flags (``absl.flags``), one flag set per subcommand; ``hlofuse CMD --help`` lists
+them. Exit codes: 0 success, 1 ``check``/``--verify`` found a numerical mismatch, 2 any error
+(one line on stderr naming the file, op or argument; ``--verbose`` adds the traceback).
+
+Crash safety: MLIR and XLA can abort the process on corrupt input (a bad bytecode stream, an XLA
+CHECK failure). ``run_main`` therefore runs the subcommand in a child process (``python -m
+hlofuse.cli`` with ``HLOFUSE_CLI_CHILD=1``) and turns a child killed by a signal into the same
+one-line error and exit code 2, naming the stage (file and step) it died in. Set
+``HLOFUSE_CLI_INPROCESS=1`` to run in-process (debugging).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import traceback
+from typing import Callable
+
+from absl import app
+from absl import flags
+
+PROG = "hlofuse"
+CHILD_ENV = "HLOFUSE_CLI_CHILD"
+INPROCESS_ENV = "HLOFUSE_CLI_INPROCESS"
+STAGE_ENV = "HLOFUSE_CLI_STAGE"
+
+EXIT_OK, EXIT_MISMATCH, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class UsageError(Exception):
+    """Bad command line (missing argument, conflicting flags): exit code 2."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Flag sets, one per subcommand
+# ---------------------------------------------------------------------------------------------
+
+def _common(fv: flags.FlagValues) -> None:
+    flags.DEFINE_boolean("verbose", False, "Print tracebacks and full diagnostics on errors.",
+                         flag_values=fv)
+
+
+def _optimizer_flags(fv: flags.FlagValues) -> None:
+    flags.DEFINE_enum("target", None, ["cpu", "gpu", "tpu"],
+                      "Hardware to optimize for (default: the platform a jax.export artifact was "
+                      "exported for, else jax's default backend).", flag_values=fv)
+    flags.DEFINE_string("pipeline", None, "A pipeline name (default, cleanup, none) or "
+                        "comma-separated pass names.", flag_values=fv)
+    flags.DEFINE_multi_string("disable-pass", [], "Skip this pass (repeatable, or comma-separated).",
+                              flag_values=fv)
+    flags.DEFINE_string("dump-dir", None, "Write the module after every pass to DIR/NNN_<pass>.mlir.",
+                        flag_values=fv)
+    flags.DEFINE_string("shapes", None, "Refine a module with dynamic shapes to these argument types "
+                        "of main, e.g. 'f32[8,128],i32[8]' (otherwise it is passed through "
+                        "unchanged).", flag_values=fv)
+    flags.DEFINE_string("report", None, "Also write the fusion report to FILE (.json, .md, .html "
+                        "or .txt).", flag_values=fv)
+
+
+def _define_optimize(fv):
+    _optimizer_flags(fv)
+    flags.DEFINE_string("output", None, "Output file (required unless --in-place).", short_name="o",
+                        flag_values=fv)
+    flags.DEFINE_boolean("in-place", False, "Replace the input file (atomically).", flag_values=fv)
+    flags.DEFINE_enum("format", None, ["text", "bytecode", "portable", "exported"],
+                      "Output format (default: the input's). text = .mlir, bytecode = MLIR "
+                      "bytecode, portable = StableHLO portable artifact (VHLO), exported = "
+                      "jax.export artifact (needs a jax.export input).", flag_values=fv)
+    flags.DEFINE_string("target-version", None, "StableHLO version of portable artifacts (also the "
+                        "payload of jax.export artifacts); default: the one jax.export uses.",
+                        flag_values=fv)
+    flags.DEFINE_boolean("verify", False, "Run the original and the optimized module on the same "
+                         "random inputs and compare (tolerance category 'kernel') before writing; "
+                         "nothing is written on a mismatch (exit 1).", flag_values=fv)
+    flags.DEFINE_integer("seed", 0, "Seed of the random inputs of --verify.", flag_values=fv)
+    _common(fv)
+
+
+def _define_run(fv):
+    flags.DEFINE_string("inputs", None, "Inputs as .npz (arr_0, arr_1, ... or in file order); "
+                        "default: random inputs from the signature.", flag_values=fv)
+    flags.DEFINE_string("outputs", None, "Write the outputs to this .npz (arr_0, arr_1, ...).",
+                        flag_values=fv)
+    flags.DEFINE_integer("seed", 0, "Seed of the random inputs.", flag_values=fv)
+    flags.DEFINE_string("shapes", None, "Argument types for a module with dynamic shapes, e.g. "
+                        "'f32[8,128]' (default: the shapes of --inputs).", flag_values=fv)
+    _common(fv)
+
+
+def _define_check(fv):
+    flags.DEFINE_string("inputs", None, "Inputs as .npz (default: random inputs from ORIGINAL's "
+                        "signature).", flag_values=fv)
+    flags.DEFINE_integer("seed", 0, "Seed of the random inputs.", flag_values=fv)
+    flags.DEFINE_enum("category", "kernel", ["exact", "kernel", "reassociate", "grad"],
+                      "Tolerance category of hlofuse.testing.TOLERANCES.", flag_values=fv)
+    flags.DEFINE_string("shapes", None, "Argument types for modules with dynamic shapes.",
+                        flag_values=fv)
+    _common(fv)
+
+
+def _define_report(fv):
+    _optimizer_flags(fv)
+    _common(fv)
+
+
+def _define_export(fv):
+    flags.DEFINE_string("args", None, "Argument types, e.g. 'f32[8,128],i32[8]'; a named dimension "
+                        "(f32[b,128]) exports a shape-polymorphic function.", flag_values=fv)
+    flags.DEFINE_string("output", None, "Output file.", short_name="o", flag_values=fv)
+    flags.DEFINE_enum("target", None, ["cpu", "gpu", "tpu"], "Platform to export for (default: "
+                      "jax's default backend).", flag_values=fv)
+    flags.DEFINE_enum("format", None, ["text", "bytecode", "portable", "exported"],
+                      "Output format (default: from the extension: .mlir text, .mlirbc bytecode, "
+                      ".vhlo portable, anything else a jax.export artifact).", flag_values=fv)
+    flags.DEFINE_string("target-version", None, "StableHLO version of portable artifacts.",
+                        flag_values=fv)
+    _common(fv)
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers used by the subcommands (run inside the supervised child)
+# ---------------------------------------------------------------------------------------------
+
+def _stage(text: str) -> None:
+    """Record what the process is doing, so a crash can be reported as 'while <text>'."""
+    path = os.environ.get(STAGE_ENV)
+    if not path:
+        return
+    try:
+        with open(path, "w") as fh:
+            fh.write(text)
+    except OSError:
+        pass
+
+
+def _note(cmd: str, msg: str) -> None:
+    print(f"{PROG} {cmd}: note: {msg}", file=sys.stderr)
+
+
+def _shapes(fv):
+    from hlofuse import fileio
+    return fileio.parse_arg_specs(fv["shapes"].value, flag="--shapes") if fv["shapes"].value else None
+
+
+def _disabled(fv) -> list[str]:
+    return [p.strip() for v in fv["disable-pass"].value for p in v.split(",") if p.strip()]
+
+
+def _check_pipeline_flags(fv) -> None:
+    from hlofuse.pipeline import all_passes, resolve_pipeline
+    try:
+        resolve_pipeline(fv["pipeline"].value)
+    except KeyError as e:
+        raise UsageError(f"--pipeline: {e.args[0]}") from None
+    known = all_passes()
+    for name in _disabled(fv):
+        if name not in known:
+            raise UsageError(f"--disable-pass: unknown pass {name!r}; known passes: "
+                             f"{', '.join(sorted(known))}")
+
+
+def _load(path: str):
+    from hlofuse import fileio
+    _stage(f"reading {path}")
+    # the supervisor reports a parser abort, so skip the (slower) subprocess probe
+    return fileio.load(path, probe=os.environ.get(CHILD_ENV) != "1")
+
+
+def _optimize(cmd: str, fv, loaded):
+    from hlofuse import fileio
+    _check_pipeline_flags(fv)
+    _stage(f"optimizing {loaded.source}")
+    return fileio.optimize_loaded(loaded, target=fv["target"].value, pipeline=fv["pipeline"].value,
+                                  disable=_disabled(fv), dump_dir=fv["dump-dir"].value,
+                                  shapes=_shapes(fv))
+
+
+def _inputs(fv, loaded, specs):
+    from hlofuse import fileio
+    if fv["inputs"].value:
+        arrays = fileio.load_inputs(fv["inputs"].value)
+        # a dynamic module run on given arrays: refine it to their shapes
+        if loaded.exported is None and any(not s.is_static for s in specs) and \
+                len(arrays) == len(specs) and not fv["shapes"].value:
+            fileio.refine_shapes(loaded, [fileio.ArgSpec(a.shape, s.dtype) for a, s in zip(arrays, specs)])
+        return arrays
+    return fileio.random_inputs_for(fileio.input_specs(loaded), fv["seed"].value, loaded.source)
+
+
+def _describe(arrays) -> list[str]:
+    import numpy as np
+    out = []
+    for i, a in enumerate(arrays):
+        a = np.asarray(a)
+        desc = f"{a.dtype.name}[{','.join(map(str, a.shape))}]"
+        if a.size and (a.dtype.kind in "fiub" or a.dtype.name == "bfloat16"):
+            f = a.astype(np.float64)
+            desc += f" min={np.min(f):.6g} max={np.max(f):.6g} mean={np.mean(f):.6g}"
+        elif a.size:
+            desc += f" first={a.reshape(-1)[0]!r}"
+        out.append(f"  output {i}: {desc}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Subcommands
+# ---------------------------------------------------------------------------------------------
+
+def cmd_optimize(fv, pos) -> int:
+    from hlofuse import fileio
+    from hlofuse.testing import compare
+    (inp,) = pos
+    out = fv["output"].value
+    in_place = fv["in-place"].value
+    if out is None:
+        if not in_place:
+            raise UsageError("missing -o OUT (or --in-place to replace the input)")
+        out = inp
+    if os.path.exists(out) and fileio.same_file(out, inp) and not in_place:
+        raise UsageError(f"{out}: refusing to overwrite the input file; pass --in-place to "
+                         f"replace it, or -o another file")
+    if fv["target-version"].value:
+        fileio.check_target_version(fv["target-version"].value)
+    if fv["report"].value:
+        _check_report_path(fv["report"].value)
+    loaded = _load(inp)
+    fmt = fv["format"].value or loaded.fmt
+    if fmt == "exported" and loaded.exported is None:
+        raise UsageError(f"--format exported needs a jax.export input, and {inp} is "
+                         f"{fileio.FORMAT_NAMES[loaded.fmt]}; use `hlofuse export` to make one")
+    original = loaded.module
+    res = _optimize("optimize", fv, loaded)
+    _stage(f"serializing the optimized {inp}")
+    tv = fv["target-version"].value
+    if not res.changed and fmt == loaded.fmt and tv is None and res.module is original:
+        data = loaded.data  # passed through: the very bytes we read
+    else:
+        data = fileio.serialize(res.module, fmt, target_version=tv, exported=loaded.exported,
+                                target=res.target, source=out)
+    if fv["verify"].value:
+        status = _verify(fv, loaded, original, data, fmt, out, compare)
+        if status:
+            return status
+    _stage(f"writing {out}")
+    fileio.atomic_write(out, data, inputs=[inp], in_place=in_place)
+    if fv["report"].value:
+        fileio.write_report(res.report, fv["report"].value, inputs=[inp, out])
+    r = res.report
+    what = (f"{len(r.kernels)} kernel(s), {len(r.left_to_xla)} region(s) left to XLA, main ops "
+            f"{r.ops_before} -> {r.ops_after}" if res.changed else "unchanged")
+    print(f"{PROG}: {inp} -> {out} ({fileio.FORMAT_NAMES[fmt]}, {len(data)} bytes, target "
+          f"{res.target}): {what}")
+    for n in r.notes:
+        _note("optimize", n)
+    return EXIT_OK
+
+
+def _verify(fv, loaded, original, data, fmt, out, compare) -> int:
+    """--verify: run the original and the serialized result; nonzero when they differ."""
+    import dataclasses as dc
+    from hlofuse import fileio
+    before = dc.replace(loaded, module=original)
+    _stage(f"loading the optimized {loaded.source} for --verify")
+    after = fileio.load_bytes(data if isinstance(data, bytes) else data.encode(),
+                              source=f"{out} (optimized)", probe=False)
+    if fmt != "exported" and before.exported is not None:
+        before = dc.replace(before, exported=None)  # compare module to module
+    specs = fileio.input_specs(before)
+    if any(not s.is_static for s in specs):
+        _note("optimize", f"--verify skipped: {loaded.source} has dynamic shapes")
+        return EXIT_OK
+    inputs = fileio.random_inputs_for(specs, fv["seed"].value, loaded.source)
+    _stage(f"running the original {loaded.source} with XLA for --verify")
+    want = fileio.execute(before, inputs)
+    _stage(f"running the optimized {loaded.source} with XLA for --verify")
+    got = fileio.execute(after, inputs)
+    problems = compare(got, want, "kernel")
+    if problems:
+        print(f"{PROG} optimize: --verify: optimized {loaded.source} differs from the original "
+              f"(nothing written): {problems[0]}", file=sys.stderr)
+        for p in problems[1:]:
+            print(f"  {p}", file=sys.stderr)
+        return EXIT_MISMATCH
+    print(f"{PROG}: --verify: {len(got)} output(s) match the original (category kernel, seed "
+          f"{fv['seed'].value})")
+    return EXIT_OK
+
+
+def _check_report_path(path: str) -> None:
+    from hlofuse import fileio
+    if os.path.splitext(path)[1].lower() not in fileio.REPORT_FORMATS:
+        raise UsageError(f"--report: {path}: unknown report format; use .json, .md, .html or .txt")
+
+
+def cmd_run(fv, pos) -> int:
+    from hlofuse import fileio
+    (path,) = pos
+    loaded = _load(path)
+    shapes = _shapes(fv)
+    if shapes:
+        _stage(f"refining the shapes of {path}")
+        fileio.refine_shapes(loaded, shapes)
+    inputs = _inputs(fv, loaded, fileio.input_specs(loaded))
+    _stage(f"running {path} with XLA")
+    outs = fileio.execute(loaded, inputs)
+    print(f"{PROG}: ran {path} ({fileio.FORMAT_NAMES[loaded.fmt]}) on {len(inputs)} "
+          f"{'given' if fv['inputs'].value else 'random (seed %d)' % fv['seed'].value} input(s):")
+    print("\n".join(_describe(outs)))
+    if fv["outputs"].value:
+        _stage(f"writing {fv['outputs'].value}")
+        fileio.save_outputs(fv["outputs"].value, outs, inputs=[path] + ([fv["inputs"].value] if fv["inputs"].value else []))
+    return EXIT_OK
+
+
+def cmd_check(fv, pos) -> int:
+    from hlofuse import fileio
+    from hlofuse.testing import compare
+    a_path, b_path = pos
+    a, b = _load(a_path), _load(b_path)
+    shapes = _shapes(fv)
+    if shapes:
+        for x in (a, b):
+            if x.exported is None:
+                fileio.refine_shapes(x, shapes)
+    sa, sb = fileio.input_specs(a), fileio.input_specs(b)
+    if [str(s) for s in sa] != [str(s) for s in sb]:
+        print(f"{PROG} check: MISMATCH: the inputs differ: {a_path} takes "
+              f"({', '.join(map(str, sa))}), {b_path} takes ({', '.join(map(str, sb))})",
+              file=sys.stderr)
+        return EXIT_MISMATCH
+    inputs = _inputs(fv, a, sa)
+    if fv["inputs"].value and b.exported is None and any(not s.is_static for s in sb):
+        fileio.refine_shapes(b, [fileio.ArgSpec(x.shape, s.dtype) for x, s in zip(inputs, sb)])
+    _stage(f"running {a_path} with XLA")
+    want = fileio.execute(a, inputs)
+    _stage(f"running {b_path} with XLA")
+    got = fileio.execute(b, inputs)
+    cat = fv["category"].value
+    problems = compare(got, want, cat)
+    if problems:
+        print(f"{PROG} check: MISMATCH: {b_path} differs from {a_path} (category {cat}): "
+              f"{problems[0]}", file=sys.stderr)
+        for p in problems[1:]:
+            print(f"  {p}", file=sys.stderr)
+        return EXIT_MISMATCH
+    print(f"{PROG}: OK: {len(got)} output(s) of {b_path} match {a_path} (category {cat}, "
+          f"{'given inputs' if fv['inputs'].value else 'random inputs, seed %d' % fv['seed'].value})")
+    return EXIT_OK
+
+
+def cmd_report(fv, pos) -> int:
+    from hlofuse import fileio
+    (path,) = pos
+    if fv["report"].value:
+        _check_report_path(fv["report"].value)
+    loaded = _load(path)
+    res = _optimize("report", fv, loaded)
+    print(str(res.report))
+    if fv["report"].value:
+        _stage(f"writing {fv['report'].value}")
+        fileio.write_report(res.report, fv["report"].value, inputs=[path])
+    return EXIT_OK
+
+
+def cmd_export(fv, pos) -> int:
+    from hlofuse import fileio
+    (spec,) = pos
+    out = fv["output"].value
+    if not out:
+        raise UsageError("missing -o OUT")
+    if fv["args"].value is None:
+        raise UsageError("missing --args (argument types, e.g. 'f32[8,128],i32[8]'; '' for none)")
+    specs = fileio.parse_arg_specs(fv["args"].value)
+    fmt = fv["format"].value or fileio.format_for_path(out)
+    tv = fv["target-version"].value
+    if tv:
+        fileio.check_target_version(tv)
+    fn = _import_function(spec)
+    import jax
+    from jax import export as jexport
+    from hlofuse.api import normalize_target
+    target = normalize_target(fv["target"].value)
+    platform = fileio.PLATFORM_OF_TARGET[target]
+    _stage(f"exporting {spec} for {platform}")
+    try:
+        scope = jexport.SymbolicScope()
+        args = []
+        for s in specs:
+            shape = s.shape if s.is_static else jexport.symbolic_shape(
+                ",".join(str(d) for d in s.shape), scope=scope)
+            args.append(jax.ShapeDtypeStruct(shape, s.np_dtype))
+        jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
+        exp = jexport.export(jitted, platforms=[platform])(*args)
+    except Exception as e:
+        raise fileio.FileError(f"{spec}: jax.export failed for ({', '.join(map(str, specs))}): "
+                               f"{fileio._first_line(e)}") from None
+    _stage(f"writing {out}")
+    if fmt == "exported" and not tv:
+        data = bytes(exp.serialize())
+    else:
+        loaded = fileio.load_bytes(bytes(exp.serialize()), source=spec, probe=False)
+        data = fileio.serialize(loaded.module, fmt, target_version=tv, exported=exp, source=out)
+    fileio.atomic_write(out, data)
+    print(f"{PROG}: exported {spec}({', '.join(map(str, specs))}) for {platform} -> {out} "
+          f"({fileio.FORMAT_NAMES[fmt]}, {len(data)} bytes)")
+    return EXIT_OK
+
+
+def _import_function(spec: str) -> Callable:
+    import importlib
+    import importlib.util
+    from hlofuse import fileio
+    modname, sep, attr = spec.rpartition(":")
+    if not sep or not modname or not attr:
+        raise UsageError(f"{spec!r}: expected MODULE:FUNCTION (e.g. mypkg.model:forward or "
+                         f"path/to/model.py:forward)")
+    _stage(f"importing {modname}")
+    try:
+        if modname.endswith(".py") or os.sep in modname:
+            if not os.path.isfile(modname):
+                raise fileio.FileError(f"{modname}: no such file")
+            sp = importlib.util.spec_from_file_location("_hlofuse_export_module", modname)
+            mod = importlib.util.module_from_spec(sp)
+            sp.loader.exec_module(mod)
+        else:
+            if os.getcwd() not in sys.path:
+                sys.path.insert(0, os.getcwd())
+            mod = importlib.import_module(modname)
+    except fileio.FileError:
+        raise
+    except Exception as e:
+        raise fileio.FileError(f"{modname}: cannot import: {type(e).__name__}: "
+                               f"{fileio._first_line(e)}") from None
+    obj = mod
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise fileio.FileError(f"{spec}: module {modname} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise fileio.FileError(f"{spec}: {attr} is not callable")
+    return obj
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    usage: str
+    summary: str
+    description: str
+    define: Callable
+    main: Callable
+    n_positional: int
+
+
+COMMANDS: dict[str, Command] = {
+    "optimize": Command(
+        "optimize IN -o OUT [flags]",
+        "optimize a StableHLO file (text, bytecode, portable artifact, jax.export artifact)",
+        "Optimize IN for a target and write OUT (same format as IN unless --format). Formats are\n"
+        "detected by content. Portable artifacts are written at --target-version; a jax.export\n"
+        "artifact keeps its calling convention and loads back with jax.export.deserialize.\n"
+        "Modules whose main has dynamic shapes are refined with --shapes or written unchanged.\n"
+        "OUT is written atomically; IN is never overwritten unless --in-place.",
+        _define_optimize, cmd_optimize, 1),
+    "run": Command(
+        "run FILE [--inputs in.npz] [--outputs out.npz] [--seed N]",
+        "execute a StableHLO file through XLA",
+        "Compile FILE with XLA on jax's default backend and run it, on --inputs or on seeded\n"
+        "random inputs built from its signature; print a summary and optionally save outputs.",
+        _define_run, cmd_run, 1),
+    "check": Command(
+        "check ORIGINAL OPTIMIZED [--inputs in.npz] [--seed N] [--category kernel]",
+        "run two files on the same inputs and compare (exit 1 on mismatch)",
+        "Run ORIGINAL and OPTIMIZED on the same inputs and compare every output with\n"
+        "hlofuse.testing.compare under the tolerance --category. Exit 1 when they differ.",
+        _define_check, cmd_check, 2),
+    "report": Command(
+        "report FILE [--target T] [--report FILE.json|.md|.html]",
+        "print the fusion plan and modeled savings without writing the module",
+        "Optimize FILE in memory and print what would be fused, into which kernels, what is left\n"
+        "to XLA and why, and the modeled memory traffic. Nothing but --report is written.",
+        _define_report, cmd_report, 1),
+    "export": Command(
+        "export MODULE:FUNCTION --args 'f32[8,128],i32[8]' -o OUT [--target T]",
+        "export a JAX function to a file with jax.export",
+        "Import FUNCTION from MODULE (a module name importable from the current directory, or\n"
+        "path/to/file.py), export it with jax.export for the given argument types and platform\n"
+        "and write OUT (format from --format or OUT's extension).",
+        _define_export, cmd_export, 1),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Help, parsing, error reporting
+# ---------------------------------------------------------------------------------------------
+
+def _top_help() -> str:
+    width = max(len(n) for n in COMMANDS)
+    lines = [f"usage: {PROG} COMMAND [flags] ...", "",
+             "Optimize StableHLO files offline (fusion into Pallas kernels), run and compare them.",
+             "", "commands:"]
+    lines += [f"  {n.ljust(width)}  {c.summary}" for n, c in COMMANDS.items()]
+    lines += ["", f"'{PROG} COMMAND --help' lists a command's flags. Exit codes: 0 ok, 1 numerical "
+              f"mismatch (check, --verify), 2 error."]
+    return "\n".join(lines)
+
+
+def _command_help(name: str, fv: flags.FlagValues) -> str:
+    c = COMMANDS[name]
+    lines = [f"usage: {PROG} {c.usage}", "", c.description, "", "flags:"]
+    for flag in sorted({id(f): f for f in fv._flags().values()}.values(), key=lambda f: f.name):
+        names = (f"-{flag.short_name}, " if flag.short_name else "") + (
+            f"--[no]{flag.name}" if flag.boolean else f"--{flag.name}")
+        default = "" if flag.default in (None, [], False) else f" (default: {flag.default_as_str})"
+        text = flag.help.split(";\n")[0] + default  # drop absl's "repeat this option" suffix
+        lines.append(f"  {names}")
+        lines += textwrap.wrap(text, 96, initial_indent="      ", subsequent_indent="      ")
+    return "\n".join(lines)
+
+
+def _wants_help(args: list[str]) -> bool:
+    for a in args:
+        if a == "--":
+            return False
+        if a in ("-h", "--help", "-help", "--helpfull", "--helpshort"):
+            return True
+    return False
+
+
+def _error(cmd: str | None, msg: str) -> None:
+    prefix = f"{PROG} {cmd}" if cmd else PROG
+    print(f"{prefix}: error: {msg}", file=sys.stderr)
+
+
+def _one_line(e: BaseException) -> str:
+    lines = [l.strip() for l in str(e).strip().splitlines() if l.strip()]
+    if not lines:
+        return type(e).__name__
+    return lines[0] if len(lines) == 1 else lines[0] + (" (" + lines[1] + ")" if len(lines[1]) < 200 else "")
+
+
+def _dispatch(argv: list[str]) -> int:
+    """Parse ``argv`` (program name first) with absl and run the subcommand; returns the exit code."""
+    args = argv[1:]
+    if not args:
+        print(_top_help(), file=sys.stderr)
+        return EXIT_ERROR
+    if args[0] in ("-h", "--help", "-help", "help"):
+        if args[0] == "help" and len(args) > 1 and args[1] in COMMANDS:
+            args = [args[1], "--help"]
+        else:
+            print(_top_help())
+            return EXIT_OK
+    if args[0] == "--version":
+        from hlofuse import __version__
+        print(f"{PROG} {__version__}")
+        return EXIT_OK
+    name = args[0]
+    if name not in COMMANDS:
+        _error(None, f"unknown command {name!r}; expected one of {', '.join(COMMANDS)} "
+               f"(see '{PROG} --help')")
+        return EXIT_ERROR
+    cmd = COMMANDS[name]
+    fv = flags.FlagValues()
+    cmd.define(fv)
+    if _wants_help(args[1:]):
+        print(_command_help(name, fv))
+        return EXIT_OK
+    verbose = "--verbose" in args
+    parsed = {}
+
+    def parse(argv_):
+        try:
+            rest = fv([f"{PROG} {name}"] + args[1:])
+        except flags.Error as e:
+            _error(name, f"{_one_line(e)} (see '{PROG} {name} --help')")
+            sys.exit(EXIT_ERROR)
+        if not flags.FLAGS.is_parsed():
+            # absl.app requires its global flags parsed (we use none of them); keep absl logging
+            # at WARNING (absl.app would raise it to INFO) unless --verbose
+            flags.FLAGS([argv_[0], f"--verbosity={0 if verbose else -1}"])
+        parsed["pos"] = rest[1:]
+        return argv_
+
+    def main(_):
+        pos = parsed["pos"]
+        if len(pos) != cmd.n_positional:
+            what = "argument" if cmd.n_positional == 1 else "arguments"
+            _error(name, f"expected {cmd.n_positional} positional {what}, got {len(pos)}"
+                   f"{': ' + ' '.join(pos) if pos else ''} (usage: {PROG} {cmd.usage})")
+            return EXIT_ERROR
+        return _run_command(name, cmd, fv, pos, verbose)
+
+    try:
+        app.run(main, argv=[argv[0]], flags_parser=parse)
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else EXIT_ERROR)
+    return EXIT_OK
+
+
+def _run_command(name: str, cmd: Command, fv, pos, verbose: bool) -> int:
+    from hlofuse.ir import IRError
+    from hlofuse.pipeline import PassFailure
+    try:
+        return cmd.main(fv, pos) or EXIT_OK
+    except KeyboardInterrupt:
+        _error(name, "interrupted (no output written)")
+        return EXIT_INTERRUPTED
+    except (UsageError, IRError, PassFailure) as e:
+        if verbose:
+            traceback.print_exc()
+        _error(name, _one_line(e) if not isinstance(e, PassFailure) else
+               f"{pos[0]}: {_one_line(e)}")
+        return EXIT_ERROR
+    except Exception as e:  # an hlofuse bug or an unexpected library error: still one line
+        if verbose:
+            traceback.print_exc()
+        where = pos[0] if pos else name
+        _error(name, f"{where}: {type(e).__name__}: {_one_line(e)}"
+               + ("" if verbose else " (--verbose for the traceback)"))
+        return EXIT_ERROR
+
+
+# ---------------------------------------------------------------------------------------------
+# Supervisor: run the command in a child process and report crashes as errors
+# ---------------------------------------------------------------------------------------------
+
+def _supervise(argv: list[str]) -> int:
+    cmd = argv[1] if len(argv) > 1 and argv[1] in COMMANDS else None
+    verbose = "--verbose" in argv[1:]
+    with tempfile.TemporaryDirectory(prefix="hlofuse-cli-") as d:
+        stage_path = os.path.join(d, "stage")
+        err_path = os.path.join(d, "stderr")
+        env = dict(os.environ, **{CHILD_ENV: "1", STAGE_ENV: stage_path})
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+        with open(err_path, "wb") as err:
+            proc = subprocess.Popen([sys.executable, "-m", "hlofuse.cli", *argv[1:]],
+                                    stderr=err, env=env)
+            rc = None
+            interrupted = False
+            while rc is None:
+                try:
+                    rc = proc.wait()
+                except KeyboardInterrupt:  # the child got SIGINT too; let it clean up
+                    interrupted = True
+        with open(err_path, "rb") as fh:
+            child_err = fh.read().decode("utf-8", "replace")
+        if rc >= 0:
+            sys.stderr.write(child_err if rc == 0 or verbose else _own_lines(child_err))
+            sys.stderr.flush()
+            return EXIT_INTERRUPTED if interrupted and rc == 0 else rc
+        try:
+            with open(stage_path) as fh:
+                stage = fh.read().strip()
+        except OSError:
+            stage = ""
+    sig = -rc
+    try:
+        signame = signal.Signals(sig).name
+    except ValueError:
+        signame = f"signal {sig}"
+    if verbose:
+        sys.stderr.write(child_err)
+    if sig == signal.SIGINT or interrupted:
+        _error(cmd, "interrupted (no output written)")
+        return EXIT_INTERRUPTED
+    detail = _crash_detail(child_err)
+    if stage.startswith("reading "):
+        what = (f"{stage[8:]}: corrupt input: the MLIR parser aborted the process while reading "
+                f"it ({signame})")
+    elif sig == signal.SIGKILL:
+        what = f"killed ({signame}, out of memory?) while {stage or 'starting'}"
+    else:
+        what = f"the process crashed ({signame}) while {stage or 'starting'}"
+    _error(cmd, what + (f": {detail}" if detail else "")
+           + ("" if verbose else " (--verbose for the native diagnostics)"))
+    return EXIT_ERROR
+
+
+def _own_lines(err: str) -> str:
+    """On failure keep only hlofuse's own messages (and their indented continuation lines), not
+    native diagnostics MLIR/XLA print directly to stderr; everything when there are none."""
+    kept, keep = [], False
+    for line in err.splitlines():
+        keep = line.startswith(PROG) or (keep and line.startswith("  "))
+        if keep:
+            kept.append(line)
+    return "\n".join(kept) + "\n" if kept else err
+
+
+def _crash_detail(err: str) -> str:
+    lines = [l.strip() for l in err.splitlines() if l.strip()]
+    for key in ("Check failed", "LLVM ERROR", "what():", "error:"):
+        for l in lines:
+            if key in l:
+                return l[:300]
+    return ""
+
+
+def run_main(argv: list[str] | None = None) -> int:
+    """Console-script entry point (``hlofuse``); returns through ``sys.exit``."""
+    argv = list(sys.argv if argv is None else argv)
+    help_only = len(argv) < 2 or argv[1] in ("-h", "--help", "-help", "help", "--version") or \
+        _wants_help(argv[2:])
+    try:
+        if help_only or os.environ.get(CHILD_ENV) == "1" or os.environ.get(INPROCESS_ENV) == "1":
+            code = _dispatch(argv)  # help needs no MLIR/XLA work: no child process
+        else:
+            code = _supervise(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `hlofuse ... | head`: the reader left; not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = EXIT_OK
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    run_main()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import math
 import os
 import subprocess
 import sys
@@ -89,7 +90,9 @@ def detect_format(data: str | bytes | bytearray) -> str:
         return "text"
     data = bytes(data)
     if data.startswith(MAGIC_BYTECODE):
-        return "portable" if b"vhlo" in data[:4096] else "bytecode"
+        # the producer string follows the magic and version: "StableHLO_v1.15.0" for portable
+        # artifacts (also when truncated), "MLIR..." for plain bytecode
+        return "portable" if (b"StableHLO_v" in data[:32] or b"vhlo" in data[:4096]) else "bytecode"
     head = data[:64].lstrip()
     if head.startswith((b"module", b"func.func", b"#", b"//", b"\"builtin.module\"")):
         return "text"
@@ -108,11 +111,26 @@ def detect_format(data: str | bytes | bytearray) -> str:
         return "unknown"
 
 
-def parse(data, ctx: ir.Context | None = None, *, source: str = "<input>") -> ir.Module:
+# sha1 digests of binary payloads known to parse without crashing: produced by this process
+# (to_bytecode / to_portable_artifact) or already parsed cleanly by :func:`probe_parse`.
+_SAFE_BINARY: set[bytes] = set()
+_BAD_BINARY: dict[bytes, str] = {}  # digest -> why the probe rejected it (not probed twice)
+
+
+def _digest(data) -> bytes:
+    import hashlib
+    return hashlib.sha1(bytes(data)).digest()
+
+
+def parse(data, ctx: ir.Context | None = None, *, source: str = "<input>",
+          probe: bool = True) -> ir.Module:
     """Parse StableHLO from text, MLIR bytecode, a portable artifact or an ``ir.Module``.
 
     An ``ir.Module`` from another context (for instance JAX's own) is re-parsed from its text
     (never cloned across contexts, H8). Raises :class:`IRError` naming ``source`` on failure.
+    Corrupt MLIR bytecode can abort the process inside the parser, so binary input this process
+    did not produce itself is first parsed in a subprocess (:func:`probe_parse`, once per
+    payload); ``probe=False`` skips that for input known to be sound.
     """
     ctx = ctx or new_context()
     if isinstance(data, ir.Module):
@@ -120,13 +138,21 @@ def parse(data, ctx: ir.Context | None = None, *, source: str = "<input>") -> ir
             return data
         data = data.operation.get_asm(enable_debug_info=True)
     fmt = detect_format(data)
+    if probe and fmt in ("bytecode", "portable") and _digest(data) not in _SAFE_BINARY:
+        if _digest(data) in _BAD_BINARY:
+            raise IRError(f"{source}: {_BAD_BINARY[_digest(data)]}")
+        try:
+            probe_parse(bytes(data), source=source)
+        except IRError as e:
+            _BAD_BINARY[_digest(data)] = str(e).split(": ", 1)[-1]
+            raise
     try:
         if fmt == "portable":
             return stablehlo.deserialize_portable_artifact(ctx, bytes(data))
         if fmt == "exported":
             from jax import export as jexport
             exp = jexport.deserialize(bytearray(data))
-            return parse(exp.mlir_module_serialized, ctx, source=source)
+            return parse(exp.mlir_module_serialized, ctx, source=source, probe=probe)
         if fmt == "unknown":
             raise IRError(f"{source}: not StableHLO (neither MLIR text, MLIR bytecode, a portable "
                           f"artifact nor a jax.export artifact)")
@@ -149,14 +175,18 @@ def to_text(module: ir.Module, *, debug_info: bool = False) -> str:
 def to_bytecode(module: ir.Module) -> bytes:
     buf = io.BytesIO()
     module.operation.write_bytecode(buf)
-    return buf.getvalue()
+    out = buf.getvalue()
+    _SAFE_BINARY.add(_digest(out))  # written by us from a live module: parses safely
+    return out
 
 
 def to_portable_artifact(module: ir.Module, target: str | None = None) -> bytes:
     """Serialize to a versioned StableHLO portable artifact without mutating ``module`` (H2)."""
     import jax.extend.mlir as jem
     target = target or portable_target_default()
-    return jem.serialize_portable_artifact(to_bytecode(module), target)
+    out = jem.serialize_portable_artifact(to_bytecode(module), target)
+    _SAFE_BINARY.add(_digest(out))
+    return out
 
 
 def clone_module(module: ir.Module, ctx: ir.Context | None = None) -> ir.Module:
@@ -245,7 +275,7 @@ class TensorInfo:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape)) if self.shape else 1
+        return math.prod(self.shape)  # Python ints: np.prod wraps around past 2**63
 
     @property
     def nbytes(self) -> int:
@@ -323,26 +353,34 @@ def import_funcs(dst: ir.Module, src: ir.Module, prefix: str) -> dict[str, str]:
     return mapping
 
 
-def inline_all_calls(module: ir.Module) -> int:
+def inline_all_calls(module: ir.Module, *, keep: Callable | None = None) -> int:
     """Inline every ``func.call`` (jaxlib's ``inline`` pass does not; see facts §2).
 
     Uses jaxlib's ``inlined_func_call`` (it maps nested-region captures correctly), innermost
     callees first, bounded by the number of call sites. Returns how many calls were inlined.
+    ``keep(func_op) -> bool`` marks functions that stay opaque: calls to them are not inlined
+    and calls inside them are left alone (hlofuse's kernels and outlined regions).
     """
     from jaxlib.mlir._mlir_libs import _jax_mlir_ext
     count = 0
     with module.context, ir.Location.unknown():
         for _ in range(10_000):
             table = ir.SymbolTable(module.operation)
-            calls = [op for op in all_ops(module) if op.name == "func.call"]
+
+            def inlinable(op) -> bool:
+                return op.name == "func.call" and not (keep is not None and keep(
+                    table[ir.FlatSymbolRefAttr(op.attributes["callee"]).value]))
+
+            calls = [op for f in funcs(module) if keep is None or not keep(f)
+                     for op in all_ops(f) if inlinable(op)]
             if not calls:
                 break
             progressed = False
             for call in calls:
                 callee_name = ir.FlatSymbolRefAttr(call.attributes["callee"]).value
                 callee = table[callee_name]
-                # inline leaves first: skip callees that still contain calls
-                if any(o.name == "func.call" for o in all_ops(callee)):
+                # inline leaves first: skip callees that still contain calls to inline
+                if any(inlinable(o) for o in all_ops(callee)):
                     continue
                 if len(callee.regions[0].blocks) != 1:
                     continue
@@ -353,8 +391,8 @@ def inline_all_calls(module: ir.Module) -> int:
                 safe_erase(call)
                 count += 1
                 progressed = True
-            if not progressed:
-                raise IRError("recursive or multi-block function calls cannot be inlined")
+            if not progressed:  # recursive or multi-block callees stay calls; XLA judges them
+                break
     return count
 
 
@@ -422,3 +460,30 @@ def eval_module(module_text: str, inputs: Sequence[np.ndarray], *, timeout: floa
             raise IRError("reference interpreter failed: " + (p.stderr.strip().splitlines() or ["(no output)"])[-1])
         z = np.load(opath)
         return [z[f"arr_{i}"] for i in range(len(z.files))]
+
+
+def probe_parse(data: bytes, *, source: str = "<input>", timeout: float = 120) -> None:
+    """Parse serialized StableHLO in a subprocess first: a corrupt MLIR bytecode stream can abort
+    the process inside the parser (``nanobind ... conversion error`` -> ``terminate``), which no
+    ``try`` catches. Raises :class:`IRError` naming ``source`` when the child fails or dies; when
+    this returns, :func:`parse` of the same bytes is safe in-process (parsing is deterministic)."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "in.bin")
+        with open(path, "wb") as fh:
+            fh.write(bytes(data))
+        code = ("import sys\nfrom hlofuse import ir as hir\n"
+                "try:\n    hir.parse(open(sys.argv[1], 'rb').read(), source=sys.argv[2], probe=False)\n"
+                "except hir.IRError as e:\n    print(e, file=sys.stderr); sys.exit(3)\n")
+        try:
+            p = subprocess.run([sys.executable, "-c", code, path, source], capture_output=True,
+                               text=True, errors="replace", timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise IRError(f"{source}: parsing did not finish within {timeout:.0f}s") from None
+    if p.returncode == 0:
+        _SAFE_BINARY.add(_digest(data))
+        return
+    lines = [l for l in p.stderr.strip().splitlines() if l.strip()]
+    if p.returncode == 3 and lines:
+        raise IRError(lines[-1])
+    why = f"signal {-p.returncode}" if p.returncode < 0 else f"exit code {p.returncode}"
+    raise IRError(f"{source}: corrupt MLIR bytecode: the MLIR parser aborted while reading it ({why})")

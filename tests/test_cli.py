@@ -1,0 +1,397 @@
+"""The ``hlofuse`` command line, run as a real process (``python -m hlofuse.cli`` and the installed
+console script): round trips for every file format, the error cases, ``--help`` for every
+subcommand, and atomic writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+from jax import export as jexport
+
+from hlofuse import fileio
+from hlofuse import ir as hir
+from hlofuse.testing import assert_same
+
+CLI = [sys.executable, "-m", "hlofuse.cli"]
+FORMATS = ("text", "bytecode", "portable", "exported")
+EXT = {"text": ".mlir", "bytecode": ".mlirbc", "portable": ".vhlo", "exported": ".exported"}
+SUBCOMMANDS = ("optimize", "run", "check", "report", "export")
+
+MODEL_SRC = '''
+import jax.numpy as jnp
+
+def model(x, w, b):
+    return jnp.tanh(jnp.maximum(x @ w + b, 0.0) * 2.0) + x.sum() * 0.5
+
+def other(x, w, b):
+    return jnp.sin(jnp.maximum(x @ w + b, 0.0) * 2.0) + x.sum() * 0.5
+'''
+
+
+def model(x, w, b):
+    return jnp.tanh(jnp.maximum(x @ w + b, 0.0) * 2.0) + x.sum() * 0.5
+
+
+SHAPES = [((8, 16), np.float32), ((16, 32), np.float32), ((32,), np.float32)]
+
+
+def hlofuse(*args, cwd, env=None, timeout=300):
+    full_env = dict(os.environ, **(env or {}))
+    return subprocess.run(CLI + [str(a) for a in args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=full_env)
+
+
+def hlofuse_inprocess(capsys, *args, cwd):
+    """The same argument parsing and dispatch without a process (only for cases that fail
+    before any MLIR/XLA work that could crash); returns (exit code, stdout, stderr)."""
+    from hlofuse import cli
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        capsys.readouterr()
+        code = cli._dispatch(["hlofuse", *map(str, args)])
+    finally:
+        os.chdir(old)
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, out.out, out.err)
+
+
+def inputs(seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(s).astype(d) for s, d in SHAPES]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """The model in every format, plus the arguments and jax.jit's results."""
+    d = tmp_path_factory.mktemp("cli")
+    exp = jexport.export(jax.jit(model), platforms=["cpu"])(
+        *[jax.ShapeDtypeStruct(s, dt) for s, dt in SHAPES])
+    module = hir.parse(exp.mlir_module())
+    blobs = {"text": exp.mlir_module(), "bytecode": hir.to_bytecode(module),
+             "portable": hir.to_portable_artifact(module), "exported": bytes(exp.serialize())}
+    paths = {}
+    for fmt, blob in blobs.items():
+        p = d / f"model{EXT[fmt]}"
+        p.write_bytes(blob.encode() if isinstance(blob, str) else blob)
+        paths[fmt] = p
+    (d / "mymodel.py").write_text(MODEL_SRC)
+    args = inputs()
+    np.savez(d / "in.npz", *args)
+    return {"dir": d, "paths": paths, "args": args, "expected": [np.asarray(jax.jit(model)(*args))]}
+
+
+def one_error_line(proc, *needles):
+    """An error: exit code 2, exactly one stderr line naming the culprit, no traceback."""
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert len(lines) == 1, proc.stderr
+    assert "error:" in lines[0] and "Traceback" not in proc.stderr, proc.stderr
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+    return lines[0]
+
+
+def run_file(path):
+    """Load an optimized file independently of hlofuse's loader and run it on the test inputs."""
+    data = path.read_bytes()
+    args = inputs()
+    if hir.detect_format(data) == "exported":
+        exp = jexport.deserialize(bytearray(data))
+        return [np.asarray(exp.call(*args))]
+    import jax.extend.backend as jeb
+    be = jeb.get_backend()
+    payload = data.decode() if hir.detect_format(data) == "text" else data
+    exe = be.compile_and_load(payload, be.local_devices()[:1],
+                              jeb.get_compile_options(num_replicas=1, num_partitions=1))
+    res = exe.execute_sharded([jax.device_put(a) for a in args])
+    return [np.asarray(a[0]) for a in res.disassemble_into_single_device_arrays()]
+
+
+# ---------------------------------------------------------------------------------------------
+# Round trips: optimize -> load -> run -> same results, for every format
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_optimize_round_trip(files, fmt):
+    d = files["dir"]
+    src = files["paths"][fmt]
+    out = d / f"opt_{fmt}{EXT[fmt]}"
+    rep = d / f"report_{fmt}.json"
+    p = hlofuse("optimize", src.name, "-o", out.name, "--report", rep.name, cwd=d)
+    assert p.returncode == 0, p.stderr
+    assert "kernel(s)" in p.stdout
+    data = out.read_bytes()
+    assert hir.detect_format(data) == fmt                       # written in the input's format
+    report = json.loads(rep.read_text())
+    assert report["kernels"] >= 1                               # the rewrite fired
+    assert any(r["kernel"] for r in report["regions"])
+    if fmt == "exported":
+        exp = jexport.deserialize(bytearray(data))
+        assert hir.detect_format(bytes(exp.mlir_module_serialized)) == "portable"
+        assert exp.in_avals == jexport.deserialize(bytearray(src.read_bytes())).in_avals
+        payload = bytes(exp.mlir_module_serialized)
+    else:
+        payload = data
+    if fmt in ("portable", "exported"):
+        assert fileio.portable_version(payload) == hir.portable_target_default()
+    assert report["ops_after"] < report["ops_before"]
+    assert hir.verify(hir.parse(payload)) is None
+    assert_same(run_file(out), files["expected"], "kernel")
+
+
+def test_run_and_check_through_the_cli(files):
+    d = files["dir"]
+    src, opt = files["paths"]["bytecode"], d / "rc_opt.mlirbc"
+    assert hlofuse("optimize", src.name, "-o", opt.name, "--verify", cwd=d).returncode == 0
+    p = hlofuse("run", opt.name, "--inputs", "in.npz", "--outputs", "out.npz", cwd=d)
+    assert p.returncode == 0, p.stderr
+    with np.load(d / "out.npz") as z:
+        assert_same([z["arr_0"]], files["expected"], "kernel")
+    p = hlofuse("check", files["paths"]["exported"].name, opt.name, "--seed", "3", cwd=d)
+    assert p.returncode == 0 and "OK" in p.stdout, p.stderr
+
+
+def test_check_reports_a_mismatch(files):
+    d = files["dir"]
+    other = lambda x, w, b: jnp.sin(jnp.maximum(x @ w + b, 0.0) * 2.0) + x.sum() * 0.5
+    exp = jexport.export(jax.jit(other), platforms=["cpu"])(
+        *[jax.ShapeDtypeStruct(s, dt) for s, dt in SHAPES])
+    (d / "other.exported").write_bytes(bytes(exp.serialize()))
+    p = hlofuse("check", files["paths"]["text"].name, "other.exported", cwd=d)
+    assert p.returncode == 1
+    assert "MISMATCH" in p.stderr and "other.exported" in p.stderr
+
+
+def test_export_then_optimize_other_formats(files):
+    d = files["dir"]
+    p = hlofuse("export", "mymodel.py:model", "--args", "f32[8,16],f32[16,32],f32[32]",
+                "-o", "exp.exported", cwd=d)
+    assert p.returncode == 0, p.stderr
+    exp = jexport.deserialize(bytearray((d / "exp.exported").read_bytes()))
+    assert_same([np.asarray(exp.call(*files["args"]))], files["expected"], "exact")
+    # --format converts (exported -> portable), at an older --target-version
+    p = hlofuse("optimize", "exp.exported", "-o", "exp.vhlo", "--format", "portable",
+                "--target-version", "1.10.0", cwd=d)
+    assert p.returncode == 0, p.stderr
+    assert fileio.portable_version((d / "exp.vhlo").read_bytes()) == "1.10.0"
+    assert_same(run_file(d / "exp.vhlo"), files["expected"], "kernel")
+
+
+def test_report_prints_the_plan_and_writes_nothing_else(files):
+    d = files["dir"]
+    before = set(os.listdir(d))
+    p = hlofuse("report", files["paths"]["portable"].name, "--report", "plan.html",
+                "--target", "gpu", cwd=d)
+    assert p.returncode == 0, p.stderr
+    assert "target gpu" in p.stdout and "kernel(s)" in p.stdout and "elementwise" in p.stdout
+    assert set(os.listdir(d)) - before == {"plan.html"}
+    assert "<table>" in (d / "plan.html").read_text()
+
+
+def test_gpu_and_tpu_exports_keep_their_kernels(files):
+    d = files["dir"]
+    for target, marker, plat in (("gpu", "__gpu$xla.gpu.triton", "cuda"),
+                                 ("tpu", "tpu_custom_call", "tpu")):
+        exp = jexport.export(jax.jit(model), platforms=[plat])(
+            *[jax.ShapeDtypeStruct(s, dt) for s, dt in SHAPES])
+        (d / f"{target}.exported").write_bytes(bytes(exp.serialize()))
+        p = hlofuse("optimize", f"{target}.exported", "-o", f"{target}_opt.exported", cwd=d)
+        assert p.returncode == 0, p.stderr
+        assert f"target {target}" in p.stdout
+        exp = jexport.deserialize(bytearray((d / f"{target}_opt.exported").read_bytes()))
+        assert exp.platforms == (plat,)
+        avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in exp.in_avals]
+        text = jax.jit(exp.call).trace(*avals).lower(lowering_platforms=(plat,)).as_text()
+        assert marker in text
+
+
+# ---------------------------------------------------------------------------------------------
+# Dynamic shapes
+# ---------------------------------------------------------------------------------------------
+
+DYNAMIC = """module {
+  func.func public @main(%arg0: tensor<?x4xf32>) -> tensor<?x4xf32> {
+    %0 = stablehlo.add %arg0, %arg0 : tensor<?x4xf32>
+    %1 = stablehlo.tanh %0 : tensor<?x4xf32>
+    %2 = stablehlo.multiply %1, %arg0 : tensor<?x4xf32>
+    return %2 : tensor<?x4xf32>
+  }
+}
+"""
+
+
+def test_dynamic_shapes_need_shapes_to_run(tmp_path, capsys):
+    (tmp_path / "dyn.mlir").write_text(DYNAMIC)
+    one_error_line(hlofuse_inprocess(capsys, "run", "dyn.mlir", cwd=tmp_path), "dyn.mlir",
+                   "dynamic shape", "--shapes")
+
+
+def test_dynamic_shapes_pass_through_or_refine(tmp_path):
+    (tmp_path / "dyn.mlir").write_text(DYNAMIC)
+    p = hlofuse("optimize", "dyn.mlir", "-o", "same.mlir", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "unchanged" in p.stdout and "--shapes" in p.stderr and "tensor<?x4xf32>" in p.stderr
+    assert (tmp_path / "same.mlir").read_text() == DYNAMIC     # passed through byte for byte
+    p = hlofuse("optimize", "dyn.mlir", "-o", "ref.mlir", "--shapes", "f32[3,4]",
+                "--report", "r.json", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert json.loads((tmp_path / "r.json").read_text())["kernels"] == 1
+    assert "tensor<3x4xf32>" in (tmp_path / "ref.mlir").read_text()
+    x = np.random.default_rng(1).standard_normal((3, 4)).astype(np.float32)
+    np.savez(tmp_path / "x.npz", x)
+    p = hlofuse("run", "ref.mlir", "--inputs", "x.npz", "--outputs", "y.npz", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    with np.load(tmp_path / "y.npz") as z:
+        assert_same(z["arr_0"], np.tanh(x + x) * x, "kernel")
+
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors: one line on stderr, exit code 2, no traceback
+# ---------------------------------------------------------------------------------------------
+
+def test_bad_inputs_give_one_clear_line(files, tmp_path):
+    d = tmp_path
+    bc = files["paths"]["bytecode"].read_bytes()
+    (d / "random.bin").write_bytes(np.random.default_rng(0).bytes(4000))
+    (d / "truncated.mlirbc").write_bytes(bc[: len(bc) // 2])
+    (d / "unknown.mlir").write_text("module {\n  func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> {\n"
+                                    "    %0 = foo.bar %a : tensor<4xf32>\n    return %0 : tensor<4xf32>\n  }\n}\n")
+    (d / "nomain.mlir").write_text("module {\n  func.func @f(%a: tensor<4xf32>) -> tensor<4xf32> {\n"
+                                   "    return %a : tensor<4xf32>\n  }\n}\n")
+    cases = [
+        (["missing.mlir"], ["missing.mlir", "no such file"]),
+        (["random.bin"], ["random.bin", "not StableHLO"]),
+        (["truncated.mlirbc"], ["truncated.mlirbc", "cannot parse"]),
+        (["unknown.mlir"], ["unknown.mlir", "foo.bar"]),
+        (["nomain.mlir"], ["nomain.mlir", "no 'main'"]),
+    ]
+    for args, needles in cases:
+        p = hlofuse("optimize", *args, "-o", "out.mlir", cwd=d)
+        one_error_line(p, *needles)
+        assert not (d / "out.mlir").exists()
+
+
+
+def test_parser_abort_is_reported_not_crashed(files, tmp_path):
+    """A corrupt bytecode string table makes the MLIR parser abort the process (nanobind
+    conversion error -> std::terminate); the command still exits 2 with one line."""
+    bc = bytearray(files["paths"]["bytecode"].read_bytes())
+    i = bc.find(b"stablehlo")
+    assert i > 0
+    bc[i + 1] = 0xFF
+    (tmp_path / "corrupt.mlirbc").write_bytes(bytes(bc))
+    p = hlofuse("optimize", "corrupt.mlirbc", "-o", "out.mlirbc", cwd=tmp_path)
+    one_error_line(p, "corrupt.mlirbc", "corrupt input")
+    assert not (tmp_path / "out.mlirbc").exists()
+    # the library path guards the same input with a subprocess probe
+    with pytest.raises(hir.IRError, match="corrupt"):
+        fileio.load(str(tmp_path / "corrupt.mlirbc"))
+
+
+def test_verbose_adds_the_traceback(tmp_path, capsys):
+    (tmp_path / "random.bin").write_bytes(np.random.default_rng(0).bytes(4000))
+    p = hlofuse_inprocess(capsys, "optimize", "random.bin", "-o", "o.mlir", "--verbose",
+                          cwd=tmp_path)
+    assert p.returncode == 2 and "Traceback" in p.stderr and "random.bin" in p.stderr
+
+
+def test_usage_errors(files, capsys):
+    d = files["dir"]
+    hlofuse = lambda *a, cwd: hlofuse_inprocess(capsys, *a, cwd=cwd)  # noqa: E731
+    src = files["paths"]["text"].name
+    for args, needles in [
+        ((src,), ["missing -o"]),
+        ((src, "-o", src), ["refusing to overwrite", "--in-place"]),
+        ((src, "-o", "x.mlir", "--target", "xpu"), ["--target"]),
+        ((src, "-o", "x.mlir", "--bogus"), ["bogus"]),
+        ((src, "-o", "x.mlir", "--disable-pass", "no-such-pass"), ["no-such-pass"]),
+        ((src, "-o", "x.mlir", "--report", "r.pdf"), ["r.pdf"]),
+        ((src, "-o", "x.mlir", "--format", "exported"), ["jax.export input"]),
+        ((src, "-o", "x.vhlo", "--format", "portable", "--target-version", "0.1.0"), ["0.1.0"]),
+        ((files["paths"]["exported"].name, "-o", "x.exported", "--target", "gpu"), ["platform cpu"]),
+    ]:
+        one_error_line(hlofuse("optimize", *args, cwd=d), *needles)
+    one_error_line(hlofuse("frobnicate", cwd=d), "frobnicate")
+    one_error_line(hlofuse("run", src, "--inputs", "missing.npz", cwd=d), "missing.npz")
+    one_error_line(hlofuse("export", "mymodel:nope", "--args", "f32[3]", "-o", "x", cwd=d), "nope")
+    one_error_line(hlofuse("export", "mymodel:model", "--args", "q32[3]", "-o", "x", cwd=d), "q32")
+    assert not (d / "x.mlir").exists() and not (d / "x").exists()
+
+
+def test_in_place_replaces_the_input_atomically(files, tmp_path):
+    src = tmp_path / "m.mlir"
+    shutil.copy(files["paths"]["text"], src)
+    os.chmod(src, 0o640)
+    p = hlofuse("optimize", "m.mlir", "--in-place", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert stat.S_IMODE(os.stat(src).st_mode) == 0o640
+    assert_same(run_file(src), files["expected"], "kernel")
+    assert sorted(os.listdir(tmp_path)) == ["m.mlir"]           # no temporary left behind
+
+
+def test_atomic_write_leaves_no_partial_file(tmp_path, monkeypatch):
+    out = tmp_path / "out.mlir"
+    out.write_text("old")
+
+    def interrupted(src, dst):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        fileio.atomic_write(str(out), b"new contents")
+    assert out.read_text() == "old"
+    assert os.listdir(tmp_path) == ["out.mlir"]
+    monkeypatch.undo()
+    with pytest.raises(fileio.FileError, match="refusing to overwrite"):
+        fileio.atomic_write(str(out), b"x", inputs=[str(out)])
+    fileio.atomic_write(str(out), b"x", inputs=[str(out)], in_place=True)
+    assert out.read_text() == "x"
+
+
+# ---------------------------------------------------------------------------------------------
+# Help and entry points
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("sub", SUBCOMMANDS)
+def test_help_for_every_subcommand(sub, tmp_path, capsys):
+    p = hlofuse_inprocess(capsys, sub, "--help", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith(f"usage: hlofuse {sub}")
+    listed = p.stdout.replace("--[no]", "--")                     # boolean flags
+    assert "--verbose" in listed
+    expected = {"optimize": ["--target", "--pipeline", "--disable-pass", "--report", "--dump-dir",
+                             "--verify", "--format", "--target-version", "--in-place", "-o"],
+                "run": ["--inputs", "--outputs", "--seed"], "check": ["--category", "--inputs"],
+                "report": ["--target", "--report"], "export": ["--args", "--target", "-o"]}[sub]
+    for flag in expected:
+        assert flag in listed, flag
+
+
+def test_installed_console_script(tmp_path):
+    script = shutil.which("hlofuse") or os.path.join(os.path.dirname(sys.executable), "hlofuse")
+    assert os.path.exists(script), "console script not installed: pip install -e ."
+    p = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and all(s in p.stdout for s in SUBCOMMANDS)
+    p = hlofuse("export", "--help", cwd=tmp_path)                 # python -m hlofuse.cli
+    assert p.returncode == 0 and p.stdout.startswith("usage: hlofuse export"), p.stderr
+
+
+def test_arg_spec_parsing():
+    specs = fileio.parse_arg_specs("f32[8,128], i32[8],bf16[],f32[b,4]")
+    assert [str(s) for s in specs] == ["f32[8,128]", "i32[8]", "bf16[]", "f32[b,4]"]
+    assert specs[0].mlir_type() == "tensor<8x128xf32>" and not specs[3].is_static
+    for bad in ("f32[8", "x32[3]", "f32", "f32[1-2]"):
+        with pytest.raises(fileio.FileError):
+            fileio.parse_arg_specs(bad)

@@ -1,0 +1,106 @@
+"""hlofuse over the StableHLO project's own test modules (``../shared/corpus``): a fixed subset
+across op families, every case run untransformed and through ``hlofuse.corpus:corpus_transform``
+(what ``hlofuse optimize --target cpu`` does), compiled by XLA and checked with the test's own
+tolerance. No case may regress, and kernels must actually have been spliced into some of them.
+
+The full corpus (about 1500 files) is run by hand, see README "Offline optimization"."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CORPUS = os.path.normpath(os.path.join(REPO, "..", "shared", "corpus"))
+RUNNER = os.path.join(CORPUS, "run_corpus.py")
+
+# One or two files per op family: elementwise (float, bf16/f16, complex, integer), compare and
+# select, reductions and scans, windows, dot/conv, shape ops, gather/scatter, sort/top_k,
+# conversions, chlo ops, random bits, control flow and calls. Files marked * get a Pallas kernel.
+SUBSET = """
+testdata/abs_complex64_20_20.mlir
+testdata/exp_float32_20_20.mlir
+testdata/log1p_float32_20_20.mlir
+testdata/logistic_float32_20_20.mlir *
+testdata/logistic_bfloat16_20_20.mlir *
+testdata/sqrt_bfloat16_20_20.mlir
+testdata/sin_complex64_20_20.mlir *
+testdata/acos_float32_20_20.mlir *
+testdata/add_float16_20_20_float16_20_20.mlir
+testdata/mul_bfloat16_20_20_bfloat16_20_20.mlir
+testdata/div_float32_1_float32_1.mlir
+testdata/rem_bfloat16_2_bfloat16_2.mlir
+testdata/integer_pow_float32_20_30.mlir *
+testdata/integer_pow_int16_20_30.mlir *
+testdata/max_complex64_20_20_complex64_20_20.mlir *
+testdata/eq_bfloat16_bfloat16.mlir
+testdata/select_n_int32_2_3_float32_2_3_float32_2_3_float32_2_3.mlir *
+testdata/clamp_float32_2_3_float32_2_3_float32.mlir
+testdata/sign_uint8_20_20.mlir *
+testdata/reduce_sum_complex128_2_3.mlir
+testdata/reduce_max_bfloat16_2_3.mlir
+testdata/argmax_bool_15.mlir
+testdata/cumsum_float16_8_9.mlir
+testdata/reduce_window_add_float16_4_6.mlir
+testdata/dot_general_bfloat16_4_3_complex128_3_6.mlir
+testdata/conv_general_dilated_float32_1_16_16_2_float32_2_3_2_2.mlir
+testdata/transpose_bfloat16_2_3.mlir
+testdata/reshape_bool_2_3.mlir
+testdata/broadcast_in_dim_bool_2.mlir
+testdata/concatenate_complex128_2_3_complex128_2_3.mlir
+testdata/dynamic_slice_bool_3_int64_1.mlir
+testdata/dynamic_update_slice_bool_3_bool_1_int64_1.mlir
+testdata/pad_complex64_2_3_complex64.mlir
+testdata/rev_bfloat16_4_5.mlir
+testdata/gather_float32_10_10_10_int32_5.mlir *
+testdata/scatter_add_bfloat16_1_125_bfloat16_1.mlir
+testdata/sort_bfloat16_5_7.mlir
+testdata/top_k_bfloat16_5_3_chlo.mlir
+testdata/convert_element_type_bool_100_100.mlir
+testdata/bitcast_convert_type_bool_2_3.mlir
+testdata/shift_left_int32_20_20_int32_20_20.mlir
+testdata/population_count_int16_4.mlir
+testdata/erf_bfloat16_20_20_chlo.mlir
+interpret/call.mlir
+interpret/if.mlir
+interpret/dot_general.mlir
+interpret/reduce_window.mlir
+interpret/sort.mlir
+interpret/dynamic_reshape.mlir
+"""
+FILES = [line.split()[0] for line in SUBSET.strip().splitlines()]
+KERNELIZED = [line.split()[0] for line in SUBSET.strip().splitlines() if line.endswith("*")]
+
+
+def test_corpus_subset_has_no_regressions(tmp_path):
+    if not os.path.exists(RUNNER):
+        pytest.fail(f"StableHLO corpus not found at {CORPUS}: CI checks out shared/ beside the "
+                    f"repository (<repo>/../shared/corpus/run_corpus.py)")
+    paths = [os.path.join(CORPUS, "testdata", f) for f in FILES]
+    missing = [p for p in paths if not os.path.exists(p)]
+    assert not missing, f"corpus files missing: {missing}"
+    out, dump = tmp_path / "corpus.json", tmp_path / "dump"
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO + os.pathsep +
+               os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, RUNNER, *paths, "--transform",
+                        "hlofuse.corpus:corpus_transform", "--lift-inputs", "--jobs", "2",
+                        "--timeout", "120", "--json", str(out), "--dump-dir", str(dump)],
+                       capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
+    assert out.exists(), p.stderr[-3000:]
+    result = json.loads(out.read_text())
+    cases = result["cases"]
+    assert result["summary"]["n_files"] == len(FILES)
+    regressions = [c for c in cases if c["status"] == "fail" and c.get("baseline_status") == "pass"]
+    assert not regressions, "\n".join(f"{c['name']}: [{c.get('kind')}] {c.get('reason', '')}"
+                                      for c in regressions)
+    # every file of the subset runs and passes before and after (no crash, no transform error)
+    assert all(c["status"] == "pass" for c in cases), \
+        [(c["name"], c["status"], c.get("kind"), c.get("reason")) for c in cases if c["status"] != "pass"]
+    # the transform really optimized: kernels were spliced where the fusion applies
+    spliced = [f for f in KERNELIZED
+               if "hlofuse" in (dump / (f"testdata__{f[9:-5]}.transformed.mlir")).read_text()]
+    assert len(spliced) >= len(KERNELIZED) // 2, (spliced, KERNELIZED)
