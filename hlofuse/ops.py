@@ -69,6 +69,8 @@ def const_value(op) -> np.ndarray:
                 val = bool(val)
             elif dt.kind == "u" and val < 0:
                 val += 1 << (8 * dt.itemsize)
+        elif isinstance(v, ir.BoolAttr):  # i1 splats (dense<true>/dense<false>)
+            val = ir.BoolAttr(v).value
         else:
             raise EmitError(f"unsupported constant element {v}")
         return np.full(tuple(t.shape), val, dtype=dt)

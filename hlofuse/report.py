@@ -7,6 +7,10 @@ import json
 from typing import Any
 
 
+class HlofuseWarning(UserWarning):
+    """A region left to XLA unexpectedly, a rolled-back kernel, or a skipped optimization."""
+
+
 @dataclasses.dataclass
 class Region:
     """One candidate fusion region, whether it became a kernel or was left to XLA."""
@@ -50,6 +54,13 @@ class Report:
     ops_after: int = 0
     notes: list[str] = dataclasses.field(default_factory=list)  # warnings for the user
     source: str = "<module>"
+    # region id -> text of its outlined function before kernelize replaced it (kept for
+    # hlofuse.verify's check and rollback; in-memory only, not part of to_dict/JSON)
+    xla_funcs: dict[int, str] = dataclasses.field(default_factory=dict, repr=False)
+    # buffer-aliasing: which outputs alias which (donated) arguments, and the memory plan
+    # ({'output': j, 'argument': i, 'bytes': n, 'type': 'f32[...]'} rows; peak live bytes)
+    aliases: list[dict] = dataclasses.field(default_factory=list)
+    memory: dict = dataclasses.field(default_factory=dict)
 
     # -- recording -------------------------------------------------------------------------
     def record_pass(self, name: str, seconds: float, stats: dict, disabled: bool = False) -> None:
@@ -103,6 +114,7 @@ class Report:
                              arithmetic_intensity=round(r.arithmetic_intensity, 4)) for r in self.regions],
             "passes": [dataclasses.asdict(p) for p in self.passes],
             "notes": list(self.notes),
+            "aliases": list(self.aliases), "memory": dict(self.memory),
         }
 
     def to_json(self, **kw) -> str:

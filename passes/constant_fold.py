@@ -1,0 +1,303 @@
+"""``constant-fold``: evaluate constant subgraphs on the host and replace them by constants.
+
+Rewrites: every op of a foldable kind whose operands are all constant-valued is evaluated on
+the host — data movement with numpy (:data:`DATA_EMITTERS`), arithmetic with its
+:mod:`hlofuse.ops` jax emitter under ``jax.enable_x64`` on the CPU device — and the *frontier*
+of each constant subgraph (constant-valued ops used by non-constant ops or returned) becomes
+one ``stablehlo.constant``. The dead subgraph is erased.
+
+Size policy (constants must not blow up): a result is materialized only when it is a splat,
+or when it is at most ``constant_fold_max_bytes`` (option, default 1 MiB) *and* no larger than
+the constant data it is computed from (plus 256 bytes). So ``W * 2`` or ``transpose(W)`` fold,
+but ``broadcast_in_dim(bias)`` to an activation shape stays a broadcast of the (folded) bias;
+when a frontier op is refused, its operands are folded instead. Intermediates larger than
+4x the limit are not evaluated at all.
+
+Not folded: ops with side effects or regions, integer divide/remainder by zero, results whose
+emitter gives another dtype or shape than the IR type, 64-bit or complex inputs the emitter
+rejects (the op is simply left alone).
+Preconditions: none (run after ``inline-calls``; frozen parameters make most of the work).
+Invariant: results unchanged — the folded value is what XLA's CPU backend computes for the op;
+transcendental ops may differ from a GPU/TPU run in the last ulp, as with XLA's own folding.
+The module verifies; rerunning the pass changes nothing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jaxlib.mlir import ir
+
+from hlofuse import ir as hir
+from hlofuse.ops import OpClass, emit_op, rule_for
+from hlofuse.pipeline import Pass, register_pass
+from hlofuse.passes import graph_util as gu
+
+DEFAULT_MAX_BYTES = 1 << 20
+SMALL_BYTES = 256
+# ops that create data from (almost) nothing: only their splat results are materialized
+EXPANSION_OPS = {"stablehlo.broadcast_in_dim", "stablehlo.iota"}
+
+
+def _result_shape(op) -> tuple:
+    return tuple(ir.RankedTensorType(op.results[0].type).shape)
+
+
+def _reshape(op, x):
+    return np.reshape(x, _result_shape(op))
+
+
+def _transpose(op, x):
+    return np.transpose(x, gu.i64_array(op, "permutation"))
+
+
+def _slice(op, x):
+    return x[tuple(slice(a, b, c) for a, b, c in zip(gu.i64_array(op, "start_indices"),
+                                                      gu.i64_array(op, "limit_indices"),
+                                                      gu.i64_array(op, "strides")))]
+
+
+def _reverse(op, x):
+    return np.flip(x, tuple(gu.i64_array(op, "dimensions")))
+
+
+def _concatenate(op, *xs):
+    return np.concatenate(xs, ir.IntegerAttr(op.attributes["dimension"]).value)
+
+
+def _pad(op, x, v):
+    lo, hi, interior = (gu.i64_array(op, k) for k in
+                        ("edge_padding_low", "edge_padding_high", "interior_padding"))
+    inner = [n + max(n - 1, 0) * i for n, i in zip(x.shape, interior)]
+    full = [max(a, 0) + m + max(b, 0) for a, m, b in zip(lo, inner, hi)]
+    out = np.full(full, v, dtype=x.dtype)
+    out[tuple(slice(max(a, 0), max(a, 0) + m, i + 1) for a, m, i in zip(lo, inner, interior))] = x
+    return out[tuple(slice(-min(a, 0), n - (-min(b, 0))) for a, b, n in zip(lo, hi, full))]
+
+
+def _iota(op):
+    from hlofuse.ops import element_dtype
+    shape = _result_shape(op)
+    d = ir.IntegerAttr(op.attributes["iota_dimension"]).value
+    ramp = np.arange(shape[d]).reshape([-1 if k == d else 1 for k in range(len(shape))])
+    return np.broadcast_to(ramp, shape).astype(element_dtype(op.results[0].type))
+
+
+def _broadcast_in_dim(op, x):
+    dims = gu.i64_array(op, "broadcast_dimensions")
+    shape = _result_shape(op)
+    expanded = [1] * len(shape)
+    for k, d in enumerate(dims):
+        expanded[d] = x.shape[k]
+    return np.broadcast_to(np.transpose(x, np.argsort(dims)).reshape(expanded), shape).copy()
+
+
+# Pure data movement is evaluated with numpy (bit-exact, and no per-op XLA compilation);
+# arithmetic goes through the jax emitters of hlofuse.ops so it matches XLA's CPU semantics
+# (subnormal flushing, conversions, transcendental approximations).
+DATA_EMITTERS = {
+    "stablehlo.reshape": _reshape,
+    "stablehlo.transpose": _transpose,
+    "stablehlo.slice": _slice,
+    "stablehlo.reverse": _reverse,
+    "stablehlo.concatenate": _concatenate,
+    "stablehlo.pad": _pad,
+    "stablehlo.iota": _iota,
+    "stablehlo.broadcast_in_dim": _broadcast_in_dim,
+}
+
+
+def foldable(op) -> bool:
+    """Is ``op`` of a kind this pass evaluates (no effects, no regions, static shapes)?"""
+    if len(op.regions) or len(op.results) != 1:
+        return False
+    if op.name not in DATA_EMITTERS:
+        rule = rule_for(op.name)
+        if rule.emit is None or rule.cls not in (OpClass.ELEMENTWISE, OpClass.BROADCAST):
+            return False
+    return all(gu.info(v) is not None for v in list(op.operands) + list(op.results))
+
+
+def _evaluate(op, args: list) -> np.ndarray:
+    if op.name in DATA_EMITTERS:
+        out = np.asarray(DATA_EMITTERS[op.name](op, *[np.asarray(a) for a in args]))
+    else:
+        import jax
+        with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):
+            out = np.asarray(jax.device_get(emit_op(op, args)[0]))
+    t = gu.info(op.results[0])
+    if tuple(out.shape) != t.shape or out.dtype != hir.np_dtype(t.dtype):
+        raise ValueError(f"emitter gave {out.dtype}{list(out.shape)} for {t.dtype}{list(t.shape)}")
+    return out
+
+
+def _unsafe_values(op, args: list) -> bool:
+    if op.name in ("stablehlo.divide", "stablehlo.remainder"):
+        d = args[1]
+        if np.asarray(d).dtype.kind in "iub" and np.any(np.asarray(d) == 0):
+            return True  # integer division by zero: leave it to the target's semantics
+    return False
+
+
+def _has_subnormal(x) -> bool:
+    import ml_dtypes
+    x = np.asarray(x)
+    if x.dtype.kind != "f" and x.dtype.name != "bfloat16":
+        return False
+    a = np.abs(x.astype(np.float64))
+    return bool(np.any((a > 0) & (a < float(ml_dtypes.finfo(x.dtype).tiny))))
+
+
+def _subnormal_risk(op, args: list) -> bool:
+    """Would the CPU runtime (flush-to-zero, denormals-are-zero) give another value than XLA's
+    own folding of the unoptimized program (IEEE subnormals)? True when a float operand is
+    subnormal, or when the exact (float64) result of a float op is subnormal in its dtype.
+    Such ops are left for XLA to fold (found by tests/test_fuzz.py: sign(-1e-40) folded to -0)."""
+    if op.name in DATA_EMITTERS:
+        return False  # numpy moves data bit-exactly
+    if any(_has_subnormal(a) for a in args):
+        return True
+    t = gu.info(op.results[0])
+    out_dt = hir.np_dtype(t.dtype)
+    if out_dt.kind != "f" and out_dt.name != "bfloat16":
+        return False
+    try:
+        import jax
+        wide = [np.asarray(a, np.float64) if (np.asarray(a).dtype.kind == "f" or np.asarray(a).dtype.name
+                                              == "bfloat16") else np.asarray(a) for a in args]
+        with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):
+            exact = np.asarray(jax.device_get(emit_op(op, wide)[0]), np.float64)
+    except Exception:
+        return False  # no float64 twin for this op: its inputs were checked above
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _has_subnormal(exact.astype(out_dt))
+
+
+class _Folder:
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        # keyed by op address (hash(op) hashes contents, which change as uses are rewritten)
+        self.const: dict = {}      # op -> bool  (constant-valued?)
+        self.source: dict = {}     # op -> bytes of constant data it derives from
+        self.values: dict = {}     # op -> np.ndarray
+        self.failed: set = set()
+
+    def analyze(self, blocks) -> list:
+        ops = [op for b in blocks for op in hir.block_ops(b)]
+        for op in ops:  # program order: operands are analyzed before users
+            if op.name == "stablehlo.constant":
+                self.const[gu.op_key(op)] = True
+                nb = gu.info(op.results[0]).nbytes if gu.info(op.results[0]) else 0
+                self.source[gu.op_key(op)] = hir.dtype_bytes(gu.info(op.results[0]).dtype) \
+                    if gu.is_splat_const(op.results[0]) else nb
+                continue
+            if not foldable(op):
+                continue
+            prods = [gu.defining_op(v) for v in op.operands]
+            if not all(p is not None and self.const.get(gu.op_key(p), False) for p in prods):
+                continue
+            if gu.info(op.results[0]).nbytes > 4 * self.max_bytes:
+                continue
+            self.const[gu.op_key(op)] = True
+            # an iota is generated data: count it as a constant of its own size
+            self.source[gu.op_key(op)] = sum(self.source[k] for k in {gu.op_key(p) for p in prods}) \
+                if prods else gu.info(op.results[0]).nbytes
+        return ops
+
+    def is_const(self, op) -> bool:
+        return op is not None and self.const.get(gu.op_key(op), False)
+
+    def value(self, op) -> np.ndarray:
+        if gu.op_key(op) in self.values:
+            return self.values[gu.op_key(op)]
+        if op.name == "stablehlo.constant":
+            v = gu.constant_array(op.results[0])
+            if v is None:
+                raise ValueError("unreadable constant")
+        else:
+            args = [self.value(gu.defining_op(x)) for x in op.operands]
+            if _unsafe_values(op, args):
+                raise ValueError("integer division by zero")
+            if _subnormal_risk(op, args):
+                raise ValueError("subnormal values: the CPU runtime that evaluates here flushes "
+                                 "them to zero, XLA's own constant folding does not")
+            v = _evaluate(op, args)
+        self.values[gu.op_key(op)] = v
+        return v
+
+    def acceptable(self, op) -> bool:
+        t = gu.info(op.results[0])
+        if t.size <= 1:
+            return True
+        if t.dtype == "i1" and op.name == "stablehlo.broadcast_in_dim" and \
+                gu.is_op(op.operands[0], "stablehlo.constant") and gu.info(op.operands[0]).size == 1:
+            return False  # already the canonical form of a boolean splat (see _materialize)
+        if op.name in EXPANSION_OPS or t.nbytes > self.max_bytes or \
+                t.nbytes > self.source[gu.op_key(op)] + SMALL_BYTES:
+            # only a splat result is worth it; decide without evaluating large values
+            if op.name == "stablehlo.broadcast_in_dim":
+                return gu.splat_value(op.operands[0]) is not None or \
+                    gu.info(op.operands[0]).size == 1
+            return False
+        return True
+
+
+def _materialize(val: np.ndarray, op) -> ir.Value:
+    """A constant for ``val`` before ``op``. Boolean splats of rank > 0 are written as a
+    broadcast of a rank-0 constant (the form JAX emits; fusion then passes the scalar to a
+    kernel instead of cloning an i1 splat into it)."""
+    t = op.results[0].type
+    if val.dtype == np.bool_ and val.ndim and val.size > 1 and (val == val.flat[0]).all():
+        scalar = gu.make_constant(val.reshape(-1)[:1].reshape(()),
+                                  gu.tensor_type([], gu.element_type(op.results[0])), before=op)
+        return gu.make_broadcast(scalar, [], t, before=op)
+    return gu.make_constant(val, t, before=op)
+
+
+@register_pass
+class ConstantFold(Pass):
+    """See the module docstring."""
+    name = "constant-fold"
+
+    def run(self, module, ctx):
+        max_bytes = int(ctx.option("constant_fold_max_bytes", DEFAULT_MAX_BYTES))
+        gu.reset_tracking()
+        blocks = gu.code_blocks(module)
+        folder = _Folder(max_bytes)
+        ops = folder.analyze(blocks)
+        # frontier: constant-valued non-constant ops with a non-constant user
+        targets: list = []
+        chosen: set = set()
+        refused = 0
+
+        def want(op):
+            nonlocal refused
+            if gu.op_key(op) in chosen or op.name == "stablehlo.constant":
+                return
+            if folder.acceptable(op):
+                chosen.add(gu.op_key(op))
+                targets.append(op)
+                return
+            refused += 1
+            for v in op.operands:
+                want(gu.defining_op(v))
+
+        for op in ops:
+            if op.name == "stablehlo.constant" or not folder.is_const(op):
+                continue
+            if any(not folder.is_const(u) for u in gu.users(op.results[0])):
+                want(op)
+        folded = failed = 0
+        with module.context, ir.Location.unknown():
+            for op in targets:
+                try:
+                    val = folder.value(op)
+                except Exception:
+                    failed += 1
+                    continue
+                new = _materialize(val, op)
+                op.results[0].replace_all_uses_with(new)
+                folded += 1
+            removed = gu.erase_dead_in(blocks)
+        return {"folded": folded, "ops_removed": removed, "refused_size": refused,
+                "eval_failed": failed}

@@ -1,0 +1,371 @@
+"""``layout-assignment``: per-target preferred layouts, with transposes pushed to the boundary.
+
+Rewrites, in order:
+
+1. **Convolutions to the target's preferred layout.** On gpu and tpu (table
+   :data:`PREFERRED_CONV_LAYOUT`; pass option ``conv_layout='channels_last'|None`` overrides)
+   every convolution not already in ``[b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f]`` (NHWC/HWIO)
+   gets its dimension numbers rewritten to it: the input is transposed (reusing an existing
+   transpose of the same value), a constant kernel is transposed on the host, and one
+   transpose after the convolution restores the original result layout for its users.
+2. **Transpose sinking.** A transpose feeding an elementwise op moves below it when every other
+   operand is free to re-layout (a rank-0 value, a splat or small constant, a
+   ``broadcast_in_dim``) or already has the inverse transpose, and at least as many transposes
+   die as are created. A transpose feeding a ``reduce`` is folded into its dimensions (plus a
+   transpose of the reduced result when its order changes).
+3. **Cancellation.** ``transpose(transpose(x))`` composes, and becomes ``x`` when it is the
+   identity; so the restore-transpose of one NCHW convolution meets the input transpose of the
+   next one and both disappear: only the boundary transposes remain.
+4. **Transposes folded into ``dot_general``** dimension numbers when the order of the free
+   dimensions (hence the result layout) does not change.
+
+Steps 2-4 run on every target (they never increase the number of transposes); step 1 only
+where preferred.
+Statistics: transposes and copies (transposes that are not bitcasts) before/after, plus a
+report note. TPU: convolutions whose channel count is not a multiple of 128 (the lane width)
+are counted in ``tpu_lane_unaligned``. Not done: transposes into Pallas kernel index maps.
+Preconditions: calls inlined. Invariant: the same arithmetic on the same values (only data
+movement changes), so results are bit-exact except that a backend may pick another convolution
+or reduction algorithm for the new layout (summation order: ``kernel`` tolerance); the module
+verifies; rerunning the pass changes nothing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import stablehlo as shlo
+
+from hlofuse import ir as hir
+from hlofuse.ops import OpClass, rule_for
+from hlofuse.pipeline import Pass, register_pass
+from hlofuse.passes import graph_util as gu
+from hlofuse.passes.algebraic_simplify import _transpose as compose_transpose
+
+PREFERRED_CONV_LAYOUT = {"cpu": None, "gpu": "channels_last", "tpu": "channels_last"}
+SMALL_CONST_BYTES = 1 << 20
+MAX_STEPS = 100_000
+T_OP = "stablehlo.transpose"
+
+
+def inverse(perm) -> list[int]:
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return inv
+
+
+def is_identity(perm) -> bool:
+    return list(perm) == list(range(len(perm)))
+
+
+def perm_of(op) -> list[int]:
+    return gu.i64_array(op, "permutation")
+
+
+def is_bitcast_transpose(op) -> bool:
+    """A transpose that only moves size-1 dims is a free relabeling, not a copy."""
+    shape = gu.info(op.operands[0]).shape
+    moved = [p for p in perm_of(op) if shape[p] != 1]
+    return moved == sorted(moved)
+
+
+def count_transposes(module) -> tuple[int, int]:
+    ts = [op for op in hir.all_ops(module) if op.name == T_OP]
+    return len(ts), sum(1 for t in ts if gu.info(t.operands[0]) and not is_bitcast_transpose(t))
+
+
+
+def _block_of(v: ir.Value):
+    op = gu.defining_op(v)
+    return v.owner if op is None else op.block
+
+
+class _Layout:
+    def __init__(self):
+        self.worklist: list = []
+        self.stats = {"convs_to_channels_last": 0, "sunk_elementwise": 0, "sunk_reduce": 0,
+                      "folded_into_dot": 0, "cancelled": 0}
+
+    # -- transposes of a value, reused when one exists ---------------------------------------
+    def transpose_of(self, v: ir.Value, perm, anchor) -> ir.Value:
+        """``transpose(v, perm)`` usable at ``anchor``: folded for constants, else an existing
+        transpose of ``v`` (hoisted next to ``v``) or a new one placed right after ``v``."""
+        if is_identity(perm):
+            return v
+        arr = gu.constant_array(v)
+        if arr is not None and gu.info(v).nbytes <= SMALL_CONST_BYTES * 64:
+            shape = [gu.info(v).shape[p] for p in perm]
+            return gu.make_constant(np.transpose(arr, perm),
+                                    gu.tensor_type(shape, gu.element_type(v)), before=anchor)
+        existing = self.find_transpose(v, perm, anchor)
+        if existing is not None:
+            return existing
+        where = gu.after_def(v) if _block_of(v) == anchor.block else {"before": anchor}
+        t = gu.make_transpose(v, perm, **where)
+        self.worklist.append(gu.defining_op(t))
+        return t
+
+    def find_transpose(self, v: ir.Value, perm, anchor) -> ir.Value | None:
+        for u in gu.users(v):
+            if u.name != T_OP or perm_of(u) != list(perm) or u.block != anchor.block:
+                continue
+            if u.is_before_in_block(anchor):
+                return u.results[0]
+            if _block_of(v) == anchor.block:  # hoist it next to v: it only needs v
+                d = gu.defining_op(v)
+                if d is None:
+                    first = gu.as_op(list(anchor.block.operations)[0])
+                    if first != u:
+                        u.move_before(first)
+                else:
+                    u.move_after(d)
+                return u.results[0]
+        return None
+
+    # -- 1. convolutions ---------------------------------------------------------------------
+    def convert_conv(self, op) -> bool:
+        dn = shlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
+        out = gu.info(op.results[0])
+        if out is None or gu.info(op.operands[0]) is None or gu.info(op.operands[1]) is None:
+            return False
+        n = len(out.shape)
+        sp = list(range(1, n - 1))
+        perm_in = [dn.input_batch_dimension, *dn.input_spatial_dimensions, dn.input_feature_dimension]
+        perm_k = [*dn.kernel_spatial_dimensions, dn.kernel_input_feature_dimension,
+                  dn.kernel_output_feature_dimension]
+        out_layout = [dn.output_batch_dimension, *dn.output_spatial_dimensions, dn.output_feature_dimension]
+        if is_identity(perm_in) and is_identity(perm_k) and is_identity(out_layout):
+            return False
+        x, w = op.operands[0], op.operands[1]
+        op.operands[0] = self.transpose_of(x, perm_in, op)
+        op.operands[1] = self.transpose_of(w, perm_k, op)
+        op.attributes["dimension_numbers"] = shlo.ConvDimensionNumbers.get(
+            input_batch_dimension=0, input_feature_dimension=n - 1, input_spatial_dimensions=sp,
+            kernel_input_feature_dimension=n - 2, kernel_output_feature_dimension=n - 1,
+            kernel_spatial_dimensions=list(range(n - 2)), output_batch_dimension=0,
+            output_feature_dimension=n - 1, output_spatial_dimensions=sp)
+        for old in (x, w):
+            d = gu.defining_op(old)
+            if d is not None:
+                gu.erase_if_dead([d])
+        if not is_identity(out_layout):
+            self.retype_and_restore(op, [out.shape[d] for d in out_layout], inverse(out_layout))
+        self.stats["convs_to_channels_last"] += 1
+        return True
+
+    def retype_and_restore(self, op, new_shape, restore_perm) -> None:
+        """Give ``op``'s results ``new_shape`` and put ``transpose(result, restore_perm)``
+        in front of every old user."""
+        for r in op.results:
+            r.set_type(gu.tensor_type(new_shape, gu.element_type(r)))
+        last = op
+        for r in op.results:
+            if not any(True for _ in r.uses):
+                continue
+            t = gu.make_transpose(r, restore_perm, after=last)
+            last = gu.defining_op(t)
+            r.replace_all_uses_except(t, last)
+            self.worklist.append(last)
+
+    # -- 2. sinking ----------------------------------------------------------------------------
+    def try_sink_elementwise(self, e, t) -> bool:
+        if len(e.results) != 1 or len(e.regions) or rule_for(e.name).cls is not OpClass.ELEMENTWISE:
+            return False
+        p = perm_of(t)
+        pinv = inverse(p)
+        post = gu.info(e.results[0])
+        pre_shape = list(gu.info(t.operands[0]).shape)
+        if post is None or list(post.shape) != [pre_shape[i] for i in p]:
+            return False
+        plan, dying, cost = [], set(), 1
+        for o in e.operands:
+            d = gu.defining_op(o)
+            oi = gu.info(o)
+            if oi is None:
+                return False
+            if d is not None and d.name == T_OP and perm_of(d) == p:
+                plan.append(("use", d.operands[0]))
+                if all(u == e for u in gu.users(o)):
+                    dying.add(d)
+            elif len(oi.shape) == 0:
+                plan.append(("keep", o))
+            elif gu.is_splat_const(o):
+                plan.append(("const", gu.constant_array(o).reshape(-1)[:1]))
+            elif d is not None and d.name == "stablehlo.broadcast_in_dim":
+                dims = [p[k] for k in gu.i64_array(d, "broadcast_dimensions")]
+                src = d.operands[0]
+                if dims == sorted(dims):
+                    plan.append(("bcast", src, dims))
+                elif gu.constant_array(src) is not None:
+                    order = list(np.argsort(dims))
+                    plan.append(("bcast_const", np.transpose(gu.constant_array(src), order),
+                                 sorted(dims), gu.element_type(src)))
+                else:
+                    plan.append(("other", o))
+            elif d is not None and d.name == "stablehlo.constant" and oi.nbytes <= SMALL_CONST_BYTES:
+                plan.append(("const", np.transpose(gu.constant_array(o), pinv)))
+            else:
+                plan.append(("other", o))
+        # an "other" operand costs a new transpose unless one survives to be reused; a dying
+        # one does not (when p is its own inverse, `t` itself would otherwise look reusable and
+        # lt(x, T(x)) flipped to T(lt(T(x), x)) and back on every run: fuzz-found)
+        cost += sum(1 for step in plan if step[0] == "other"
+                    and not self._has_transpose(step[1], pinv, e, exclude=dying))
+        if len(dying) < cost:
+            return False
+        old_producers = [gu.defining_op(o) for o in e.operands]
+        for i, step in enumerate(plan):
+            kind = step[0]
+            et = gu.element_type(e.operands[i])
+            if kind == "use" or kind == "keep":
+                new = step[1]
+            elif kind == "const":
+                new = gu.make_constant(step[1], gu.tensor_type(pre_shape, et), before=e)
+            elif kind == "bcast":
+                new = gu.make_broadcast(step[1], step[2], gu.tensor_type(pre_shape, et), before=e)
+            elif kind == "bcast_const":
+                arr, dims, sel = step[1], step[2], step[3]
+                c = gu.make_constant(arr, gu.tensor_type(arr.shape, sel), before=e)
+                new = gu.make_broadcast(c, dims, gu.tensor_type(pre_shape, et), before=e)
+            else:
+                new = self.transpose_of(step[1], pinv, e)
+            e.operands[i] = new
+        self.retype_and_restore(e, pre_shape, p)
+        gu.erase_if_dead([d for d in old_producers if d is not None])
+        self.stats["sunk_elementwise"] += 1
+        return True
+
+    def _has_transpose(self, v, perm, anchor, exclude=()) -> bool:
+        return any(u.name == T_OP and perm_of(u) == list(perm) and u.block == anchor.block
+                   and u not in exclude
+                   and (u.is_before_in_block(anchor) or _block_of(v) == anchor.block)
+                   for u in gu.users(v))
+
+    def try_sink_reduce(self, r, t) -> bool:
+        n = len(r.results)
+        ins = list(r.operands)[:n]
+        p = perm_of(t)
+        if any(gu.defining_op(v) is None or gu.defining_op(v).name != T_OP
+               or perm_of(gu.defining_op(v)) != p for v in ins):
+            return False
+        ts = [gu.defining_op(v) for v in ins]
+        dying = {x for x in ts if all(u == r for u in gu.users(x.results[0]))}
+        dims = gu.i64_array(r, "dimensions")
+        kept = [p[j] for j in range(len(p)) if j not in dims]
+        order = sorted(kept)
+        q = [order.index(s) for s in kept]
+        if not dying:  # at least one transpose dies; at most one (smaller) is added
+            return False
+        pre_shape = gu.info(ts[0].operands[0]).shape
+        for i, x in enumerate(ts):
+            r.operands[i] = x.operands[0]
+        r.attributes["dimensions"] = ir.DenseI64ArrayAttr.get(sorted(p[d] for d in dims))
+        new_shape = [pre_shape[s] for s in order]
+        if is_identity(q):
+            for res in r.results:
+                res.set_type(gu.tensor_type(new_shape, gu.element_type(res)))
+        else:
+            self.retype_and_restore(r, new_shape, q)
+        gu.erase_if_dead(ts)
+        self.stats["sunk_reduce"] += 1
+        return True
+
+    # -- 4. dot_general ----------------------------------------------------------------------
+    def try_fold_dot(self, dot, t) -> bool:
+        dn = shlo.DotDimensionNumbers(dot.attributes["dot_dimension_numbers"])
+        dims = {"lb": list(dn.lhs_batching_dimensions), "lc": list(dn.lhs_contracting_dimensions),
+                "rb": list(dn.rhs_batching_dimensions), "rc": list(dn.rhs_contracting_dimensions)}
+        done = False
+        for side, (b, c) in ((0, ("lb", "lc")), (1, ("rb", "rc"))):
+            if dot.operands[side] != t.results[0]:
+                continue
+            p = perm_of(t)
+            free = [d for d in range(len(p)) if d not in dims[b] + dims[c]]
+            mapped = [p[f] for f in free]
+            if mapped != sorted(mapped):
+                continue
+            dims[b] = [p[d] for d in dims[b]]
+            dims[c] = [p[d] for d in dims[c]]
+            dot.operands[side] = t.operands[0]
+            done = True
+        if not done:
+            return False
+        dot.attributes["dot_dimension_numbers"] = shlo.DotDimensionNumbers.get(
+            lhs_batching_dimensions=dims["lb"], rhs_batching_dimensions=dims["rb"],
+            lhs_contracting_dimensions=dims["lc"], rhs_contracting_dimensions=dims["rc"])
+        gu.erase_if_dead([t])
+        self.stats["folded_into_dot"] += 1
+        return True
+
+    # -- driver --------------------------------------------------------------------------------
+    def visit(self, t) -> None:
+        new = compose_transpose(t)
+        if new is not None:
+            t.results[0].replace_all_uses_with(new)
+            gu.erase_if_dead([t])
+            self.stats["cancelled"] += 1
+            d = gu.defining_op(new)
+            if d is not None and d.name == T_OP:
+                self.worklist.append(d)
+            for u in gu.users(new):
+                if u.name == T_OP:
+                    self.worklist.append(u)
+            return
+        for u in gu.users(t.results[0]):
+            if not gu.alive(t):
+                return
+            if u.block != t.block:
+                continue
+            if u.name == T_OP:
+                self.worklist.append(u)  # composes with t when visited
+            elif u.name == "stablehlo.reduce":
+                self.try_sink_reduce(u, t)
+            elif u.name == "stablehlo.dot_general":
+                self.try_fold_dot(u, t)
+            elif rule_for(u.name).cls is OpClass.ELEMENTWISE:
+                self.try_sink_elementwise(u, t)
+
+
+@register_pass
+class LayoutAssignment(Pass):
+    """See the module docstring."""
+    name = "layout-assignment"
+
+    def run(self, module, ctx):
+        prefer = ctx.option("conv_layout", PREFERRED_CONV_LAYOUT.get(ctx.target))
+        t_before, c_before = count_transposes(module)
+        lay = _Layout()
+        unaligned = 0
+        gu.reset_tracking()
+        with module.context, ir.Location.unknown():
+            blocks = gu.code_blocks(module)
+            for block in blocks:
+                for op in hir.block_ops(block):
+                    if not gu.alive(op) or op.name != "stablehlo.convolution":
+                        continue
+                    if prefer == "channels_last":
+                        lay.convert_conv(op)
+                    if ctx.target == "tpu":
+                        dn = shlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
+                        if gu.info(op.results[0]).shape[dn.output_feature_dimension] % 128:
+                            unaligned += 1
+            lay.worklist.extend(op for b in blocks for op in hir.block_ops(b) if op.name == T_OP)
+            steps = 0
+            while lay.worklist and steps < MAX_STEPS:
+                t = lay.worklist.pop(0)
+                steps += 1
+                if gu.alive(t) and t.name == T_OP:
+                    lay.visit(t)
+            gu.erase_dead_in(gu.code_blocks(module))
+        t_after, c_after = count_transposes(module)
+        stats = {"transposes_before": t_before, "transposes_after": t_after,
+                 "copies_before": c_before, "copies_after": c_after, **lay.stats}
+        if ctx.target == "tpu":
+            stats["tpu_lane_unaligned"] = unaligned
+        if t_before != t_after or lay.stats["convs_to_channels_last"]:
+            ctx.report.note(f"layout-assignment ({ctx.target}): {lay.stats['convs_to_channels_last']} "
+                            f"convolution(s) to channels-last; transposes {t_before} -> {t_after}, "
+                            f"copies {c_before} -> {c_after}")
+        return stats

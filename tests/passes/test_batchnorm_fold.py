@@ -1,0 +1,158 @@
+"""``batchnorm-fold``: inference BatchNorm chains after constant-weight conv/dot_general are
+folded into the weights plus one bias add (golden IR, no-match cases, differential within the
+``reassociate`` tolerance, idempotence)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import hlofuse
+from hlofuse.testing import assert_same
+from hlofuse.verify import run_module
+
+PASS = ["batchnorm-fold"]
+RNG = np.random.default_rng(0)
+
+
+def lit(a: np.ndarray) -> str:
+    a = np.ascontiguousarray(a, np.float32)
+    return f'dense<"0x{a.tobytes().hex().upper()}"> : tensor<{"x".join(map(str, a.shape))}xf32>'
+
+
+def vec(c=2, lo=-1.0, hi=1.0) -> np.ndarray:
+    return RNG.uniform(lo, hi, (1, c, 1, 1)).astype(np.float32)
+
+
+W = RNG.standard_normal((2, 3, 1, 1)).astype(np.float32)   # OIHW, 3 -> 2 channels
+ACT = "tensor<2x2x4x4xf32>"
+CONV = (f"%y = stablehlo.convolution(%x, %w) dim_numbers = [b, f, 0, 1]x[o, i, 0, 1]->[b, f, 0, 1], "
+        f"window = {{}} {{batch_group_count = 1 : i64, feature_group_count = 1 : i64}} : "
+        f"(tensor<2x3x4x4xf32>, tensor<2x3x1x1xf32>) -> {ACT}")
+
+
+def bcast(name, src):
+    return f"  %{name} = stablehlo.broadcast_in_dim %{src}, dims = [0, 1, 2, 3] : (tensor<1x2x1x1xf32>) -> {ACT}"
+
+
+def conv_bn(weight_arg=False, extra_use=False, runtime_shift=False) -> str:
+    """conv -> (y - mean) * rsqrt(var + eps) * gamma + beta, constants as JAX/flax emit them
+    once rsqrt(var + eps) of frozen parameters has been folded."""
+    args = "%x: tensor<2x3x4x4xf32>" + (", %w: tensor<2x3x1x1xf32>" if weight_arg else "") + \
+        (", %s: tensor<1x2x1x1xf32>" if runtime_shift else "")
+    lines = [] if weight_arg else [f"  %w = stablehlo.constant {lit(W)}"]
+    lines += [f"  {CONV}",
+              f"  %m = stablehlo.constant {lit(vec())}" if not runtime_shift else "  %m = stablehlo.negate %s : tensor<1x2x1x1xf32>",
+              f"  %is = stablehlo.constant {lit(vec(lo=0.5, hi=2.0))}",
+              f"  %g = stablehlo.constant {lit(vec())}",
+              f"  %b = stablehlo.constant {lit(vec())}",
+              bcast("mb", "m"), f"  %0 = stablehlo.subtract %y, %mb : {ACT}",
+              bcast("isb", "is"), f"  %1 = stablehlo.multiply %0, %isb : {ACT}",
+              bcast("gb", "g"), f"  %2 = stablehlo.multiply %1, %gb : {ACT}",
+              bcast("bb", "b"), f"  %3 = stablehlo.add %2, %bb : {ACT}"]
+    ret, rtype = "%3", ACT
+    if extra_use:
+        ret, rtype = "%3, %y", f"{ACT}, {ACT}"
+    return f"func.func @main({args}) -> ({rtype}) {{\n" + "\n".join(lines) + \
+        f"\n  return {ret} : {rtype}\n}}"
+
+
+WD = RNG.standard_normal((8, 5)).astype(np.float32)
+DOT_BN = f"""
+func.func @main(%x: tensor<3x8xf32>) -> tensor<3x5xf32> {{
+  %w = stablehlo.constant {lit(WD)}
+  %y = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<3x8xf32>, tensor<8x5xf32>) -> tensor<3x5xf32>
+  %s = stablehlo.constant {lit(RNG.uniform(0.5, 2, (5,)))}
+  %t = stablehlo.constant {lit(RNG.uniform(-1, 1, (5,)))}
+  %sb = stablehlo.broadcast_in_dim %s, dims = [1] : (tensor<5xf32>) -> tensor<3x5xf32>
+  %tb = stablehlo.broadcast_in_dim %t, dims = [1] : (tensor<5xf32>) -> tensor<3x5xf32>
+  %two = stablehlo.constant dense<2.0> : tensor<3x5xf32>
+  %0 = stablehlo.divide %y, %two : tensor<3x5xf32>
+  %1 = stablehlo.multiply %sb, %0 : tensor<3x5xf32>
+  %2 = stablehlo.subtract %tb, %1 : tensor<3x5xf32>
+  return %2 : tensor<3x5xf32>
+}}"""
+
+# conv + bias only: one shift, nothing to fold
+CONV_BIAS = f"""
+func.func @main(%x: tensor<2x3x4x4xf32>) -> {ACT} {{
+  %w = stablehlo.constant {lit(W)}
+  {CONV}
+  %b = stablehlo.constant {lit(vec())}
+{bcast("bb", "b")}
+  %0 = stablehlo.add %y, %bb : {ACT}
+  return %0 : {ACT}
+}}"""
+
+
+def stats(o):
+    return next(p.stats for p in o.report.passes if p.name == "batchnorm-fold")
+
+
+def inputs(text):
+    from tests.passes.test_algebraic_simplify import edge_args  # shapes from the module
+    return [RNG.standard_normal(a.shape).astype(np.float32) for a in edge_args(text)]
+
+
+@pytest.mark.parametrize("text,n_add", [(conv_bn(), 1), (DOT_BN, 1)], ids=["conv-nchw", "dot"])
+def test_folds_into_weights(text, n_add):
+    o = hlofuse.optimize(text, pipeline=PASS)
+    assert stats(o)["folded"] == 1
+    t = o.text
+    assert "stablehlo.subtract" not in t and "stablehlo.multiply" not in t and "stablehlo.divide" not in t
+    assert t.count("stablehlo.add") == n_add
+    xs = inputs(text)
+    assert_same(run_module(t, xs), run_module(text, xs), "reassociate")
+    again = hlofuse.optimize(t, pipeline=PASS)
+    assert stats(again)["folded"] == 0 and again.text == t
+
+
+def test_scale_only_needs_no_bias():
+    text = conv_bn().replace("%3 = stablehlo.add %2, %bb", "%3 = stablehlo.multiply %2, %bb") \
+                    .replace("%0 = stablehlo.subtract %y, %mb", "%0 = stablehlo.multiply %y, %mb")
+    o = hlofuse.optimize(text, pipeline=PASS)
+    assert stats(o)["folded"] == 1
+    assert "stablehlo.multiply" not in o.text and "stablehlo.add" not in o.text
+    xs = inputs(text)
+    assert_same(run_module(o.text, xs), run_module(text, xs), "reassociate")
+
+
+@pytest.mark.parametrize("text", [conv_bn(weight_arg=True), conv_bn(extra_use=True),
+                                  conv_bn(runtime_shift=True), CONV_BIAS],
+                         ids=["weights-are-arguments", "conv-output-used-twice",
+                              "runtime-shift", "bias-only"])
+def test_no_match(text):
+    before = hlofuse.optimize(text, pipeline="none").text
+    o = hlofuse.optimize(text, pipeline=PASS)
+    assert stats(o)["folded"] == 0 and o.text == before
+
+
+def test_flax_style_batchnorm_with_frozen_params():
+    """JAX-emitted BN (x - mean) * rsqrt(var + eps) * scale + bias over a dense layer's output:
+    after freezing, the cleanup passes leave one dot_general and one add."""
+    import jax
+    import jax.numpy as jnp
+
+    w = RNG.standard_normal((8, 6)).astype(np.float32)
+    p = {"mean": RNG.standard_normal(6).astype(np.float32),
+         "var": RNG.uniform(0.5, 2, 6).astype(np.float32),
+         "scale": RNG.standard_normal(6).astype(np.float32),
+         "bias": RNG.standard_normal(6).astype(np.float32)}
+
+    def layer(params, x):
+        w, bn = params
+        y = x @ w
+        mul = jax.lax.rsqrt(bn["var"] + 1e-5) * bn["scale"]
+        return (y - bn["mean"]) * mul + bn["bias"]
+
+    x = RNG.standard_normal((4, 8)).astype(np.float32)
+    f = hlofuse.jit(layer, freeze_argnums=0, target="cpu",
+                    pipeline=["inline-calls", "canonicalize", "cse", "constant-fold",
+                              "algebraic-simplify", "batchnorm-fold", "cse", "canonicalize"])
+    low = f.lower((w, p), x)
+    text = low.as_text()
+    assert text.count("stablehlo.dot_general") == 1
+    assert "stablehlo.multiply" not in text and "stablehlo.subtract" not in text
+    assert text.count("stablehlo.add") == 1
+    assert next(q.stats for q in low.report.passes if q.name == "batchnorm-fold")["folded"] == 1
+    assert_same(f((w, p), x), jax.jit(layer)((w, p), x), "reassociate")

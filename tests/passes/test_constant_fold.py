@@ -1,0 +1,191 @@
+"""``constant-fold``: golden IR (fires / size limit / no match), exactness, idempotence."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import hlofuse
+from hlofuse.testing import assert_same
+from hlofuse.verify import run_module
+
+PASS = ["constant-fold"]
+
+
+def optimize(text, **kw):
+    return hlofuse.optimize(text, pipeline=PASS, **kw)
+
+
+def stats(o, name="constant-fold"):
+    return next(p.stats for p in o.report.passes if p.name == name)
+
+
+FOLD = """
+func.func @main(%x: tensor<4x3xf32>) -> (tensor<4x3xf32>, tensor<3x4xf32>) {
+  %w = stablehlo.constant dense<[[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0], [1.5, 2.5, 3.5]]> : tensor<4x3xf32>
+  %two = stablehlo.constant dense<2.0> : tensor<f32>
+  %b2 = stablehlo.broadcast_in_dim %two, dims = [] : (tensor<f32>) -> tensor<4x3xf32>
+  %w2 = stablehlo.multiply %w, %b2 : tensor<4x3xf32>
+  %wt = stablehlo.transpose %w2, dims = [1, 0] : (tensor<4x3xf32>) -> tensor<3x4xf32>
+  %y = stablehlo.add %x, %w2 : tensor<4x3xf32>
+  %xt = stablehlo.transpose %x, dims = [1, 0] : (tensor<4x3xf32>) -> tensor<3x4xf32>
+  %z = stablehlo.subtract %xt, %wt : tensor<3x4xf32>
+  return %y, %z : tensor<4x3xf32>, tensor<3x4xf32>
+}"""
+
+# exp(v) is small and folds; broadcasting the result to 64x256 would materialize 64 KiB from
+# 1 KiB of data, so the broadcast must stay (of the folded vector).
+EXPANSION = """
+func.func @main(%x: tensor<64x256xf32>) -> tensor<64x256xf32> {
+  %v = stablehlo.iota dim = 0 : tensor<256xf32>
+  %e = stablehlo.exponential %v : tensor<256xf32>
+  %b = stablehlo.broadcast_in_dim %e, dims = [1] : (tensor<256xf32>) -> tensor<64x256xf32>
+  %y = stablehlo.multiply %x, %b : tensor<64x256xf32>
+  return %y : tensor<64x256xf32>
+}"""
+
+NO_MATCH = """
+func.func @main(%x: tensor<4x3xf32>, %w: tensor<4x3xf32>) -> tensor<4x3xf32> {
+  %y = stablehlo.multiply %x, %w : tensor<4x3xf32>
+  %z = stablehlo.exponential %y : tensor<4x3xf32>
+  return %z : tensor<4x3xf32>
+}"""
+
+INT_DIV_ZERO = """
+func.func @main(%x: tensor<4xi32>) -> tensor<4xi32> {
+  %a = stablehlo.constant dense<[7, 8, 9, 10]> : tensor<4xi32>
+  %b = stablehlo.constant dense<[2, 0, 3, 0]> : tensor<4xi32>
+  %q = stablehlo.divide %a, %b : tensor<4xi32>
+  %y = stablehlo.add %x, %q : tensor<4xi32>
+  return %y : tensor<4xi32>
+}"""
+
+F64 = """
+func.func @main(%x: tensor<2xf64>) -> tensor<2xf64> {
+  %a = stablehlo.constant dense<[1.0000000000000002, 3.0]> : tensor<2xf64>
+  %b = stablehlo.constant dense<[1.0e-300, 7.0]> : tensor<2xf64>
+  %c = stablehlo.multiply %a, %b : tensor<2xf64>
+  %y = stablehlo.add %x, %c : tensor<2xf64>
+  return %y : tensor<2xf64>
+}"""
+
+BF16 = """
+func.func @main(%x: tensor<3xbf16>) -> tensor<3xbf16> {
+  %a = stablehlo.constant dense<[1.5, -2.25, 3.0]> : tensor<3xf32>
+  %c = stablehlo.convert %a : (tensor<3xf32>) -> tensor<3xbf16>
+  %n = stablehlo.negate %c : tensor<3xbf16>
+  %y = stablehlo.add %x, %n : tensor<3xbf16>
+  return %y : tensor<3xbf16>
+}"""
+
+
+def test_folds_constant_subgraph():
+    o = optimize(FOLD)
+    s = stats(o)
+    assert s["folded"] >= 2 and s["eval_failed"] == 0
+    text = o.text
+    # the multiply and the transpose of constants are gone; x's transpose stays
+    assert text.count("stablehlo.multiply") == 0
+    assert text.count("stablehlo.transpose") == 1
+    assert "dense<[[2.000000e+00, 4.000000e+00, 6.000000e+00]" in text
+    x = np.arange(12, dtype=np.float32).reshape(4, 3) - 5
+    assert_same(run_module(text, [x]), run_module(FOLD, [x]), "exact")
+
+
+def test_size_limit_keeps_broadcast():
+    o = optimize(EXPANSION)
+    s = stats(o)
+    text = o.text
+    assert "stablehlo.exponential" not in text and "stablehlo.iota" not in text
+    assert "stablehlo.broadcast_in_dim" in text and "tensor<256xf32>" in text
+    assert "tensor<64x256xf32> = dense" not in text and s["refused_size"] >= 1
+    x = np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32)
+    assert_same(run_module(text, [x]), run_module(EXPANSION, [x]), "kernel")
+
+
+def test_max_bytes_option():
+    # 48-byte results exceed a 16-byte limit: only the splat broadcast (always cheap) folds
+    o = optimize(FOLD, options={"constant_fold_max_bytes": 16})
+    assert stats(o)["folded"] == 1 and stats(o)["refused_size"] >= 1
+    assert "stablehlo.multiply" in o.text and o.text.count("stablehlo.transpose") == 2
+
+
+def test_no_match_leaves_module_alone():
+    before = hlofuse.optimize(NO_MATCH, pipeline="none").text
+    o = optimize(NO_MATCH)
+    assert stats(o)["folded"] == 0 and o.text == before
+
+
+def test_integer_division_by_zero_not_folded():
+    # (not executed: XLA's own compile-time folding of this module dies with SIGFPE)
+    o = optimize(INT_DIV_ZERO)
+    assert "stablehlo.divide" in o.text and stats(o)["eval_failed"] == 1
+
+
+@pytest.mark.parametrize("text,x", [
+    (F64, np.array([0.5, -1.0])),
+    (BF16, np.array([1.0, 2.0, -0.5], dtype=__import__("ml_dtypes").bfloat16)),
+])
+def test_wide_and_narrow_types_fold_exactly(text, x):
+    import jax
+    o = optimize(text)
+    assert stats(o)["folded"] == 1
+    assert "stablehlo.multiply" not in o.text and "stablehlo.negate" not in o.text
+    with jax.enable_x64(True):  # f64 inputs must reach XLA as f64
+        assert_same(run_module(o.text, [x]), run_module(text, [x]), "exact")
+
+
+@pytest.mark.parametrize("text", [FOLD, EXPANSION, INT_DIV_ZERO, F64, BF16])
+def test_idempotent(text):
+    once = optimize(text)
+    twice = optimize(once.text)
+    assert stats(twice)["folded"] == 0
+    assert twice.text == once.text
+
+
+DATA_MOVEMENT = [
+    ("stablehlo.pad %x, %v, low = [1, -1], high = [-2, 2], interior = [1, 0] : (tensor<3x4xf32>, tensor<f32>) -> tensor<4x5xf32>", "tensor<4x5xf32>"),
+    ("stablehlo.pad %x, %v, low = [0, 2], high = [1, 0], interior = [0, 2] : (tensor<3x4xf32>, tensor<f32>) -> tensor<4x12xf32>", "tensor<4x12xf32>"),
+    ("stablehlo.broadcast_in_dim %v, dims = [] : (tensor<f32>) -> tensor<4x5x3xf32>", "tensor<4x5x3xf32>"),
+    ("stablehlo.slice %x [1:3, 0:4:2] : (tensor<3x4xf32>) -> tensor<2x2xf32>", "tensor<2x2xf32>"),
+    ("stablehlo.reverse %x, dims = [0, 1] : tensor<3x4xf32>", "tensor<3x4xf32>"),
+    ("stablehlo.transpose %x, dims = [1, 0] : (tensor<3x4xf32>) -> tensor<4x3xf32>", "tensor<4x3xf32>"),
+    ("stablehlo.reshape %x : (tensor<3x4xf32>) -> tensor<2x6xf32>", "tensor<2x6xf32>"),
+    ("stablehlo.concatenate %x, %x, dim = 1 : (tensor<3x4xf32>, tensor<3x4xf32>) -> tensor<3x8xf32>", "tensor<3x8xf32>"),
+    ("stablehlo.iota dim = 1 : tensor<2x5xf32>", "tensor<2x5xf32>"),
+]
+
+
+@pytest.mark.parametrize("body,rtype", DATA_MOVEMENT, ids=[b.split()[0].split(".")[1] + str(i)
+                                                          for i, (b, _) in enumerate(DATA_MOVEMENT)])
+def test_numpy_data_movement_matches_xla(body, rtype):
+    text = f"""func.func @main(%y: tensor<3x4xf32>) -> {rtype} {{
+  %x = stablehlo.constant dense<[[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0], [9.0, 10.0, 11.0, 12.0]]> : tensor<3x4xf32>
+  %v = stablehlo.constant dense<-1.0> : tensor<f32>
+  %r = {body}
+  %n = stablehlo.negate %r : {rtype}
+  return %n : {rtype}
+}}"""
+    o = optimize(text)
+    assert "stablehlo.negate" not in o.text and stats(o)["folded"] == 1
+    y = np.zeros((3, 4), np.float32)
+    assert_same(run_module(o.text, [y]), run_module(text, [y]), "exact")
+
+
+BOOL = """
+func.func @main(%x: tensor<4x3xi32>) -> tensor<4x3xi32> {
+  %a = stablehlo.constant dense<2> : tensor<4x3xi32>
+  %b = stablehlo.constant dense<1> : tensor<4x3xi32>
+  %p = stablehlo.compare GT, %a, %b, SIGNED : (tensor<4x3xi32>, tensor<4x3xi32>) -> tensor<4x3xi1>
+  %y = stablehlo.select %p, %x, %b : tensor<4x3xi1>, tensor<4x3xi32>
+  return %y : tensor<4x3xi32>
+}"""
+
+
+def test_boolean_splat_is_a_broadcast_scalar():
+    o = optimize(BOOL)
+    assert "stablehlo.compare" not in o.text
+    assert "dense<true> : tensor<i1>" in o.text and "stablehlo.broadcast_in_dim" in o.text
+    assert optimize(o.text).text == o.text
+    x = np.arange(12, dtype=np.int32).reshape(4, 3)
+    assert_same(run_module(o.text, [x]), run_module(BOOL, [x]), "exact")

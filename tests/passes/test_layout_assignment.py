@@ -1,0 +1,191 @@
+"""``layout-assignment``: NCHW convolutions to NHWC on gpu/tpu with only boundary transposes,
+transpose sinking / cancellation / folding into reduce and dot_general (golden IR, no-match
+cases, differential vs the unrewritten module, idempotence)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import hlofuse
+from hlofuse.testing import assert_same
+from hlofuse.verify import run_module
+
+PASS = ["layout-assignment"]
+RNG = np.random.default_rng(0)
+
+
+def lit(a: np.ndarray) -> str:
+    a = np.ascontiguousarray(a, np.float32)
+    return f'dense<"0x{a.tobytes().hex().upper()}"> : tensor<{"x".join(map(str, a.shape))}xf32>'
+
+
+def conv(x, w, out, cin, cout, dn="[b, f, 0, 1]x[o, i, 0, 1]->[b, f, 0, 1]", shape="2x{c}x6x6"):
+    xs, ys = shape.format(c=cin), shape.format(c=cout)
+    ws = f"{cout}x{cin}x3x3" if "[o, i, 0, 1]" in dn else f"3x3x{cin}x{cout}"
+    return (f"  %{out} = stablehlo.convolution(%{x}, %{w}) dim_numbers = {dn}, window = {{pad = [[1, 1], [1, 1]]}} "
+            f"{{batch_group_count = 1 : i64, feature_group_count = 1 : i64}} : "
+            f"(tensor<{xs}xf32>, tensor<{ws}xf32>) -> tensor<{ys}xf32>")
+
+
+A = "tensor<2x4x6x6xf32>"
+# conv -> +bias -> relu -> conv -> +bias -> +x (residual) -> relu, NCHW everywhere
+NET = f"""
+func.func @main(%x: {A}) -> {A} {{
+  %w1 = stablehlo.constant {lit(RNG.standard_normal((4, 4, 3, 3)))}
+  %w2 = stablehlo.constant {lit(RNG.standard_normal((4, 4, 3, 3)))}
+  %b = stablehlo.constant {lit(RNG.standard_normal((4,)))}
+  %z = stablehlo.constant dense<0.0> : {A}
+{conv("x", "w1", "c1", 4, 4)}
+  %bb = stablehlo.broadcast_in_dim %b, dims = [1] : (tensor<4xf32>) -> {A}
+  %a1 = stablehlo.add %c1, %bb : {A}
+  %r1 = stablehlo.maximum %a1, %z : {A}
+{conv("r1", "w2", "c2", 4, 4)}
+  %a2 = stablehlo.add %c2, %bb : {A}
+  %s = stablehlo.add %a2, %x : {A}
+  %r2 = stablehlo.maximum %s, %z : {A}
+  return %r2 : {A}
+}}"""
+
+NHWC = f"""
+func.func @main(%x: tensor<2x6x6x4xf32>, %w: tensor<3x3x4x4xf32>) -> tensor<2x6x6x4xf32> {{
+{conv("x", "w", "y", 4, 4, dn="[b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f]", shape="2x6x6x{c}")}
+  return %y : tensor<2x6x6x4xf32>
+}}"""
+
+SINK = """
+func.func @main(%x: tensor<2x3x4xf32>, %b: tensor<3xf32>) -> tensor<4x2x3xf32> {
+  %t = stablehlo.transpose %x, dims = [2, 0, 1] : (tensor<2x3x4xf32>) -> tensor<4x2x3xf32>
+  %e = stablehlo.exponential %t : tensor<4x2x3xf32>
+  %bb = stablehlo.broadcast_in_dim %b, dims = [2] : (tensor<3xf32>) -> tensor<4x2x3xf32>
+  %h = stablehlo.constant dense<0.5> : tensor<4x2x3xf32>
+  %m = stablehlo.multiply %e, %h : tensor<4x2x3xf32>
+  %y = stablehlo.add %m, %bb : tensor<4x2x3xf32>
+  return %y : tensor<4x2x3xf32>
+}"""
+
+CANCEL = """
+func.func @main(%x: tensor<2x3x4xf32>) -> tensor<2x3x4xf32> {
+  %t = stablehlo.transpose %x, dims = [2, 0, 1] : (tensor<2x3x4xf32>) -> tensor<4x2x3xf32>
+  %n = stablehlo.negate %t : tensor<4x2x3xf32>
+  %u = stablehlo.transpose %n, dims = [1, 2, 0] : (tensor<4x2x3xf32>) -> tensor<2x3x4xf32>
+  return %u : tensor<2x3x4xf32>
+}"""
+
+REDUCE = """
+func.func @main(%x: tensor<5x6xf32>) -> tensor<5xf32> {
+  %z = stablehlo.constant dense<0.0> : tensor<f32>
+  %t = stablehlo.transpose %x, dims = [1, 0] : (tensor<5x6xf32>) -> tensor<6x5xf32>
+  %r = stablehlo.reduce(%t init: %z) applies stablehlo.add across dimensions = [0] : (tensor<6x5xf32>, tensor<f32>) -> tensor<5xf32>
+  return %r : tensor<5xf32>
+}"""
+
+DOT = """
+func.func @main(%x: tensor<3x8xf32>, %w: tensor<5x8xf32>) -> tensor<3x5xf32> {
+  %t = stablehlo.transpose %w, dims = [1, 0] : (tensor<5x8xf32>) -> tensor<8x5xf32>
+  %y = stablehlo.dot_general %x, %t, contracting_dims = [1] x [0] : (tensor<3x8xf32>, tensor<8x5xf32>) -> tensor<3x5xf32>
+  return %y : tensor<3x5xf32>
+}"""
+
+# the other operand %y has no transpose: sinking would add two transposes to remove one
+NO_SINK = """
+func.func @main(%x: tensor<2x3xf32>, %y: tensor<3x2xf32>) -> tensor<3x2xf32> {
+  %t = stablehlo.transpose %x, dims = [1, 0] : (tensor<2x3xf32>) -> tensor<3x2xf32>
+  %s = stablehlo.add %t, %y : tensor<3x2xf32>
+  return %s : tensor<3x2xf32>
+}"""
+
+# the transpose has another user (returned): moving it would not remove it
+MULTI_USE = """
+func.func @main(%x: tensor<2x3xf32>) -> (tensor<3x2xf32>, tensor<3x2xf32>) {
+  %t = stablehlo.transpose %x, dims = [1, 0] : (tensor<2x3xf32>) -> tensor<3x2xf32>
+  %e = stablehlo.exponential %t : tensor<3x2xf32>
+  return %e, %t : tensor<3x2xf32>, tensor<3x2xf32>
+}"""
+
+
+def op_sequence(text) -> list[str]:
+    return [l.split(" = ", 1)[1].split()[0] for l in text.splitlines() if " = stablehlo." in l]
+
+
+def stats(o):
+    return next(p.stats for p in o.report.passes if p.name == "layout-assignment")
+
+
+def ints(*shapes):
+    """Integer-valued floats: sums and products are exact whatever order XLA picks."""
+    return [RNG.integers(-4, 5, s).astype(np.float32) for s in shapes]
+
+
+def check_same(o, text, xs, category="exact"):
+    assert_same(run_module(o.text, xs), run_module(text, xs), category)
+    again = hlofuse.optimize(o.text, pipeline=PASS, target=o.report.target)
+    s = stats(again)
+    assert s["convs_to_channels_last"] == s["sunk_elementwise"] == s["cancelled"] == 0
+    assert again.text == o.text
+
+
+@pytest.mark.parametrize("target", ["gpu", "tpu"])
+def test_nchw_net_becomes_nhwc_with_boundary_transposes(target):
+    o = hlofuse.optimize(NET, pipeline=PASS, target=target)
+    s = stats(o)
+    t = o.text
+    assert s["convs_to_channels_last"] == 2
+    assert t.count("[b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f]") == 2 and "[b, f, 0, 1]" not in t
+    # one transpose in (shared by conv1 and the residual), one out; kernels folded on the host
+    assert t.count("stablehlo.transpose") == 2 and s["transposes_after"] == 2
+    ops = op_sequence(t)
+    assert ops[-1] == "stablehlo.transpose"                 # the output boundary
+    assert "stablehlo.transpose %arg0, dims = [0, 2, 3, 1]" in t  # the input boundary
+    assert any("layout-assignment" in n for n in o.report.notes)
+    if target == "tpu":
+        assert s["tpu_lane_unaligned"] == 2  # 4 channels, not a multiple of 128
+    check_same(o, NET, ints((2, 4, 6, 6)))
+
+
+def test_cpu_keeps_convolution_layout_unless_asked():
+    o = hlofuse.optimize(NET, pipeline=PASS, target="cpu")
+    assert stats(o)["convs_to_channels_last"] == 0 and "[b, f, 0, 1]" in o.text
+    forced = hlofuse.optimize(NET, pipeline=PASS, target="cpu", options={"conv_layout": "channels_last"})
+    assert stats(forced)["convs_to_channels_last"] == 2
+
+
+def test_channels_last_conv_is_left_alone():
+    o = hlofuse.optimize(NHWC, pipeline=PASS, target="gpu")
+    assert stats(o)["convs_to_channels_last"] == 0 and "stablehlo.transpose" not in o.text
+
+
+def test_sink_through_elementwise_to_the_output():
+    o = hlofuse.optimize(SINK, pipeline=PASS)
+    s = stats(o)
+    assert s["sunk_elementwise"] == 3 and s["transposes_after"] == 1
+    assert op_sequence(o.text)[-1] == "stablehlo.transpose"  # the only transpose is the last op
+    check_same(o, SINK, [RNG.standard_normal((2, 3, 4)).astype(np.float32),
+                         RNG.standard_normal(3).astype(np.float32)])
+
+
+def test_transposes_cancel():
+    o = hlofuse.optimize(CANCEL, pipeline=PASS)
+    assert stats(o)["transposes_after"] == 0 and stats(o)["cancelled"] >= 1
+    check_same(o, CANCEL, [RNG.standard_normal((2, 3, 4)).astype(np.float32)])
+
+
+def test_transpose_folds_into_reduce():
+    o = hlofuse.optimize(REDUCE, pipeline=PASS)
+    assert stats(o)["sunk_reduce"] == 1 and "stablehlo.transpose" not in o.text
+    assert "dimensions = [1]" in o.text
+    check_same(o, REDUCE, ints((5, 6)))
+
+
+def test_transpose_folds_into_dot_general():
+    o = hlofuse.optimize(DOT, pipeline=PASS)
+    assert stats(o)["folded_into_dot"] == 1 and "stablehlo.transpose" not in o.text
+    assert "contracting_dims = [1] x [1]" in o.text
+    check_same(o, DOT, ints((3, 8), (5, 8)))
+
+
+@pytest.mark.parametrize("text", [NO_SINK, MULTI_USE], ids=["other-operand", "multi-use"])
+def test_no_match(text):
+    o = hlofuse.optimize(text, pipeline=PASS, target="gpu")
+    assert stats(o)["sunk_elementwise"] == 0
+    assert o.text == hlofuse.optimize(text, pipeline="none").text
