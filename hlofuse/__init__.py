@@ -13,5 +13,6 @@ from hlofuse.pipeline import PIPELINES as PIPELINES
 from hlofuse.pipeline import PassFailure as PassFailure
 from hlofuse.report import Report as Report
 from hlofuse.ir import IRError as IRError
+from hlofuse.report import HlofuseWarning as HlofuseWarning
 
 __version__ = "0.1.0"

@@ -28,8 +28,10 @@ def _norm_tuple(x) -> tuple:
 class Lowered:
     """What ``fn.lower(*args)`` returns: the optimized module for one signature and its report."""
 
-    def __init__(self, entry: Entry, out_tree, target: str):
+    def __init__(self, entry: Entry, out_tree, target: str, prepare=None, donate: tuple = ()):
         self._entry = entry
+        self._prepare = prepare
+        self._donate = donate
         self.out_tree = out_tree
         self.target = target
 
@@ -47,19 +49,48 @@ class Lowered:
         """The ``jax.export.Exported`` carrying the optimized module (serializable)."""
         return self._entry.exported
 
-    def compile(self):
-        """XLA-compile the optimized module on the current backend (``jax.stages.Compiled``)."""
-        args = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type)
-                for a in self._entry.exported.in_avals]
-        return jax.jit(self._entry.exported.call).lower(*args).compile()
+    def compile(self) -> "Compiled":
+        """XLA-compile the optimized module on the current backend."""
+        entry = self._entry
+        args = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in entry.in_avals]
+        from hlofuse.autotune import cached_options  # options autotune chose, if it did
+        opts = cached_options(entry.optimized.text) if self.target == jax.default_backend() else {}
+        jitted = jax.jit(entry.call, donate_argnums=self._donate, compiler_options=opts or None)
+        return Compiled(jitted.lower(*args).compile(), self._prepare, self.out_tree)
+
+
+class Compiled:
+    """What ``Lowered.compile()`` returns: call it with the same arguments as the function
+    (static ones included); ``memory_analysis()``, ``cost_analysis()`` and ``as_text()`` come
+    from XLA's compiled executable."""
+
+    def __init__(self, compiled, prepare, out_tree):
+        self._compiled = compiled
+        self._prepare = prepare
+        self.out_tree = out_tree
+
+    def __call__(self, *args, **kwargs):
+        _, _, leaves, _, _ = self._prepare(args, kwargs)
+        return tree_util.tree_unflatten(self.out_tree, self._compiled(*leaves))
+
+    def memory_analysis(self):
+        return self._compiled.memory_analysis()
+
+    def cost_analysis(self):
+        return self._compiled.cost_analysis()
+
+    def as_text(self) -> str:
+        return self._compiled.as_text()
 
 
 class HlofuseFunction:
     """The callable returned by :func:`jit`."""
 
     def __init__(self, fun: Callable, *, static_argnums, static_argnames, donate_argnums,
-                 target, pipeline, disable, check, options, dump_dir):
+                 target, pipeline, disable, check, options, dump_dir, autotune=None,
+                 freeze_argnums=()):
         functools.update_wrapper(self, fun)
+        self._autotune = autotune  # None: on where it pays (CPU), see hlofuse.autotune
         self._fun = fun
         self._target = normalize_target(target)
         try:
@@ -91,6 +122,10 @@ class HlofuseFunction:
         if set(self._donate_argnums) & set(self._static_argnums):
             raise ValueError("static arguments cannot be donated: "
                              f"{sorted(set(self._donate_argnums) & set(self._static_argnums))}")
+        self._freeze_argnums = _norm_tuple(freeze_argnums)
+        clash = set(self._freeze_argnums) & (set(self._static_argnums) | set(self._donate_argnums))
+        if clash:
+            raise ValueError(f"frozen arguments cannot also be static or donated: {sorted(clash)}")
         self._opts = Options(target=self._target, pipeline=pipeline, disable=tuple(disable),
                              pass_options=dict(options or {}), dump_dir=dump_dir, check=check)
         self._flat: dict[Any, tuple[FlatJit, list]] = {}
@@ -109,6 +144,13 @@ class HlofuseFunction:
                 if j >= n and not self._static_argnames:
                     raise ValueError(f"jitted function has static_argnums={self._static_argnums}, "
                                      f"but only accepts {n} positional arguments")
+        frozen = set()
+        for i in self._freeze_argnums:
+            j = i + n if i < 0 else i
+            if not 0 <= j < n:
+                raise ValueError(f"jitted function has freeze_argnums={self._freeze_argnums}, but "
+                                 f"was called with {n} positional arguments")
+            frozen.add(j)
         static_pos = tuple((i, args[i]) for i in sorted(nums))
         static_kw = tuple(sorted((k, v) for k, v in kwargs.items() if k in self._static_argnames))
         for where, v in [(f"argument {i}", v) for i, v in static_pos] + [(f"argument {k!r}", v) for k, v in static_kw]:
@@ -117,9 +159,9 @@ class HlofuseFunction:
             except TypeError:
                 raise ValueError(f"Non-hashable static arguments are not supported. An error occurred "
                                  f"while trying to hash static {where} of type {type(v)}") from None
-        dyn_args = tuple(a for i, a in enumerate(args) if i not in nums)
+        dyn_args = tuple(a for i, a in enumerate(args) if i not in nums and i not in frozen)
         dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self._static_argnames}
-        return static_pos, static_kw, dyn_args, dyn_kwargs, nums
+        return static_pos, static_kw, dyn_args, dyn_kwargs, nums | frozen
 
     def _flat_fn(self, key, static_pos, static_kw, in_tree, n_args) -> tuple[FlatJit, list]:
         with self._lock:
@@ -157,8 +199,11 @@ class HlofuseFunction:
                     f"problematic value is of type {type(leaf)} and was passed to the function at "
                     f"path {_path_str(path)}. If this argument should be static, mark it with "
                     f"static_argnums or static_argnames.") from None
-        key = (in_tree, static_pos, static_kw, len(args))
-        flat, out_tree_box = self._flat_fn(key, static_pos, static_kw, in_tree, len(args))
+        # frozen args are closed over (compile-time constants); the cache key holds their
+        # identity, and the closure keeps them alive so an id is never reused while cached
+        frozen_pos = tuple((i, args[i]) for i in sorted(static_nums) if i in self._frozen_set(len(args)))
+        key = (in_tree, static_pos, static_kw, len(args), _frozen_key(frozen_pos))
+        flat, out_tree_box = self._flat_fn(key, static_pos + frozen_pos, static_kw, in_tree, len(args))
         # donated positional args -> flat leaf indices
         donate = []
         if self._donate_argnums:
@@ -173,7 +218,11 @@ class HlofuseFunction:
                 if d in dyn_index:
                     start, cnt = offsets[dyn_index[d]]
                     donate.extend(range(start, start + cnt))
+        flat.donated = tuple(donate)  # the buffer-aliasing pass pairs them with outputs
         return flat, out_tree_box, leaves, signature_of(avals), tuple(donate)
+
+    def _frozen_set(self, n: int) -> set:
+        return {i + n if i < 0 else i for i in self._freeze_argnums}
 
     # -- public ----------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
@@ -190,18 +239,28 @@ class HlofuseFunction:
         fn = self._jitted.get(jkey)
         if fn is None:
             with self._lock:
-                fn = self._jitted.setdefault(jkey, jax.jit(entry.call, donate_argnums=donate))
+                fn = self._jitted.get(jkey)
+                if fn is None:
+                    fn = self._jitted.setdefault(jkey, _autotuned(entry, donate, self._autotune))
         out = fn(*leaves)
         return tree_util.tree_unflatten(out_tree_box[0], out)
 
     def lower(self, *args, **kwargs) -> Lowered:
         flat, out_tree_box, leaves, sig, donate = self._prepare(args, kwargs)
         entry = flat.entry(sig)
-        return Lowered(entry, out_tree_box[0] if out_tree_box else None, self._target)
+        return Lowered(entry, out_tree_box[0] if out_tree_box else None, self._target, self._prepare,
+                       donate)
 
     def report(self, *args, **kwargs):
         """Shortcut for ``self.lower(*args, **kwargs).report``."""
         return self.lower(*args, **kwargs).report
+
+    def autotune_decision(self, *args, **kwargs):
+        """The compiler-option decision (:class:`hlofuse.autotune.Decision`) for these
+        arguments' signature, or None while undecided / when autotuning is off."""
+        flat, _, _, sig, donate = self._prepare(args, kwargs)
+        tuner = self._jitted.get((id(flat.entry(sig)), donate))
+        return getattr(tuner, "decision", None)
 
     @property
     def compilations(self) -> int:
@@ -217,6 +276,37 @@ class HlofuseFunction:
         return functools.partial(self, obj)
 
 
+def _autotuned(entry, donate: tuple, autotune):
+    """``jax.jit(entry.call, donate_argnums=donate)`` with measured compiler options; the
+    choice is recorded in the entry's report notes."""
+    from hlofuse.autotune import Autotuner
+
+    def record(decision, cached):
+        entry.report.note(decision.note(cached))
+
+    # hash the optimized module *without* locations: locations carry the caller's stack, and the
+    # same program called from elsewhere must find the same cached decision
+    return Autotuner(entry.call, entry.optimized.text, donate_argnums=donate,
+                     enabled=autotune, on_decision=record)
+
+
+def _frozen_key(frozen_pos) -> tuple:
+    """Identity of frozen arguments: position, pytree structure and per leaf ``id`` + shape +
+    dtype (hashable scalars by value). Mutating a frozen numpy array in place is not seen:
+    create a new ``hlofuse.jit`` (or pass a new array) after changing parameters."""
+    out = []
+    for i, v in frozen_pos:
+        leaves, tree = tree_util.tree_flatten(v)
+        ids = []
+        for leaf in leaves:
+            if isinstance(leaf, (bool, int, float, complex, str)):
+                ids.append((type(leaf).__name__, leaf))
+            else:
+                ids.append((id(leaf), tuple(getattr(leaf, "shape", ())), str(getattr(leaf, "dtype", ""))))
+        out.append((i, tree, tuple(ids)))
+    return tuple(out)
+
+
 def _path_str(path) -> str:
     s = tree_util.keystr(path)
     # ((args, kwargs)) -> args[i] / kwargs['k']
@@ -230,7 +320,8 @@ def _path_str(path) -> str:
 def jit(fun: Callable | None = None, *, static_argnums: int | Sequence[int] = (),
         static_argnames: str | Sequence[str] = (), donate_argnums: int | Sequence[int] = (),
         target: str | None = None, pipeline=None, disable: Sequence[str] = (),
-        check: bool = False, options: dict | None = None, dump_dir: str | None = None):
+        check: bool = False, options: dict | None = None, dump_dir: str | None = None,
+        autotune: bool | None = None, freeze_argnums: int | Sequence[int] = ()):
     """Like ``jax.jit``, with hlofuse's StableHLO optimization between tracing and XLA.
 
     Args:
@@ -242,14 +333,28 @@ def jit(fun: Callable | None = None, *, static_argnums: int | Sequence[int] = ()
       disable: pass names to skip.
       check: verify every kernelized region against its original subgraph on the first call
         and roll back regions that disagree (see :mod:`hlofuse.verify`).
-      options: pass options; dump_dir: write the module after each pass.
+      options: pass options; dump_dir: write the module after each pass. An optimization
+        never makes the program fail: when a pass fails the function runs unoptimized with a
+        ``hlofuse.HlofuseWarning``; ``options={'strict': True}`` raises instead (debugging).
+      freeze_argnums: positional arguments (e.g. parameters, for inference) treated as
+        compile-time constants: the traced function closes over their values, so
+        ``constant-fold`` and ``batchnorm-fold`` can act on them. One compilation per frozen
+        value identity (``id`` + shape + dtype of each leaf; the values are kept alive while
+        cached). Mutating a frozen array in place is not detected: pass a new array or make a
+        new ``hlofuse.jit``.
+      autotune: measure XLA compiler-option variants (XLA:CPU library fusion) for each
+        compiled signature on its second call and keep the fastest when it beats XLA's defaults
+        (decisions cached in ``~/.cache/hlofuse/autotune.json``; see :mod:`hlofuse.autotune`).
+        None (default): on for CPU, off elsewhere (env ``HLOFUSE_AUTOTUNE=0/1`` overrides).
     """
     if fun is None:
         return functools.partial(jit, static_argnums=static_argnums, static_argnames=static_argnames,
                                  donate_argnums=donate_argnums, target=target, pipeline=pipeline,
-                                 disable=disable, check=check, options=options, dump_dir=dump_dir)
+                                 disable=disable, check=check, options=options, dump_dir=dump_dir,
+                                 autotune=autotune, freeze_argnums=freeze_argnums)
     if not callable(fun):
         raise TypeError(f"Expected a callable value, got {fun!r}")
     return HlofuseFunction(fun, static_argnums=static_argnums, static_argnames=static_argnames,
                            donate_argnums=donate_argnums, target=target, pipeline=pipeline,
-                           disable=disable, check=check, options=options, dump_dir=dump_dir)
+                           disable=disable, check=check, options=options, dump_dir=dump_dir,
+                           autotune=autotune, freeze_argnums=freeze_argnums)

@@ -68,6 +68,7 @@ class Entry:
     optimized: Optimized
     out_avals: tuple
     call: Callable              # flat arrays -> list of flat arrays, transformation-aware
+    in_avals: tuple = ()
 
     @property
     def report(self):
@@ -79,12 +80,16 @@ def export_optimized(fun: Callable, sig: Signature, opts: Options, *, name: str 
     """Export ``fun`` (flat arrays -> flat arrays) for the target and optimize its module."""
     platform = platform_for(opts.target)
     exp0 = jexport.export(jax.jit(fun), platforms=[platform])(*sds(sig))
-    opt = optimize(exp0.mlir_module(), target=opts.target, pipeline=opts.pipeline,
-                   disable=opts.disable, dump_dir=opts.dump_dir, options=opts.pass_options,
-                   source=name, donated_args=donated)
-    if opts.check:
-        from hlofuse.verify import verify_regions
-        opt = verify_regions(exp0, opt, opts, name=name)
+    try:  # an optimization never makes a program fail (options={'strict': True} re-raises)
+        opt = optimize(exp0.mlir_module(), target=opts.target, pipeline=opts.pipeline,
+                       disable=opts.disable, dump_dir=opts.dump_dir, options=opts.pass_options,
+                       source=name, donated_args=donated)
+        if opts.check:
+            from hlofuse.verify import verify_regions
+            opt = verify_regions(exp0, opt, opts, name=name)
+    except Exception as e:
+        from hlofuse.verify import unoptimized
+        opt = unoptimized(exp0, opts, name=name, error=e)
     checks = tuple(exp0.disabled_safety_checks)
     if opts.target == "gpu":
         checks += (jexport.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton"),)
@@ -96,10 +101,11 @@ def export_optimized(fun: Callable, sig: Signature, opts: Options, *, name: str 
 class FlatJit:
     """hlofuse's jit over a flat function: ``fun(*arrays) -> tuple of arrays``."""
 
-    def __init__(self, fun: Callable, opts: Options, *, name: str = "fun"):
+    def __init__(self, fun: Callable, opts: Options, *, name: str = "fun", donated: tuple = ()):
         self.fun = fun
         self.opts = opts
         self.name = name
+        self.donated = tuple(donated)  # flat argument indices the caller donates (buffer-aliasing)
         self._entries: dict[Signature, Entry] = {}
         self._lock = threading.RLock()
         self._vjp: FlatJit | None = None
@@ -120,8 +126,31 @@ class FlatJit:
             return e
 
     def _build(self, sig: Signature) -> Entry:
-        exp, opt = export_optimized(self.fun, sig, self.opts, name=self.name)
-        return Entry(exp, opt, tuple(exp.out_avals), self._transformable(exp, sig))
+        try:
+            exp, opt = export_optimized(self.fun, sig, self.opts, name=self.name,
+                                        donated=self.donated)
+        except NotImplementedError as e:
+            if "host_callbacks" not in str(e):
+                raise
+            return self._plain_jit_entry(sig)
+        return Entry(exp, opt, tuple(exp.out_avals), self._transformable(exp, sig), tuple(sds(sig)))
+
+    def _plain_jit_entry(self, sig: Signature) -> Entry:
+        """Functions with Python host callbacks (jax.debug.print, pure_callback, io_callback)
+        cannot go through jax.export (it cannot serialize them), so they run with plain
+        ``jax.jit``; the report says so."""
+        from hlofuse.api import normalize_target
+        from hlofuse.report import Report
+        jitted = jax.jit(self.fun)
+        lowered = jitted.trace(*sds(sig)).lower(lowering_platforms=(platform_for(self.opts.target),))
+        module = hir.parse(lowered.as_text(debug_info=True), source=self.name)
+        report = Report(target=self.opts.target, source=self.name)
+        report.note("left to XLA whole: the function uses Python host callbacks (jax.debug.print, "
+                    "pure_callback or io_callback), which jax.export cannot serialize, so hlofuse "
+                    "runs it with plain jax.jit")
+        out_avals = tuple(jax.tree_util.tree_leaves(lowered.out_info))
+        return Entry(None, Optimized(module, report), out_avals, lambda *xs: tuple(jitted(*xs)),
+                     tuple(sds(sig)))
 
     # -- transformations -------------------------------------------------------------------
     def _transformable(self, exp: jexport.Exported, sig: Signature) -> Callable:

@@ -9,7 +9,8 @@ softmax, tiled reductions, folded BatchNorm) use ``reassociate``.
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -147,8 +148,6 @@ def edge_inputs(avals, seed: int = 0, fraction: float = 0.25) -> list[np.ndarray
 # is fully resolved at generation time (operands are coerced by explicit broadcast/convert/
 # constant nodes), so a failing example prints as a small runnable program (``.source()``).
 
-import dataclasses as _dc
-
 FUZZ_DTYPES = ("f32", "bf16", "f16", "i32", "i1")
 FUZZ_DIMS = (1, 2, 3, 4, 5, 8, 16, 17, 128, 130)
 FUZZ_MAX_ELEMS = 4096
@@ -181,7 +180,7 @@ def _size(shape) -> int:
     return n
 
 
-@_dc.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Node:
     op: str          # const unary binary compare select convert broadcast reduce dot transpose
                      # reshape concat slice
@@ -189,7 +188,7 @@ class Node:
     params: tuple    # op-specific, fully resolved
 
 
-@_dc.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class GraphSpec:
     """A random straight-line program: ``inputs`` are (shape, dtype) pairs, value ``i`` is
     input ``i`` or node ``i - len(inputs)``; ``outputs`` index values."""
@@ -258,6 +257,7 @@ class GraphSpec:
         n_in = len(self.inputs)
         lines = [f"# inputs: {', '.join(f'{d}{list(s)}' for s, d in self.inputs)}; seed={self.seed}, "
                  f"edge={self.edge}",
+                 "# from hlofuse.testing import _reduce_init; from jax import lax",
                  f"def f({', '.join(f'v{i}' for i in range(n_in))}):"]
         for k, n in enumerate(self.nodes):
             v = f"v{n_in + k}"
@@ -274,7 +274,7 @@ class GraphSpec:
             elif n.op == "broadcast":
                 rhs = f"lax.broadcast_in_dim({a[0]}, {p[0]}, {p[1]})"
             elif n.op == "reduce":
-                rhs = f"lax.reduce({a[0]}, <init of lax.{p[0]}>, lax.{p[0]}, {p[1]})"
+                rhs = f"lax.reduce({a[0]}, _reduce_init({p[0]!r}, {a[0]}.dtype), lax.{p[0]}, {p[1]})"
             elif n.op == "dot":
                 rhs = f"lax.dot_general({a[0]}, {a[1]}, ((({a[0]}.ndim-1,), ({a[1]}.ndim-1,)), ((), ())))"
             elif n.op == "transpose":
@@ -482,15 +482,18 @@ def stablehlo_graphs(max_nodes: int = 14, dtypes: Sequence[str] = FUZZ_DTYPES):
     return graphs()
 
 
-def check_graph(spec: GraphSpec, *, target: str = "cpu", category: str = "kernel",
+def check_graph(spec: GraphSpec, *, target: str = "cpu", category: str | None = None,
                 verify: bool = False, pipeline=None) -> "hlofuse.Optimized":
     """Differential check of one random graph; raises AssertionError on any violation.
 
     Exports the program, optimizes it for ``target`` and asserts that the module verifies,
     that a second run of the pipeline over the result changes nothing (idempotence), and — on
     a target present in this process — that the optimized module gives the unoptimized one's
-    results (``category`` tolerance; ints and bools exact). ``verify=True`` also runs
-    :func:`hlofuse.verify.verify_module` and asserts no region is rolled back.
+    results (``category`` tolerance; ints and bools exact). The default category follows the
+    kernels made, as :mod:`hlofuse.verify` does: ``kernel`` when all are elementwise,
+    ``reassociate`` when a reduction, contraction or attention kernel may sum in another order.
+    ``verify=True`` also runs :func:`hlofuse.verify.verify_module` and asserts no region is
+    rolled back.
     """
     import hlofuse
     from hlofuse import ir as hir
@@ -511,6 +514,10 @@ def check_graph(spec: GraphSpec, *, target: str = "cpu", category: str = "kernel
         inputs = [values[i] for i in sorted(exp.module_kept_var_idx)]  # export drops unused args
         want = run_module(text, inputs, target=target)
         got = run_module(opt.module, inputs, target=target)
+        if category is None:
+            from hlofuse.verify import DEFAULT_CATEGORY, KIND_CATEGORY
+            cats = {KIND_CATEGORY.get(r.kind, DEFAULT_CATEGORY) for r in opt.report.kernels}
+            category = "reassociate" if "reassociate" in cats else "kernel"
         assert_same(got, want, category)
     return opt
 

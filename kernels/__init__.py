@@ -10,6 +10,10 @@ from __future__ import annotations
 import dataclasses
 
 from hlofuse.kernels import elementwise as elementwise
+from hlofuse.kernels import attention as attention
+from hlofuse.kernels import reduction as reduction
+from hlofuse.kernels import matmul_epilogue as matmul_epilogue
+from hlofuse.kernels import horizontal as horizontal
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,4 +26,12 @@ class Family:
 FAMILIES: dict[str, Family] = {
     "elementwise": Family(elementwise.spec_from_func, elementwise.build_elementwise,
                           elementwise.elementwise_reference),
+    "attention": Family(attention.spec_from_func, attention.build_attention,
+                        attention.attention_reference),
+    "reduction": Family(reduction.spec_from_func, reduction.build_reduction,
+                        reduction.reduction_reference),
+    "matmul_epilogue": Family(matmul_epilogue.spec_from_func, matmul_epilogue.build_matmul_epilogue,
+                              matmul_epilogue.matmul_epilogue_reference),
+    "horizontal": Family(horizontal.spec_from_func, horizontal.build_horizontal,
+                         horizontal.horizontal_reference),
 }

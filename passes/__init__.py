@@ -9,4 +9,13 @@ from hlofuse.passes import cse as cse
 from hlofuse.passes import symbol_dce as symbol_dce
 from hlofuse.passes import inline_calls as inline_calls
 from hlofuse.passes import fuse_elementwise as fuse_elementwise
+from hlofuse.passes import fuse_attention as fuse_attention
+from hlofuse.passes import fuse_reduction as fuse_reduction
+from hlofuse.passes import fuse_matmul_epilogue as fuse_matmul_epilogue
+from hlofuse.passes import fuse_horizontal as fuse_horizontal
 from hlofuse.passes import kernelize as kernelize
+from hlofuse.passes import constant_fold as constant_fold
+from hlofuse.passes import algebraic_simplify as algebraic_simplify
+from hlofuse.passes import batchnorm_fold as batchnorm_fold
+from hlofuse.passes import layout_assignment as layout_assignment
+from hlofuse.passes import buffer_aliasing as buffer_aliasing

@@ -20,15 +20,23 @@ from hlofuse.passes.fusion.regions import form_regions
 MIN_COMPUTE_OPS = 2
 
 
+# Ops whose regions hold program code (loop bodies, branches). Regions of other ops are
+# scalar computations applied per element (reduce/sort/scatter bodies): never fused.
+CODE_REGION_OPS = ("func.func", "stablehlo.while", "stablehlo.case", "stablehlo.if")
+
+
 def fusible_blocks(module) -> list:
-    """Blocks of every function body (and nested while/case bodies), outlined regions excluded."""
+    """Blocks of every function body and nested while/case bodies, outlined regions and
+    kernel functions excluded."""
     blocks = []
     for f in hir.funcs(module):
-        if KIND_ATTR in f.operation.attributes:
+        if KIND_ATTR in f.operation.attributes or hir.func_name(f).startswith("hlofuse_k"):
             continue
         stack = [f.operation]
         while stack:
             op = stack.pop()
+            if op.name not in CODE_REGION_OPS:
+                continue
             for region in op.regions:
                 for block in region.blocks:
                     blocks.append(block)
@@ -69,8 +77,8 @@ class FuseElementwise(Pass):
                 ops, lambda op: elementwise_member(op, ctx.target) is None, domain_shape)
             for members in regions:
                 compute = [m for m in members if rule_for(m.name).cls is OpClass.ELEMENTWISE]
-                if len(compute) < MIN_COMPUTE_OPS:
-                    continue
+                if len(compute) < MIN_COMPUTE_OPS or domain_shape(members[0]) == ():
+                    continue  # a lone op or a scalar chain (loop counters): nothing to fuse
                 boundary = region_boundary(members)
                 region = record_region(ctx, "elementwise", members, boundary)
                 outline_region(module, members, f"hlofuse_region_{region.id}",

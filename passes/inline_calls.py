@@ -3,8 +3,10 @@
 jax wraps ``jax.jit``-decorated helpers (``relu``, ``_where``, ``clip``...) in private
 functions; fusion works on one flat body. jaxlib's upstream ``inline`` pass does not inline
 ``func.call`` (facts §2), so this uses :func:`hlofuse.ir.inline_all_calls`.
-Preconditions: no recursion. Invariant: results unchanged (bit-exact); callees left unused
-are removed later by ``symbol-dce``.
+Preconditions: none (recursive or multi-block callees stay calls). Invariant: results unchanged (bit-exact); callees left unused
+are removed here (upstream ``symbol-dce``). Functions hlofuse itself made (outlined regions carrying
+``hlofuse.kind``, kernels named ``hlofuse_k*``) stay opaque, so re-running the pipeline on its
+own output changes nothing (idempotence).
 """
 
 from hlofuse import ir as hir
@@ -16,4 +18,13 @@ class InlineCalls(Pass):
     name = "inline-calls"
 
     def run(self, module, ctx):
-        return {"calls_inlined": hir.inline_all_calls(module)}
+        n = hir.inline_all_calls(module, keep=is_hlofuse_func)
+        # inlined callees are dead now: drop them so later passes never fuse unreachable code
+        hir.run_upstream_passes(module, "builtin.module(symbol-dce)")
+        return {"calls_inlined": n}
+
+
+def is_hlofuse_func(f) -> bool:
+    """An outlined region or an imported kernel function (left as is by inlining and fusion)."""
+    from hlofuse.passes.fusion.outline import is_hlofuse_func as hlofuse_made
+    return hlofuse_made(f)

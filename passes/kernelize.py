@@ -4,7 +4,10 @@ For every ``func.call`` of a function carrying ``hlofuse.kind``, the kernel fami
 builds a ``pallas_call`` wrapper, lowers it for the target (cpu: interpret mode, plain StableHLO;
 gpu: Triton; tpu: Mosaic), imports the lowered functions into the module and points the call at
 the kernel. Any failure (unsupported op, lowering error) leaves the region to XLA — the call to
-the plain outlined function, which XLA inlines — and the report says why.
+the plain outlined function, which XLA inlines — and the report says why; failures other than
+``NotImplementedError`` (unsupported-but-legal) also warn, naming the region and its source line.
+Region functions left to XLA are marked ``hlofuse.xla`` and kernel functions are named
+``hlofuse_k<id>_*``, so running the pipeline again over its output changes nothing.
 Preconditions: regions outlined by a fusion pass. Invariant: results within the tolerance table
 (kernels compute the same ops; transcendental approximations can differ per backend).
 """
@@ -13,13 +16,15 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import warnings
 
 import jax
 from jaxlib.mlir import ir
 
 from hlofuse import ir as hir
 from hlofuse.pipeline import Pass, register_pass
-from hlofuse.passes.fusion.outline import KIND_ATTR, REGION_ATTR
+from hlofuse.passes.fusion.outline import KERNEL_PREFIX, KIND_ATTR, REGION_ATTR, XLA_ATTR
+from hlofuse.report import HlofuseWarning
 
 _CACHE: dict[tuple, tuple[str, str, str]] = {}
 _CACHE_LOCK = threading.Lock()
@@ -56,6 +61,22 @@ def lower_region(fn_op, kind: str, target: str) -> tuple[str, str, str]:
     return result
 
 
+def leave_to_xla(fn_op, reason: str) -> None:
+    """Mark an outlined region function as left to XLA, so later runs do not retry it."""
+    with fn_op.context:
+        fn_op.attributes[XLA_ATTR] = ir.StringAttr.get(reason)
+
+
+def _unique_prefix(module, rid: int) -> str:
+    """``hlofuse_k<rid>_``, or with a suffix when a module optimized before already has it."""
+    names = [hir.func_name(f) for f in hir.funcs(module)]
+    prefix, k = f"{KERNEL_PREFIX}{rid}_", 0
+    while any(n.startswith(prefix) for n in names):
+        k += 1
+        prefix = f"{KERNEL_PREFIX}{rid}_{k}_"
+    return prefix
+
+
 def _short(e: Exception) -> str:
     msg = str(e).strip().splitlines()
     return f"{type(e).__name__}: {msg[0][:200] if msg else ''}"
@@ -72,26 +93,39 @@ class Kernelize(Pass):
         for call in calls:
             callee = ir.FlatSymbolRefAttr(call.attributes["callee"]).value
             fn_op = table[callee]
-            if KIND_ATTR not in fn_op.attributes:
-                continue
+            if KIND_ATTR not in fn_op.attributes or XLA_ATTR in fn_op.attributes:
+                continue  # not a region, or one left to XLA by an earlier run (idempotence)
             kind = ir.StringAttr(fn_op.attributes[KIND_ATTR]).value
             rid = ir.IntegerAttr(fn_op.attributes[REGION_ATTR]).value
+            if rid >= len(ctx.report.regions) or ctx.report.region(rid).kind != kind:
+                continue  # outlined by an earlier run whose report we do not have
             region = ctx.report.region(rid)
             if ctx.option("no_kernels"):
                 region.reason = "kernels disabled by option"
+                leave_to_xla(fn_op, region.reason)
                 continue
+            original = fn_op.operation.get_asm(enable_debug_info=True)
             try:
                 text, kname, blocks = lower_region(fn_op, kind, ctx.target)
                 kmod = hir.parse(text, module.context, source=f"kernel for region {rid}")
-                mapping = hir.import_funcs(module, kmod, f"hlofuse_k{rid}_")
+                # the cleanups later runs apply to the whole module, applied now (idempotence)
+                hir.run_upstream_passes(kmod, "builtin.module(canonicalize,cse,canonicalize)")
+                mapping = hir.import_funcs(module, kmod, _unique_prefix(module, rid))
                 with module.context:
                     call.attributes["callee"] = ir.FlatSymbolRefAttr.get(mapping["main"])
                 region.kernel = kname
                 region.block = blocks
+                region.extra["kernel_func"] = mapping["main"]
+                ctx.report.xla_funcs[rid] = original  # for hlofuse.verify (check and rollback)
                 n_kernels += 1
             except Exception as e:  # leave the region to XLA, say why
                 region.reason = f"kernel build failed ({_short(e)})"
+                leave_to_xla(fn_op, region.reason)
                 n_failed += 1
                 if ctx.option("strict"):
                     raise
+                if not isinstance(e, NotImplementedError):  # unsupported-but-legal: report only
+                    where = ", ".join(region.locations[:3]) or "unknown location"
+                    warnings.warn(f"hlofuse: region {rid} ({kind}, at {where}) left to XLA: "
+                                  f"{region.reason}", HlofuseWarning, stacklevel=2)
         return {"kernels": n_kernels, "left_to_xla": n_failed}

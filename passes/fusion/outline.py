@@ -19,6 +19,22 @@ from hlofuse.passes.fusion.predicates import is_splat_constant
 
 REGION_ATTR = "hlofuse.region"
 KIND_ATTR = "hlofuse.kind"
+XLA_ATTR = "hlofuse.xla"          # on a region function left to XLA: why (kernelize skips it)
+KERNEL_PREFIX = "hlofuse_k"       # functions imported by kernelize: hlofuse_k<region id>_*
+
+
+def is_hlofuse_func(f) -> bool:
+    """An outlined region (``hlofuse.kind``) or an imported kernel function (``hlofuse_k*``).
+
+    These are hlofuse's own output: only ``kernelize`` and :mod:`hlofuse.verify` look inside
+    them. Every other pass leaves them alone, so running the pipeline again over its output
+    changes nothing (idempotence, passes/README.md)."""
+    return KIND_ATTR in f.operation.attributes or hir.func_name(f).startswith(KERNEL_PREFIX)
+
+
+def program_funcs(module: ir.Module) -> list:
+    """The module's functions that hold the user's program (hlofuse-made ones excluded)."""
+    return [f for f in hir.funcs(module) if not is_hlofuse_func(f)]
 
 
 @dataclasses.dataclass
@@ -75,6 +91,11 @@ def outline_region(module: ir.Module, members: list, name: str, *, region_id: in
         raise hir.IRError(f"internal: region {name} has no outputs")
     ctx = module.context
     with ctx:
+        table = ir.SymbolTable(module.operation)
+        base, k = name, 0
+        while name in table:  # a module optimized before may hold the same name
+            k += 1
+            name = f"{base}_{k}"
         loc = ir.Location.fused([m.location for m in members])
         in_types = [v.type for v in b.inputs]
         out_types = [v.type for v in b.outputs]

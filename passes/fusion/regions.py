@@ -13,6 +13,9 @@ from typing import Callable, Hashable
 
 from jaxlib.mlir import ir
 
+from hlofuse.ops import OpClass, rule_for
+from hlofuse.passes.fusion.cost import remat_choice
+
 
 def _as_op(owner):
     """Normalize a value's owner: an ``ir.Operation`` for op results, None for block args."""
@@ -42,6 +45,7 @@ class Partition:
         self.index = index
         self.group: dict = {}        # op -> group id
         self.members: dict[int, list] = {}
+        self._users: dict = {}
 
     def add(self, op) -> None:
         gid = len(self.members)
@@ -49,34 +53,50 @@ class Partition:
         self.members[gid] = [op]
 
     def users(self, op) -> list:
+        cached = self._users.get(op)
+        if cached is not None:
+            return cached
         out = []
         for r in op.results:
             for u in r.uses:
                 top = _top_level_user(_as_op(u.owner), self.index)
                 if top is not None and top is not op:
                     out.append(top)
+        self._users[op] = out
         return out
 
     def creates_cycle(self, ga: int, gb: int) -> bool:
-        """Is there a path ga -> outside op -> ... -> gb (or gb -> ... -> ga)?"""
+        """Would merging groups ga and gb make the graph of regions cyclic?
+
+        True when a path leaves one group and reaches the other through at least one node
+        outside both. Other groups count as single nodes (they will be one kernel each): entering
+        any member of a group reaches the users of all its members.
+        """
         return self._path_outside(ga, gb) or self._path_outside(gb, ga)
 
     def _path_outside(self, src: int, dst: int) -> bool:
-        dst_ops = set(self.members[dst])
         src_ops = set(self.members[src])
-        limit = max(self.index[o] for o in dst_ops)
+        dst_ops = set(self.members[dst])
         stack = [u for o in src_ops for u in self.users(o) if u not in src_ops and u not in dst_ops]
-        seen = set()
+        seen: set = set()
+        seen_groups: set = set()
         while stack:
             op = stack.pop()
-            if op in seen or self.index[op] > limit:
+            if op in seen:
                 continue
             seen.add(op)
-            for u in self.users(op):
-                if u in dst_ops:
-                    return True
-                if u not in src_ops:
-                    stack.append(u)
+            nodes = [op]
+            g = self.group.get(op)
+            if g is not None and g not in seen_groups and len(self.members[g]) > 1:
+                seen_groups.add(g)
+                nodes = self.members[g]
+                seen.update(nodes)
+            for n in nodes:
+                for u in self.users(n):
+                    if u in dst_ops:
+                        return True
+                    if u not in src_ops and u not in seen:
+                        stack.append(u)
         return False
 
     def merge(self, ga: int, gb: int) -> int:
@@ -118,3 +138,229 @@ def form_regions(ops: list, can_join: Callable[[object], bool],
                 continue
             part.merge(ga, gb)
     return [m for _, m in sorted(part.members.items())]
+
+
+# ---------------------------------------------------------------------------------------------
+# Anchor-based regions (reduction, matmul epilogue) and sibling merging (horizontal fusion).
+#
+# Those regions grow from one anchor op (a reduce, a dot_general) instead of merging groups,
+# so the test is on a set of ops: a set is *convex* when no path leaves it and comes back in
+# (``members -> outside op -> ... -> members``). Only convex sets can run as one kernel: the
+# kernel needs all its inputs before it starts and produces all outputs when it ends. Regions
+# outlined earlier are single call ops here, so checking each new region against the current
+# block keeps the graph of kernels acyclic as well.
+# ---------------------------------------------------------------------------------------------
+
+
+class BlockGraph:
+    """Def-use of one block's ops (program order), users mapped to their top-level ancestor."""
+
+    def __init__(self, ops: list):
+        self.ops = list(ops)
+        self.index = _block_index(self.ops)
+        self._users: dict = {}
+
+    def users(self, op) -> list:
+        cached = self._users.get(op)
+        if cached is not None:
+            return cached
+        out = []
+        for r in op.results:
+            for u in r.uses:
+                top = _top_level_user(_as_op(u.owner), self.index)
+                if top is not None and top != op and top not in out:
+                    out.append(top)
+        self._users[op] = out
+        return out
+
+    def producers(self, op) -> list:
+        out = []
+        for v in op.operands:
+            p = _as_op(v.owner)
+            if p is not None and p in self.index and p not in out:
+                out.append(p)
+        return out
+
+    def is_convex(self, members) -> bool:
+        """No path leaves ``members`` through an outside op and re-enters them."""
+        mset = set(members)
+        last = max(self.index[m] for m in mset)
+        stack = [u for m in mset for u in self.users(m) if u not in mset and self.index[u] < last]
+        seen: set = set()
+        while stack:
+            op = stack.pop()
+            if op in seen:
+                continue
+            seen.add(op)
+            for u in self.users(op):
+                if u in mset:
+                    return False
+                if u not in seen and self.index[u] < last:
+                    stack.append(u)
+        return True
+
+    def outside_users(self, op, members) -> list:
+        mset = set(members)
+        return [u for u in self.users(op) if u not in mset]
+
+
+def grow_region(graph: BlockGraph, anchor, admit: Callable, *, claimed=frozenset(),
+                max_ops: int = 4096, on_admit: Callable | None = None) -> tuple[list, dict]:
+    """Grow a convex region from ``anchor`` over producers and users, greedily, to a fixpoint.
+
+    Args:
+      graph: the block's :class:`BlockGraph`.
+      anchor: the op the region starts from.
+      admit: ``admit(candidate, members: set, direction: 'producer'|'user') -> reason | None``;
+        None admits the op (before the convexity check).
+      claimed: ops that belong to other regions of this pass and must not join.
+      on_admit: called with each op once it joined (e.g. to commit state ``admit`` prepared).
+    Returns:
+      (members in program order, {op: reason} for neighbours that were refused).
+    """
+    members = {anchor}
+    refused: dict = {}
+    changed = True
+    while changed and len(members) < max_ops:
+        changed = False
+        for m in sorted(members, key=graph.index.__getitem__):
+            cands = [(p, "producer") for p in graph.producers(m)] + [(u, "user") for u in graph.users(m)]
+            for c, direction in cands:
+                if c in members or c in claimed:
+                    continue
+                reason = admit(c, members, direction)
+                if reason is None and not graph.is_convex(members | {c}):
+                    reason = "joining would create a cycle (a path leaves the region and re-enters it)"
+                if reason is not None:
+                    refused[c] = reason
+                    continue
+                refused.pop(c, None)
+                members.add(c)
+                if on_admit is not None:
+                    on_admit(c)
+                changed = True
+    return sorted(members, key=graph.index.__getitem__), refused
+
+
+def merge_siblings(graph: BlockGraph, groups: list[list], key: Callable[[list], Hashable]) -> list[list]:
+    """Horizontal merging: groups that read a common input value and share ``key`` merge when
+    the union stays convex (no path between them through outside ops or each other).
+
+    Args:
+      graph: the block's :class:`BlockGraph`.
+      groups: disjoint op groups (e.g. elementwise regions), each convex.
+      key: groups merge only with equal keys (e.g. iteration domain).
+    Returns:
+      the merged groups (only those made of two or more input groups), each in program order.
+    """
+    def inputs(g):
+        gs = set(g)
+        vals = set()
+        for op in g:
+            for v in op.operands:
+                p = _as_op(v.owner)
+                if p is not None and (p in gs or p.name == "stablehlo.constant"):
+                    continue  # internal, or a constant (sharing one is no reason to merge)
+                vals.add(v)
+        return vals
+
+    reads = [inputs(g) for g in groups]
+    merged: list[set] = []
+    origin: list[int] = []
+    for gi, g in enumerate(groups):
+        placed = False
+        for mi, m in enumerate(merged):
+            if key(g) != key(sorted(m, key=graph.index.__getitem__)):
+                continue
+            shared = reads[gi] & set().union(*(reads[j] for j in range(len(groups)) if groups[j][0] in m))
+            if not shared:
+                continue
+            if graph.is_convex(m | set(g)):
+                m.update(g)
+                origin[mi] += 1
+                placed = True
+                break
+        if not placed:
+            merged.append(set(g))
+            origin.append(1)
+    return [sorted(m, key=graph.index.__getitem__) for m, n in zip(merged, origin) if n > 1]
+
+
+# ---------------------------------------------------------------------------------------------
+# Rematerialization: members that are also used outside the region
+# ---------------------------------------------------------------------------------------------
+
+def rematerialize(graph: BlockGraph, members: list, target: str, *, keep=()) -> tuple[list, dict]:
+    """Decide, for every member also used outside the region, recompute or materialize.
+
+    ``recompute`` clones the op (with the broadcasts/constants it reads from inside the region)
+    in front of its first outside user and points the outside users at the clone; the region
+    keeps the original, which then has no outside use. ``materialize`` makes it an extra region
+    output. Ops reading other computed region values can only be materialized.
+    Returns (members, {op name: decision}) -- members unchanged: clones are not members.
+    """
+    mset = set(members)
+    decisions = {}
+    for op in members:
+        if op in keep or len(op.results) != 1 or len(op.regions):
+            continue
+        outside = graph.outside_users(op, mset)
+        if not outside:
+            continue
+        chain = _cheap_member_producers(op, mset)
+        if chain is None:
+            decisions.setdefault(op.name, "materialize (operands computed in the region)")
+            continue
+        choice, why = remat_choice(op, outside, target)
+        decisions[op.name] = why
+        if choice != "recompute":
+            continue
+        first = min(outside, key=graph.index.__getitem__)
+        mapping = {}
+        with op.context, op.location:
+            for p in chain + [op]:
+                clone = p.clone(ip=ir.InsertionPoint(first))
+                for i, v in enumerate(p.operands):
+                    if v in mapping:
+                        clone.operands[i] = mapping[v]
+                mapping[p.results[0]] = clone.results[0]
+        res = op.results[0]
+        for use in list(res.uses):
+            owner = use.owner
+            owner_op = getattr(owner, "operation", owner)
+            if _top(owner_op, graph) in mset:
+                continue
+            owner_op.operands[use.operand_number] = mapping[res]
+    return members, decisions
+
+
+def _cheap_member_producers(op, mset) -> list | None:
+    """The region members ``op`` reads, when all are broadcasts/constants of outside values
+    (program order: producers first); None when it reads a computed region value."""
+    out = []
+    for v in op.operands:
+        p = _producers_of(v)
+        if p is None or p not in mset:
+            continue
+        if rule_for(p.name).cls not in (OpClass.BROADCAST, OpClass.CONSTANT):
+            return None
+        sub = _cheap_member_producers(p, mset)
+        if sub is None:
+            return None
+        for q in sub + [p]:
+            if q not in out:
+                out.append(q)
+    return out
+
+
+def _producers_of(v):
+    owner = v.owner
+    return None if isinstance(owner, ir.Block) else getattr(owner, "operation", owner)
+
+
+def _top(op, graph: "BlockGraph"):
+    cur = op
+    while cur is not None and cur not in graph.index:
+        parent = cur.parent
+        cur = parent if parent is not None and parent.name != "func.func" else None
+    return cur

@@ -1,0 +1,505 @@
+"""Measured choice of XLA compiler options for one compiled module on the actual device.
+
+XLA:CPU can hand dots, elementwise chains, reductions and convolutions to its YNNPACK
+"library fusions" (``xla_cpu_experimental_ynn_fusion_type``; valid values are comma-separated
+``LIBRARY_FUSION_TYPE_{DOT,ELTWISE,REDUCE,INDIVIDUAL_DOT,INDIVIDUAL_CONVOLUTION}`` names, and
+``""`` turns library fusion off). Whether that pays depends on the model. Measured with
+``python -m bench.xla_options`` on 2 shared cores (jax 0.10.2, plain ``jax.jit``, time ratio
+to the default): turning it off gives an MLP 3x4096 ~0.5x, BERT/LLaMA layers ~0.9x, but a
+layernorm or softmax ~2x and a GPT-2 block ~1.1x *slower*. No static rule picks the right
+setting, so hlofuse measures it:
+
+1. For one compiled module (hlofuse's optimized module for one input signature), build the
+   candidate :data:`VARIANTS` for the platform. Candidates whose optimized HLO is identical to
+   one already kept are dropped without timing (same program, same speed).
+2. Time the candidates *interleaved* (round robin, rotating the order every round) for a few
+   rounds on the caller's own arguments, within a time budget.
+3. Keep the fastest only when the median of its per-round ratios to the default beats the
+   default by :data:`MARGIN` and it was faster in at least :data:`MIN_WIN_SHARE` of the rounds;
+   otherwise keep XLA's defaults.
+4. Cache the decision in memory and on disk (``~/.cache/hlofuse/autotune.json`` or
+   ``$HLOFUSE_CACHE_DIR/autotune.json``, written atomically), keyed by the module hash, the
+   device (kind, and for CPUs the model name and usable cores), the jax version and the variant
+   table's version, so a later process skips the measurement.
+
+When: a module is tuned on its :data:`TUNE_AT_CALL`-th call (so one-shot calls never pay for
+tuning); a cached decision is applied from the first call. ``hlofuse.jit(..., autotune=None)``
+(the default) enables tuning where it has been measured to pay: CPU. On GPU/TPU there are no
+variants yet (the YNN options are CPU-only), so tuning is a no-op there.
+
+The environment variable ``HLOFUSE_AUTOTUNE`` (``0``/``1``) overrides the default, and
+``HLOFUSE_AUTOTUNE_BUDGET_S`` bounds the seconds spent timing one module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import platform as _platform
+import re
+import statistics
+import tempfile
+import threading
+import time
+from typing import Callable, Sequence
+
+import jax
+
+__all__ = ["VARIANTS", "applicable_variants", "Measurement", "measure", "decide", "Decision",
+           "DecisionCache", "Autotuner", "enabled_by_default", "device_key", "module_hash",
+           "cache_key", "cache", "cached_options", "TUNE_AT_CALL", "MARGIN"]
+
+YNN = "xla_cpu_experimental_ynn_fusion_type"
+
+#: Candidate compiler options per platform, name -> options. 'default' (no options) is always
+#: first. Bump :data:`VARIANTS_VERSION` whenever this table changes (it is part of the cache key).
+VARIANTS: dict[str, dict[str, dict]] = {
+    "cpu": {
+        "default": {},
+        # no YNNPACK library fusion: dots/convs go to XLA's own emitters and Eigen
+        "ynn-off": {YNN: ""},
+        # YNNPACK only for single dots (no elementwise/reduce chains fused around them)
+        "ynn-individual-dot": {YNN: "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"},
+        # YNNPACK only for convolutions
+        "ynn-individual-conv": {YNN: "LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"},
+    },
+}
+VARIANTS_VERSION = 2  # bump when VARIANTS or the decision rule changes
+
+#: a variant is only tried when the module contains one of these op names (no point compiling
+#: a convolution-only library option for a module without convolutions)
+VARIANT_NEEDS: dict[str, tuple[str, ...]] = {
+    "ynn-individual-dot": ("stablehlo.dot_general", "stablehlo.dot "),
+    "ynn-individual-conv": ("stablehlo.convolution",),
+}
+
+
+def applicable_variants(platform: str, module_text: str | None = None) -> dict[str, dict]:
+    """The candidate variants for ``platform``, filtered by the ops the module contains."""
+    table = VARIANTS.get(platform, {"default": {}})
+    if module_text is None:
+        return dict(table)
+    return {n: o for n, o in table.items()
+            if n not in VARIANT_NEEDS or any(op in module_text for op in VARIANT_NEEDS[n])}
+
+#: a variant must beat the default by this fraction (median per-round ratio <= 1 - MARGIN)
+MARGIN = 0.05
+#: ... and be faster than the default in at least this share of the rounds
+MIN_WIN_SHARE = 0.7
+#: tune on this call of a given compiled module (1 = the first call)
+TUNE_AT_CALL = 2
+#: rounds of interleaved timing (fewer when the budget does not allow)
+ROUNDS = 7
+MIN_ROUNDS = 3
+#: calls shorter than this are not tuned (compiling variants would not pay off; tests and
+#: small helpers stay cheap). The decision 'default' is then kept in memory only.
+MIN_CALL_S = 2e-3
+DEFAULT_BUDGET_S = 20.0
+ENV_ENABLE = "HLOFUSE_AUTOTUNE"
+ENV_BUDGET = "HLOFUSE_AUTOTUNE_BUDGET_S"
+ENV_CACHE_DIR = "HLOFUSE_CACHE_DIR"
+
+
+# ------------------------------------------------------------------------------------------
+# keys
+# ------------------------------------------------------------------------------------------
+def enabled_by_default(platform: str) -> bool:
+    """Tuning is on by default only where it was measured to pay (CPU); env overrides."""
+    env = os.environ.get(ENV_ENABLE)
+    if env is not None and env.strip() != "":
+        return env.strip().lower() not in ("0", "false", "no", "off")
+    return platform == "cpu"
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return _platform.processor() or _platform.machine()
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def device_key(device=None) -> str:
+    """What the decision depends on besides the module: the device kind (and CPU model/cores)."""
+    device = device or jax.devices()[0]
+    kind = f"{device.platform}:{device.device_kind}"
+    if device.platform == "cpu":
+        kind += f":{_cpu_model()}:{usable_cores()}cores"
+    return kind
+
+
+def module_hash(module_bytes: bytes | str) -> str:
+    if isinstance(module_bytes, str):
+        module_bytes = module_bytes.encode()
+    return hashlib.sha256(bytes(module_bytes)).hexdigest()[:32]
+
+
+def cache_key(mod_hash: str, device: str) -> str:
+    return f"{mod_hash}|{device}|jax-{jax.__version__}|v{VARIANTS_VERSION}"
+
+
+# ------------------------------------------------------------------------------------------
+# decisions and their cache
+# ------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Decision:
+    """The chosen variant for one (module, device, jax version)."""
+    variant: str                    # name in VARIANTS[platform]
+    options: dict                   # compiler options to pass (empty: XLA defaults)
+    ratios: dict                    # variant -> median per-round time ratio to default
+    default_s: float = 0.0          # median seconds per call with the default options
+    rounds: int = 0
+    tune_s: float = 0.0             # seconds spent compiling + timing
+    reason: str = ""
+    created: float = 0.0
+
+    def note(self, cached: bool = False) -> str:
+        src = "cached decision" if cached else f"measured in {self.tune_s:.1f}s"
+        others = ", ".join(f"{k} {v:.2f}x" for k, v in sorted(self.ratios.items()) if k != "default")
+        opts = ", ".join(f"{k}={v!r}" for k, v in self.options.items()) or "XLA defaults"
+        return (f"autotune: {self.variant} ({opts}); {self.reason}; time vs default: "
+                f"[{others or 'no other variant'}] ({src})")
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Decision":
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in fields})
+
+
+def default_cache_path() -> str:
+    base = os.environ.get(ENV_CACHE_DIR) or os.path.join(os.path.expanduser("~"), ".cache", "hlofuse")
+    return os.path.join(base, "autotune.json")
+
+
+class DecisionCache:
+    """Decisions in memory, mirrored to a JSON file written atomically (temp file + rename).
+
+    Concurrent writers in several processes may lose each other's newest entry (last rename
+    wins), never corrupt the file: every write re-reads the file and merges before renaming.
+    An unreadable file is treated as empty.
+    """
+
+    def __init__(self, path: str | None = None):
+        self._path = path
+        self._mem: dict[str, Decision] = {}
+        self._loaded = False
+        self._lock = threading.RLock()
+        self.hits = 0
+        self.misses = 0
+
+    @property
+    def path(self) -> str:
+        return self._path or default_cache_path()
+
+    def _read_file(self) -> dict[str, Decision]:
+        try:
+            with open(self.path) as fh:
+                raw = json.load(fh)
+            return {k: Decision.from_json(v) for k, v in raw.get("decisions", {}).items()}
+        except (OSError, ValueError, TypeError, AttributeError):
+            return {}
+
+    def get(self, key: str) -> Decision | None:
+        with self._lock:
+            if not self._loaded:
+                file_entries = self._read_file()
+                file_entries.update(self._mem)
+                self._mem = file_entries
+                self._loaded = True
+            d = self._mem.get(key)
+            if d is None:
+                self.misses += 1
+            else:
+                self.hits += 1
+            return d
+
+    def put(self, key: str, decision: Decision, persist: bool = True) -> None:
+        with self._lock:
+            self._mem[key] = decision
+            if persist:
+                self._write()
+
+    def _write(self) -> None:
+        path = self.path
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            merged = self._read_file()
+            merged.update(self._mem)
+            payload = {"version": 1, "decisions": {k: v.to_json() for k, v in merged.items()}}
+            fd, tmp = tempfile.mkstemp(prefix=".autotune.", suffix=".tmp", dir=os.path.dirname(path))
+            try:
+                with os.fdopen(fd, "w") as fh:
+                    json.dump(payload, fh, indent=1, sort_keys=True)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                os.replace(tmp, path)
+            except BaseException:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+                raise
+        except OSError:
+            pass  # a read-only home must not break compilation; the decision stays in memory
+
+    def clear_memory(self) -> None:
+        with self._lock:
+            self._mem.clear()
+            self._loaded = False
+
+
+_CACHE = DecisionCache()
+
+
+def cache() -> DecisionCache:
+    """The process-wide decision cache."""
+    return _CACHE
+
+
+def cached_options(module_text: str, platform: str | None = None) -> dict:
+    """Compiler options of a decision already made for this module on this device, else {}
+    (``Lowered.compile()`` uses it so an AOT executable matches what calls run)."""
+    platform = platform or jax.devices()[0].platform
+    if platform not in VARIANTS or not enabled_by_default(platform):
+        return {}
+    d = cache().get(cache_key(module_hash(module_text), device_key()))
+    return dict(d.options) if d is not None else {}
+
+
+# ------------------------------------------------------------------------------------------
+# measurement
+# ------------------------------------------------------------------------------------------
+_HLO_NAME = re.compile(r"^HloModule \S+", re.M)
+
+
+def _normalized_hlo(compiled) -> str:
+    try:
+        text = compiled.as_text()
+    except Exception:  # noqa: BLE001 - some backends cannot print; treat as distinct
+        return repr(id(compiled))
+    text = _HLO_NAME.sub("HloModule m", text)
+    text = re.sub(r", metadata=\{[^}]*\}", "", text)
+    text = re.sub(r"\n(FileNames|FunctionNames|FileLocations|StackFrames)\n(?:.+\n)*", "\n", text)
+    return text
+
+
+def _time_once(fn: Callable, args: Sequence, reps: int) -> float:
+    t0 = time.perf_counter()
+    out = None
+    for _ in range(reps):
+        out = fn(*args)
+    jax.block_until_ready(out)
+    return (time.perf_counter() - t0) / reps
+
+
+@dataclasses.dataclass
+class Measurement:
+    """What :func:`measure` found."""
+    ratios: dict                 # variant -> median of per-round time ratios to 'default'
+    eligible: list               # variants faster than the default in >= MIN_WIN_SHARE of rounds
+    default_s: float = 0.0       # seconds per call with XLA's defaults
+    rounds: int = 0
+    duplicates: list = dataclasses.field(default_factory=list)  # same optimized HLO as another
+    skipped: str = ""            # why no timing happened (empty when it did)
+
+
+def measure(call: Callable, args: Sequence, variants: dict[str, dict], *,
+            budget_s: float = DEFAULT_BUDGET_S, rounds: int = ROUNDS,
+            jit_kwargs: dict | None = None, default_s: float | None = None) -> Measurement:
+    """Compile every variant of ``jax.jit(call)`` and time them interleaved on ``args``.
+
+    The whole measurement (compiles included) stays within about ``budget_s``: the default is
+    timed first (or ``default_s`` is used: the caller just timed a warm call) and nothing else
+    is compiled when ``MIN_ROUNDS`` rounds of every variant could not fit; rounds stop when the
+    budget is spent.
+    """
+    t_start = time.perf_counter()
+    jit_kwargs = dict(jit_kwargs or {})
+    base = jax.jit(call, **jit_kwargs)
+    if default_s is None:
+        _time_once(base, args, 1)                  # compile (or hit the cache) + warm up
+        t_def = _time_once(base, args, 1)
+    else:
+        t_def = default_s
+    reps = max(1, min(50, int(0.05 / max(t_def, 1e-6))))  # >= ~50 ms per measurement
+    if t_def < MIN_CALL_S:
+        return Measurement({"default": 1.0}, [], t_def, 0, [],
+                           f"one call takes {t_def * 1e3:.2f} ms (< {MIN_CALL_S * 1e3:.0f} ms): "
+                           "too short for library choices to matter")
+    if t_def * reps * len(variants) * (MIN_ROUNDS + 1) > budget_s:
+        return Measurement({"default": 1.0}, [], t_def, 0, [],
+                           f"one call takes {t_def:.2f}s: {MIN_ROUNDS} rounds of "
+                           f"{len(variants)} variants do not fit the {budget_s:.0f}s budget")
+    fns: dict[str, Callable] = {}
+    seen: dict[str, str] = {}
+    dup: list[str] = []
+    for name, opts in variants.items():
+        fn = base if not opts else jax.jit(call, compiler_options=dict(opts), **jit_kwargs)
+        try:
+            compiled = fn.lower(*args).compile()
+        except Exception:  # noqa: BLE001 - an option this XLA does not know: not a candidate
+            if name == "default":
+                raise
+            continue
+        h = _normalized_hlo(compiled)
+        if h in seen:
+            dup.append(name)
+            continue
+        seen[h] = name
+        fns[name] = fn
+    if len(fns) < 2:
+        return Measurement({"default": 1.0}, [], t_def, 0, dup,
+                           "every variant compiles to the same program")
+    for n, f in fns.items():
+        if n != "default" or default_s is not None:
+            _time_once(f, args, 1)                 # warm up
+    names = list(fns)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    n_rounds = 0
+    for r in range(rounds):
+        spent = time.perf_counter() - t_start
+        per_round = t_def * reps * len(names)
+        if r >= MIN_ROUNDS and spent + per_round > budget_s:
+            break
+        order = names[r % len(names):] + names[:r % len(names)]
+        for n in order:
+            times[n].append(_time_once(fns[n], args, reps))
+        n_rounds += 1
+    ratios = {n: statistics.median(a / d for a, d in zip(times[n], times["default"]))
+              for n in names}
+    wins = {n: sum(a < d for a, d in zip(times[n], times["default"])) for n in names}
+    # a variant must also win most rounds to count (guards against a few lucky rounds)
+    eligible = [n for n in names if n != "default" and wins[n] >= MIN_WIN_SHARE * n_rounds]
+    return Measurement(ratios, eligible, statistics.median(times["default"]), n_rounds, dup)
+
+
+def decide(m: Measurement, margin: float = MARGIN) -> tuple[str, str]:
+    """The variant to keep: the fastest eligible one when it beats the default by ``margin``."""
+    if m.skipped:
+        return "default", f"not tuned: {m.skipped}"
+    cands = [n for n in m.ratios if n != "default" and n in m.eligible]
+    if cands:
+        best = min(cands, key=lambda n: m.ratios[n])
+        if m.ratios[best] <= 1.0 - margin:
+            return best, f"{m.ratios[best]:.2f}x of the default, beats it by more than {margin:.0%}"
+    return "default", f"no variant beats the default by {margin:.0%} in most rounds"
+
+
+# ------------------------------------------------------------------------------------------
+# the per-module tuner used by hlofuse.jit
+# ------------------------------------------------------------------------------------------
+def _traced(args) -> bool:
+    """Called under an outer jit/grad/vmap: nothing concrete to time (and no time to spend)."""
+    return any(isinstance(a, jax.core.Tracer) for a in args)
+
+
+class Autotuner:
+    """Chooses and applies compiler options for one compiled module (one ``Entry``).
+
+    ``Autotuner(call, module_bytes, donate_argnums=..., enabled=...)`` is called like the jitted
+    function: ``tuner(*flat_args)``. Until a decision exists it runs the module with XLA's
+    defaults; on the :data:`TUNE_AT_CALL`-th call it measures (without donation, on the
+    caller's arguments, before the real call) and switches to the winner.
+
+    Attributes:
+      decision: the :class:`Decision` once made (or loaded from the cache), else None.
+      on_decision: optional callback ``(decision, cached: bool) -> None`` (hlofuse.jit records
+        the choice in the entry's report notes).
+    """
+
+    def __init__(self, call: Callable, module_bytes: bytes | str, *,
+                 donate_argnums: tuple = (), enabled: bool | None = None,
+                 decision_cache: DecisionCache | None = None, platform: str | None = None,
+                 budget_s: float | None = None, tune_at_call: int = TUNE_AT_CALL,
+                 on_decision: Callable | None = None):
+        self._call = call
+        self._donate = tuple(donate_argnums)
+        self.platform = platform or jax.devices()[0].platform
+        self.enabled = enabled_by_default(self.platform) if enabled is None else bool(enabled)
+        text = module_bytes if isinstance(module_bytes, str) else None
+        self.variants = applicable_variants(self.platform, text)
+        if len(self.variants) < 2:
+            self.enabled = False
+        self._cache = decision_cache or cache()
+        self.module_hash = module_hash(module_bytes)
+        self.key = cache_key(self.module_hash, device_key())
+        if budget_s is None:
+            try:
+                budget_s = float(os.environ.get(ENV_BUDGET, DEFAULT_BUDGET_S))
+            except ValueError:
+                budget_s = DEFAULT_BUDGET_S
+        self.budget_s = budget_s
+        self.tune_at_call = max(1, int(tune_at_call))
+        self.on_decision = on_decision
+        self.decision: Decision | None = None
+        self.calls = 0
+        self._lock = threading.RLock()
+        self._fn = self._jit({})
+        if self.enabled:
+            cached = self._cache.get(self.key)
+            if cached is not None:
+                self._apply(cached, cached=True)
+
+    def _jit(self, options: dict, donate: bool = True):
+        kw = {"donate_argnums": self._donate} if (donate and self._donate) else {}
+        return jax.jit(self._call, compiler_options=dict(options) or None, **kw)
+
+    @property
+    def compiler_options(self) -> dict:
+        return dict(self.decision.options) if self.decision else {}
+
+    def _apply(self, decision: Decision, cached: bool) -> None:
+        self.decision = decision
+        if decision.options:
+            self._fn = self._jit(decision.options)
+        if self.on_decision is not None:
+            self.on_decision(decision, cached)
+
+    def tune(self, *args, default_s: float | None = None) -> Decision:
+        """Measure the variants on ``args`` now (they are not donated) and apply the winner.
+
+        ``default_s``: seconds of a warm call with the default options the caller just timed.
+        """
+        t0 = time.perf_counter()
+        m = measure(self._call, args, self.variants, budget_s=self.budget_s, default_s=default_s)
+        best, reason = decide(m)
+        if m.duplicates:
+            reason += f"; same HLO as another variant: {', '.join(m.duplicates)}"
+        d = Decision(best, dict(self.variants[best]), {k: round(v, 4) for k, v in m.ratios.items()},
+                     default_s=m.default_s, rounds=m.rounds, tune_s=time.perf_counter() - t0,
+                     reason=reason, created=time.time())
+        # a module skipped for being too small is not worth a line in the file
+        self._cache.put(self.key, d, persist=not (m.skipped and m.default_s < MIN_CALL_S))
+        self._apply(d, cached=False)
+        return d
+
+    def __call__(self, *args):
+        if self.enabled and self.decision is None and not _traced(args):
+            with self._lock:
+                self.calls += 1
+                if self.decision is None and self.calls >= self.tune_at_call:
+                    if self._donate or self.calls == 1:
+                        self.tune(*args)           # before the call consumes donated args
+                    else:
+                        # this call runs anyway: time it (it is warm) instead of an extra one,
+                        # so a module too slow to tune costs nothing beyond this call
+                        t0 = time.perf_counter()
+                        out = jax.block_until_ready(self._fn(*args))
+                        self.tune(*args, default_s=time.perf_counter() - t0)
+                        return out
+        return self._fn(*args)

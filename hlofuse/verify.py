@@ -1,0 +1,388 @@
+"""Never a wrong number: check every kernel against the subgraph it replaced; roll back misfits.
+
+``hlofuse.jit(..., check=True)`` and ``hlofuse optimize --verify`` call :func:`verify_module`
+after the pipeline. For every kernelized region (``report.kernels``) it
+
+1. builds one test module whose ``@main`` calls, side by side, the region's kernel function
+   (``hlofuse_k<id>_main`` and its helpers, exactly as spliced) and the region's original
+   outlined function (its text, kept by ``kernelize`` in ``report.xla_funcs``);
+2. compiles it with XLA for the target and runs it on seeded random inputs in the region's
+   dtypes, then on inputs salted with edge values (±inf, NaN, -0, subnormals, huge values,
+   integer extremes);
+3. compares kernel and original output by output with :func:`hlofuse.testing.compare` and the
+   tolerance table (the category follows the region kind: :data:`KIND_CATEGORY`);
+4. rolls back every region that disagrees, fails to compile or fails to run: the call is
+   re-pointed at the original function (marked ``hlofuse.xla`` so a later run leaves it alone),
+   dead kernel functions are dropped, the report entry gets ``kernel=None`` and
+   ``reason='verification failed: ...'``, and a :class:`~hlofuse.report.HlofuseWarning` names
+   the region and its source line.
+
+When the target's device is not present (e.g. ``target='gpu'`` lowered on a CPU machine), the
+spliced kernel cannot run here; the family's kernel is rebuilt in Pallas interpret mode for the
+same target (same block specs and emitters) and checked on the CPU instead; a region whose
+family cannot do that is reported as not verified (``region.extra['verify']``) and kept.
+
+Verification uses random inputs, not the caller's real ones (intermediate values do not exist
+before the program runs): a kernel wrong only on values the trials never produce is not caught.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Sequence
+
+import numpy as np
+
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import func as func_d
+
+from hlofuse import ir as hir
+from hlofuse.report import HlofuseWarning, Region
+
+__all__ = ["verify_module", "verify_regions", "unoptimized", "RegionCheck", "KIND_CATEGORY",
+           "run_module", "backend_for"]
+
+# region kind -> tolerance category (hlofuse.testing.TOLERANCES). Elementwise kernels compute
+# the same ops in the same order; kinds that tile reductions or use online softmax reassociate.
+KIND_CATEGORY = {"elementwise": "kernel"}
+DEFAULT_CATEGORY = "reassociate"
+TRIALS = ("random", "edge")
+XLA_PREFIX = "hlofuse_verify_xla_"
+
+
+@dataclasses.dataclass
+class RegionCheck:
+    """The verdict for one kernelized region."""
+    region: int
+    status: str          # 'ok' | 'rolled back' | 'not verified'
+    detail: str = ""
+    mode: str = "device"  # 'device' (the spliced kernel ran) | 'interpret' (rebuilt, CPU)
+
+
+# ---------------------------------------------------------------------------------------------
+# Running modules
+# ---------------------------------------------------------------------------------------------
+
+_BACKEND_NAMES = {"cpu": "cpu", "gpu": "gpu", "tpu": "tpu"}
+
+
+def backend_for(target: str):
+    """The XLA client that runs ``target`` in this process, or None when it is absent."""
+    import jax.extend as jex
+    try:
+        return jex.backend.get_backend(_BACKEND_NAMES[target])
+    except Exception:
+        return None
+
+
+def run_module(module, inputs: Sequence[np.ndarray], *, target: str = "cpu", backend=None) -> list[np.ndarray]:
+    """Compile ``module`` (``ir.Module``, text or bytecode) with XLA and run ``@main`` once.
+
+    Raises whatever XLA raises (compile or runtime errors); callers decide what it means.
+    """
+    import jax
+    import jax.extend as jex
+    be = backend or backend_for(target)
+    if be is None:
+        raise RuntimeError(f"no {target} device in this process")
+    payload = hir.to_bytecode(module) if isinstance(module, ir.Module) else module
+    dev = be.local_devices()[0]
+    exe = be.compile_and_load(payload, [dev], jex.backend.get_compile_options(num_replicas=1, num_partitions=1))
+    with jax.ensure_compile_time_eval():  # we may be called while JAX traces (grad, vmap)
+        args = [jax.device_put(np.asarray(x), dev) for x in inputs]
+    res = exe.execute_sharded(args)
+    return [np.asarray(a[0]) for a in res.disassemble_into_single_device_arrays()]
+
+
+# ---------------------------------------------------------------------------------------------
+# Building the side-by-side test module
+# ---------------------------------------------------------------------------------------------
+
+def _ftype(fn_op) -> ir.FunctionType:
+    return ir.FunctionType(ir.TypeAttr(fn_op.attributes["function_type"]).value)
+
+
+def _avals(types) -> list:
+    import jax
+    out = []
+    for t in types:
+        info = hir.tensor_type_info(t)
+        if info is None:
+            raise NotImplementedError(f"dynamic or unranked type {t}")
+        out.append(jax.ShapeDtypeStruct(info.shape, hir.np_dtype(info.dtype)))
+    return out
+
+
+def _parse_func(text: str, ctx: ir.Context):
+    """The single ``func.func`` of ``text`` (an outlined region) as a detached clone in ``ctx``."""
+    m = hir.parse(text, ctx, source="original region")
+    fs = hir.funcs(m)
+    if len(fs) != 1:
+        raise hir.IRError(f"expected one function in the kept region text, found {len(fs)}")
+    return m, fs[0]
+
+
+def _side_by_side(optimized_module: ir.Module, regions: list[Region], originals: dict[int, str]):
+    """A module whose @main runs each region's kernel and its original on separate inputs.
+
+    Returns (module, [(region, n_inputs, n_outputs, in_types)]).
+    """
+    ctx = optimized_module.context
+    test = hir.clone_module(optimized_module)
+    layout = []
+    with ctx, ir.Location.unknown():
+        hir.safe_erase(hir.main_func(test))
+        for r in regions:
+            _, fn = _parse_func(originals[r.id], ctx)
+            new = fn.operation.clone(ip=ir.InsertionPoint(test.body))
+            ir.SymbolTable.set_symbol_name(new, f"{XLA_PREFIX}{r.id}")
+            ir.SymbolTable.set_visibility(new, "private")
+        table = ir.SymbolTable(test.operation)
+        in_types, out_types = [], []
+        for r in regions:
+            ft = _ftype(table[r.extra["kernel_func"]])
+            layout.append((r, len(ft.inputs), len(ft.results), list(ft.inputs)))
+            in_types += list(ft.inputs)
+            out_types += list(ft.results) * 2
+        with ir.InsertionPoint(test.body):
+            main = func_d.FuncOp("main", (in_types, out_types))
+            entry = main.add_entry_block()
+        with ir.InsertionPoint(entry):
+            outs, pos = [], 0
+            for r, n_in, n_out, _ in layout:
+                args = list(entry.arguments)[pos:pos + n_in]
+                pos += n_in
+                ft = _ftype(table[r.extra["kernel_func"]])
+                k = func_d.CallOp(list(ft.results), ir.FlatSymbolRefAttr.get(r.extra["kernel_func"]), args)
+                x = func_d.CallOp(list(ft.results), ir.FlatSymbolRefAttr.get(f"{XLA_PREFIX}{r.id}"), args)
+                outs += list(k.results) + list(x.results)
+            func_d.ReturnOp(outs)
+    hir.run_upstream_passes(test, "builtin.module(symbol-dce)")
+    hir.verify(test)
+    return test, layout
+
+
+# ---------------------------------------------------------------------------------------------
+# Checking
+# ---------------------------------------------------------------------------------------------
+
+def _inputs(types, trial: str, seed: int) -> list[np.ndarray]:
+    from hlofuse.testing import edge_inputs, random_inputs
+    avals = _avals(types)
+    return random_inputs(avals, seed) if trial == "random" else edge_inputs(avals, seed)
+
+
+def _category(r: Region, category: str | None) -> str:
+    return category or r.extra.get("tolerance") or KIND_CATEGORY.get(r.kind, DEFAULT_CATEGORY)
+
+
+def _check_on_device(module: ir.Module, regions: list[Region], originals: dict, target: str,
+                     seed: int, trials: Sequence[str], category: str | None) -> dict[int, RegionCheck]:
+    """Run kernels and originals side by side on the target's device. One compile for all
+    regions; when that fails, one per region to find the culprits."""
+    from hlofuse.testing import compare
+    verdicts: dict[int, RegionCheck] = {}
+
+    def run_group(group: list[Region]) -> None:
+        test, layout = _side_by_side(module, group, originals)
+        for t, trial in enumerate(trials):
+            inputs = []
+            for r, _, _, types in layout:
+                inputs += _inputs(types, trial, seed + 7919 * t + r.id)
+            outs = run_module(test, inputs, target=target)
+            pos = 0
+            for r, _, n_out, _ in layout:
+                got, want = outs[pos:pos + n_out], outs[pos + n_out:pos + 2 * n_out]
+                pos += 2 * n_out
+                if r.id in verdicts:
+                    continue
+                problems = compare(got, want, _category(r, category))
+                if problems:
+                    verdicts[r.id] = RegionCheck(r.id, "rolled back", f"{trial} inputs: " + "; ".join(problems[:2]))
+        for r in group:
+            verdicts.setdefault(r.id, RegionCheck(r.id, "ok", f"{len(trials)} trial(s)"))
+
+    try:
+        run_group(regions)
+    except Exception:
+        verdicts.clear()
+        for r in regions:
+            try:
+                run_group([r])
+            except Exception as e:
+                verdicts[r.id] = RegionCheck(r.id, "rolled back", f"kernel did not compile or run: {_short(e)}")
+    return verdicts
+
+
+def _check_interpret(regions: list[Region], originals: dict, target: str, seed: int,
+                     trials: Sequence[str], category: str | None, ctx: ir.Context) -> dict[int, RegionCheck]:
+    """The target is absent: rebuild each kernel in Pallas interpret mode for ``target`` (same
+    blocks and emitters) and compare it on the CPU with the original function run by XLA."""
+    from hlofuse.kernels import FAMILIES
+    from hlofuse.testing import compare
+    verdicts = {}
+    for r in regions:
+        family = FAMILIES.get(r.kind)
+        try:
+            _, fn = _parse_func(originals[r.id], ctx)
+            spec = family.spec_from_func(fn)
+            kernel = family.build(spec, target, interpret=True)
+        except Exception as e:
+            verdicts[r.id] = RegionCheck(r.id, "not verified", f"{target} device absent and no "
+                                         f"interpret-mode rebuild ({_short(e)})", "interpret")
+            continue
+        ref_mod = _original_as_main(originals[r.id], ctx)
+        types = list(_ftype(fn).inputs)
+        try:
+            # lowered, then run by XLA directly: we may be inside a JAX trace (grad, vmap), and
+            # evaluating eagerly there would turn the kernel's literals into captured constants
+            from hlofuse.kernels.lowering import lower_to_text
+            kernel_text = lower_to_text(kernel, _avals(types), "cpu")
+            for t, trial in enumerate(trials):
+                inputs = _inputs(types, trial, seed + 7919 * t + r.id)
+                want = run_module(ref_mod, inputs, target="cpu")
+                got = run_module(kernel_text, inputs, target="cpu")
+                problems = compare(got, want, _category(r, category))
+                if problems:
+                    verdicts[r.id] = RegionCheck(r.id, "rolled back", f"{trial} inputs (interpret mode "
+                                                 f"for {target}): " + "; ".join(problems[:2]), "interpret")
+                    break
+            else:
+                verdicts[r.id] = RegionCheck(r.id, "ok", f"{len(trials)} trial(s), interpret mode", "interpret")
+        except Exception as e:
+            verdicts[r.id] = RegionCheck(r.id, "rolled back", f"interpret-mode kernel failed: {_short(e)}",
+                                         "interpret")
+    return verdicts
+
+
+def _original_as_main(text: str, ctx: ir.Context) -> ir.Module:
+    m, fn = _parse_func(text, ctx)
+    with ctx:
+        ir.SymbolTable.set_symbol_name(fn.operation, "main")
+        ir.SymbolTable.set_visibility(fn.operation, "public")
+    return m
+
+
+# ---------------------------------------------------------------------------------------------
+# Rollback
+# ---------------------------------------------------------------------------------------------
+
+def rollback(optimized, region: Region, reason: str) -> None:
+    """Point the region's call(s) back at its original function and drop the kernel."""
+    module, report = optimized.module, optimized.report
+    ctx = module.context
+    kernel_func = region.extra["kernel_func"]
+    _, fn = _parse_func(report.xla_funcs[region.id], ctx)
+    with ctx, ir.Location.unknown():
+        from hlofuse.passes.fusion.outline import XLA_ATTR
+        table = ir.SymbolTable(module.operation)
+        base = name = hir.func_name(fn)
+        k = 0
+        while name in table:
+            k += 1
+            name = f"{base}_{k}"
+        new = fn.operation.clone(ip=ir.InsertionPoint(module.body))
+        ir.SymbolTable.set_symbol_name(new, name)
+        new.attributes[XLA_ATTR] = ir.StringAttr.get(reason)
+        for op in hir.all_ops(module):
+            if op.name == "func.call" and ir.FlatSymbolRefAttr(op.attributes["callee"]).value == kernel_func:
+                op.attributes["callee"] = ir.FlatSymbolRefAttr.get(name)
+    hir.run_upstream_passes(module, "builtin.module(symbol-dce)")
+    hir.verify(module)
+    region.reason = reason
+    region.kernel = None
+    region.block = None
+    region.extra.pop("kernel_func", None)
+
+
+def verify_module(optimized, *, target: str | None = None, seed: int = 0,
+                  trials: Sequence[str] = TRIALS, category: str | None = None,
+                  warn: bool = True) -> "Optimized":
+    """Check every kernelized region of ``optimized`` (an :class:`hlofuse.Optimized`) against
+    its original subgraph and roll back the ones that disagree. Mutates and returns it.
+
+    Works from the optimized module and its report alone (no ``Exported`` needed), in the
+    process that ran :func:`hlofuse.optimize`: the original subgraphs are kept in memory by
+    ``kernelize`` (``report.xla_funcs``).
+
+    Args:
+      optimized: the result of ``hlofuse.optimize``.
+      target: defaults to ``optimized.report.target``.
+      seed: base seed of the random inputs.
+      trials: input sets to try, in order: 'random' (N(0,1) floats, small ints) and 'edge'
+        (the same salted with ±inf, NaN, -0, subnormals, huge values, integer extremes).
+      category: tolerance category for every region (default: by region kind).
+      warn: emit a :class:`HlofuseWarning` per rolled-back region.
+
+    Each checked region gets ``region.extra['verify']`` ('ok ...', 'rolled back: ...' or
+    'not verified: ...'); a rolled-back region gets ``kernel=None`` and
+    ``reason='verification failed: ...'``.
+    """
+    from hlofuse.api import count_main_ops
+    report = optimized.report
+    target = target or report.target
+    regions = [r for r in report.kernels if r.extra.get("kernel_func")]
+    checkable = [r for r in regions if r.id in report.xla_funcs]
+    for r in regions:
+        if r.id not in report.xla_funcs:
+            r.extra["verify"] = "not verified: original subgraph not kept"
+    if not checkable:
+        return optimized
+    if backend_for(target) is not None:
+        verdicts = _check_on_device(optimized.module, checkable, report.xla_funcs, target, seed,
+                                    trials, category)
+    else:
+        verdicts = _check_interpret(checkable, report.xla_funcs, target, seed, trials, category,
+                                    optimized.module.context)
+    for r in checkable:
+        v = verdicts[r.id]
+        if v.status == "rolled back":
+            reason = f"verification failed: {v.detail}"
+            rollback(optimized, r, reason)
+            r.extra["verify"] = f"rolled back: {v.detail}"
+            where = ", ".join(r.locations[:3]) or "unknown location"
+            msg = f"hlofuse: region {r.id} ({r.kind}, at {where}) rolled back to XLA: {reason}"
+            report.note(msg)
+            if warn:
+                warnings.warn(msg, HlofuseWarning, stacklevel=2)
+        else:
+            r.extra["verify"] = f"{v.status}" + (f" ({v.detail})" if v.detail else "")
+            if v.status == "not verified":
+                report.note(f"region {r.id} not verified: {v.detail}")
+    report.ops_after = count_main_ops(optimized.module)
+    return optimized
+
+
+def verify_regions(exp0, opt, opts, *, name: str = "fun"):
+    """``hlofuse.jit(..., check=True)``'s hook (called by :func:`hlofuse.runtime.export_optimized`).
+
+    ``exp0`` (the unoptimized ``Exported``) is not needed: regions are checked against the
+    original subgraphs kept in the report. ``opts.pass_options['verify_seed']`` sets the seed.
+    """
+    return verify_module(opt, target=opts.target, seed=int(opts.pass_options.get("verify_seed", 0)))
+
+
+def unoptimized(exp0, opts, *, name: str, error: BaseException):
+    """The fallback when optimizing failed: the original module, unchanged, with a warning
+    naming what failed. Re-raises with ``options={'strict': True}`` (debugging) and for
+    configuration errors (unknown pass names)."""
+    from hlofuse.api import Optimized, count_main_ops
+    from hlofuse.pipeline import PassFailure
+    from hlofuse.report import Report
+    if opts.pass_options.get("strict") or isinstance(error, KeyError):
+        raise error
+    what = f"pass '{error.pass_name}'" if isinstance(error, PassFailure) else type(error).__name__
+    msg = (f"hlofuse: optimizing {name} failed in {what}; running it unoptimized. "
+           f"{_short(error)} (options={{'strict': True}} raises instead)")
+    warnings.warn(msg, HlofuseWarning, stacklevel=3)
+    mod = hir.parse(exp0.mlir_module(), hir.new_context(), source=name)
+    report = Report(target=opts.target, source=name)
+    report.note(msg)
+    report.ops_before = report.ops_after = count_main_ops(mod)
+    return Optimized(mod, report)
+
+
+def _short(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {msg[0][:300] if msg else ''}"

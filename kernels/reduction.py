@@ -1,0 +1,224 @@
+"""Row-reduction kernels: elementwise producers, row reductions and their epilogue in one kernel.
+
+One kernel per outlined ``reduction`` region (softmax, log-softmax, layernorm, rmsnorm, sum of
+squares, mean/variance, ... whatever ops the region holds). The region's domain ``D`` (the
+shape its reductions read) is viewed as ``(rows, cols) = (prod(D[:-1]), D[-1])``; every block
+holds whole rows, so every reduction finishes inside one grid step and its result never leaves
+the chip: the grid runs over row blocks only.
+
+Inputs are reshaped outside the kernel (free) to their class's view: ``full`` (rows, cols),
+``row`` (rows, 1), ``col`` (1, cols), ``scalar`` (1, 1); outputs are ``full`` or ``row``.
+The body is :func:`~hlofuse.kernels.blockeval.eval_block` over the region's ops. Boolean values
+cross the kernel boundary as int32 on gpu/tpu.
+
+Shape of this file (as every kernel family): :func:`reduction_kernel`, :func:`build_reduction`
+(``pallas_call(name=...)``), :func:`reduction_reference`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from hlofuse import ir as hir
+from hlofuse.ops import EmitError
+from hlofuse.kernels.blockeval import eval_block, eval_reference
+from hlofuse.kernels.tiling import RowBlocks, row_blocks
+from hlofuse.passes.fusion.predicates import (COL, FULL, ROW, SCALAR, ClassError, View,
+                                               reduce_info, view_classes)
+
+__all__ = ["ReductionSpec", "spec_from_func", "reduction_kernel", "build_reduction",
+           "reduction_reference", "pattern_name"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ReductionSpec:
+    """What the kernel needs, read from the outlined region function."""
+    domain: tuple
+    rows: int
+    cols: int
+    in_shapes: tuple
+    in_dtypes: tuple
+    in_classes: tuple
+    out_shapes: tuple
+    out_dtypes: tuple
+    out_classes: tuple
+    pattern: str
+    body_text: str
+    func_op: object = dataclasses.field(compare=False, hash=False, repr=False)
+    classes: dict = dataclasses.field(compare=False, hash=False, repr=False, default=None)
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha1(self.body_text.encode()).hexdigest()[:10]
+
+
+def pattern_name(ops) -> str:
+    """A label for the report, from the region's structure (not its exact op sequence)."""
+    kinds = sorted(reduce_info(o)[0] for o in ops if o.name == "stablehlo.reduce" and reduce_info(o))
+    names = {o.name for o in ops}
+    squares = any(o.name == "stablehlo.multiply" and o.operands[0] == o.operands[1] for o in ops)
+    if "max" in kinds and "sum" in kinds and "stablehlo.exponential" in names:
+        return "log-softmax" if "stablehlo.log" in names else "softmax"
+    if kinds.count("sum") >= 2 and names & {"stablehlo.rsqrt", "stablehlo.sqrt"}:
+        return "layernorm"
+    if kinds.count("sum") == 1 and names & {"stablehlo.rsqrt", "stablehlo.sqrt"}:
+        return "rmsnorm"
+    if kinds.count("sum") >= 2:
+        return "mean-variance"
+    if kinds == ["sum"] and squares:
+        return "sum-of-squares"
+    return f"row-{'-'.join(kinds)}" if kinds else "rows"
+
+
+def _entry(fn_op):
+    return fn_op.regions[0].blocks[0]
+
+
+def spec_from_func(fn_op) -> ReductionSpec:
+    """Read an outlined reduction region (``func.func``) into a :class:`ReductionSpec`."""
+    entry = _entry(fn_op)
+    ops = [o.operation for o in entry.operations]
+    reduces = [o for o in ops if o.name == "stablehlo.reduce"]
+    if not reduces:
+        raise EmitError("reduction region without a reduce")
+    domain = hir.tensor_type_info(reduces[0].operands[0].type).shape
+    view = View.of(domain)
+    try:
+        classes = view_classes(ops, view)
+    except ClassError as e:
+        raise EmitError(f"region values have no consistent row/col view: {e}") from None
+    ret = ops[-1]
+    ins = [hir.tensor_type_info(a.type) for a in entry.arguments]
+    outs = [hir.tensor_type_info(v.type) for v in ret.operands]
+    if any(i is None for i in ins + outs):
+        raise EmitError("dynamic shapes")
+    in_classes = tuple(classes.get(a, SCALAR if ins[i].size == 1 else None) for i, a in enumerate(entry.arguments))
+    if None in in_classes:
+        raise EmitError("region input without a view class")
+    out_classes = tuple(classes[v] for v in ret.operands)
+    if any(c not in (FULL, ROW) for c in out_classes):
+        raise EmitError(f"region outputs must be full rows or per-row values, got {out_classes}")
+    body = "\n".join(str(o) for o in ops)
+    return ReductionSpec(tuple(domain), view.rows, view.cols,
+                         tuple(i.shape for i in ins), tuple(hir.np_dtype(i.dtype) for i in ins), in_classes,
+                         tuple(o.shape for o in outs), tuple(hir.np_dtype(o.dtype) for o in outs), out_classes,
+                         pattern_name(ops), body, fn_op, classes)
+
+
+def _view_shape(cls: str, rows: int, cols: int) -> tuple:
+    return {FULL: (rows, cols), ROW: (rows, 1), COL: (1, cols), SCALAR: (1, 1)}[cls]
+
+
+def _block_shape(cls: str, blocks: RowBlocks) -> tuple:
+    return _view_shape(cls, blocks.br, blocks.bc)
+
+
+def _spec_for(cls: str, blocks: RowBlocks) -> pl.BlockSpec:
+    shape = _block_shape(cls, blocks)
+    if cls in (FULL, ROW):
+        return pl.BlockSpec(shape, lambda i: (i, 0))
+    return pl.BlockSpec(shape, lambda i: (0, 0))
+
+
+def reduction_kernel(*refs, spec: ReductionSpec, n_in: int, shapes: dict, bool_in: tuple,
+                     bool_out: tuple, cols: int, padded: bool, f32_math: bool):
+    """Kernel body: load the row blocks, evaluate the region, store full/row outputs."""
+    in_refs, out_refs = refs[:n_in], refs[n_in:]
+    entry = _entry(spec.func_op)
+    env = {}
+    for a, r, b in zip(entry.arguments, in_refs, bool_in):
+        v = r[...]
+        env[a] = v != 0 if b else v
+    valid = None
+    if padded:
+        valid = lax.broadcasted_iota(jnp.int32, shapes[FULL], 1) < cols
+    ops = [o.operation for o in entry.operations]
+    eval_block(ops, env, spec.classes, shapes, valid=valid, f32_math=f32_math)
+    ret = ops[-1]
+    for r, v, cls, b in zip(out_refs, ret.operands, spec.out_classes, bool_out):
+        val = env[v]
+        if b:
+            val = val.astype(jnp.int32)
+        r[...] = jnp.broadcast_to(val, shapes[cls]).astype(r.dtype)
+
+
+def compiler_params(target: str, blocks: RowBlocks):
+    if target == "gpu":
+        from jax.experimental.pallas import triton as pltriton
+        return pltriton.CompilerParams(num_warps=blocks.num_warps, num_stages=blocks.num_stages)
+    if target == "tpu":
+        from jax.experimental.pallas import tpu as pltpu
+        return pltpu.CompilerParams(dimension_semantics=("parallel",))
+    return None
+
+
+def build_reduction(spec: ReductionSpec, target: str, *, interpret=None, blocks: RowBlocks | None = None,
+                    name: str | None = None):
+    """The region as ``f(*inputs) -> outputs`` around one ``pallas_call``.
+
+    ``interpret``: None lowers for the target (cpu always interprets); True runs the target's
+    blocks in Pallas interpret mode; a ``pltpu.InterpretParams`` runs TPU interpret mode (with
+    ``target='tpu'``).
+    """
+    boolean = target != "cpu" or (interpret is not None and interpret is not True)
+    bool_in = tuple(boolean and np.dtype(d) == np.bool_ for d in spec.in_dtypes)
+    bool_out = tuple(boolean and np.dtype(d) == np.bool_ for d in spec.out_dtypes)
+    itemsize = max([np.dtype(d).itemsize for d in spec.in_dtypes + spec.out_dtypes] or [4])
+    n_full = sum(c == FULL for c in spec.in_classes + spec.out_classes)
+    try:
+        blocks = blocks or row_blocks(spec.rows, spec.cols, target=target, itemsize=itemsize,
+                                      n_arrays=max(2, n_full + 2))
+    except ValueError as e:
+        raise EmitError(str(e)) from None
+    if target == "tpu" and any(np.dtype(d).itemsize < 4 and np.dtype(d) != np.bool_ and d != jnp.bfloat16
+                               for d in spec.in_dtypes + spec.out_dtypes):
+        raise EmitError("8/16-bit integer blocks are not supported by the TPU kernel")
+    shapes = {c: _block_shape(c, blocks) for c in (FULL, ROW, COL, SCALAR)}
+    name = name or f"hlofuse_reduction_{spec.pattern.replace('-', '_')}_{spec.digest}"
+    out_dtypes = [np.int32 if b else d for d, b in zip(spec.out_dtypes, bool_out)]
+    kernel = functools.partial(reduction_kernel, spec=spec, n_in=len(spec.in_dtypes), shapes=shapes,
+                               bool_in=bool_in, bool_out=bool_out, cols=spec.cols, padded=blocks.padded,
+                               f32_math=target != "cpu")
+    call = pl.pallas_call(
+        kernel,
+        out_shape=[jax.ShapeDtypeStruct(_view_shape(c, spec.rows, spec.cols), d)
+                   for c, d in zip(spec.out_classes, out_dtypes)],
+        grid=blocks.grid,
+        in_specs=[_spec_for(c, blocks) for c in spec.in_classes],
+        out_specs=[_spec_for(c, blocks) for c in spec.out_classes],
+        compiler_params=None if interpret is not None else compiler_params(target, blocks),
+        interpret=(True if target == "cpu" and interpret is None else interpret) or False,
+        name=name,
+    )
+
+    def fused(*inputs):
+        views = []
+        for x, cls, b in zip(inputs, spec.in_classes, bool_in):
+            x = jnp.reshape(x, _view_shape(cls, spec.rows, spec.cols))
+            views.append(x.astype(jnp.int32) if b else x)
+        outs = call(*views)
+        res = []
+        for o, shape, b in zip(outs, spec.out_shapes, bool_out):
+            o = jnp.reshape(o, shape)
+            res.append(o != 0 if b else o)
+        return tuple(res)
+
+    fused.blocks = blocks
+    fused.kernel_name = name
+    return fused
+
+
+def reduction_reference(spec: ReductionSpec):
+    """Plain-jnp reference: the region evaluated op by op on whole arrays, no Pallas."""
+    def ref(*inputs):
+        return tuple(eval_reference(spec.func_op, inputs))
+    return ref

@@ -1,0 +1,164 @@
+"""``fuse-horizontal``: independent ops reading the same input, merged into one kernel.
+
+Rewrites two things, both only between ops with no path between them (the merged set must stay
+convex, :meth:`~hlofuse.passes.fusion.regions.BlockGraph.is_convex`):
+
+1. *Sibling dots* (Q/K/V projections): calls of ``matmul_epilogue`` regions (fused or left to
+   XLA) whose dot reads the same lhs value, with the same lhs prologue, layout and result shape,
+   are inlined back and outlined again as one ``horizontal`` region: one kernel that loads each
+   lhs tile once for all of them (:mod:`hlofuse.kernels.horizontal`). The merged regions'
+   report entries say ``merged into region N`` and carry no bytes (the new entry has them).
+2. *Sibling elementwise chains*: cycle-free elementwise groups (as ``fuse-elementwise`` would
+   form them) over the same domain that read a common input merge into one multi-output
+   ``elementwise`` region (``extra['horizontal']``), read once instead of once per chain.
+   Groups that merge with nothing are left for ``fuse-elementwise``.
+
+Each merged region gets its own cost-model decision (:func:`~hlofuse.passes.fusion.cost.decide`).
+Preconditions: after ``fuse-matmul-epilogue`` and ``fuse-reduction``, before
+``fuse-elementwise``. Invariant: the module verifies; the same ops run (results within
+``reassociate`` for dots, bit-exact for elementwise chains).
+"""
+
+from __future__ import annotations
+
+from jaxlib.mlir import ir
+
+from hlofuse import ir as hir
+from hlofuse.ops import OpClass, rule_for
+from hlofuse.pipeline import Pass, register_pass
+from hlofuse.passes.fuse_elementwise import fusible_blocks
+from hlofuse.passes.fusion.commit import commit_region
+from hlofuse.passes.fusion import cost as cost_model
+from hlofuse.passes.fusion.outline import KIND_ATTR, REGION_ATTR
+from hlofuse.passes.fusion.predicates import domain_shape, elementwise_member
+from hlofuse.passes.fusion.regions import BlockGraph, form_regions, merge_siblings
+
+KIND = "horizontal"
+MATMUL_KIND = "matmul_epilogue"
+
+
+def inline_call(call, callee) -> list:
+    """Clone ``callee``'s body in front of ``call``, rewire the call's results, erase the call.
+
+    Returns the cloned ops in program order.
+    """
+    entry = callee.regions[0].blocks[0]
+    mapping = {a: v for a, v in zip(entry.arguments, call.operands)}
+    cloned = []
+    ret_vals = None
+    with call.context, call.location, ir.InsertionPoint(call):
+        for op in entry.operations:
+            op = op.operation
+            if op.name == "func.return":
+                ret_vals = [mapping.get(v, v) for v in op.operands]
+                break
+            new = op.clone()
+            for i, v in enumerate(op.operands):
+                if v in mapping:
+                    new.operands[i] = mapping[v]
+            for old_r, new_r in zip(op.results, new.results):
+                mapping[old_r] = new_r
+            cloned.append(new)
+    for old, new in zip(call.results, ret_vals):
+        old.replace_all_uses_with(new)
+    hir.safe_erase(call)
+    return cloned
+
+
+def _matmul_calls(ops, table, ctx) -> list:
+    """(call, callee, spec) for every call of a matmul-epilogue region outlined by this run
+    (not one an earlier run left to XLA) whose spec the matmul family can build."""
+    from hlofuse.kernels.matmul_epilogue import spec_from_func
+    out = []
+    for op in ops:
+        if op.name != "func.call":
+            continue
+        callee = table[ir.FlatSymbolRefAttr(op.attributes["callee"]).value]
+        if KIND_ATTR not in callee.attributes or ir.StringAttr(callee.attributes[KIND_ATTR]).value != MATMUL_KIND:
+            continue
+        rid = ir.IntegerAttr(callee.attributes[REGION_ATTR]).value
+        regions = ctx.report.regions
+        if rid >= len(regions) or regions[rid].extra.get("func") != hir.func_name(callee):
+            continue  # outlined by an earlier run: its decision stands (idempotence)
+        try:
+            spec = spec_from_func(callee)
+        except Exception:
+            continue  # a region the matmul family cannot express: nothing to merge
+        out.append((op, callee, spec))
+    return out
+
+
+def _group_key(call, spec) -> tuple:
+    lhs = call.operands[spec.lhs_arg]
+    prologue = "\n".join(str(o) for o in spec.lhs_prologue)
+    return (lhs, spec.lhs_t, spec.batch, spec.m, spec.n, spec.k, prologue,
+            tuple(str(d.out_dtype) for d in spec.dots))
+
+
+def merge_sibling_dots(module, ctx, block) -> int:
+    table = ir.SymbolTable(module.operation)
+    ops = [o for o in hir.block_ops(block) if not o.name.endswith("return")]
+    graph = BlockGraph(ops)
+    groups: dict = {}
+    for call, callee, spec in _matmul_calls(ops, table, ctx):
+        groups.setdefault(_group_key(call, spec), []).append((call, callee))
+    merged = 0
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        chosen = []
+        for call, callee in members:  # greedily keep the calls whose union stays convex
+            if graph.is_convex({c for c, _ in chosen} | {call}):
+                chosen.append((call, callee))
+        if len(chosen) < 2:
+            continue
+        old_ids = [ir.IntegerAttr(callee.attributes[REGION_ATTR]).value for _, callee in chosen]
+        body = []
+        for call, callee in chosen:
+            body += inline_call(call, callee)
+        block_index = {o: i for i, o in enumerate(hir.block_ops(block))}
+        body.sort(key=block_index.__getitem__)
+        n_dots = sum(1 for o in body if o.name == "stablehlo.dot_general")
+
+        def decision_for(cost, n_dots=n_dots):
+            return cost_model.decide(KIND, cost, ctx.target, grid_steps=1)
+
+        region, _ = commit_region(module, ctx, KIND, body, decision_for=decision_for,
+                                  dots=n_dots, merged_regions=old_ids, tolerance="reassociate")
+        for rid in old_ids:
+            if rid < len(ctx.report.regions):
+                old = ctx.report.region(rid)
+                old.reason = f"merged into horizontal region {region.id}"
+                old.kernel = None
+                old.bytes_unfused = old.bytes_fused = 0
+                old.extra["merged_into"] = region.id
+        merged += 1
+        table = ir.SymbolTable(module.operation)
+    return merged
+
+
+def merge_sibling_elementwise(module, ctx, block) -> int:
+    ops = [o for o in hir.block_ops(block) if not o.name.endswith("return")]
+    groups = form_regions(ops, lambda op: elementwise_member(op, ctx.target) is None, domain_shape)
+    groups = [g for g in groups if any(rule_for(m.name).cls is OpClass.ELEMENTWISE for m in g)
+              and domain_shape(g[0]) not in ((), None)]
+    graph = BlockGraph(ops)
+    merged = merge_siblings(graph, groups, key=lambda g: domain_shape(g[-1]))
+    for members in merged:
+        def decision_for(cost):
+            return cost_model.decide("elementwise", cost, ctx.target, grid_steps=1)
+        commit_region(module, ctx, "elementwise", members, decision_for=decision_for, horizontal=True)
+    return len(merged)
+
+
+@register_pass
+class FuseHorizontal(Pass):
+    name = "fuse-horizontal"
+
+    def run(self, module, ctx):
+        dots = elementwise = 0
+        for block in fusible_blocks(module):
+            dots += merge_sibling_dots(module, ctx, block)
+        for block in fusible_blocks(module):
+            elementwise += merge_sibling_elementwise(module, ctx, block)
+        return {"dot_groups": dots, "elementwise_groups": elementwise}

@@ -1,0 +1,60 @@
+"""Step 3 glue for anchor-based fusion passes: record a region, ask the cost model, outline.
+
+:func:`commit_region` records the region in the report with the cost model's numbers, outlines
+it (:func:`~hlofuse.passes.fusion.outline.outline_region`) and, when the cost model says no,
+marks the outlined function ``hlofuse.xla`` with the reason: ``kernelize`` skips it, XLA inlines
+the call, and no later pass cuts the region into pieces. :class:`LeftToXla` collects ops a pass
+looked at but did not outline, for the report's notes.
+"""
+
+from __future__ import annotations
+
+from jaxlib.mlir import ir
+
+from hlofuse import ir as hir
+from hlofuse.passes.fusion import cost as cost_model
+from hlofuse.passes.fusion.outline import XLA_ATTR, outline_region, region_boundary
+
+__all__ = ["commit_region", "LeftToXla"]
+
+
+class LeftToXla:
+    """Ops a fusion pass looked at and left to XLA without outlining (an unsupported anchor, a
+    lone reduction, a convolution). They go to the report as notes, one per reason with a
+    count and the first source lines, not as regions: a second run over the optimized module
+    finds the same ops and must not report new regions (idempotence)."""
+
+    def __init__(self, pass_name: str):
+        self.pass_name = pass_name
+        self.by_reason: dict = {}
+
+    def add(self, what: str, op, reason: str) -> None:
+        locs = self.by_reason.setdefault((what, reason), [])
+        loc = hir.op_location(op)
+        locs.append(loc)
+
+    def flush(self, ctx) -> int:
+        for (what, reason), locs in self.by_reason.items():
+            shown = sorted({l for l in locs if l != "unknown"})[:3]
+            where = f" at {', '.join(shown)}" if shown else ""
+            ctx.report.note(f"{self.pass_name}: {len(locs)} {what} left to XLA{where}: {reason}")
+        return sum(len(v) for v in self.by_reason.values())
+
+
+def commit_region(module, ctx, kind: str, members: list, *, decision_for, name_prefix: str = "hlofuse_region",
+                  **extra):
+    """Record the region in the report, outline it, and mark it for XLA when the cost model
+    says so. ``decision_for(cost) -> Decision`` gets the region's modeled cost."""
+    boundary = region_boundary(members)
+    cost = cost_model.region_cost(members, boundary.inputs, boundary.outputs)
+    decision = decision_for(cost)
+    extra.update(cost.as_extra(cost_model.TARGETS[ctx.target]))
+    from hlofuse.passes.fuse_elementwise import record_region
+    region = record_region(ctx, kind, members, boundary, **extra)
+    _, fn, _ = outline_region(module, members, f"{name_prefix}_{region.id}", region_id=region.id, kind=kind)
+    region.extra["func"] = hir.func_name(fn)
+    if not decision.fuse:
+        region.reason = decision.reason
+        with module.context:
+            fn.attributes[XLA_ATTR] = ir.StringAttr.get(decision.reason)
+    return region, decision

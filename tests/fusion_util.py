@@ -1,0 +1,110 @@
+"""Helpers shared by the fusion-engine tests (fuse-reduction, fuse-matmul-epilogue,
+fuse-horizontal and their kernel families): run a pipeline prefix on a jax function and get at
+the outlined region functions, build kernels for every target, and compare."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+import jax
+from jaxlib.mlir import ir
+
+import hlofuse
+from hlofuse import ir as hir
+from hlofuse.passes.fusion.outline import KIND_ATTR, XLA_ATTR
+from hlofuse.testing import random_inputs
+
+PREFIX = "inline-calls,canonicalize,cse"
+FUSION = "fuse-matmul-epilogue,fuse-reduction,fuse-horizontal"
+FULL_PIPE = f"{PREFIX},{FUSION},fuse-elementwise,kernelize,symbol-dce,canonicalize"
+
+
+def pipe(*passes: str, kernelize: bool = True) -> str:
+    tail = ",kernelize,symbol-dce,canonicalize" if kernelize else ""
+    return ",".join((PREFIX,) + passes) + tail
+
+
+@dataclasses.dataclass
+class Outlined:
+    """An optimized module (kept alive) and its region functions by kind."""
+    optimized: object
+    report: object
+
+    @property
+    def module(self):
+        return self.optimized.module
+
+    def funcs(self, kind: str | None = None, *, live_only: bool = True) -> list:
+        called = {ir.FlatSymbolRefAttr(op.attributes["callee"]).value
+                  for op in hir.all_ops(self.module) if op.name == "func.call"}
+        out = []
+        for f in hir.funcs(self.module):
+            if KIND_ATTR not in f.attributes:
+                continue
+            if live_only and hir.func_name(f) not in called:
+                continue
+            if kind is None or ir.StringAttr(f.attributes[KIND_ATTR]).value == kind:
+                out.append(f)
+        return out
+
+    def left_to_xla(self, f) -> str | None:
+        return ir.StringAttr(f.attributes[XLA_ATTR]).value if XLA_ATTR in f.attributes else None
+
+
+def outline(fn, args, passes: str, target: str = "cpu") -> Outlined:
+    """Export ``fn`` for ``target`` and run ``PREFIX + passes`` (no kernelize)."""
+    exp = jax.export.export(jax.jit(fn), platforms=[{"gpu": "cuda"}.get(target, target)])(*args)
+    opt = hlofuse.optimize(exp.mlir_module(), target=target, pipeline=f"{PREFIX},{passes}")
+    return Outlined(opt, opt.report)
+
+
+def func_avals(fn_op) -> list:
+    ftype = ir.FunctionType(ir.TypeAttr(fn_op.attributes["function_type"]).value)
+    out = []
+    for t in ftype.inputs:
+        info = hir.tensor_type_info(t)
+        out.append(jax.ShapeDtypeStruct(info.shape, hir.np_dtype(info.dtype)))
+    return out
+
+
+def func_inputs(fn_op, seed: int = 0) -> list[np.ndarray]:
+    return random_inputs(func_avals(fn_op), seed)
+
+
+def kernels(report, kind: str | None = None) -> list:
+    return [r for r in report.regions if r.kernel and (kind is None or r.kind == kind)]
+
+
+def lowered_text(fn, args, target: str, pipeline: str = FULL_PIPE):
+    lo = hlofuse.jit(fn, target=target, pipeline=pipeline).lower(*args)
+    return lo.as_text(), lo.report
+
+
+def check_kernel_everywhere(fn_op, family, *, category: str, gpu_blocks=None, tpu_blocks=None,
+                            seed: int = 0, lower: bool = True) -> dict:
+    """Build ``family`` for ``fn_op`` and check it against its plain-jnp reference:
+
+    * cpu (the kernel kernelize splices: whole-array interpret blocks),
+    * gpu tiles in Pallas interpret mode, tpu tiles in TPU interpret mode (``InterpretParams``),
+    * gpu/tpu lowering from this machine (Triton / Mosaic custom calls).
+    Returns the blocks used per target.
+    """
+    from jax.experimental.pallas import tpu as pltpu
+    from hlofuse.kernels.lowering import lower_to_text
+    from hlofuse.testing import assert_same
+    spec = family.spec_from_func(fn_op)
+    ins = func_inputs(fn_op, seed)
+    want = jax.jit(family.reference(spec))(*ins)
+    used = {}
+    for target, interp, blocks in (("cpu", None, None), ("gpu", True, gpu_blocks),
+                                   ("tpu", pltpu.InterpretParams(), tpu_blocks)):
+        k = family.build(spec, target, interpret=interp, blocks=blocks)
+        assert_same(jax.jit(k)(*ins), want, category)
+        used[target] = k.blocks
+    if lower:
+        for target, marker in (("gpu", "__gpu$xla.gpu.triton"), ("tpu", "tpu_custom_call")):
+            k = family.build(spec, target)
+            assert marker in lower_to_text(k, func_avals(fn_op), target)
+    return used

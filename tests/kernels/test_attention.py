@@ -1,0 +1,214 @@
+"""Attention kernel family: every execution of the flash algorithm against the region itself.
+
+A region is produced by the ``fuse-attention`` pass from a function in
+``tests/passes/test_fuse_attention.py``; the outlined function, compiled by XLA on its own, is
+the ground truth. Each build (cpu loops with several block shapes, the Triton kernel in Pallas
+interpret mode, the Mosaic kernel in TPU interpret mode) and :func:`attention_reference` must
+match it within the ``reassociate`` tolerance.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.pallas import tpu as pltpu
+
+import hlofuse
+from hlofuse import ir as hir
+from hlofuse.kernels import attention as A
+from hlofuse.testing import assert_same, random_inputs
+from tests.passes.test_fuse_attention import BF16, make_args, make_attention
+
+_KEEP = []  # modules whose ops a spec refers to
+
+
+def region_of(f, args):
+    """(spec, region module text, region input arrays) for the single attention in ``f``."""
+    exp = jax.export.export(jax.jit(f), platforms=["cpu"])(*args)
+    opt = hlofuse.optimize(exp.mlir_module(), pipeline=["inline-calls", "canonicalize", "cse",
+                                                         "fuse-attention"])
+    _KEEP.append(opt)
+    (fn,) = [fo for fo in hir.funcs(opt.module) if hir.func_name(fo).startswith("hlofuse_attention")]
+    spec = A.spec_from_func(fn)
+    name = hir.func_name(fn)
+    text = fn.operation.get_asm(large_elements_limit=1 << 30)
+    text = text.replace(f"@{name}", "@main").replace("func.func private", "func.func public")
+    text = "module {\n" + re.sub(r" attributes \{hlofuse[^}]*\}", "", text) + "\n}"
+    avals = [jax.ShapeDtypeStruct(s, d) for s, d in zip(spec.in_shapes, spec.in_dtypes)]
+    ins = random_inputs(avals, 1)
+    for a, d in zip(ins, spec.in_dtypes):
+        if d == np.bool_:
+            a[..., 0] = True          # no fully masked rows unless a test asks for them
+    return spec, text, ins
+
+
+def run_region(text, ins):
+    """The outlined region compiled by XLA on its own: the ground truth."""
+    from jax.extend import backend
+    be = backend.get_backend()
+    exe = be.compile_and_load(text, jax.devices()[:1],
+                              backend.get_compile_options(num_replicas=1, num_partitions=1))
+    return tuple(np.asarray(o) for o in exe.execute([jnp.asarray(a) for a in ins]))
+
+
+CASES = {
+    "plain-odd-cross": ("bhsd", "none", 1, "nn", "div", "-inf", np.float32, 37, 29),
+    "causal-gqa": ("bshd", "causal", 2, "nn", "div", "-inf", np.float32, 37, 37),
+    "causal-finite-fill": ("bshd", "causal", 2, "nn", "div", "-1e9", np.float32, 40, 40),
+    "tril-mqa": ("mqa", "tril", 1, "manual", "mul", "-inf", np.float32, 24, 24),
+    "bool-padding": ("bshd", "bool", 1, "nn", "div", "-inf", np.float32, 16, 24),
+    "bool-full-finite": ("bhsd", "bool_full", 1, "nn", "div", "-1e9", np.float32, 9, 11),
+    "additive": ("bshd", "additive", 1, "nn", "div", "-inf", np.float32, 16, 20),
+    "bias-gqa": ("bhsd", "bias", 2, "manual", "div", "-inf", np.float32, 16, 16),
+    "causal-bf16": ("bshd", "causal", 2, "f32", "div", "-inf", BF16, 33, 33),
+}
+
+
+def _region(case):
+    lay, m, g, sm, sc, fill, dt, sq, sk = CASES[case]
+    return region_of(make_attention(lay, m, g, sm, sc, fill), make_args(lay, m, g, dt, sq, sk))
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_cpu_loops_match_the_region(case):
+    spec, text, ins = _region(case)
+    want = run_region(text, ins)
+    assert_same(jax.jit(A.attention_reference(spec))(*ins), want, "reassociate")
+    for bq, bk in [(8, 8), (16, 32), (spec.seq_q, spec.seq_k)]:   # padded, several blocks, one
+        fn = A.build_attention(spec, "cpu", blocks=A.AttentionBlocks("cpu", bq, bk))
+        assert_same(jax.jit(fn)(*ins), want, "reassociate")
+    fn = A.build_attention(spec, "cpu")                            # the cost model's blocks
+    assert_same(jax.jit(fn)(*ins), want, "reassociate")
+
+
+@pytest.mark.parametrize("case", ["plain-odd-cross", "causal-gqa", "bool-full-finite",
+                                  "bias-gqa", "causal-bf16"])
+def test_triton_kernel_in_interpret_mode(case):
+    spec, text, ins = _region(case)
+    fn = A.build_attention(spec, "gpu", interpret=True, blocks=A.AttentionBlocks("gpu", 16, 16))
+    assert fn.kernel_name.startswith("hlofuse_attention_")
+    assert_same(jax.jit(fn)(*ins), run_region(text, ins), "reassociate")
+
+
+@pytest.mark.parametrize("case", ["plain-odd-cross", "causal-gqa", "additive", "causal-bf16"])
+def test_tpu_kernel_in_interpret_mode(case):
+    spec, text, ins = _region(case)
+    fn = A.build_attention(spec, "tpu", interpret=pltpu.InterpretParams(),
+                           blocks=A.AttentionBlocks("tpu", 16, 128))
+    assert_same(jax.jit(fn)(*ins), run_region(text, ins), "reassociate")
+
+
+def test_tpu_kernel_skips_blocks_above_the_diagonal():
+    """Sk = 160 > one 128-key block: query blocks below row 128 skip the second key block."""
+    spec, text, ins = region_of(make_attention("bhsd", "causal", 1, "nn", "div", "-inf"),
+                                make_args("bhsd", "causal", 1, np.float32, 160, 160, b=1, h=1))
+    fn = A.build_attention(spec, "tpu", interpret=pltpu.InterpretParams(),
+                           blocks=A.AttentionBlocks("tpu", 64, 128))
+    assert "+skip" in fn.blocks
+    assert_same(jax.jit(fn)(*ins), run_region(text, ins), "reassociate")
+
+
+# ---------------------------------------------------------------------------------------------
+# block skipping
+# ---------------------------------------------------------------------------------------------
+
+def test_causal_skip_table():
+    spec, _, _ = _region("causal-gqa")            # 37 x 37, j <= i, -inf fill
+    lo, hi = A._skip_table(spec, 8, 8)
+    np.testing.assert_array_equal(lo, [0, 0, 0, 0, 0])
+    np.testing.assert_array_equal(hi, [1, 2, 3, 4, 5])
+
+
+def test_no_skipping_with_a_small_finite_fill_or_an_input_mask():
+    for case in ("causal-finite-fill", "bool-padding", "plain-odd-cross"):  # -1e9: not exact
+        spec, _, _ = _region(case)
+        assert A._skip_table(spec, 8, 8) is None, case
+
+
+def test_skipping_keeps_fully_masked_rows_nan():
+    """Strict causal (j < i) with -inf: row 0 sees nothing. Its key blocks are all skipped and
+    0/0 gives NaN, as the original does."""
+    def f(q, k, v):
+        s = jnp.einsum("bhqd,bhkd->bhqk", q, k)
+        s = jnp.where(jnp.arange(24)[:, None] > jnp.arange(24)[None, :], s, -jnp.inf)
+        return jax.nn.softmax(s, axis=-1) @ v
+    spec, text, ins = region_of(f, make_args("bhsd", "none", 1, np.float32, 24, 24))
+    want = run_region(text, ins)
+    assert np.isnan(want[0][:, :, 0]).all()
+    fn = A.build_attention(spec, "cpu", blocks=A.AttentionBlocks("cpu", 8, 8))
+    assert "+skip" in fn.blocks
+    assert_same(jax.jit(fn)(*ins), want, "reassociate")
+
+
+def test_no_skipping_when_a_finite_fill_row_is_fully_masked():
+    """Same strict mask with finfo.min: row 0 must average *all* values, so nothing is skipped."""
+    def f(q, k, v):
+        s = jnp.einsum("bhqd,bhkd->bhqk", q, k)
+        s = jnp.where(jnp.arange(24)[:, None] > jnp.arange(24)[None, :], s, jnp.finfo(s.dtype).min)
+        return jax.nn.softmax(s, axis=-1) @ v
+    spec, text, ins = region_of(f, make_args("bhsd", "none", 1, np.float32, 24, 24))
+    assert A._skip_table(spec, 8, 8) is None
+    fn = A.build_attention(spec, "cpu", blocks=A.AttentionBlocks("cpu", 8, 8))
+    assert_same(jax.jit(fn)(*ins), run_region(text, ins), "reassociate")
+
+
+# ---------------------------------------------------------------------------------------------
+# plans, blocks, spec
+# ---------------------------------------------------------------------------------------------
+
+def _bench_spec(seq, causal=False):
+    def f(q, k, v):
+        s = jnp.einsum("bqhd,bkhd->bhqk", q, k) * (1.0 / math.sqrt(q.shape[-1]))
+        if causal:
+            s = jnp.where(jnp.tril(jnp.ones((seq, seq), bool)), s, jnp.finfo(s.dtype).min)
+        return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, axis=-1), v)
+    args = [jax.ShapeDtypeStruct((1, seq, 8, 64), np.float32)] * 3
+    exp = jax.export.export(jax.jit(f), platforms=["cpu"])(*args)
+    opt = hlofuse.optimize(exp.mlir_module(), pipeline=["inline-calls", "canonicalize", "cse",
+                                                         "fuse-attention"])
+    _KEEP.append(opt)
+    (fn,) = [fo for fo in hir.funcs(opt.module) if hir.func_name(fo).startswith("hlofuse_attention")]
+    return A.spec_from_func(fn)
+
+
+def test_cpu_plan_keeps_the_step_block_within_budget():
+    spec = _bench_spec(4096)
+    plan = A.cpu_plan(spec)
+    assert plan.bk == A.CPU_MAX_BLOCK_K and plan.bq < 4096
+    assert spec.n_batch * plan.bq * plan.bk <= A.CPU_STEP_BUDGET
+    assert A._prescale(spec) == (0.125, A._prescale(spec)[1])   # 1/sqrt(64): folded into Q
+    small = _bench_spec(64)
+    assert (A.cpu_plan(small).bq, A.cpu_plan(small).bk) == (64, 64)  # one block: no loop
+
+
+def test_cpu_plan_uses_skip_blocks_for_causal():
+    spec = _bench_spec(1024, causal=True)
+    plan = A.cpu_plan(spec)
+    assert plan.bk == A.CPU_SKIP_BLOCK and plan.bq <= A.CPU_SKIP_BLOCK
+    assert "+skip" in A.build_attention(spec, "cpu").blocks
+
+
+def test_scale_that_is_not_a_power_of_two_is_not_folded():
+    spec, _, _ = region_of(make_attention("bhsd", "none", 1, "nn", "div"),
+                           make_args("bhsd", "none", 1, np.float32, 8, 8, d=8))
+    assert A._prescale(spec) is None     # sqrt(8) is not a power of two
+
+
+@pytest.mark.parametrize("target,bq,bk", [("gpu", 24, 16), ("gpu", 8, 16), ("tpu", 12, 128),
+                                          ("tpu", 16, 100), ("cpu", 0, 8)])
+def test_invalid_blocks_are_rejected(target, bq, bk):
+    with pytest.raises(ValueError):
+        A.AttentionBlocks(target, bq, bk)
+
+
+def test_spec_describes_gqa_and_layout():
+    spec, _, _ = _region("causal-gqa")
+    assert spec.gqa_groups == 2 and spec.seq_q == spec.seq_k == 37
+    assert spec.head_dim == spec.v_head_dim == 8
+    assert "gqa=2" in spec.describe()

@@ -1,0 +1,83 @@
+"""Reduction kernel family: every target's blocks checked against the plain-jnp reference
+(cpu whole-array interpret, gpu tiles in interpret mode, tpu tiles in TPU interpret mode), and
+lowered to Triton / Mosaic custom calls from this machine."""
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+from hlofuse.kernels import FAMILIES
+from hlofuse.kernels import reduction as red
+from hlofuse.kernels.tiling import RowBlocks, row_blocks
+from hlofuse.testing import assert_same
+from tests.fusion_util import check_kernel_everywhere, func_inputs, outline
+
+FAM = FAMILIES["reduction"]
+R = np.random.default_rng(3)
+
+
+def region(fn, *args):
+    out = outline(fn, args, "fuse-reduction")
+    (f,) = out.funcs("reduction")
+    return out, f
+
+
+def layernorm(x, g, b):
+    m = x.mean(-1, keepdims=True)
+    return (x - m) * jax.lax.rsqrt(((x - m) ** 2).mean(-1, keepdims=True) + 1e-5) * g + b
+
+
+def test_layernorm_padded_gpu_rows_and_multi_step_tpu_grid():
+    x = R.standard_normal((3, 8, 100)).astype(np.float32)       # 24 rows of 100: padded to 128 lanes on gpu
+    g, b = R.standard_normal(100).astype(np.float32), R.standard_normal(100).astype(np.float32)
+    keep, f = region(layernorm, x, g, b)
+    used = check_kernel_everywhere(f, FAM, category="reassociate",
+                                   gpu_blocks=RowBlocks("gpu", 24, 100, 8, 128),
+                                   tpu_blocks=RowBlocks("tpu", 24, 100, 8, 100))
+    assert used["gpu"].padded and used["gpu"].grid == (3,) and used["tpu"].grid == (3,)
+    assert used["cpu"].grid == (1,)
+    assert red.spec_from_func(f).pattern == "layernorm"
+
+
+def test_softmax_and_row_outputs():
+    x = R.standard_normal((16, 40)).astype(np.float32)
+    keep, f = region(lambda x: (jax.nn.softmax(x, -1), jnp.max(x, -1), jnp.sum(jax.nn.softmax(x, -1) * x, -1)), x)
+    spec = red.spec_from_func(f)
+    assert sorted(spec.out_classes) == ["full", "row", "row"]
+    check_kernel_everywhere(f, FAM, category="reassociate", gpu_blocks=RowBlocks("gpu", 16, 40, 4, 64),
+                            tpu_blocks=RowBlocks("tpu", 16, 40, 8, 40))
+
+
+def test_bf16_rmsnorm():
+    x = R.standard_normal((8, 64)).astype(jnp.bfloat16)
+    g = R.standard_normal(64).astype(jnp.bfloat16)
+    keep, f = region(lambda x, g: x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6) * g, x, g)
+    check_kernel_everywhere(f, FAM, category="reassociate", lower=True)
+
+
+def test_reference_matches_the_original_function():
+    x = R.standard_normal((6, 24)).astype(np.float32)
+    fn = lambda x: jax.nn.log_softmax(x * 2.0, -1)  # noqa: E731
+    keep, f = region(fn, x)
+    ins = func_inputs(f)
+    assert_same(red.reduction_reference(red.spec_from_func(f))(*ins), (jax.jit(fn)(*ins),), "exact")
+
+
+def test_row_blocks_are_validated():
+    with pytest.raises(ValueError, match="powers of two"):
+        RowBlocks("gpu", 10, 100, 3, 128)
+    with pytest.raises(ValueError, match="shorter than the row"):
+        RowBlocks("gpu", 10, 100, 4, 64)
+    with pytest.raises(ValueError, match="whole row"):
+        RowBlocks("tpu", 16, 256, 8, 128)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        RowBlocks("tpu", 16, 256, 4, 256)
+    with pytest.raises(ValueError, match="whole array"):
+        RowBlocks("cpu", 16, 256, 8, 256)
+    b = row_blocks(4096, 768, target="tpu")
+    assert b.br % 8 == 0 and b.vmem_bytes <= 16 * 1024 * 1024
+    assert row_blocks(100, 3000, target="gpu").bc == 4096
+    with pytest.raises(ValueError):
+        row_blocks(10, 100_000, target="gpu")

@@ -1,0 +1,381 @@
+"""``fuse-attention``: attention written many ways is recognized, rewritten and still correct.
+
+Each differential test runs the function with ``hlofuse.jit`` and with ``jax.jit``, compares the
+results (``reassociate``: the flash kernel reassociates the softmax sums) and gradients
+(``grad``), and asserts the report has an ``attention`` region that became a kernel.
+
+CI runs a curated slice of the matrix layouts x mask kinds x dtypes x MHA/MQA/GQA x sequence
+lengths. The full cross product runs with ``HLOFUSE_ATTENTION_FULL=1`` (a few minutes)::
+
+    HLOFUSE_ATTENTION_FULL=1 python -m pytest tests/passes/test_fuse_attention.py -q
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+
+import hlofuse
+from hlofuse.testing import assert_same
+
+BF16 = ml_dtypes.bfloat16
+FULL = os.environ.get("HLOFUSE_ATTENTION_FULL", "") not in ("", "0")
+
+
+# ---------------------------------------------------------------------------------------------
+# attention written the ways models write it
+# ---------------------------------------------------------------------------------------------
+
+def make_attention(layout="bshd", mask="none", gqa=1, softmax="nn", scale="div", fill="-inf"):
+    """layout: bshd (q [B,S,H,D]) | bhsd (q [B,H,S,D]) | mqa (q [B,H,S,D], k/v [B,S,D]);
+    mask: none | causal (iota compare) | tril | bool ([B,Sk] arg) | bool_full ([B,Sq,Sk] arg) |
+    additive ([B,Sk] 0/1 arg, BERT style) | bias ([H,Sq,Sk] arg); gqa: K/V heads repeated with
+    jnp.repeat; softmax: nn (jax.nn.softmax) | f32 (softmax in f32 of bf16 logits) | manual;
+    scale: div | mul (after QKᵀ) | pre (Q scaled) | none; fill: -inf | -1e9."""
+    def f(q, k, v, *extra):
+        d = q.shape[-1]
+        if layout in ("bshd", "bhsd") and gqa > 1:
+            axis = 2 if layout == "bshd" else 1
+            k, v = jnp.repeat(k, gqa, axis=axis), jnp.repeat(v, gqa, axis=axis)
+        if scale == "pre":
+            q = q * np.asarray(1 / math.sqrt(d), q.dtype)
+        eq = {"bshd": "bqhd,bkhd->bhqk", "bhsd": "bhqd,bhkd->bhqk", "mqa": "bhqd,bkd->bhqk"}[layout]
+        s = jnp.einsum(eq, q, k)
+        if scale == "div":
+            s = s / np.asarray(math.sqrt(d), s.dtype)
+        elif scale == "mul":
+            s = s * np.asarray(1 / math.sqrt(d), s.dtype)
+        sq, sk = s.shape[-2], s.shape[-1]
+        fv = -jnp.inf if fill == "-inf" else -1e9
+        if mask == "causal":
+            s = jnp.where(jnp.arange(sq)[:, None] >= jnp.arange(sk)[None, :], s, fv)
+        elif mask == "tril":
+            s = jnp.where(jnp.tril(jnp.ones((sq, sk), bool)), s, fv)
+        elif mask == "bool":
+            s = jnp.where(extra[0][:, None, None, :], s, fv)
+        elif mask == "bool_full":
+            s = jnp.where(extra[0][:, None, :, :], s, fv)
+        elif mask == "additive":
+            s = s + (1.0 - extra[0][:, None, None, :].astype(s.dtype)) * -10000.0
+        elif mask == "bias":
+            s = s + extra[0][None].astype(s.dtype)
+        if softmax == "nn":
+            p = jax.nn.softmax(s, axis=-1)
+        elif softmax == "f32":
+            p = jax.nn.softmax(s.astype(jnp.float32), axis=-1).astype(v.dtype)
+        else:
+            e = jnp.exp(s - s.max(-1, keepdims=True))
+            p = e / e.sum(-1, keepdims=True)
+        out = {"bshd": "bhqk,bkhd->bqhd", "bhsd": "bhqk,bhkd->bhqd", "mqa": "bhqk,bkd->bhqd"}[layout]
+        return jnp.einsum(out, p, v)
+    return f
+
+
+def make_args(layout, mask, gqa, dtype, sq, sk, *, b=2, h=4, d=8, seed=0):
+    rng = np.random.default_rng(seed)
+    hk = h // gqa
+    shapes = {"bshd": [(b, sq, h, d), (b, sk, hk, d), (b, sk, hk, d)],
+              "bhsd": [(b, h, sq, d), (b, hk, sk, d), (b, hk, sk, d)],
+              "mqa": [(b, h, sq, d), (b, sk, d), (b, sk, d)]}[layout]
+    args = [rng.standard_normal(s).astype(dtype) for s in shapes]
+    if mask == "bool":
+        m = rng.random((b, sk)) < 0.7
+        m[:, 0] = True
+        args.append(m)
+    elif mask == "bool_full":
+        m = rng.random((b, sq, sk)) < 0.6
+        m[..., 0] = True
+        args.append(m)
+    elif mask == "additive":
+        args.append((rng.random((b, sk)) < 0.7).astype(dtype))
+    elif mask == "bias":
+        args.append(rng.standard_normal((h, sq, sk)).astype(dtype))
+    return args
+
+
+def attention_regions(report):
+    return [r for r in report.regions if r.kind == "attention"]
+
+
+def check(f, args, *, grad=True, n_kernels=1, fwd="reassociate"):
+    """Differential test: forward (and grad) of hlofuse.jit(f) vs jax.jit(f); the rewrite fired."""
+    g = hlofuse.jit(f, autotune=False)
+    report = g.report(*args)
+    regions = attention_regions(report)
+    assert len(regions) == n_kernels, report
+    assert all(r.kernel for r in regions), [r.reason for r in regions]
+    assert_same(g(*args), jax.jit(f)(*args), fwd)
+    if grad:
+        rng = np.random.default_rng(1)
+        out = jax.eval_shape(f, *args)
+        w = rng.standard_normal(out.shape).astype(np.float32)
+        diff = tuple(i for i, a in enumerate(args[:3]))
+
+        def loss(fn):
+            return lambda *a: jnp.sum(fn(*a).astype(jnp.float32) * w)
+        assert_same(jax.grad(loss(g), argnums=diff)(*args),
+                    jax.grad(loss(f), argnums=diff)(*args), "grad")
+    return report
+
+
+# ---------------------------------------------------------------------------------------------
+# the matrix
+# ---------------------------------------------------------------------------------------------
+
+# (layout, mask, gqa, softmax, scale, fill, dtype, sq, sk, grad): every axis value appears at
+# least once; odd lengths, cross attention (sq != sk), bf16 with f32 and bf16 softmax. Gradients
+# (a second, backward program per case) on a subset to keep CI fast; all of them in the full run.
+CURATED = [
+    ("bshd", "none", 1, "nn", "div", "-inf", np.float32, 16, 16, True),
+    ("bhsd", "none", 1, "manual", "mul", "-inf", np.float32, 13, 29, False),
+    ("bhsd", "none", 1, "nn", "pre", "-inf", np.float32, 9, 9, False),
+    ("bshd", "tril", 2, "manual", "mul", "-inf", np.float32, 16, 16, True),
+    ("bshd", "causal", 2, "nn", "div", "-1e9", np.float32, 37, 37, False),
+    ("mqa", "causal", 1, "nn", "none", "-1e9", np.float32, 16, 16, True),
+    ("bshd", "bool", 1, "nn", "div", "-inf", np.float32, 16, 24, False),
+    ("bhsd", "bool_full", 1, "nn", "div", "-1e9", np.float32, 9, 11, False),
+    ("bshd", "additive", 1, "nn", "div", "-inf", np.float32, 16, 16, True),
+    ("bhsd", "bias", 2, "manual", "div", "-inf", np.float32, 16, 16, False),
+    ("bshd", "none", 1, "nn", "div", "-inf", BF16, 16, 16, False),
+    ("bshd", "causal", 2, "f32", "div", "-inf", BF16, 31, 31, True),
+    ("mqa", "bool", 1, "f32", "mul", "-1e9", BF16, 17, 23, False),
+]
+
+LAYOUTS = [("bshd", 1), ("bshd", 2), ("bhsd", 1), ("bhsd", 4), ("mqa", 1)]
+MASKS = ["none", "causal", "tril", "bool", "bool_full", "additive", "bias"]
+FULL_MATRIX = [(lay, m, g, "nn" if dt == np.float32 else "f32", "div", fill, dt, s, s, True)
+               for (lay, g), m, dt, s, fill in itertools.product(
+                   LAYOUTS, MASKS, [np.float32, BF16], [16, 37], ["-inf", "-1e9"])
+               if not (lay == "mqa" and m == "bias")]
+
+
+def _case_id(c):
+    lay, m, g, sm, sc, fill, dt, sq, sk, _ = c
+    return f"{lay}-{m}-gqa{g}-{sm}-{sc}-{fill}-{np.dtype(dt).name}-{sq}x{sk}"
+
+
+@pytest.mark.parametrize("case", FULL_MATRIX if FULL else CURATED, ids=_case_id)
+def test_attention_matrix_forward_and_grad(case):
+    lay, m, g, sm, sc, fill, dt, sq, sk, grad = case
+    args = make_args(lay, m, g, dt, sq, sk)
+    check(make_attention(lay, m, g, sm, sc, fill), args, grad=grad)
+
+
+def test_gqa_repeat_is_taken_into_the_region():
+    """jnp.repeat of K/V joins the region: the kernel reads the unrepeated K/V."""
+    f = make_attention("bshd", "none", 4)
+    args = make_args("bshd", "none", 4, np.float32, 16, 16)
+    report = check(f, args, grad=False)
+    (r,) = attention_regions(report)
+    assert r.extra["gqa_groups"] == 4
+    assert sorted(r.inputs) == ["f32[2,16,1,8]", "f32[2,16,1,8]", "f32[2,16,4,8]"]  # K, V, Q
+
+
+def test_dot_product_attention_xla_implementation():
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((2, 20, 4, 8)).astype(np.float32)
+    kv = rng.standard_normal((2, 20, 2, 8)).astype(np.float32)
+    for causal in (False, True):
+        f = lambda q, k, v, c=causal: jax.nn.dot_product_attention(q, k, v, is_causal=c)
+        check(f, [q, kv, kv * 0.5], grad=causal)
+
+
+# ---------------------------------------------------------------------------------------------
+# numerics corner cases
+# ---------------------------------------------------------------------------------------------
+
+def test_fully_masked_rows_give_nan_like_the_original_with_minus_inf_fill():
+    f = make_attention("bhsd", "bool_full", 1, "nn", "div", "-inf")
+    args = make_args("bhsd", "bool_full", 1, np.float32, 12, 10)
+    args[3][:, 3, :] = False           # query row 3 sees no key
+    want = np.asarray(jax.jit(f)(*args))
+    assert np.isnan(want[:, :, 3]).all() and not np.isnan(np.delete(want, 3, axis=2)).any()
+    check(f, args, grad=False)
+
+
+def test_fully_masked_rows_give_uniform_weights_with_finite_fill():
+    f = make_attention("bhsd", "bool_full", 1, "nn", "div", "-1e9")
+    args = make_args("bhsd", "bool_full", 1, np.float32, 12, 10)
+    args[3][:, 3, :] = False
+    want = np.asarray(jax.jit(f)(*args))
+    np.testing.assert_allclose(want[:, :, 3], np.broadcast_to(args[2].mean(axis=2), want[:, :, 3].shape),
+                               rtol=1e-5, atol=1e-5)
+    check(f, args, grad=False)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, BF16], ids=["f32", "bf16"])
+def test_very_large_logits(dtype):
+    f = make_attention("bhsd", "causal", 1, "nn", "none", "-inf")
+    args = make_args("bhsd", "causal", 1, dtype, 20, 20)
+    args[0] = (args[0].astype(np.float32) * 300).astype(dtype)   # logits ~ 1e3, exp overflows unshifted
+    check(f, args, grad=False)
+
+
+def test_causal_block_skipping_with_minus_inf_and_strict_mask():
+    """x = where(i > j) excludes the diagonal: row 0 is fully masked (NaN), others are not."""
+    def f(q, k, v):
+        s = jnp.einsum("bhqd,bhkd->bhqk", q, k)
+        s = jnp.where(jnp.arange(40)[:, None] > jnp.arange(40)[None, :], s, -jnp.inf)
+        return jax.nn.softmax(s, axis=-1) @ v
+    args = make_args("bhsd", "none", 1, np.float32, 40, 40)
+    want = np.asarray(jax.jit(f)(*args))
+    assert np.isnan(want[:, :, 0]).all()
+    check(f, args, grad=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# model blocks
+# ---------------------------------------------------------------------------------------------
+
+def _dense(rng, n, m):
+    return (rng.standard_normal((n, m)) / math.sqrt(n)).astype(np.float32)
+
+
+def bert_block(p, x, mask):
+    """BERT-style encoder layer: fused QKV, additive padding mask, post-LN, GELU FFN."""
+    b, s, dm = x.shape
+    h = 4
+    qkv = x @ p["wqkv"]
+    q, k, v = [t.reshape(b, s, h, dm // h) for t in jnp.split(qkv, 3, axis=-1)]
+    sc = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(dm // h)
+    sc = sc + (1.0 - mask[:, None, None, :]) * -10000.0
+    a = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(sc, axis=-1), v).reshape(b, s, dm)
+    x = x + a @ p["wo"]
+    x = (x - x.mean(-1, keepdims=True)) / jnp.sqrt(x.var(-1, keepdims=True) + 1e-12)
+    return x + jax.nn.gelu(x @ p["w1"]) @ p["w2"]
+
+
+def gpt2_block(p, x):
+    """GPT-2-style decoder block: pre-LN, causal mask with finfo.min fill."""
+    b, s, dm = x.shape
+    h = 4
+    y = (x - x.mean(-1, keepdims=True)) / jnp.sqrt(x.var(-1, keepdims=True) + 1e-5)
+    q, k, v = [(y @ p[w]).reshape(b, s, h, dm // h) for w in ("wq", "wk", "wv")]
+    sc = jnp.einsum("bqhd,bkhd->bhqk", q, k) * (1.0 / math.sqrt(dm // h))
+    sc = jnp.where(jnp.tril(jnp.ones((s, s), bool)), sc, jnp.finfo(sc.dtype).min)
+    a = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(sc, axis=-1), v).reshape(b, s, dm)
+    x = x + a @ p["wo"]
+    return x + jax.nn.gelu(x @ p["w1"]) @ p["w2"]
+
+
+def test_bert_style_block():
+    rng = np.random.default_rng(0)
+    dm = 32
+    p = {"wqkv": _dense(rng, dm, 3 * dm), "wo": _dense(rng, dm, dm),
+         "w1": _dense(rng, dm, 4 * dm), "w2": _dense(rng, 4 * dm, dm)}
+    x = rng.standard_normal((2, 24, dm)).astype(np.float32)
+    mask = (rng.random((2, 24)) < 0.8).astype(np.float32)
+    g = hlofuse.jit(bert_block, autotune=False)
+    (r,) = attention_regions(g.report(p, x, mask))
+    assert r.kernel and r.extra["mask"] == "additive"
+    assert_same(g(p, x, mask), jax.jit(bert_block)(p, x, mask), "grad")  # whole layer: other kernels too
+
+
+def test_gpt2_style_block():
+    rng = np.random.default_rng(0)
+    dm = 32
+    p = {w: _dense(rng, dm, dm) for w in ("wq", "wk", "wv", "wo")}
+    p.update(w1=_dense(rng, dm, 4 * dm), w2=_dense(rng, 4 * dm, dm))
+    x = rng.standard_normal((1, 40, dm)).astype(np.float32)
+    g = hlofuse.jit(gpt2_block, autotune=False)
+    (r,) = attention_regions(g.report(p, x))
+    assert r.kernel and r.extra["mask"].startswith("select(positions)")
+    assert_same(g(p, x), jax.jit(gpt2_block)(p, x), "grad")
+
+
+@pytest.mark.parametrize("name", ["bert_s128", "gpt2_block", "llama_block"])
+def test_benchmark_blocks_are_rewritten(name):
+    """The rewrite fires on the benchmark's transformer blocks (report only: they are big)."""
+    from bench.workloads import get
+    w = get(name)
+    args = w.make_args(np.random.default_rng(0))
+    regions = attention_regions(hlofuse.jit(w.fn, autotune=False).report(*args))
+    assert len(regions) == 1 and regions[0].kernel, [r.reason for r in regions]
+    if name == "gpt2_block":
+        assert "+skip" in regions[0].block     # causal: key blocks above the diagonal skipped
+
+
+# ---------------------------------------------------------------------------------------------
+# left alone
+# ---------------------------------------------------------------------------------------------
+
+def _softmax_alone(q, k, v):
+    return jax.nn.softmax(jnp.einsum("bhqd,bhkd->bhqk", q, k), axis=-1)
+
+
+def _weights_returned(q, k, v):
+    p = jax.nn.softmax(jnp.einsum("bhqd,bhkd->bhqk", q, k), axis=-1)
+    return p @ v, p
+
+
+def _softmax_over_queries(q, k, v):
+    p = jax.nn.softmax(jnp.einsum("bhqd,bhkd->bhqk", q, k), axis=-2)
+    return p @ v
+
+
+def _dropout(q, k, v):
+    p = jax.nn.softmax(jnp.einsum("bhqd,bhkd->bhqk", q, k), axis=-1)
+    keep = jax.random.bernoulli(jax.random.key(0), 0.9, p.shape)
+    return (jnp.where(keep, p / 0.9, 0.0)) @ v
+
+
+@pytest.mark.parametrize("f", [_softmax_alone, _weights_returned, _softmax_over_queries, _dropout],
+                         ids=lambda f: f.__name__.strip("_"))
+def test_not_attention_is_left_alone(f):
+    args = make_args("bhsd", "none", 1, np.float32, 16, 16)
+    g = hlofuse.jit(f, autotune=False)
+    assert attention_regions(g.report(*args)) == []
+    assert_same(g(*args), jax.jit(f)(*args), "grad")
+
+
+def test_backward_program_is_correct_and_left_to_xla():
+    """jax.grad of an attention function: the backward program keeps the probabilities as
+    residuals (used outside the P·V product), so its attention is not fused; still correct."""
+    f = make_attention("bhsd", "causal", 1, "nn", "div", "-inf")
+    args = make_args("bhsd", "causal", 1, np.float32, 16, 16)
+    loss = lambda q, k, v: jnp.sum(f(q, k, v) ** 2)
+    gl = hlofuse.jit(jax.grad(loss, argnums=(0, 1, 2)), autotune=False)
+    assert attention_regions(gl.report(*args)) == []
+    assert_same(gl(*args), jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(*args), "grad")
+
+
+# ---------------------------------------------------------------------------------------------
+# targets and pipeline
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("target,marker", [("gpu", "__gpu$xla.gpu.triton"), ("tpu", "tpu_custom_call")])
+@pytest.mark.parametrize("case", [("bshd", "causal", 2, "nn", "div", "-inf", np.float32, 64, 64),
+                                  ("bshd", "bool", 1, "f32", "div", "-inf", BF16, 64, 64)],
+                         ids=["causal-gqa-f32", "bool-bf16"])
+def test_gpu_and_tpu_kernels_lower_from_cpu(target, marker, case):
+    lay, m, g, sm, sc, fill, dt, sq, sk = case
+    args = make_args(lay, m, g, dt, sq, sk, d=64)
+    low = hlofuse.jit(make_attention(lay, m, g, sm, sc, fill), target=target, autotune=False,
+                      options={"strict": True}).lower(*args)
+    (r,) = attention_regions(low.report)
+    assert r.kernel and marker in low.as_text()
+
+
+def test_pass_is_registered_in_the_default_pipeline():
+    names = [n for n, _ in hlofuse.PIPELINES["default"]]
+    i = names.index("fuse-attention")
+    assert "cse" in names[:i] and "fuse-elementwise" in names[i + 1:]
+
+
+def test_rerunning_the_pass_changes_nothing():
+    f = make_attention("bshd", "additive", 1)
+    args = make_args("bshd", "additive", 1, np.float32, 16, 16)
+    exp = jax.export.export(jax.jit(f), platforms=["cpu"])(*args)
+    steps = ["inline-calls", "canonicalize", "cse", "fuse-attention"]
+    once = hlofuse.optimize(exp.mlir_module(), pipeline=steps)
+    twice = hlofuse.optimize(once.text, pipeline=["fuse-attention"])
+    assert len(attention_regions(once.report)) == 1 and attention_regions(twice.report) == []
+    assert twice.text == once.text

@@ -1,0 +1,99 @@
+"""fuse-horizontal: sibling dots sharing an lhs (Q/K/V) and sibling elementwise chains."""
+
+import numpy as np
+from hypothesis import given, settings, strategies as st, HealthCheck
+
+import jax
+import jax.numpy as jnp
+
+import hlofuse
+from hlofuse.testing import assert_same
+from tests.fusion_util import kernels, outline, pipe
+
+PIPE = pipe("fuse-matmul-epilogue", "fuse-horizontal")
+R = np.random.default_rng(2)
+F32 = np.float32
+X = R.standard_normal((2, 10, 32)).astype(F32)
+WS = [(R.standard_normal((32, 48)) * 0.2).astype(F32) for _ in range(3)]
+BS = [R.standard_normal(48).astype(F32) for _ in range(3)]
+
+
+def qkv(x, wq, wk, wv, bq, bk, bv):
+    return x @ wq + bq, x @ wk + bk, jax.nn.relu(x @ wv + bv)
+
+
+def test_qkv_projections_become_one_kernel():
+    f = hlofuse.jit(qkv, target="cpu", pipeline=PIPE)
+    rep = f.report(X, *WS, *BS)
+    (h,) = kernels(rep, "horizontal")
+    assert h.ops.count("stablehlo.dot_general") == 3
+    assert sorted(h.extra["merged_regions"]) == [0, 1, 2]
+    merged = [r for r in rep.regions if r.extra.get("merged_into") == h.id]
+    assert len(merged) == 3 and all(r.bytes_unfused == 0 and r.kernel is None for r in merged)
+    # the shared lhs is read once instead of three times
+    assert sum(1 for t in h.inputs if t == "f32[2,10,32]") == 1
+    assert_same(f(X, *WS, *BS), jax.jit(qkv)(X, *WS, *BS), "reassociate")
+
+
+def test_bare_sibling_dots_merge():
+    fn = lambda x, a, b: (x @ a, x @ b)  # noqa: E731
+    f = hlofuse.jit(fn, target="gpu", pipeline=PIPE)
+    lo = f.lower(X, WS[0], WS[1])
+    (h,) = kernels(lo.report, "horizontal")
+    assert "__gpu$xla.gpu.triton" in lo.as_text()
+    assert h.kernel and h.bytes_fused < h.bytes_unfused
+
+
+def test_dependent_dots_do_not_merge():
+    def fn(x, a, b):
+        q = jnp.tanh(x @ a)               # k's lhs is x too, but k also reads q: a path q -> k
+        k = x @ b + q[..., :48]
+        return q, jax.nn.relu(k)
+    a = (R.standard_normal((32, 64)) * 0.2).astype(F32)
+    f = hlofuse.jit(fn, target="cpu", pipeline=PIPE)
+    rep = f.report(X, a, WS[1])
+    assert kernels(rep, "horizontal") == []
+    assert_same(f(X, a, WS[1]), jax.jit(fn)(X, a, WS[1]), "reassociate")
+
+
+def test_different_shapes_do_not_merge():
+    w2 = (R.standard_normal((32, 16)) * 0.2).astype(F32)
+    fn = lambda x, a, b: (jnp.tanh(x @ a), jnp.tanh(x @ b))  # noqa: E731
+    f = hlofuse.jit(fn, target="cpu", pipeline=PIPE)
+    assert kernels(f.report(X, WS[0], w2), "horizontal") == []
+
+
+def test_sibling_elementwise_chains_merge():
+    fn = lambda x, y: (jnp.exp(x) * 2.0, jnp.sin(x) + y, jnp.cos(y))  # noqa: E731
+    out = outline(fn, (X, X), "fuse-horizontal")
+    merged = [r for r in out.report.regions if r.extra.get("horizontal")]
+    assert len(merged) == 1 and len(merged[0].outputs) == 3
+    f = hlofuse.jit(fn, target="cpu", pipeline=pipe("fuse-horizontal"))
+    assert len(kernels(f.report(X, X), "elementwise")) == 1
+    assert_same(f(X, X), jax.jit(fn)(X, X), "kernel")
+
+
+def test_sharing_only_a_constant_does_not_merge():
+    fn = lambda x, y: (jnp.maximum(x, 0.0) * 3.0, jnp.maximum(y, 0.0) * 3.0)  # noqa: E731
+    out = outline(fn, (X, X), "fuse-horizontal")
+    assert [r for r in out.report.regions if r.extra.get("horizontal")] == []
+
+
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(2, 4), st.sampled_from([(3, 8, 16), (1, 17, 5)]), st.booleans())
+def test_random_sibling_groups(n, mkn, with_bias):
+    m, k, nn = mkn
+    x = R.standard_normal((m, k)).astype(F32)
+    ws = [R.standard_normal((k, nn)).astype(F32) for _ in range(n)]
+
+    def fn(x, *ws):
+        outs = []
+        for i, w in enumerate(ws):
+            h = x @ w
+            outs.append(jnp.tanh(h + float(i)) if with_bias else h)
+        return tuple(outs)
+    f = hlofuse.jit(fn, target="cpu", pipeline=PIPE)
+    rep = f.report(x, *ws)
+    (h,) = [r for r in rep.regions if r.kind == "horizontal"]
+    assert h.ops.count("stablehlo.dot_general") == n and h.kernel
+    assert_same(f(x, *ws), jax.jit(fn)(x, *ws), "reassociate")

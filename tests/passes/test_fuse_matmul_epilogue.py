@@ -1,0 +1,188 @@
+"""fuse-matmul-epilogue: dot_general + prologue/epilogue in one kernel, f32 accumulation.
+
+Differential tests against ``jax.jit`` (cpu interpret kernels) that assert the fusion fired,
+no-match cases with their reasons, and a hypothesis test over random small epilogues.
+"""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st, HealthCheck
+
+import jax
+import jax.numpy as jnp
+
+import hlofuse
+from hlofuse.testing import assert_same
+from tests.fusion_util import kernels, outline, pipe
+
+PIPE = pipe("fuse-matmul-epilogue")
+R = np.random.default_rng(1)
+F32 = np.float32
+X = R.standard_normal((2, 12, 32)).astype(F32)
+W = (R.standard_normal((32, 40)) * 0.2).astype(F32)
+WT = (R.standard_normal((40, 32)) * 0.2).astype(F32)
+B = R.standard_normal(40).astype(F32)
+RES = R.standard_normal((2, 12, 40)).astype(F32)
+
+CASES = [
+    ("bias", lambda x, w, b: x @ w + b, (X, W, B)),
+    ("bias_relu", lambda x, w, b: jax.nn.relu(x @ w + b), (X, W, B)),
+    ("gelu_exact", lambda x, w, b: jax.nn.gelu(x @ w + b, approximate=False), (X, W, B)),
+    ("gelu_tanh", lambda x, w, b: jax.nn.gelu(x @ w + b, approximate=True), (X, W, B)),
+    ("silu", lambda x, w: jax.nn.silu(x @ w), (X, W)),
+    ("sigmoid_wT", lambda x, w: jax.nn.sigmoid(x @ w.T), (X, WT)),
+    ("residual_scale", lambda x, w, b, r: (x @ w + b) * 0.5 + r, (X, W, B, RES)),
+    ("convert_out", lambda x, w, b: (x @ w + b).astype(jnp.bfloat16), (X, W, B)),
+    ("bf16_prologue", lambda x, w, b: (x.astype(jnp.bfloat16) @ w.astype(jnp.bfloat16)).astype(F32) + b, (X, W, B)),
+    ("scaled_lhs", lambda x, w: jnp.tanh((x * 0.25) @ w), (X, W)),
+    ("batched_qkT", lambda q, k: jnp.einsum("bqd,bkd->bqk", q, k) * 0.125, (X, X)),
+]
+
+
+@pytest.mark.parametrize("name,fn,args", CASES, ids=[c[0] for c in CASES])
+def test_fuses_and_matches_unfused(name, fn, args):
+    f = hlofuse.jit(fn, target="cpu", pipeline=PIPE)
+    rep = f.report(*args)
+    ks = kernels(rep, "matmul_epilogue")
+    assert len(ks) == 1, rep
+    assert "stablehlo.dot_general" in ks[0].ops
+    assert_same(f(*args), jax.jit(fn)(*args), "reassociate")
+
+
+def test_prologue_is_recorded():
+    fn = CASES[8][1]
+    out = outline(fn, (X, W, B), "fuse-matmul-epilogue")
+    (r,) = [r for r in out.report.regions if r.kind == "matmul_epilogue"]
+    assert r.extra["prologue"] == ["stablehlo.convert", "stablehlo.convert"]
+    assert r.extra["epilogue_ops"] >= 2  # convert back + bias add
+
+
+def test_multi_output_epilogue():
+    def fn(x, w, b):
+        h = x @ w + b
+        return jax.nn.relu(h), h.sum(0)     # h also leaves the region (axis-0 reduce)
+    f = hlofuse.jit(fn, target="cpu", pipeline=PIPE)
+    (k,) = kernels(f.report(X, W, B), "matmul_epilogue")
+    assert len(k.outputs) == 2
+    assert_same(f(X, W, B), jax.jit(fn)(X, W, B), "reassociate")
+
+
+def test_bare_dot_left_to_xla_with_reason():
+    f = hlofuse.jit(lambda x, w: x @ w, target="gpu", pipeline=PIPE)
+    rep = f.report(X, W)
+    (r,) = rep.regions
+    assert r.kernel is None and r.reason.startswith("cost model: bare dot_general")
+
+
+def test_no_match_integer_and_two_contracting_dims():
+    xi = R.integers(-3, 3, (4, 8)).astype(np.int32)
+    wi = R.integers(-3, 3, (8, 5)).astype(np.int32)
+    f = hlofuse.jit(lambda a, b: a @ b + 1, target="cpu", pipeline=PIPE)
+    rep = f.report(xi, wi)
+    assert rep.regions == [] and any("integer or boolean matmul" in n for n in rep.notes), rep.notes
+    assert_same(f(xi, wi), jax.jit(lambda a, b: a @ b + 1)(xi, wi), "exact")
+    a = R.standard_normal((3, 4, 5)).astype(F32)
+    b = R.standard_normal((4, 5, 6)).astype(F32)
+    g = lambda a, b: jnp.tanh(jnp.einsum("ijk,jkl->il", a, b))  # noqa: E731
+    f2 = hlofuse.jit(g, target="cpu", pipeline=PIPE)
+    rep2 = f2.report(a, b)
+    assert rep2.regions == [] and any("not canonical" in n for n in rep2.notes), rep2.notes
+    assert_same(f2(a, b), jax.jit(g)(a, b), "exact")
+
+
+def test_shared_prologue_convert_is_decided_by_cost_model():
+    def fn(x, w1, w2):
+        xb = x.astype(jnp.bfloat16)  # shared by two dots
+        return (jnp.tanh(xb @ w1.astype(jnp.bfloat16)), jax.nn.relu(xb @ w2.astype(jnp.bfloat16)))
+    out = outline(fn, (X, W, W), "fuse-matmul-epilogue")
+    regions = [r for r in out.report.regions if r.kind == "matmul_epilogue"]
+    assert len(regions) == 2
+    refused = " ".join(str(r.extra.get("refused")) for r in regions)
+    # converting f32 -> bf16 writes half what it reads: materialized once, not recomputed
+    assert "shared prologue op left outside (materialize" in refused
+    f = hlofuse.jit(fn, target="cpu", pipeline=PIPE)
+    assert_same(f(X, W, W), jax.jit(fn)(X, W, W), "reassociate")
+
+
+def test_epilogue_cycle_is_refused():
+    def fn(x, w, v):
+        h = x @ w
+        side = jnp.dot(h, v)                 # leaves the region through another dot ...
+        return h + side                      # ... and comes back: the add must stay outside
+    v = R.standard_normal((40, 40)).astype(F32)
+    f = hlofuse.jit(fn, target="cpu", pipeline=PIPE)
+    rep = f.report(X, W, v)
+    first = rep.regions[0]
+    assert "stablehlo.add" not in first.ops
+    assert "cycle" in str(first.extra.get("refused"))
+    assert_same(f(X, W, v), jax.jit(fn)(X, W, v), "reassociate")
+
+
+def test_gpu_and_tpu_lower_to_custom_calls():
+    fn = CASES[2][1]
+    for target, marker in (("gpu", "__gpu$xla.gpu.triton"), ("tpu", "tpu_custom_call")):
+        lo = hlofuse.jit(fn, target=target, pipeline=PIPE).lower(X, W, B)
+        assert marker in lo.as_text()
+        (k,) = kernels(lo.report, "matmul_epilogue")
+        assert k.block and "tiles" in k.block
+        assert k.bytes_fused < k.bytes_unfused
+
+
+# -- property test: random epilogues -----------------------------------------------------------
+
+EPI = [lambda h, b, r: h + b, lambda h, b, r: jax.nn.relu(h), lambda h, b, r: h * r,
+       lambda h, b, r: jnp.tanh(h), lambda h, b, r: h - 1.0, lambda h, b, r: jax.nn.sigmoid(h) * h]
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.sampled_from(range(len(EPI))), min_size=1, max_size=4),
+       st.sampled_from([(5, 7, 3), (16, 8, 24), (1, 33, 9)]), st.booleans())
+def test_random_epilogues(epi, mkn, transpose_w):
+    m, k, n = mkn
+    x = R.standard_normal((m, k)).astype(F32)
+    w = R.standard_normal((n, k) if transpose_w else (k, n)).astype(F32)
+    b = R.standard_normal(n).astype(F32)
+    r = R.standard_normal((m, n)).astype(F32)
+
+    def fn(x, w, b, r):
+        h = x @ (w.T if transpose_w else w)
+        for e in epi:
+            h = EPI[e](h, b, r)
+        return h
+    f = hlofuse.jit(fn, target="cpu", pipeline=PIPE)
+    assert len(kernels(f.report(x, w, b, r), "matmul_epilogue")) == 1
+    assert_same(f(x, w, b, r), jax.jit(fn)(x, w, b, r), "reassociate")
+
+
+def _conv(x, w):
+    return jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+
+def test_conv1x1_becomes_matmul_with_bn_relu_residual_epilogue():
+    x = R.standard_normal((2, 6, 6, 16)).astype(F32)
+    w = (R.standard_normal((1, 1, 16, 16)) * 0.2).astype(F32)
+    sc, sh = R.standard_normal(16).astype(F32), R.standard_normal(16).astype(F32)
+    fn = lambda x, w, sc, sh: jax.nn.relu(_conv(x, w) * sc + sh + x)  # noqa: E731
+    for target in ("gpu", "tpu"):
+        out = outline(fn, (x, w, sc, sh), "fuse-matmul-epilogue", target=target)
+        (r,) = [r for r in out.report.regions if r.kind == "matmul_epilogue"]
+        assert r.extra["conv1x1"] and r.reason is None and "stablehlo.maximum" in r.ops
+    f = hlofuse.jit(fn, target="cpu", pipeline=PIPE, options={"conv1x1_as_dot": True})
+    (k,) = kernels(f.report(x, w, sc, sh), "matmul_epilogue")
+    assert k.extra["conv1x1"]
+    assert_same(f(x, w, sc, sh), jax.jit(fn)(x, w, sc, sh), "reassociate")
+
+
+def test_other_convolutions_are_reported_and_left_to_xla():
+    x = R.standard_normal((2, 6, 6, 8)).astype(F32)
+    w3 = (R.standard_normal((3, 3, 8, 8)) * 0.2).astype(F32)
+    w1 = (R.standard_normal((1, 1, 8, 8)) * 0.2).astype(F32)
+    fn = lambda x, a, b: (jax.nn.relu(_conv(x, a)), _conv(x, b))  # noqa: E731
+    f = hlofuse.jit(fn, target="cpu", pipeline=PIPE)
+    notes = f.report(x, w3, w1).notes
+    assert any("1 convolution(s) left to XLA" in n and "3x3 kernel" in n for n in notes), notes
+    assert any("1 1x1 convolution(s) left to XLA" in n and "cost model" in n for n in notes), notes
+    assert_same(f(x, w3, w1), jax.jit(fn)(x, w3, w1), "exact")
+    # a second run over the optimized module finds nothing new (idempotence)
+    again = hlofuse.optimize(f.lower(x, w3, w1).as_text(), target="cpu", pipeline=PIPE)
+    assert again.report.regions == []

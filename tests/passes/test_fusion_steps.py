@@ -1,0 +1,244 @@
+"""The three fusion steps, each on its own: predicates (pure), region formation (cycle-safe),
+outlining (commit + cost-model marking), plus the cost model's numbers and decisions."""
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+from jaxlib.mlir import ir
+
+from hlofuse import ir as hir
+from hlofuse.ops import OpClass
+from hlofuse.passes.fusion import cost
+from hlofuse.passes.fusion import predicates as P
+from hlofuse.passes.fusion.outline import KIND_ATTR, XLA_ATTR
+from hlofuse.passes.fusion.regions import BlockGraph, grow_region, merge_siblings
+from hlofuse.pipeline import PassContext
+
+F32 = np.float32
+
+
+def module_of(fn, *shapes, dtype=F32):
+    args = [jax.ShapeDtypeStruct(s, dtype) for s in shapes]
+    text = jax.jit(fn).lower(*args).as_text()
+    m = hir.parse(text)
+    hir.inline_all_calls(m)
+    hir.run_upstream_passes(m, "builtin.module(symbol-dce,cse)")
+    return m, [o for o in hir.block_ops(hir.main_func(m).regions[0].blocks[0]) if o.name != "func.return"]
+
+
+def first(ops, name, k=0):
+    return [o for o in ops if o.name == name][k]
+
+
+# -- step 1: predicates ------------------------------------------------------------------------
+
+def test_role_table_is_data():
+    assert P.ROLE_TABLE["reduction"][OpClass.REDUCTION] == P.Role.ANCHOR
+    assert P.ROLE_TABLE["matmul_epilogue"][OpClass.DOT] == P.Role.ANCHOR
+    assert P.ROLE_TABLE["matmul_epilogue"][OpClass.ELEMENTWISE] == P.Role.EPILOGUE
+    assert OpClass.OPAQUE not in P.ROLE_TABLE["reduction"]
+
+
+def test_reduction_anchor_rules():
+    m, ops = module_of(lambda x: (x.sum(-1), x.max(0), jnp.argmax(x, -1)), (4, 8))
+    reduces = [o for o in ops if o.name == "stablehlo.reduce"]
+    assert P.reduction_anchor(reduces[0], "cpu") is None
+    assert "not the last dim" in P.reduction_anchor(reduces[1], "cpu")
+    assert "variadic" in P.reduction_anchor(reduces[2], "cpu")
+    m2, ops2 = module_of(lambda x: x.sum(-1), (2, 32768))
+    assert "on-chip row limit" in P.reduction_anchor(first(ops2, "stablehlo.reduce"), "gpu")
+    assert P.reduction_anchor(first(ops2, "stablehlo.reduce"), "cpu") is None
+    from hlofuse.kernels import tiling
+    assert P.MAX_ROW_ELEMS["gpu"] == tiling.MAX_GPU_ROW  # the predicate and the tiling agree
+
+
+def test_dot_layout_and_anchor():
+    m, ops = module_of(lambda x, w: (x @ w, x @ w.T[:, :16].T.T), (2, 8, 16), (16, 16))
+    d = first(ops, "stablehlo.dot_general")
+    assert P.dot_layout(d) == {"nb": 0, "lhs_t": False, "rhs_t": False}
+    assert P.dot_anchor(d, "tpu") is None
+    m, ops = module_of(lambda q, k: jnp.einsum("bqd,bkd->bqk", q, k), (2, 8, 4), (2, 8, 4))
+    assert P.dot_layout(first(ops, "stablehlo.dot_general")) == {"nb": 1, "lhs_t": False, "rhs_t": True}
+    m, ops = module_of(lambda a, b: jnp.einsum("ijk,jkl->il", a, b), (3, 4, 5), (4, 5, 6))
+    assert "not canonical" in P.dot_anchor(first(ops, "stablehlo.dot_general"), "gpu")
+
+
+def test_prologue_and_epilogue_members():
+    m, ops = module_of(lambda x, w, y: (x.astype(jnp.bfloat16) * 2 @ w.astype(jnp.bfloat16), x * y),
+                       (4, 8), (8, 8), (4, 8))
+    conv = first(ops, "stablehlo.convert")
+    assert P.prologue_member(conv, "gpu") is None
+    muls = [o for o in ops if o.name == "stablehlo.multiply"]
+    by_scalar = [o for o in muls if any(P.is_scalar_operand(v) for v in o.operands)][0]
+    by_tensor = [o for o in muls if not any(P.is_scalar_operand(v) for v in o.operands)][0]
+    assert P.prologue_member(by_scalar, "gpu") is None
+    assert "non-scalar" in P.prologue_member(by_tensor, "gpu")
+    assert P.epilogue_member(by_tensor, "gpu") is None
+    assert P.epilogue_member(first(ops, "stablehlo.dot_general"), "gpu") is not None
+
+
+def test_view_classes_disambiguate_rows_equal_cols():
+    # rows == cols == 8: a bias (col) and a per-row statistic (row) have the same shape (8,)
+    m, ops = module_of(lambda x, b: (x - x.mean(-1, keepdims=True)) + b, (8, 8), (8,))
+    cls = P.view_classes(ops, P.View(8, 8))
+    entry = hir.main_func(m).regions[0].blocks[0]
+    assert cls[entry.arguments[0]] == P.FULL
+    assert cls[entry.arguments[1]] == P.COL
+    assert cls[first(ops, "stablehlo.reduce").results[0]] == P.ROW
+
+
+def test_view_classes_refuse_transposed_use():
+    m, ops = module_of(lambda x, r: x - r[None, :], (8, 4), (4,))  # broadcast over rows: a col
+    P.view_classes(ops, P.View(8, 4))
+    m, ops = module_of(lambda x, r: x - r[:, None], (8, 4), (8,))  # per-row: a row
+    cls = P.view_classes(ops, P.View(8, 4))
+    assert cls[hir.main_func(m).regions[0].blocks[0].arguments[1]] == P.ROW
+    m, ops = module_of(lambda x: x.T * 2.0, (8, 4))
+    with pytest.raises(P.ClassError):
+        P.view_classes(ops, P.View(4, 8))
+
+
+# -- step 2: region formation ------------------------------------------------------------------
+
+def test_grow_region_refuses_cycles():
+    def fn(x, w):
+        s = x.sum(-1, keepdims=True)
+        t = jnp.tanh(x / s) @ w             # the dot is outside any reduction region
+        return (s + t) * 2.0                 # reads the region (s) and the dot: a cycle
+    m, ops = module_of(fn, (4, 8), (8, 8))
+    g = BlockGraph(ops)
+    anchor = first(ops, "stablehlo.reduce")
+    admit = lambda c, members, d: None if c.name != "stablehlo.dot_general" else "dot"  # noqa: E731
+    members, refused = grow_region(g, anchor, admit)
+    assert first(ops, "stablehlo.tanh") in members
+    add = first(ops, "stablehlo.add")
+    assert add not in members and "cycle" in refused[add]
+    assert g.is_convex(members)
+    assert not g.is_convex(set(members) | {add})
+
+
+def test_merge_siblings_needs_shared_input_and_no_path():
+    m, ops = module_of(lambda x, y: (jnp.exp(x), jnp.sin(x), jnp.cos(y), jnp.tanh(jnp.exp(x))), (4, 8), (4, 8))
+    g = BlockGraph(ops)
+    groups = [[o] for o in ops if o.name in ("stablehlo.exponential", "stablehlo.sine", "stablehlo.cosine",
+                                             "stablehlo.tanh")]
+    merged = merge_siblings(g, groups, key=lambda grp: P.domain_shape(grp[0]))
+    names = [sorted(o.name for o in grp) for grp in merged]
+    assert names == [["stablehlo.exponential", "stablehlo.sine"]]   # cos reads y only; tanh reads exp
+
+
+# -- step 3: outlining -------------------------------------------------------------------------
+
+def test_commit_region_outlines_and_marks_cost_model_refusals():
+    from hlofuse.passes.fusion.commit import commit_region
+    m, ops = module_of(lambda x: jax.nn.softmax(x, -1), (4, 8))
+    members = [o for o in ops if o.name != "stablehlo.constant"]
+    ctx = PassContext(target="cpu")
+    region, decision = commit_region(m, ctx, "reduction", members,
+                                     decision_for=lambda c: cost.Decision(False, "cost model: test"))
+    hir.verify(m)
+    fns = [f for f in hir.funcs(m) if KIND_ATTR in f.attributes]
+    assert len(fns) == 1
+    assert ir.StringAttr(fns[0].attributes[XLA_ATTR]).value == "cost model: test"
+    assert region.reason == "cost model: test" and not decision.fuse
+    assert region.bytes_unfused > region.bytes_fused > 0
+    main_ops = [o.name for o in hir.block_ops(hir.main_func(m).regions[0].blocks[0])]
+    assert main_ops.count("func.call") == 1 and "stablehlo.reduce" not in main_ops
+
+
+# -- cost model --------------------------------------------------------------------------------
+
+def test_region_cost_folds_broadcasts_and_counts_dot_flops():
+    m, ops = module_of(lambda x, w, b: jax.nn.relu(x @ w + b), (16, 32), (32, 64), (64,))
+    c = cost.region_cost(ops, [], [])
+    assert c.flops >= 2 * 16 * 64 * 32
+    # unfused: dot (x, w, out) + add (out, b, out) + max (out, out): bias read at its own size
+    n = 4
+    assert c.bytes_unfused == n * (16 * 32 + 32 * 64 + 16 * 64) + n * (16 * 64 + 64 + 16 * 64) + n * (2 * 16 * 64)
+
+
+def test_decide_per_target():
+    c = cost.RegionCost(bytes_unfused=10_000_000, bytes_fused=2_000_000, flops=1000, kernels_unfused=5)
+    assert cost.decide("reduction", c, "gpu").fuse
+    assert cost.decide("reduction", c, "cpu", grid_steps=1).fuse
+    assert "grid steps" in cost.decide("reduction", c, "cpu", grid_steps=3).reason
+    assert "bare dot" in cost.decide("matmul_epilogue", c, "gpu", fused_ops=0).reason
+    c.working_set_bytes = 10 * 1024 * 1024
+    assert "on-chip budget" in cost.decide("reduction", c, "gpu").reason
+    assert cost.decide("reduction", c, "tpu").fuse          # 16 MiB scoped VMEM
+    slow = cost.RegionCost(bytes_unfused=100, bytes_fused=1000, flops=0, kernels_unfused=1)
+    assert "modeled slower" in cost.decide("reduction", slow, "gpu").reason
+
+
+def test_remat_choice():
+    m, ops = module_of(lambda x, y: (x + y, x * 2.0, x.astype(jnp.bfloat16),
+                                     jax.lax.optimization_barrier(x * 3.0)), (64, 64), (64, 64))
+    add = first(ops, "stablehlo.add")
+    mul = first(ops, "stablehlo.multiply")
+    conv = first(ops, "stablehlo.convert")
+    barrier = first(ops, "stablehlo.optimization_barrier")
+    assert cost.remat_choice(add, [mul], "gpu")[0] == "materialize"     # reads 2x what it writes
+    assert cost.remat_choice(mul, [add], "gpu")[0] == "recompute"       # reads what it writes
+    assert cost.remat_choice(conv, [add], "gpu")[0] == "materialize"    # f32 -> bf16 halves bytes
+    # an opaque consumer cannot absorb the op: recomputing would run it twice
+    assert cost.remat_choice(mul, [barrier], "gpu")[0] == "materialize"
+
+
+def _xla_ops(compiled) -> dict:
+    import collections
+    import re
+    out = collections.Counter()
+    for line in compiled.as_text().splitlines():
+        m = re.search(r"= (\S+?)\[.*?\]\S* (\w+)\(", line)
+        if m and m.group(2) not in ("parameter", "bitcast"):
+            kind = re.search(r"kind=(k\w+)", line)
+            out[(m.group(1), m.group(2), kind.group(1) if kind else "")] += 1
+    return out
+
+
+def test_cpu_kernels_leave_xla_program_unchanged():
+    """The CPU cost model's premise (CPU_RULES): a one-grid-step kernel vanishes into XLA's
+    program -- the compiled HLO has the same (dtype, opcode, fusion kind) multiset."""
+    import hlofuse
+    from tests.fusion_util import FULL_PIPE
+    r = np.random.default_rng(0)
+    x = r.standard_normal((4, 16, 64)).astype(F32)
+    w = (r.standard_normal((64, 96)) * 0.1).astype(F32)
+    b = r.standard_normal(96).astype(F32)
+
+    def ln(x):
+        m = x.mean(-1, keepdims=True)
+        return (x - m) * jax.lax.rsqrt(((x - m) ** 2).mean(-1, keepdims=True) + 1e-5)
+    cases = [
+        (ln, (x,), "reduction"),
+        (lambda x, w, b: jax.nn.gelu(x @ w + b), (x, w, b), "matmul_epilogue"),
+        (lambda x, w, b: jax.nn.relu(x.astype(jnp.bfloat16) @ w.astype(jnp.bfloat16) + b.astype(jnp.bfloat16)),
+         (x, w, b), "matmul_epilogue"),
+        (lambda x, w, b: (x @ w + b, jnp.tanh(x @ (w * 2.0))), (x, w, b), "horizontal"),
+    ]
+    for fn, args, kind in cases:
+        h = hlofuse.jit(fn, target="cpu", pipeline=FULL_PIPE)
+        assert any(k.kind == kind for k in h.report(*args).kernels)
+        assert _xla_ops(h.lower(*args).compile()) == _xla_ops(jax.jit(fn).lower(*args).compile()), kind
+
+
+def test_fusion_engine_is_idempotent():
+    """A second run of the fusion passes over their own output changes nothing and reports
+    no region (fused, merged or left to XLA regions are all recognized as done)."""
+    import hlofuse
+    from tests.fusion_util import FULL_PIPE
+    r = np.random.default_rng(1)
+    x = r.standard_normal((2, 8, 32)).astype(F32)
+    ws = [(r.standard_normal((32, 32)) * 0.1).astype(F32) for _ in range(3)]
+
+    def fn(x, a, b, c):
+        q, k = x @ a, x @ b                       # bare sibling dots -> horizontal
+        h = jax.nn.softmax(q * k, axis=-1)        # reduction
+        return jax.nn.relu(h @ c + x), (x * x).sum(0)   # matmul epilogue; a reduce left to XLA
+    for target in ("cpu", "gpu"):
+        first = hlofuse.jit(fn, target=target, pipeline=FULL_PIPE).lower(x, *ws)
+        assert {k.kind for k in first.report.kernels} >= {"horizontal", "reduction", "matmul_epilogue"}
+        again = hlofuse.optimize(first.as_text(), target=target, pipeline=FULL_PIPE)
+        assert again.text == first.as_text() and again.report.regions == []

@@ -1,0 +1,122 @@
+"""The benchmark harness end to end on the tiny workload (quick mode); no timing assertions."""
+
+import json
+import math
+import struct
+import zlib
+
+import numpy as np
+import pytest
+
+from bench import __main__ as cli
+from bench import png, runner, workloads
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bench")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HLOFUSE_CACHE_DIR", str(d / "cache"))  # children inherit it; keep ~/.cache clean
+    out = {k: str(d / f"out.{k}") for k in ("json", "md", "png")}
+    try:
+        rc = cli.main(["--quick", "--models", "tiny", "--rounds", "3", "--rss",
+                       "--json", out["json"], "--markdown", out["md"], "--plot", out["png"]])
+    finally:
+        mp.undo()
+    return rc, out
+
+
+def test_json_structure(quick_run):
+    rc, out = quick_run
+    assert rc == 0
+    data = json.load(open(out["json"]))
+    meta = data["meta"]
+    assert {"jax", "jaxlib", "python", "numpy", "hlofuse"} <= set(meta["versions"])
+    assert meta["device"]["platform"] == "cpu" and meta["device"]["measured"] == "cpu"
+    assert meta["config"]["rounds"] == 3
+    (r,) = data["results"]
+    assert r["name"] == "tiny" and "error" not in r
+    lat = r["latency"]
+    assert lat["rounds"] == 3 and len(lat["per_round"]) == 3
+    for key in ("jax_median_s", "hlofuse_median_s", "median_ratio", "ratio_p25", "ratio_p75"):
+        assert math.isfinite(lat[key]) and lat[key] > 0, key
+    for rnd in lat["per_round"]:
+        assert math.isfinite(rnd["ratio"]) and rnd["ratio"] > 0
+        assert isinstance(rnd["flagged"], bool) and rnd["foreign_load"] >= 0
+    assert r["first_call_jax_s"] > 0 and r["first_call_hlofuse_s"] > 0
+    assert r["numerics"]["max_rel_diff"] < 1e-4
+    # compiled-executable analyses of both, hlofuse report, modeled (labelled) figures
+    for side in ("jax_compiled", "hlofuse_compiled"):
+        assert r[side]["flops"] > 0 and r[side]["bytes_accessed"] > 0
+        assert "temp_bytes" in r[side]["memory_analysis"]
+        assert r[side]["hlo"]["fusions_total"] >= 1
+    assert r["hlofuse_report"]["kernels"] + r["hlofuse_report"]["regions_left_to_xla"] >= 0
+    assert r["modeled"]["gpu"]["label"] == "modeled"
+    assert "modeled_bytes_fused" in r["modeled"]["gpu"], r["modeled"]["gpu"]
+    # fresh-process peak RSS of one call, both sides
+    for impl in ("jax", "hlofuse"):
+        assert r["peak_rss"][impl].get("peak_rss", 0) > 0, r["peak_rss"][impl]
+    assert r["autotune"] is None or r["autotune"]["variant"] in ("default", "ynn-off",
+                                                                   "ynn-individual-dot")
+
+
+def test_markdown_and_png(quick_run):
+    _, out = quick_run
+    md = open(out["md"]).read()
+    assert "| tiny |" in md and "python -m bench --quick" in md and "modeled" in md
+    blob = open(out["png"], "rb").read()
+    assert blob[:8] == b"\x89PNG\r\n\x1a\n"
+    w, h = struct.unpack(">II", blob[16:24])
+    # decode IDAT and check every row is present (filter byte + 3 bytes per pixel)
+    pos, idat = 8, b""
+    while pos < len(blob):
+        n = struct.unpack(">I", blob[pos:pos + 4])[0]
+        tag = blob[pos + 4:pos + 8]
+        if tag == b"IDAT":
+            idat += blob[pos + 8:pos + 8 + n]
+        assert zlib.crc32(blob[pos + 4:pos + 8 + n]) & 0xFFFFFFFF == \
+            struct.unpack(">I", blob[pos + 8 + n:pos + 12 + n])[0]
+        pos += 12 + n
+    assert len(zlib.decompress(idat)) == h * (1 + 3 * w)
+
+
+def test_table_marks_slower_and_goals():
+    fake = {"name": "bert_s128", "latency": {"jax_median_s": 0.1, "hlofuse_median_s": 0.09,
+                                             "median_ratio": 0.9, "ratio_p25": 0.88,
+                                             "ratio_p75": 0.92, "flagged_rounds": 0, "rounds": 20},
+            "first_call_jax_s": 1.0, "first_call_hlofuse_s": 2.0, "hlofuse_report": {"kernels": 3},
+            "numerics": {"max_rel_diff": 0.0}}
+    rows = cli.rows_for_table([fake, dict(fake, name="mlp_3x4096", latency=dict(
+        fake["latency"], median_ratio=1.1))], "cpu")
+    assert rows[1][-1] == "goal met (<=0.95)" and rows[2][-1] == "SLOWER"
+
+
+def test_load_probe_and_fusion_counts():
+    with runner.LoadProbe() as p:
+        sum(range(10000))
+    assert p.wall > 0 and 0 <= p.foreign
+    text = ('%f = f32[2] fusion(%a), kind=kLoop, calls=%c\n'
+            '%g = f32[2] fusion(%a), kind=kCustom, calls=%d, backend_config={"fusion_config":'
+            '{"kind":"__ynn_fusion"}}\nENTRY %main {\n %h = f32[2] dot(%a, %b)\n}')
+    c = runner.fusion_counts(text)
+    assert c["fusions"] == {"kLoop": 1, "kCustom": 1} and c["ynn_fusions"] == 1
+    assert c["dots_outside_fusion"] == 1
+
+
+def test_workloads_are_well_formed():
+    assert set(workloads.DEFAULT) <= set(workloads.WORKLOADS)
+    for name in ("bert_s128", "resnet_nchw", "llama_block", "attn_s2048"):
+        w = workloads.get(name)
+        assert w.description and w.group
+    with pytest.raises(KeyError, match="unknown workload"):
+        workloads.get("nope")
+
+
+def test_png_writer_roundtrip(tmp_path):
+    img = np.zeros((3, 4, 3), np.uint8)
+    img[1, 2] = (255, 0, 0)
+    png.write_png(str(tmp_path / "x.png"), img)
+    blob = (tmp_path / "x.png").read_bytes()
+    raw = zlib.decompress(blob[blob.index(b"IDAT") + 4:blob.index(b"IEND") - 8])
+    rows = np.frombuffer(raw, np.uint8).reshape(3, 1 + 12)
+    assert (rows[:, 0] == 0).all() and tuple(rows[1, 1 + 6:1 + 9]) == (255, 0, 0)

@@ -1,0 +1,300 @@
+"""Differential fuzzing: random StableHLO DAGs -> hlofuse pipeline -> same numbers, idempotent.
+
+Each example is a random straight-line program (:func:`hlofuse.testing.stablehlo_graphs`:
+elementwise, broadcast, reduce, dot_general, transpose, reshape, select, convert, concatenate,
+slice over f32/bf16/f16/i32/bool, with ±inf/NaN/-0/subnormal/huge constants and inputs), checked
+by :func:`hlofuse.testing.check_graph`: the optimized module verifies, gives the unoptimized
+module's results (kernel tolerance; ints and bools exact), and a second run of the pipeline over
+it changes nothing. Every third CPU example also runs the per-region verifier (no rollback may
+happen on a correct pipeline). gpu/tpu examples lower only (no device here) and verify their
+kernels in Pallas interpret mode.
+
+CI runs a fixed, derandomized budget. The long run:
+
+    HLOFUSE_FUZZ_EXAMPLES=10000 python -m pytest tests/test_fuzz.py -x -q
+
+(gpu and tpu get a tenth of the budget each). A failing example prints its program
+(``spec.source()``); each bug found keeps a regression test at the end of this file. To collect
+every failure of a long run instead of stopping at the first:
+
+    python tests/fuzz_long.py --examples 10000 --out fuzz.jsonl [--target gpu] [--minutes 40]
+"""
+
+import collections
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+import hlofuse
+from hlofuse import ir as hir
+from hlofuse.testing import GraphSpec, Node, check_graph, stablehlo_graphs
+
+EXAMPLES = int(os.environ.get("HLOFUSE_FUZZ_EXAMPLES", "100"))
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                       HealthCheck.filter_too_much])
+LOWER_ONLY = settings(FUZZ, max_examples=max(20, EXAMPLES // 10))
+
+
+def _report(spec, e):
+    return f"{e}\n--- program ---\n{spec.source()}"
+
+
+@FUZZ
+@given(stablehlo_graphs())
+def test_random_graphs_cpu(spec):
+    try:
+        check_graph(spec, target="cpu", verify=spec.seed % 3 == 0)
+    except AssertionError as e:
+        raise AssertionError(_report(spec, e)) from None
+
+
+@pytest.mark.parametrize("target", ["gpu", "tpu"])
+def test_random_graphs_lower_for_accelerators(target):
+    @LOWER_ONLY
+    @given(stablehlo_graphs())
+    def run(spec):
+        try:
+            check_graph(spec, target=target, verify=True)
+        except AssertionError as e:
+            raise AssertionError(_report(spec, e)) from None
+
+    run()
+
+
+def test_generator_covers_every_op_kind_and_feeds_the_fusion_passes():
+    """The fuzzer is not vacuous: it draws every op kind and dtype, and its graphs make regions."""
+    ops, dtypes, regions = collections.Counter(), collections.Counter(), []
+
+    @settings(max_examples=60, deadline=None, derandomize=True, database=None)
+    @given(stablehlo_graphs())
+    def draw(spec):
+        ops.update(n.op for n in spec.nodes)
+        dtypes.update(d for _, d in spec.inputs)
+        exp = jax.export.export(jax.jit(spec.build()), platforms=["cpu"])(*spec.avals())
+        opt = hlofuse.optimize(exp.mlir_module(), pipeline="inline-calls,canonicalize,cse,fuse-elementwise")
+        regions.append(len(opt.report.regions))
+
+    draw()
+    assert set(ops) >= {"const", "unary", "binary", "compare", "select", "convert", "broadcast", "reduce",
+                        "dot", "transpose", "reshape", "concat", "slice"}, ops
+    assert set(dtypes) == {"f32", "bf16", "f16", "i32", "i1"}, dtypes
+    assert sum(r > 0 for r in regions) >= len(regions) // 4, regions
+
+
+def test_fuzz_oracle_catches_a_wrong_kernel(monkeypatch):
+    """check_graph fails when a kernel is wrong (the oracle can fail)."""
+    from hlofuse import ops
+    from hlofuse.passes import kernelize
+    monkeypatch.setattr(kernelize, "_CACHE", {})
+    monkeypatch.setitem(ops.RULES, "stablehlo.add", ops.OpRule(ops.OpClass.ELEMENTWISE, lambda op, a, b: a - b))
+    spec = GraphSpec(inputs=(((4, 8), "f32"), ((4, 8), "f32")),
+                     nodes=(Node("binary", (0, 1), ("add",)), Node("unary", (2,), ("tanh",))),
+                     outputs=(3,), seed=3)
+    with pytest.raises(AssertionError, match="differ"):
+        check_graph(spec)
+    with pytest.raises(AssertionError, match="verification rolled back"):
+        check_graph(spec, verify=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Regression tests: one per bug the fuzzer (or the tests around it) found
+# ---------------------------------------------------------------------------------------------
+
+def _text(f, *args):
+    return jax.jit(f).lower(*args).as_text()
+
+
+def test_regression_rerun_does_not_inline_or_refuse_kernels():
+    """Bug 1: a second run inlined the kernel functions (inline-calls), re-fused their
+    interpret-mode loop bodies into new kernels, and cse rewrote the kernels' insides."""
+    x = jnp.ones((8, 128))
+    text = _text(lambda x, y: (jnp.tanh(x * 2.0 + y) * y - 1.0, (x + y).sum()), x, x)
+    opt = hlofuse.optimize(text)
+    assert opt.report.kernels
+    again = hlofuse.optimize(opt.text)
+    assert again.text == opt.text and not again.report.kernels
+
+
+def test_regression_rerun_with_regions_left_to_xla():
+    """Bug 2: kernelize looked up region ids of an earlier run in the new (empty) report and
+    failed (PassFailure: IndexError); regions left to XLA are now marked and skipped."""
+    x = jnp.ones((8, 128))
+    text = _text(lambda x, y: jnp.tanh(x * 2.0 + y) * y, x, x)
+    opt = hlofuse.optimize(text, options={"no_kernels": True})
+    assert opt.report.regions and not opt.report.kernels and "hlofuse.xla" in opt.text
+    for options in ({"no_kernels": True}, {}):
+        again = hlofuse.optimize(opt.text, options=options)
+        assert again.text == opt.text
+
+
+T = "tensor<8x128xf32>"
+EARLIER = f"""module {{
+  func.func public @main(%a: {T}, %b: {T}) -> ({T}, {T}, {T}) {{
+    %0 = call @hlofuse_region_0(%a, %b) : ({T}, {T}) -> {T}
+    %1 = call @hlofuse_k0_main(%a) : ({T}) -> {T}
+    %2 = stablehlo.multiply %a, %b : {T}
+    %3 = stablehlo.tanh %2 : {T}
+    %4 = stablehlo.add %3, %a : {T}
+    return %0, %1, %4 : {T}, {T}, {T}
+  }}
+  func.func private @hlofuse_region_0(%x: {T}, %y: {T}) -> {T} attributes {{hlofuse.kind = "elementwise", hlofuse.region = 0 : i64, hlofuse.xla = "left to XLA"}} {{
+    %0 = stablehlo.subtract %x, %y : {T}
+    %1 = stablehlo.exponential %0 : {T}
+    return %1 : {T}
+  }}
+  func.func private @hlofuse_k0_main(%x: {T}) -> {T} {{
+    %0 = stablehlo.negate %x : {T}
+    return %0 : {T}
+  }}
+}}"""
+
+
+def test_regression_outlining_and_kernels_never_reuse_a_symbol():
+    """Bug 3: in a module optimized before, a new region 0 was outlined as
+    ``hlofuse_region_0`` and its kernel imported as ``hlofuse_k0_*`` although both names were
+    taken (region ids restart at 0 per run): duplicate symbols, a failing pipeline. Now both
+    get a suffix; the old region (left to XLA) and the old kernel are untouched."""
+    from hlofuse.verify import run_module
+    from hlofuse.testing import assert_same, random_inputs
+    opt = hlofuse.optimize(EARLIER)
+    hir.verify(opt.module)
+    names = {hir.func_name(f) for f in hir.funcs(opt.module)}
+    assert {"hlofuse_region_0", "hlofuse_k0_main", "hlofuse_k0_1_main"} <= names
+    (region,) = opt.report.regions
+    assert region.kernel and region.extra["kernel_func"] == "hlofuse_k0_1_main"
+    inputs = random_inputs([jax.ShapeDtypeStruct((8, 128), np.float32)] * 2, 0)
+    assert_same(run_module(opt.module, inputs), run_module(EARLIER, inputs))
+    assert hlofuse.optimize(opt.text).text == opt.text
+
+
+def test_edge_value_constants_survive_kernels_bit_exactly():
+    """Every edge constant the fuzzer draws (-0, NaN, ±inf, subnormals, largest finite) goes
+    through a kernel bit-exactly, in each float dtype, on edge-salted inputs."""
+    from hlofuse.testing import edge_values
+    for dt in ("f32", "bf16", "f16"):
+        values = [float(v) for v in edge_values(hir.np_dtype(dt))]
+        nodes, outs = [], []
+        for v in values:  # out_k = -(x * c_k + x), one multi-output region
+            c = 1 + len(nodes)
+            nodes += [Node("const", (), (v, (4, 8), dt)), Node("binary", (0, c), ("mul",)),
+                      Node("binary", (c + 1, 0), ("add",)), Node("unary", (c + 2,), ("neg",))]
+            outs.append(c + 3)
+        spec = GraphSpec(inputs=(((4, 8), dt),), nodes=tuple(nodes), outputs=tuple(outs), seed=5, edge=True)
+        opt = check_graph(spec, category="exact")
+        assert opt.report.kernels and not opt.report.left_to_xla
+
+
+def test_regression_no_pass_rewrites_hlofuse_functions():
+    """Bug 4: cleanups added to the pipeline (constant-fold, algebraic-simplify) rewrote the
+    imported kernel functions on a second run (folded the interpret-mode loop's constants,
+    dropped no-op converts). Every pass of the default pipeline, run alone over the pipeline's
+    output, must now change nothing."""
+    x = jnp.ones((4, 8))
+    text = _text(lambda x, y: (jnp.tanh(x - y) * 2.0, jnp.exp(y) + x), x, x)
+    opt = hlofuse.optimize(text, options={})
+    assert opt.report.kernels
+    for name in dict.fromkeys(hlofuse.pipeline.resolve_pipeline("default")):
+        again = hlofuse.optimize(opt.text, pipeline=[name])
+        assert again.text == opt.text, f"pass {name} changed the optimized module"
+
+
+def test_regression_interpret_mode_check_of_constant_only_kernel_values():
+    """Bug 5 (fuzz, gpu target): the interpret-mode check evaluated the rebuilt kernel eagerly
+    (``ensure_compile_time_eval``), so values computed from literals alone became captured
+    constants and Pallas refused the kernel -> a false rollback. Now lowered and run by XLA."""
+    spec = GraphSpec(inputs=(((1,), "f32"),),
+                     nodes=(Node("convert", (0,), ("i1",)), Node("convert", (1,), ("f32",)),
+                            Node("select", (1, 0, 2), ())),
+                     outputs=(1, 2, 3), seed=0)
+    for target in ("gpu", "tpu"):
+        opt = check_graph(spec, target=target, verify=True)
+        assert opt.report.kernels and all("interpret" in r.extra["verify"] for r in opt.report.kernels)
+
+
+@pytest.mark.parametrize("spec", [
+    # select(false, x, 0) -> 0 (algebraic-simplify) exposed shift_right_logical(2, 0) to folding
+    GraphSpec(inputs=(((), "i1"), ((), "f32")),
+              nodes=(Node("convert", (0,), ("i32",)), Node("const", (), (False, (), "i1")),
+                     Node("convert", (3,), ("i32",)), Node("select", (3, 2, 4), ()),
+                     Node("const", (), (2, (), "i32")), Node("binary", (6, 5), ("shift_right_logical",)),
+                     Node("unary", (6,), ("clz",))),
+              outputs=(2, 7, 8), seed=18, edge=True),
+    # the second cse merged two folded constants, exposing or(c, c) after simplification ran
+    GraphSpec(inputs=(((8, 128), "i1"),),
+              nodes=(Node("const", (), (True, (16, 128), "i1")), Node("transpose", (1,), ((1, 0),)),
+                     Node("const", (), (True, (128, 16), "i1")), Node("binary", (3, 2), ("bitwise_or",)),
+                     Node("unary", (0,), ("bitwise_not",))),
+              outputs=(1, 4, 5), seed=4),
+    # select(false, x, 0.0) -> 0.0 exposed max(convert(0.0), -0.0) to the folder
+    GraphSpec(inputs=(((130, 5), "f16"), ((130, 5), "f32"), ((), "f32")),
+              nodes=(Node("const", (), (-0.0, (130, 5), "f32")), Node("binary", (3, 1), ("mul",)),
+                     Node("const", (), (False, (), "i1")), Node("convert", (5,), ("f32",)),
+                     Node("select", (5, 2, 6), ()), Node("convert", (7,), ("bf16",)),
+                     Node("const", (), (-0.0, (), "bf16")), Node("binary", (8, 9), ("max",))),
+              outputs=(3, 4, 10), seed=80),
+], ids=["fold-after-simplify", "simplify-after-cse", "fold-signed-zero-after-simplify"])
+def test_regression_cleanups_reach_a_fixed_point(spec):
+    """Bug 6 (long fuzz run): constant-fold and algebraic-simplify ran once each, before the
+    second cse, so a second run of the pipeline still folded/simplified what they exposed.
+    The default pipeline now runs the pair again after that cse."""
+    check_graph(spec, verify=False)
+
+
+@pytest.mark.parametrize("dt", ["f32", "bf16", "f16"])
+def test_regression_constant_fold_keeps_subnormals(dt):
+    """Bug 7 (long fuzz run): constant-fold evaluated on the CPU runtime, which flushes
+    subnormals to zero, while XLA folds the unoptimized program's constants without flushing:
+    sign(-1e-40) became -0 instead of -1, and tiny * 0.01 became 0 instead of a subnormal.
+    Such ops are now left for XLA to fold."""
+    npdt = hir.np_dtype(dt)
+    import ml_dtypes
+    info = ml_dtypes.finfo(npdt)
+    sub, tiny = float(info.smallest_subnormal), float(info.tiny)
+    spec = GraphSpec(inputs=(((4,), dt),),
+                     nodes=(Node("const", (), (-sub, (4,), dt)), Node("unary", (1,), ("sign",)),
+                            Node("const", (), (tiny, (4,), dt)), Node("const", (), (0.25, (4,), dt)),
+                            Node("binary", (3, 4), ("mul",)),           # exact result: subnormal
+                            Node("binary", (0, 2), ("add",)), Node("binary", (6, 5), ("add",))),
+                     outputs=(2, 5, 7), seed=1)
+    check_graph(spec, category="exact")
+
+
+def test_regression_layout_assignment_does_not_oscillate():
+    """Bug 8 (long fuzz run): layout-assignment sank the transpose of lt(x, transpose(x))
+    counting that very transpose as reusable for the other operand (the permutation is its own
+    inverse), so each run flipped lt(x, T(x)) <-> T(lt(T(x), x)) and added a copy."""
+    spec = GraphSpec(inputs=(((17, 17), "i32"),),
+                     nodes=(Node("transpose", (0,), ((1, 0),)), Node("compare", (0, 1), ("lt",))),
+                     outputs=(2,), seed=351, edge=True)
+    opt = check_graph(spec)
+    assert opt.text.count("stablehlo.transpose") == 1
+
+
+def test_regression_folding_never_hands_xla_a_constant_division_by_zero(tmp_path):
+    """Bug 9 (long fuzz run: the process died with SIGFPE): XLA's own constant folder traps on
+    an integer divide/remainder of two constants with a zero divisor, but XLA cannot fold
+    clz/popcnt, so div(clz(5), 0) runs (x/0 = -1). constant-fold folded clz(5) for another
+    user and left div(29, 0): the optimized program killed the process when compiled."""
+    import subprocess
+    import sys
+    c5 = np.int32(5)
+    text = _text(lambda x: (lax.div(lax.clz(c5), np.int32(0)), lax.rem(lax.population_count(c5), np.int32(0)),
+                            lax.clz(c5) + x, lax.population_count(c5) * x), np.int32(4))
+    opt = hlofuse.optimize(text)
+    (tmp_path / "orig.mlir").write_text(text)
+    (tmp_path / "opt.mlir").write_text(opt.text)
+    child = ("import sys, numpy as np\nfrom hlofuse.verify import run_module\n"
+             "for p in sys.argv[1:]:\n"
+             "    print([int(v) for v in run_module(open(p).read(), [np.int32(4)])], flush=True)\n")
+    p = subprocess.run([sys.executable, "-c", child, str(tmp_path / "orig.mlir"), str(tmp_path / "opt.mlir")],
+                       capture_output=True, text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert p.returncode == 0, f"exit {p.returncode} (a signal is negative): {p.stderr[-1500:]}"
+    want, got = p.stdout.splitlines()
+    assert got == want == "[-1, 1, 33, 8]", p.stdout

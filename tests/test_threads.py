@@ -1,0 +1,80 @@
+"""hlofuse.jit called from several threads at once: one compilation per signature, right results."""
+
+import threading
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+
+import hlofuse
+from hlofuse.testing import assert_same
+
+
+def model(x, b):
+    return jnp.tanh(x * 1.5 + b) * x - 0.25
+
+
+def other(x):
+    return jnp.exp(-x * x) + x * 0.5
+
+
+def _run_threads(n, target):
+    barrier = threading.Barrier(n)
+    results, errors = [None] * n, []
+
+    def worker(i):
+        try:
+            barrier.wait(timeout=60)  # all first calls start together
+            results[i] = target(i)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not any(t.is_alive() for t in threads), "a thread hung"
+    assert not errors, errors
+    return results
+
+
+def test_concurrent_first_calls_compile_once_per_signature():
+    r = np.random.default_rng(0)
+    args = {
+        0: (jnp.asarray(r.standard_normal((8, 128), np.float32)), jnp.asarray(r.standard_normal(128, np.float32))),
+        1: (jnp.asarray(r.standard_normal((4, 256), np.float32)), jnp.asarray(r.standard_normal(256, np.float32))),
+    }
+    fn = hlofuse.jit(model)
+    g = hlofuse.jit(other)
+    xo = jnp.asarray(r.standard_normal((16, 32), np.float32))
+
+    def call(i):
+        if i % 4 == 3:
+            return ("other", g(xo))
+        return (i % 2, fn(*args[i % 2]))
+
+    results = _run_threads(8, call)
+    assert fn.compilations == 2  # two signatures, however many threads raced
+    assert g.compilations == 1
+    for key, out in results:
+        want = jax.jit(other)(xo) if key == "other" else jax.jit(model)(*args[key])
+        assert_same(out, want)
+    assert all(fn.report(*a).kernels for a in args.values())  # the kernel path ran
+
+
+def test_concurrent_grad_and_check_compile_once():
+    x = jnp.asarray(np.random.default_rng(1).standard_normal((8, 64), np.float32))
+    b = jnp.zeros((64,), jnp.float32)
+    fn = hlofuse.jit(model, check=True)
+    loss = lambda x, b: fn(x, b).sum()  # noqa: E731
+    grads = _run_threads(4, lambda i: jax.grad(loss)(x, b))
+    want = jax.grad(lambda x, b: model(x, b).sum())(x, b)
+    for gr in grads:
+        assert_same(gr, want, "grad")
+    assert fn.compilations == 1
+    (flat, _), = fn._flat.values()
+    vjps = [v for k, v in flat._batched.items() if k[0] == "vjp"]
+    assert len(vjps) == 1 and vjps[0].builds == 1  # the backward compiled once too
+    assert vjps[0].entry(next(iter(vjps[0]._entries))).report.kernels  # and was checked, not rolled back

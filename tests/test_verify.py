@@ -1,0 +1,299 @@
+"""check=True / verify_module: planted wrong kernels are caught and rolled back; fallbacks.
+
+Every test that plants a bug asserts three things: the final results are right, the region was
+rolled back (report entry + warning), and the bug was really live (without check=True the
+same program gives wrong numbers, or the planted kernel is what got spliced).
+"""
+
+import warnings
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+import hlofuse
+from hlofuse import ir as hir
+from hlofuse import ops
+from hlofuse.kernels import FAMILIES, Family
+from hlofuse.passes import kernelize
+from hlofuse.pipeline import Pass
+from hlofuse.report import HlofuseWarning
+from hlofuse.testing import assert_same, compare, random_inputs
+from hlofuse.verify import run_module, verify_module
+
+E = ops.OpClass.ELEMENTWISE
+
+# The checks below reason about which regions exist, so they pin the fusion passes to the
+# elementwise one (other fusions would claim ops differently); verification itself does not
+# depend on the pipeline (test_default_pipeline_verifies below runs the default one).
+PIPE = "inline-calls,canonicalize,cse,fuse-elementwise,kernelize,symbol-dce,canonicalize"
+
+
+def jit(f, **kw):
+    return hlofuse.jit(f, pipeline=kw.pop("pipeline", PIPE), **kw)
+
+
+def optimize(m, **kw):
+    return hlofuse.optimize(m, pipeline=kw.pop("pipeline", PIPE), **kw)
+
+
+def f2(x, y):
+    """Two elementwise regions: tanh chain (region 0), exp chain (region 1)."""
+    a = jnp.tanh(x * 2.0 + y) * y - 1.0
+    b = (jnp.exp(x) * y + x).sum(axis=0)
+    return a, b
+
+
+@pytest.fixture
+def xy():
+    r = np.random.default_rng(0)
+    return (jnp.asarray(r.standard_normal((8, 128), np.float32)),
+            jnp.asarray(r.standard_normal((8, 128), np.float32)))
+
+
+@pytest.fixture(autouse=True)
+def fresh_kernel_cache(monkeypatch):
+    """Kernels are cached by region body; planted bugs must not leak between tests."""
+    monkeypatch.setattr(kernelize, "_CACHE", {})
+
+
+def plant_rule(monkeypatch, op_name, emit):
+    """Replace one op's emitter: only kernels use emitters, so only the kernel path is wrong."""
+    monkeypatch.setitem(ops.RULES, op_name, ops.OpRule(E, emit))
+
+
+def _rolled_back(report):
+    return [r for r in report.regions if r.reason and r.reason.startswith("verification failed")]
+
+
+def test_correct_kernels_pass_verification(xy):
+    fn = jit(f2, check=True)
+    out = fn(*xy)
+    assert_same(out, jax.jit(f2)(*xy))
+    rep = fn.report(*xy)
+    assert len(rep.kernels) == 2 and not _rolled_back(rep)
+    assert all(r.extra["verify"].startswith("ok") for r in rep.kernels)
+
+
+def test_default_pipeline_verifies(xy):
+    """Whatever fusion passes the default pipeline holds, their kernels pass the check."""
+    fn = hlofuse.jit(f2, check=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HlofuseWarning)
+        out = fn(*xy)
+    assert_same(out, jax.jit(f2)(*xy), "reassociate")
+    rep = fn.report(*xy)
+    assert rep.kernels and all(r.extra["verify"].startswith("ok") for r in rep.kernels)
+
+
+def test_planted_wrong_emitter_is_rolled_back(monkeypatch, xy):
+    plant_rule(monkeypatch, "stablehlo.tanh", lambda op, v: lax.sin(v))
+    # the plant is live: without the check the program computes sin
+    wrong = jit(f2)(*xy)
+    assert compare(wrong, jax.jit(f2)(*xy))
+    monkeypatch.setattr(kernelize, "_CACHE", {})
+    fn = jit(f2, check=True)
+    with pytest.warns(HlofuseWarning, match=r"region 0 \(elementwise, at test_verify.py:\d+\) rolled back"):
+        out = fn(*xy)
+    assert_same(out, jax.jit(f2)(*xy))
+    rep = fn.report(*xy)
+    (bad,) = _rolled_back(rep)
+    assert bad.id == 0 and bad.kernel is None and "random inputs" in bad.reason
+    assert any("rolled back" in n for n in rep.notes)
+    # the healthy region keeps its kernel; the rolled-back one calls its original function
+    assert [r.id for r in rep.kernels] == [1]
+    text = fn.lower(*xy).as_text()
+    assert "call @hlofuse_region_0(" in text and "hlofuse.xla" in text
+    assert "hlofuse_k0_" not in text and "call @hlofuse_k1_main(" in text
+
+
+def test_planted_wrong_family_build_is_rolled_back(monkeypatch, xy):
+    fam = FAMILIES["elementwise"]
+
+    def bad_build(spec, target, **kw):
+        good = fam.build(spec, target, **kw)
+
+        def off_by_one(*args):
+            return tuple(o + jnp.ones((), o.dtype) for o in good(*args))
+        off_by_one.kernel_name, off_by_one.blocks = good.kernel_name, good.blocks
+        return off_by_one
+
+    monkeypatch.setitem(FAMILIES, "elementwise", Family(fam.spec_from_func, bad_build, fam.reference))
+    fn = jit(f2, check=True)
+    with pytest.warns(HlofuseWarning):
+        out = fn(*xy)
+    assert_same(out, jax.jit(f2)(*xy))
+    rep = fn.report(*xy)
+    assert {r.id for r in _rolled_back(rep)} == {0, 1} and not rep.kernels
+
+
+def test_bug_only_on_nan_caught_by_edge_trial(monkeypatch):
+    # max as a > b ? a : b drops NaNs: N(0,1) inputs cannot see it, the edge trial must
+    plant_rule(monkeypatch, "stablehlo.maximum", lambda op, a, b: jnp.where(a > b, a, b))
+
+    def g(x, y):
+        return jnp.maximum(x * 3.0, y) + 1.0
+
+    x = jnp.asarray(random_inputs([jax.ShapeDtypeStruct((4, 64), np.float32)], 1)[0])
+    x, y = x.at[0, 0].set(jnp.nan), x[::-1]
+    wrong = jit(g)(x, y)
+    assert compare(wrong, jax.jit(g)(x, y))  # live plant: NaN lost
+    monkeypatch.setattr(kernelize, "_CACHE", {})
+    fn = jit(g, check=True)
+    with pytest.warns(HlofuseWarning):
+        out = fn(x, y)
+    assert_same(out, jax.jit(g)(x, y))
+    (bad,) = _rolled_back(fn.report(x, y))
+    assert "edge inputs" in bad.reason
+
+
+def test_kernel_that_does_not_compile_is_rolled_back_alone(monkeypatch, xy):
+    fam = FAMILIES["elementwise"]
+
+    def build(spec, target, **kw):
+        good = fam.build(spec, target, **kw)
+        if "tanh" not in spec.body_text:
+            return good
+
+        def unknown_custom_call(*args):
+            outs = good(*args)
+            return tuple(jax.ffi.ffi_call("hlofuse_no_such_target", jax.ShapeDtypeStruct(o.shape, o.dtype))(o)
+                         for o in outs)
+        unknown_custom_call.kernel_name, unknown_custom_call.blocks = good.kernel_name, good.blocks
+        return unknown_custom_call
+
+    monkeypatch.setitem(FAMILIES, "elementwise", Family(fam.spec_from_func, build, fam.reference))
+    fn = jit(f2, check=True)
+    with pytest.warns(HlofuseWarning, match="did not compile or run"):
+        out = fn(*xy)
+    assert_same(out, jax.jit(f2)(*xy))
+    rep = fn.report(*xy)
+    assert [r.id for r in _rolled_back(rep)] == [0] and [r.id for r in rep.kernels] == [1]
+
+
+def test_verify_module_from_optimize_alone(monkeypatch, xy):
+    """The ``hlofuse optimize --verify`` path: a module and its report, no Exported."""
+    plant_rule(monkeypatch, "stablehlo.exponential", lambda op, v: lax.exp(v) * 1.001)
+    text = jax.jit(f2).lower(*xy).as_text()
+    opt = optimize(text, target="cpu")
+    assert len(opt.report.kernels) == 2
+    inputs = [np.asarray(a) for a in xy]
+    want = run_module(text, inputs)
+    assert compare(run_module(opt.module, inputs), want)  # live plant
+    res = verify_module(opt, warn=False)
+    assert res is opt
+    assert [r.id for r in _rolled_back(opt.report)] == [1]
+    assert opt.report.kernels[0].extra["verify"].startswith("ok")
+    hir.verify(opt.module)
+    assert_same(run_module(opt.module, inputs), want, "exact")
+    # the rolled-back module is stable under another run of the pipeline
+    assert optimize(opt.text, target="cpu").text == opt.text
+
+
+def test_gpu_target_verified_in_interpret_mode(monkeypatch, xy):
+    """No GPU here: the Triton kernel cannot run, its interpret-mode twin is checked instead."""
+    fn = jit(f2, target="gpu", check=True)
+    lo = fn.lower(*xy)
+    assert lo.as_text().count("__gpu$xla.gpu.triton") == 2
+    assert all("interpret" in r.extra["verify"] for r in lo.report.kernels)
+    plant_rule(monkeypatch, "stablehlo.tanh", lambda op, v: lax.sin(v))
+    monkeypatch.setattr(kernelize, "_CACHE", {})
+    with pytest.warns(HlofuseWarning, match="interpret mode for gpu"):
+        lo = jit(f2, target="gpu", check=True).lower(*xy)
+    assert [r.id for r in _rolled_back(lo.report)] == [0]
+    assert lo.as_text().count("__gpu$xla.gpu.triton") == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Fallbacks: a failing kernel build or pass never makes a program fail
+# ---------------------------------------------------------------------------------------------
+
+def test_kernel_build_failure_warns_with_region_and_line(monkeypatch, xy):
+    fam = FAMILIES["elementwise"]
+
+    def build(spec, target, **kw):
+        if "tanh" in spec.body_text:
+            raise RuntimeError("boom in the tanh kernel")
+        return fam.build(spec, target, **kw)
+
+    monkeypatch.setitem(FAMILIES, "elementwise", Family(fam.spec_from_func, build, fam.reference))
+    fn = jit(f2)
+    with pytest.warns(HlofuseWarning, match=r"region 0 \(elementwise, at test_verify.py:\d+\) left to XLA: "
+                                            r"kernel build failed \(RuntimeError: boom"):
+        out = fn(*xy)
+    assert_same(out, jax.jit(f2)(*xy))
+    rep = fn.report(*xy)
+    assert rep.region(0).kernel is None and "boom" in rep.region(0).reason
+    assert rep.region(1).kernel
+
+
+def test_lowering_failure_warns(monkeypatch, xy):
+    import hlofuse.kernels.lowering as lowering
+
+    def broken(fn, avals, target):
+        raise ValueError("lowering exploded")
+
+    monkeypatch.setattr(lowering, "lower_to_text", broken)
+    with pytest.warns(HlofuseWarning, match="lowering exploded"):
+        out = jit(f2)(*xy)
+    assert_same(out, jax.jit(f2)(*xy))
+
+
+def test_unsupported_region_is_reported_without_warning(monkeypatch, xy):
+    fam = FAMILIES["elementwise"]
+
+    def build(spec, target, **kw):
+        raise ops.EmitError("legal but unsupported here")
+
+    monkeypatch.setitem(FAMILIES, "elementwise", Family(fam.spec_from_func, build, fam.reference))
+    fn = jit(f2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HlofuseWarning)
+        out = fn(*xy)
+    assert_same(out, jax.jit(f2)(*xy))
+    assert all("unsupported here" in r.reason for r in fn.report(*xy).regions)
+
+
+class _Exploding(Pass):
+    name = "fuse-elementwise"
+
+    def run(self, module, ctx):
+        raise RuntimeError("pass exploded")
+
+
+def test_failing_pass_falls_back_to_unoptimized(monkeypatch, xy):
+    from hlofuse import pipeline
+    monkeypatch.setitem(pipeline._REGISTRY, "fuse-elementwise", _Exploding)
+    fn = jit(f2)
+    with pytest.warns(HlofuseWarning, match="failed in pass 'fuse-elementwise'; running it unoptimized"):
+        out = fn(*xy)
+    assert_same(out, jax.jit(f2)(*xy), "exact")
+    rep = fn.report(*xy)
+    assert not rep.regions and any("unoptimized" in n for n in rep.notes)
+    # strict (debugging) re-raises
+    with pytest.raises(hlofuse.PassFailure, match="pass exploded"):
+        jit(f2, options={"strict": True})(*xy)
+
+
+def test_unknown_pass_name_is_still_an_error(xy):
+    with pytest.raises(KeyError, match="unknown pass"):
+        jit(f2, disable=["no-such-pass"])(*xy)
+
+
+def test_check_inside_grad_and_vmap_traces(xy):
+    """Regression (found by tests/test_threads.py): verification runs while JAX traces the
+    backward or batched program; it used to hand tracers to XLA and roll back every region."""
+    fn = jit(f2, check=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HlofuseWarning)
+        g = jax.grad(lambda x, y: fn(x, y)[0].sum())(*xy)
+        v = jax.vmap(fn)(xy[0][None], xy[1][None])
+    assert_same(g, jax.grad(lambda x, y: f2(x, y)[0].sum())(*xy), "grad")
+    assert_same(v, jax.vmap(f2)(xy[0][None], xy[1][None]))
+    (flat, _), = fn._flat.values()
+    for sub in flat._batched.values():  # the vjp and vmap programs were checked and kept
+        for entry in sub._entries.values():
+            assert entry.report.kernels and all(r.extra["verify"].startswith("ok") for r in entry.report.kernels)
