@@ -42,7 +42,8 @@ from typing import Callable
 
 import numpy as np
 
-FOREIGN_LOAD_FLAG = 0.25   # share of all CPUs' time used by other processes during a round
+from hlofuse.autotune import BUSY_SHARE as FOREIGN_LOAD_FLAG  # noqa: E402 (0.25: share of
+# all CPUs' time used by other processes during a round above which the round is flagged)
 
 
 # ------------------------------------------------------------------------------------------
@@ -71,46 +72,8 @@ class Config:
 # ------------------------------------------------------------------------------------------
 # foreign load
 # ------------------------------------------------------------------------------------------
-def _proc_stat_busy() -> tuple[float, int] | None:
-    """(busy seconds of all CPUs since boot, number of CPUs) from /proc/stat, or None."""
-    try:
-        with open("/proc/stat") as fh:
-            lines = fh.read().splitlines()
-    except OSError:
-        return None
-    total = lines[0].split()
-    if total[0] != "cpu":
-        return None
-    vals = [int(v) for v in total[1:]]
-    idle = vals[3] + (vals[4] if len(vals) > 4 else 0)  # idle + iowait
-    busy = sum(vals[:8]) - idle                          # user..steal, without guest (in user)
-    ncpu = sum(1 for ln in lines if re.match(r"cpu\d+ ", ln))
-    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    return busy / hz, max(ncpu, 1)
-
-
-class LoadProbe:
-    """Measures the CPU share other processes took while a block of code ran."""
-
-    def __enter__(self):
-        self.t0 = time.perf_counter()
-        self.cpu0 = time.process_time()
-        self.stat0 = _proc_stat_busy()
-        return self
-
-    def __exit__(self, *exc):
-        self.wall = time.perf_counter() - self.t0
-        self.self_cpu = time.process_time() - self.cpu0
-        stat1 = _proc_stat_busy()
-        if self.stat0 is None or stat1 is None or self.wall <= 0:
-            load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-            ncpu = os.cpu_count() or 1
-            self.foreign = max(0.0, min(1.0, load / ncpu))  # coarse fallback
-        else:
-            busy = stat1[0] - self.stat0[0]
-            self.foreign = max(0.0, (busy - self.self_cpu) / (self.wall * stat1[1]))
-        self.loadavg = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-        return False
+# the probe lives in hlofuse.autotune (tuning records the load it ran under too)
+from hlofuse.autotune import ForeignLoad as LoadProbe  # noqa: E402
 
 
 # ------------------------------------------------------------------------------------------
@@ -443,6 +406,7 @@ def bench_workload(w, cfg: Config, progress=None) -> dict:
     res["autotune"] = (None if dec is None else
                        {"variant": dec.variant, "options": dec.options, "ratios": dec.ratios,
                         "tune_s": dec.tune_s, "rounds": dec.rounds, "reason": dec.reason,
+                        "foreign_load": getattr(dec, "foreign_load", None),
                         "from_cache": any("cached decision" in n for n in hf.report(*args).notes)})
 
     def prog(i, n):

@@ -20,7 +20,11 @@ setting, so hlofuse measures it:
 4. Cache the decision in memory and on disk (``~/.cache/hlofuse/autotune.json`` or
    ``$HLOFUSE_CACHE_DIR/autotune.json``, written atomically), keyed by the module hash, the
    device (kind, and for CPUs the model name and usable cores), the jax version and the variant
-   table's version, so a later process skips the measurement.
+   table's version, so a later process skips the measurement. A measurement during which
+   other processes used more than :data:`BUSY_SHARE` of the CPUs stays in memory only: on a
+   shared machine the winner depends on how many cores are actually free (measured: ResNet
+   stage with library fusion off 0.57x of the default on an idle 2-core machine, ~1.0x while
+   other processes held half of it).
 
 When: a module is tuned on its :data:`TUNE_AT_CALL`-th call (so one-shot calls never pay for
 tuning); a cached decision is applied from the first call. ``hlofuse.jit(..., autotune=None)``
@@ -49,7 +53,8 @@ import jax
 
 __all__ = ["VARIANTS", "applicable_variants", "Measurement", "measure", "decide", "Decision",
            "DecisionCache", "Autotuner", "enabled_by_default", "device_key", "module_hash",
-           "cache_key", "cache", "cached_options", "TUNE_AT_CALL", "MARGIN"]
+           "cache_key", "cache", "cached_options", "ForeignLoad", "BUSY_SHARE", "TUNE_AT_CALL",
+           "MARGIN"]
 
 YNN = "xla_cpu_experimental_ynn_fusion_type"
 
@@ -97,6 +102,9 @@ MIN_ROUNDS = 3
 #: small helpers stay cheap). The decision 'default' is then kept in memory only.
 MIN_CALL_S = 2e-3
 DEFAULT_BUDGET_S = 20.0
+#: a measurement during which other processes used more than this share of all CPUs is
+#: "busy": its decision is used in this process but not written to the disk cache
+BUSY_SHARE = 0.25
 ENV_ENABLE = "HLOFUSE_AUTOTUNE"
 ENV_BUDGET = "HLOFUSE_AUTOTUNE_BUDGET_S"
 ENV_CACHE_DIR = "HLOFUSE_CACHE_DIR"
@@ -163,6 +171,7 @@ class Decision:
     rounds: int = 0
     tune_s: float = 0.0             # seconds spent compiling + timing
     reason: str = ""
+    foreign_load: float = 0.0       # CPU share other processes took while it was measured
     created: float = 0.0
 
     def note(self, cached: bool = False) -> str:
@@ -282,6 +291,55 @@ def cached_options(module_text: str, platform: str | None = None) -> dict:
 
 
 # ------------------------------------------------------------------------------------------
+# foreign load
+# ------------------------------------------------------------------------------------------
+def _proc_stat_busy() -> tuple[float, int] | None:
+    """(busy seconds of all CPUs since boot, number of CPUs) from /proc/stat, or None."""
+    try:
+        with open("/proc/stat") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return None
+    total = lines[0].split()
+    if total[0] != "cpu":
+        return None
+    vals = [int(v) for v in total[1:]]
+    idle = vals[3] + (vals[4] if len(vals) > 4 else 0)  # idle + iowait
+    busy = sum(vals[:8]) - idle                          # user..steal, without guest (in user)
+    ncpu = sum(1 for ln in lines if re.match(r"cpu\d+ ", ln))
+    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    return busy / hz, max(ncpu, 1)
+
+
+class ForeignLoad:
+    """Measures the share of the machine's CPU time other processes took while a block ran.
+
+    ``foreign`` = (busy CPU seconds of all CPUs from /proc/stat - this process's CPU seconds)
+    / (wall seconds x CPUs); falls back to the 1-minute load average where /proc is missing.
+    """
+
+    def __enter__(self):
+        self.t0 = time.perf_counter()
+        self.cpu0 = time.process_time()
+        self.stat0 = _proc_stat_busy()
+        return self
+
+    def __exit__(self, *exc):
+        self.wall = time.perf_counter() - self.t0
+        self.self_cpu = time.process_time() - self.cpu0
+        stat1 = _proc_stat_busy()
+        if self.stat0 is None or stat1 is None or self.wall <= 0:
+            load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+            ncpu = os.cpu_count() or 1
+            self.foreign = max(0.0, min(1.0, load / ncpu))  # coarse fallback
+        else:
+            busy = stat1[0] - self.stat0[0]
+            self.foreign = max(0.0, (busy - self.self_cpu) / (self.wall * stat1[1]))
+        self.loadavg = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+        return False
+
+
+# ------------------------------------------------------------------------------------------
 # measurement
 # ------------------------------------------------------------------------------------------
 _HLO_NAME = re.compile(r"^HloModule \S+", re.M)
@@ -316,6 +374,7 @@ class Measurement:
     rounds: int = 0
     duplicates: list = dataclasses.field(default_factory=list)  # same optimized HLO as another
     skipped: str = ""            # why no timing happened (empty when it did)
+    foreign_load: float = 0.0    # CPU share other processes took during the timed rounds
 
 
 def measure(call: Callable, args: Sequence, variants: dict[str, dict], *,
@@ -371,6 +430,7 @@ def measure(call: Callable, args: Sequence, variants: dict[str, dict], *,
     names = list(fns)
     times: dict[str, list[float]] = {n: [] for n in names}
     n_rounds = 0
+    probe = ForeignLoad().__enter__()
     for r in range(rounds):
         spent = time.perf_counter() - t_start
         per_round = t_def * reps * len(names)
@@ -380,12 +440,14 @@ def measure(call: Callable, args: Sequence, variants: dict[str, dict], *,
         for n in order:
             times[n].append(_time_once(fns[n], args, reps))
         n_rounds += 1
+    probe.__exit__(None, None, None)
     ratios = {n: statistics.median(a / d for a, d in zip(times[n], times["default"]))
               for n in names}
     wins = {n: sum(a < d for a, d in zip(times[n], times["default"])) for n in names}
     # a variant must also win most rounds to count (guards against a few lucky rounds)
     eligible = [n for n in names if n != "default" and wins[n] >= MIN_WIN_SHARE * n_rounds]
-    return Measurement(ratios, eligible, statistics.median(times["default"]), n_rounds, dup)
+    return Measurement(ratios, eligible, statistics.median(times["default"]), n_rounds, dup,
+                       foreign_load=round(probe.foreign, 3))
 
 
 def decide(m: Measurement, margin: float = MARGIN) -> tuple[str, str]:
@@ -480,11 +542,17 @@ class Autotuner:
         best, reason = decide(m)
         if m.duplicates:
             reason += f"; same HLO as another variant: {', '.join(m.duplicates)}"
+        busy = m.foreign_load > BUSY_SHARE
+        if busy:
+            reason += (f"; machine busy while measuring (other processes used "
+                       f"{m.foreign_load:.0%} of the CPUs): not cached on disk")
         d = Decision(best, dict(self.variants[best]), {k: round(v, 4) for k, v in m.ratios.items()},
                      default_s=m.default_s, rounds=m.rounds, tune_s=time.perf_counter() - t0,
-                     reason=reason, created=time.time())
-        # a module skipped for being too small is not worth a line in the file
-        self._cache.put(self.key, d, persist=not (m.skipped and m.default_s < MIN_CALL_S))
+                     reason=reason, created=time.time(), foreign_load=m.foreign_load)
+        # not on disk: a module too small to tune, or a measurement other processes disturbed
+        # (library choices flip with the cores actually free; a later process measures again)
+        small = bool(m.skipped) and m.default_s < MIN_CALL_S
+        self._cache.put(self.key, d, persist=not (small or busy))
         self._apply(d, cached=False)
         return d
 

@@ -65,9 +65,11 @@ __all__ = ["AttentionSpec", "AttentionBlocks", "spec_from_func", "cpu_plan", "gp
 
 F32 = jnp.float32
 # cpu cost model: elements of the per-step logits block ([batch.., rows chunk, key block]);
-# 2M f32 = 8 MiB keeps the step's temporaries (logits, probabilities) in the last-level cache
-# and the peak memory at a small multiple of the inputs. Measured on the 2-core CI host
-# (bench/attention_cpu.py): see cpu_plan.
+# 2M f32 = 8 MiB keeps the step's temporaries (logits, probabilities) near the cache and the
+# run memory at ~50 MiB for B=1 H=8 S=4096 (jax.jit: ~1 GiB). On the shared 2-core host
+# (python bench/attention_cpu.py), 512x512 blocks with the scale folded into Q ran at 0.33-0.39
+# of jax.jit's time at S=2048/4096; 256..1024-row chunks and 256/512-key blocks were within
+# noise of each other, unchunked rows (a 64 MiB step block) about 15% slower.
 CPU_STEP_BUDGET = 2 * 1024 * 1024
 CPU_MAX_BLOCK_K = 512
 CPU_SKIP_BLOCK = 256

@@ -11,9 +11,10 @@ Rewrites: every subgraph of the form
 
 becomes ``func.func private @hlofuse_attention_N`` (``hlofuse.kind = "attention"``) plus one
 call; ``kernelize`` then turns it into a flash (online-softmax) kernel from
-:mod:`hlofuse.kernels.attention`. K/V heads repeated with ``jnp.repeat`` (GQA) are taken into the
-region so the kernel reads the unrepeated K/V; multi-query attention (K/V without a head dim)
-and ``jax.nn.dot_product_attention``'s XLA implementation (5-D grouped layout) match natively.
+:mod:`hlofuse.kernels.attention`. K/V heads repeated with ``jnp.repeat`` or broadcast from one
+head with ``jnp.broadcast_to`` (GQA/MQA) are taken into the region so the kernel reads the
+unshared K/V; multi-query attention written with K/V without a head dim and
+``jax.nn.dot_product_attention``'s XLA implementation (5-D grouped layout) match natively.
 
 How: the match is anchored at the P·V ``dot_general``. Its probability operand is walked back to
 the softmax; the softmax input ``x`` is walked back to the unique full-size ``dot_general`` that
@@ -387,8 +388,19 @@ def _row_stat_dims(ops, in_dims, axis, key, want_dims) -> None:
 
 
 def _match_repeat(v: ir.Value, head_axis: int):
-    """``reshape(broadcast_in_dim(x))`` == ``jnp.repeat(x, G, axis=head_axis)``? -> (x, G, ops)."""
+    """K/V heads shared by groups of query heads? -> (unshared x, G, ops) or None.
+
+    ``reshape(broadcast_in_dim(x))`` is ``jnp.repeat(x, G, axis=head_axis)``; a lone
+    ``broadcast_in_dim`` from one head (``jnp.broadcast_to``) shares it with all G heads.
+    """
     rs = producer(v)
+    if rs is not None and rs.name == "stablehlo.broadcast_in_dim" and len(_uses(v)) == 1:
+        src = rs.operands[0]
+        s_in, s_out = shape_of(src), shape_of(v)
+        if (_i64s(rs, "broadcast_dimensions") == list(range(len(s_in))) and s_in[head_axis] == 1
+                and all(a == b for i, (a, b) in enumerate(zip(s_in, s_out)) if i != head_axis)):
+            return src, s_out[head_axis], [rs]
+        return None
     if rs is None or rs.name != "stablehlo.reshape" or len(_uses(v)) != 1:
         return None
     b = producer(rs.operands[0])

@@ -98,7 +98,6 @@ def _group_key(call, spec) -> tuple:
 def merge_sibling_dots(module, ctx, block) -> int:
     table = ir.SymbolTable(module.operation)
     ops = [o for o in hir.block_ops(block) if not o.name.endswith("return")]
-    graph = BlockGraph(ops)
     groups: dict = {}
     for call, callee, spec in _matmul_calls(ops, table, ctx):
         groups.setdefault(_group_key(call, spec), []).append((call, callee))
@@ -106,6 +105,8 @@ def merge_sibling_dots(module, ctx, block) -> int:
     for members in groups.values():
         if len(members) < 2:
             continue
+        # the block changed if an earlier group was merged: rebuild its def-use view
+        graph = BlockGraph([o for o in hir.block_ops(block) if not o.name.endswith("return")])
         chosen = []
         for call, callee in members:  # greedily keep the calls whose union stays convex
             if graph.is_convex({c for c, _ in chosen} | {call}):
@@ -120,7 +121,7 @@ def merge_sibling_dots(module, ctx, block) -> int:
         body.sort(key=block_index.__getitem__)
         n_dots = sum(1 for o in body if o.name == "stablehlo.dot_general")
 
-        def decision_for(cost, n_dots=n_dots):
+        def decision_for(cost):
             return cost_model.decide(KIND, cost, ctx.target, grid_steps=1)
 
         region, _ = commit_region(module, ctx, KIND, body, decision_for=decision_for,
@@ -144,11 +145,19 @@ def merge_sibling_elementwise(module, ctx, block) -> int:
               and domain_shape(g[0]) not in ((), None)]
     graph = BlockGraph(ops)
     merged = merge_siblings(graph, groups, key=lambda g: domain_shape(g[-1]))
+    done = 0
     for members in merged:
+        # an earlier group is one call now: re-check on the current block (two groups, each
+        # convex, may still feed each other both ways, which one kernel each cannot express)
+        now = BlockGraph([o for o in hir.block_ops(block) if not o.name.endswith("return")])
+        if not now.is_convex(members):
+            continue
+
         def decision_for(cost):
             return cost_model.decide("elementwise", cost, ctx.target, grid_steps=1)
         commit_region(module, ctx, "elementwise", members, decision_for=decision_for, horizontal=True)
-    return len(merged)
+        done += 1
+    return done
 
 
 @register_pass

@@ -58,7 +58,11 @@ def reset_tracking() -> None:
 def alive(op) -> bool:
     """False for an op erased by these helpers (through any handle)."""
     op = as_op(op)
-    if op_key(op) in _erased():  # check first: reading a dangling handle is undefined
+    try:
+        key = op_key(op)
+    except RuntimeError:  # the handle itself was invalidated (its op erased through it)
+        return False
+    if key in _erased():  # check first: reading a dangling handle is undefined
         return False
     try:
         op.name

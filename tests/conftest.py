@@ -11,3 +11,5 @@ import pytest
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
+
+os.environ.setdefault("HLOFUSE_AUTOTUNE", "0")  # no timing-based tuning inside unit tests

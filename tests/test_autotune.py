@@ -282,3 +282,26 @@ def test_lowered_compile_uses_the_cached_decision(cache_dir, fake_measure):
     assert f.autotune_decision(x, w).options == YNN_OFF
     assert at.cached_options(f.lower(x, w)._entry.optimized.text) == YNN_OFF
     assert "__ynn_fusion" not in f.lower(x, w).compile().as_text()
+
+
+def test_busy_measurement_is_used_but_not_persisted(cache_dir, monkeypatch):
+    def busy_measure(call, args, variants, **kw):
+        return at.Measurement({"default": 1.0, "ynn-off": 0.5}, ["ynn-off"], 0.01, 5, [],
+                              foreign_load=0.9)
+
+    monkeypatch.setattr(at, "measure", busy_measure)
+    x, w = _args()
+    c = at.DecisionCache()
+    t = at.Autotuner(_f, "stablehlo.dot_general busy", decision_cache=c, enabled=True)
+    t(x, w)
+    t(x, w)
+    assert t.decision.variant == "ynn-off" and "not cached on disk" in t.decision.reason
+    assert t.decision.foreign_load == 0.9
+    assert not (cache_dir / "autotune.json").exists()
+    assert at.DecisionCache().get(t.key) is None          # a new process measures again
+
+
+def test_foreign_load_probe():
+    with at.ForeignLoad() as p:
+        sum(range(20000))
+    assert p.wall > 0 and p.foreign >= 0

@@ -297,4 +297,20 @@ def test_regression_folding_never_hands_xla_a_constant_division_by_zero(tmp_path
                        capture_output=True, text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
     assert p.returncode == 0, f"exit {p.returncode} (a signal is negative): {p.stderr[-1500:]}"
     want, got = p.stdout.splitlines()
-    assert got == want == "[-1, 1, 33, 8]", p.stdout
+    assert got == want == "[-1, 2, 33, 8]", p.stdout  # x/0 = -1, x%0 = x at run time
+
+
+def test_regression_layout_assignment_survives_erased_handles():
+    """Bug 10 (long fuzz run): layout-assignment asked graph_util.alive() about a transpose
+    erased through that very handle; reading its address raised "the operation has been
+    invalidated" and the pass failed (PassFailure; hlofuse.jit fell back to unoptimized)."""
+    spec = GraphSpec(
+        inputs=(((4, 2), "f32"),),
+        nodes=(Node("unary", (0,), ("sqrt",)), Node("transpose", (1,), ((1, 0),)), Node("dot", (2, 2), ()),
+               Node("convert", (2,), ("i1",)), Node("select", (4, 2, 2), ()), Node("transpose", (5,), ((1, 0),)),
+               Node("const", (), (-3.4028234663852886e+38, (2, 4), "f32")), Node("compare", (5, 7), ("gt",)),
+               Node("dot", (6, 1), ()), Node("unary", (7,), ("is_finite",)), Node("dot", (2, 9), ()),
+               Node("convert", (10,), ("f32",)), Node("compare", (7, 12), ("ge",)),
+               Node("slice", (11,), ((1, 3), (2, 4), (1, 2)))),
+        outputs=(1, 3, 9, 10, 11, 14), seed=18083, edge=True)
+    check_graph(spec)

@@ -179,6 +179,22 @@ def test_gqa_repeat_is_taken_into_the_region():
     assert sorted(r.inputs) == ["f32[2,16,1,8]", "f32[2,16,1,8]", "f32[2,16,4,8]"]  # K, V, Q
 
 
+def test_kv_heads_broadcast_from_one_head_are_taken_into_the_region():
+    """MQA written as jnp.broadcast_to of a single K/V head: the kernel reads the one head."""
+    def f(q, k, v):
+        shape = k.shape[:2] + (q.shape[2],) + k.shape[3:]
+        k, v = jnp.broadcast_to(k, shape), jnp.broadcast_to(v, shape)
+        s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / 4.0
+        s = jnp.where(jnp.tril(jnp.ones((s.shape[-2], s.shape[-1]), bool)), s, -jnp.inf)
+        return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, -1), v)
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal(s).astype(np.float32) for s in [(2, 19, 4, 16), (2, 19, 1, 16),
+                                                                   (2, 19, 1, 16)]]
+    (r,) = attention_regions(check(f, args, grad=False))
+    assert r.extra["gqa_groups"] == 4 and sorted(r.inputs) == [
+        "f32[2,19,1,16]", "f32[2,19,1,16]", "f32[2,19,4,16]"]
+
+
 def test_dot_product_attention_xla_implementation():
     rng = np.random.default_rng(0)
     q = rng.standard_normal((2, 20, 4, 8)).astype(np.float32)

@@ -97,3 +97,21 @@ def test_random_sibling_groups(n, mkn, with_bias):
     (h,) = [r for r in rep.regions if r.kind == "horizontal"]
     assert h.ops.count("stablehlo.dot_general") == n and h.kernel
     assert_same(f(x, *ws), jax.jit(fn)(x, *ws), "reassociate")
+
+
+def test_sibling_groups_feeding_each_other_both_ways_are_not_both_merged():
+    # {tanh(x), sin(x)*d2} and {exp(y), relu(d1+y)} are each convex sibling groups, but the
+    # first feeds the second through d1 = tanh(x)@w and the second the first through d2:
+    # outlining both as kernels would need each before the other
+    w = (R.standard_normal((32, 32)) * 0.1).astype(F32)
+    x = R.standard_normal((16, 32)).astype(F32)
+
+    def fn(x, y, w):
+        a = jnp.tanh(x)
+        e = jnp.exp(y)
+        d1, d2 = a @ w, e @ w
+        return a, jnp.sin(x) * d2, e, jax.nn.relu(d1 + y)
+    f = hlofuse.jit(fn, target="cpu", pipeline=pipe("fuse-horizontal"))
+    rep = f.report(x, x, w)
+    assert len([r for r in rep.regions if r.extra.get("horizontal")]) == 1
+    assert_same(f(x, x, w), jax.jit(fn)(x, x, w), "reassociate")
