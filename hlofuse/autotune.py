@@ -26,13 +26,23 @@ setting, so hlofuse measures it:
    stage with library fusion off 0.57x of the default on an idle 2-core machine, ~1.0x while
    other processes held half of it).
 
-When: a module is tuned on its :data:`TUNE_AT_CALL`-th call (so one-shot calls never pay for
-tuning); a cached decision is applied from the first call. ``hlofuse.jit(..., autotune=None)``
-(the default) enables tuning where it has been measured to pay: CPU. On GPU/TPU there are no
-variants yet (the YNN options are CPU-only), so tuning is a no-op there.
+When and how much: a signature is tuned on its :data:`TUNE_AT_CALL`-th call (so one-shot calls
+never pay); a decision is looked up on the first call and applied from the second. Calls under a
+transformation (``jax.jit``, ``grad``, ``vmap``... of a hlofuse function) never tune and always
+run the plain ``jax.jit`` path. Tuning logs one line to stderr (logger ``hlofuse``) saying what
+is measured and one saying what was chosen; past a second it logs progress per variant. It is
+bounded by ``HLOFUSE_AUTOTUNE_BUDGET_S`` (default :data:`DEFAULT_BUDGET_S` s per signature,
+compiles included) and is skipped for calls under :data:`MIN_CALL_S`.
 
-The environment variable ``HLOFUSE_AUTOTUNE`` (``0``/``1``) overrides the default, and
-``HLOFUSE_AUTOTUNE_BUDGET_S`` bounds the seconds spent timing one module.
+Control: ``hlofuse.jit(..., autotune=...)`` or ``HLOFUSE_AUTOTUNE``: ``on``/``1`` (measure
+when no decision is cached), ``cached`` (apply decisions found on disk, never measure), ``off``/
+``0`` (never). The default is ``on`` for CPU and ``off`` elsewhere (no variants there yet).
+
+Safety: a decision never makes the steady state slower than ``autotune=False``: "default" runs
+the very same ``jax.jit`` object, and a variant is kept only when it won most interleaved rounds
+by :data:`MARGIN`. Options reach XLA only by *variant name* from :data:`VARIANTS`: a cache entry
+naming an unknown variant, or carrying options outside the table (``xla_dump_to``...), is
+ignored with one warning; a damaged cache file is treated as empty with one warning.
 """
 
 from __future__ import annotations
@@ -40,21 +50,52 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import platform as _platform
 import re
 import statistics
+import sys
 import tempfile
 import threading
 import time
-from typing import Callable, Sequence
+import warnings
+from typing import Any, Callable, Sequence
 
 import jax
 
 __all__ = ["VARIANTS", "applicable_variants", "Measurement", "measure", "decide", "Decision",
-           "DecisionCache", "Autotuner", "enabled_by_default", "device_key", "module_hash",
-           "cache_key", "cache", "cached_options", "ForeignLoad", "BUSY_SHARE", "TUNE_AT_CALL",
-           "MARGIN"]
+           "DecisionCache", "mode", "enabled_by_default", "device_key", "module_hash",
+           "cache_key", "cache", "cached_options", "options_of", "tune", "ForeignLoad",
+           "BUSY_SHARE", "TUNE_AT_CALL", "MARGIN"]
+
+
+class _DefaultHandler(logging.StreamHandler):
+    """hlofuse's messages on stderr while the application has not configured logging (once
+    the root logger has a handler, records propagate there instead: no duplicates)."""
+
+    def emit(self, record):
+        if logging.getLogger().handlers:
+            return
+        self.stream = sys.stderr
+        super().emit(record)
+
+
+log = logging.getLogger("hlofuse")
+if not any(isinstance(h, _DefaultHandler) for h in log.handlers):
+    _h = _DefaultHandler()
+    _h.setFormatter(logging.Formatter("hlofuse: %(message)s"))
+    log.addHandler(_h)
+    if log.level == logging.NOTSET:
+        log.setLevel(logging.INFO)
+
+_warned: set = set()
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _warned:
+        _warned.add(msg)
+        warnings.warn(msg, stacklevel=3)
 
 YNN = "xla_cpu_experimental_ynn_fusion_type"
 
@@ -101,7 +142,7 @@ MIN_ROUNDS = 3
 #: calls shorter than this are not tuned (compiling variants would not pay off; tests and
 #: small helpers stay cheap). The decision 'default' is then kept in memory only.
 MIN_CALL_S = 2e-3
-DEFAULT_BUDGET_S = 20.0
+DEFAULT_BUDGET_S = 10.0
 #: a measurement during which other processes used more than this share of all CPUs is
 #: "busy": its decision is used in this process but not written to the disk cache
 BUSY_SHARE = 0.25
@@ -113,12 +154,33 @@ ENV_CACHE_DIR = "HLOFUSE_CACHE_DIR"
 # ------------------------------------------------------------------------------------------
 # keys
 # ------------------------------------------------------------------------------------------
+MODES = ("off", "on", "cached")
+
+
+def mode(autotune: Any = None, platform: str | None = None) -> str:
+    """'off', 'on' or 'cached' from ``hlofuse.jit(autotune=...)``, else ``$HLOFUSE_AUTOTUNE``,
+    else 'on' for CPU (where variants were measured to pay) and 'off' elsewhere."""
+    if autotune is None:
+        env = os.environ.get(ENV_ENABLE, "").strip().lower()
+        if not env:
+            return "on" if (platform or jax.default_backend()) == "cpu" else "off"
+        autotune = env
+    if isinstance(autotune, bool):
+        return "on" if autotune else "off"
+    val = str(autotune).strip().lower()
+    if val in ("1", "true", "yes", "on"):
+        return "on"
+    if val in ("0", "false", "no", "off"):
+        return "off"
+    if val == "cached":
+        return "cached"
+    raise ValueError(f"autotune={autotune!r}: expected one of on, off, cached "
+                     f"(or True/False; env {ENV_ENABLE})")
+
+
 def enabled_by_default(platform: str) -> bool:
     """Tuning is on by default only where it was measured to pay (CPU); env overrides."""
-    env = os.environ.get(ENV_ENABLE)
-    if env is not None and env.strip() != "":
-        return env.strip().lower() not in ("0", "false", "no", "off")
-    return platform == "cpu"
+    return mode(None, platform) != "off"
 
 
 def _cpu_model() -> str:
@@ -186,8 +248,21 @@ class Decision:
 
     @classmethod
     def from_json(cls, d: dict) -> "Decision":
-        fields = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in fields})
+        """Validated: raises ValueError on anything but the types :meth:`to_json` writes."""
+        if not isinstance(d, dict) or not isinstance(d.get("variant"), str):
+            raise ValueError(f"not a decision: {str(d)[:80]!r}")
+        types = {"variant": str, "options": dict, "ratios": dict, "default_s": (int, float),
+                 "rounds": int, "tune_s": (int, float), "reason": str,
+                 "foreign_load": (int, float), "created": (int, float)}
+        kw = {}
+        for k, v in d.items():
+            if k in types:
+                if not isinstance(v, types[k]) or isinstance(v, bool):
+                    raise ValueError(f"decision field {k!r} has type {type(v).__name__}")
+                kw[k] = v
+        kw.setdefault("options", {})
+        kw.setdefault("ratios", {})
+        return cls(**kw)
 
 
 def default_cache_path() -> str:
@@ -206,6 +281,7 @@ class DecisionCache:
     def __init__(self, path: str | None = None):
         self._path = path
         self._mem: dict[str, Decision] = {}
+        self._persist: set[str] = set()   # keys of _mem that belong on disk
         self._loaded = False
         self._lock = threading.RLock()
         self.hits = 0
@@ -216,17 +292,38 @@ class DecisionCache:
         return self._path or default_cache_path()
 
     def _read_file(self) -> dict[str, Decision]:
+        """Entries of the file; a missing file is empty, a damaged one (bad JSON, deep
+        nesting, wrong types) is empty with one warning, a damaged entry is skipped."""
         try:
             with open(self.path) as fh:
-                raw = json.load(fh)
-            return {k: Decision.from_json(v) for k, v in raw.get("decisions", {}).items()}
-        except (OSError, ValueError, TypeError, AttributeError):
+                text = fh.read()
+        except OSError:
             return {}
+        try:
+            raw = json.loads(text)
+            entries = raw.get("decisions", {}) if isinstance(raw, dict) else None
+            if not isinstance(entries, dict):
+                raise ValueError("no 'decisions' object")
+        except (ValueError, RecursionError, MemoryError, TypeError) as e:
+            _warn_once(f"hlofuse: ignoring the damaged autotune cache {self.path} "
+                       f"({type(e).__name__}: {str(e)[:100]}); it will be rewritten")
+            return {}
+        out, bad = {}, 0
+        for k, v in entries.items():
+            try:
+                out[str(k)] = Decision.from_json(v)
+            except (ValueError, TypeError):
+                bad += 1
+        if bad:
+            _warn_once(f"hlofuse: ignoring {bad} damaged entr{'y' if bad == 1 else 'ies'} of "
+                       f"the autotune cache {self.path}")
+        return out
 
     def get(self, key: str) -> Decision | None:
         with self._lock:
             if not self._loaded:
                 file_entries = self._read_file()
+                self._persist |= set(file_entries) - set(self._mem)
                 file_entries.update(self._mem)
                 self._mem = file_entries
                 self._loaded = True
@@ -241,14 +338,17 @@ class DecisionCache:
         with self._lock:
             self._mem[key] = decision
             if persist:
+                self._persist.add(key)
                 self._write()
+            else:
+                self._persist.discard(key)
 
     def _write(self) -> None:
         path = self.path
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             merged = self._read_file()
-            merged.update(self._mem)
+            merged.update({k: v for k, v in self._mem.items() if k in self._persist})
             payload = {"version": 1, "decisions": {k: v.to_json() for k, v in merged.items()}}
             fd, tmp = tempfile.mkstemp(prefix=".autotune.", suffix=".tmp", dir=os.path.dirname(path))
             try:
@@ -269,6 +369,7 @@ class DecisionCache:
     def clear_memory(self) -> None:
         with self._lock:
             self._mem.clear()
+            self._persist.clear()
             self._loaded = False
 
 
@@ -280,14 +381,30 @@ def cache() -> DecisionCache:
     return _CACHE
 
 
-def cached_options(module_text: str, platform: str | None = None) -> dict:
-    """Compiler options of a decision already made for this module on this device, else {}
-    (``Lowered.compile()`` uses it so an AOT executable matches what calls run)."""
-    platform = platform or jax.devices()[0].platform
-    if platform not in VARIANTS or not enabled_by_default(platform):
+def options_of(decision: Decision | None, platform: str | None = None) -> dict:
+    """The compiler options a decision stands for, taken from :data:`VARIANTS` by variant
+    name (never from the decision's own ``options``, which a damaged or hand-edited cache
+    could fill with anything, e.g. ``xla_dump_to``). Unknown variants: {} and one warning."""
+    if decision is None:
         return {}
-    d = cache().get(cache_key(module_hash(module_text), device_key()))
-    return dict(d.options) if d is not None else {}
+    table = VARIANTS.get(platform or jax.default_backend(), {"default": {}})
+    if decision.variant not in table:
+        _warn_once(f"hlofuse: ignoring the autotune decision {decision.variant!r}: not a "
+                   f"variant of this hlofuse version ({', '.join(table)})")
+        return {}
+    opts = dict(table[decision.variant])
+    if decision.options and decision.options != opts:
+        _warn_once(f"hlofuse: ignoring compiler options {sorted(decision.options)} recorded in "
+                   f"the autotune cache for {decision.variant!r}; using the variant table's")
+    return opts
+
+
+def cached_options(module_text: str, platform: str | None = None) -> dict:
+    """Compiler options of a decision already made for this module on this device, else {}."""
+    platform = platform or jax.devices()[0].platform
+    if platform not in VARIANTS or mode(None, platform) == "off":
+        return {}
+    return options_of(cache().get(cache_key(module_hash(module_text), device_key())), platform)
 
 
 # ------------------------------------------------------------------------------------------
@@ -356,11 +473,12 @@ def _normalized_hlo(compiled) -> str:
     return text
 
 
-def _time_once(fn: Callable, args: Sequence, reps: int) -> float:
+def _time_once(fn: Callable, args: Sequence, reps: int, kwargs: dict | None = None) -> float:
+    kwargs = kwargs or {}
     t0 = time.perf_counter()
     out = None
     for _ in range(reps):
-        out = fn(*args)
+        out = fn(*args, **kwargs)
     jax.block_until_ready(out)
     return (time.perf_counter() - t0) / reps
 
@@ -377,22 +495,38 @@ class Measurement:
     foreign_load: float = 0.0    # CPU share other processes took during the timed rounds
 
 
-def measure(call: Callable, args: Sequence, variants: dict[str, dict], *,
-            budget_s: float = DEFAULT_BUDGET_S, rounds: int = ROUNDS,
-            jit_kwargs: dict | None = None, default_s: float | None = None) -> Measurement:
-    """Compile every variant of ``jax.jit(call)`` and time them interleaved on ``args``.
+def _jit_factory(call: Callable, jit_kwargs: dict | None) -> Callable[[dict], Callable]:
+    jit_kwargs = dict(jit_kwargs or {})
+    base = jax.jit(call, **jit_kwargs)
+    return lambda options: base if not options else jax.jit(
+        call, **dict(jit_kwargs, compiler_options=dict(options)))
 
+
+def measure(make: Callable, args: Sequence, variants: dict[str, dict], *,
+            kwargs: dict | None = None, budget_s: float = DEFAULT_BUDGET_S,
+            rounds: int = ROUNDS, jit_kwargs: dict | None = None,
+            default_s: float | None = None,
+            progress: Callable[[str], None] | None = None,
+            announce: Callable[[], None] | None = None) -> Measurement:
+    """Compile every variant and time them interleaved on ``args`` / ``kwargs``.
+
+    ``make(options) -> jitted function`` builds a variant (``make({})`` the default, which must
+    not donate). A plain function is accepted too: then ``jax.jit(make, compiler_options=...)``.
     The whole measurement (compiles included) stays within about ``budget_s``: the default is
     timed first (or ``default_s`` is used: the caller just timed a warm call) and nothing else
     is compiled when ``MIN_ROUNDS`` rounds of every variant could not fit; rounds stop when the
-    budget is spent.
+    budget is spent. ``announce()`` is called once timing is sure to happen, ``progress(message)``
+    per compiled variant and per round.
     """
+    if not isinstance(make, _Factory):
+        make = _Factory(_jit_factory(make, jit_kwargs))
+    kwargs = kwargs or {}
+    say = progress or (lambda msg: None)
     t_start = time.perf_counter()
-    jit_kwargs = dict(jit_kwargs or {})
-    base = jax.jit(call, **jit_kwargs)
+    base = make({})
     if default_s is None:
-        _time_once(base, args, 1)                  # compile (or hit the cache) + warm up
-        t_def = _time_once(base, args, 1)
+        _time_once(base, args, 1, kwargs)          # compile (or hit the cache) + warm up
+        t_def = _time_once(base, args, 1, kwargs)
     else:
         t_def = default_s
     reps = max(1, min(50, int(0.05 / max(t_def, 1e-6))))  # >= ~50 ms per measurement
@@ -404,13 +538,18 @@ def measure(call: Callable, args: Sequence, variants: dict[str, dict], *,
         return Measurement({"default": 1.0}, [], t_def, 0, [],
                            f"one call takes {t_def:.2f}s: {MIN_ROUNDS} rounds of "
                            f"{len(variants)} variants do not fit the {budget_s:.0f}s budget")
+    if announce is not None:
+        announce()
     fns: dict[str, Callable] = {}
     seen: dict[str, str] = {}
     dup: list[str] = []
     for name, opts in variants.items():
-        fn = base if not opts else jax.jit(call, compiler_options=dict(opts), **jit_kwargs)
+        if name != "default" and time.perf_counter() - t_start > budget_s / 2:
+            say(f"budget: {name} not compiled")
+            continue
+        fn = base if not opts else make(dict(opts))
         try:
-            compiled = fn.lower(*args).compile()
+            compiled = fn.lower(*args, **kwargs).compile()
         except Exception:  # noqa: BLE001 - an option this XLA does not know: not a candidate
             if name == "default":
                 raise
@@ -421,12 +560,13 @@ def measure(call: Callable, args: Sequence, variants: dict[str, dict], *,
             continue
         seen[h] = name
         fns[name] = fn
+        say(f"compiled {name} ({time.perf_counter() - t_start:.1f}s)")
     if len(fns) < 2:
         return Measurement({"default": 1.0}, [], t_def, 0, dup,
                            "every variant compiles to the same program")
     for n, f in fns.items():
         if n != "default" or default_s is not None:
-            _time_once(f, args, 1)                 # warm up
+            _time_once(f, args, 1, kwargs)         # warm up
     names = list(fns)
     times: dict[str, list[float]] = {n: [] for n in names}
     n_rounds = 0
@@ -438,8 +578,9 @@ def measure(call: Callable, args: Sequence, variants: dict[str, dict], *,
             break
         order = names[r % len(names):] + names[:r % len(names)]
         for n in order:
-            times[n].append(_time_once(fns[n], args, reps))
+            times[n].append(_time_once(fns[n], args, reps, kwargs))
         n_rounds += 1
+        say(f"round {n_rounds} ({time.perf_counter() - t_start:.1f}s)")
     probe.__exit__(None, None, None)
     ratios = {n: statistics.median(a / d for a, d in zip(times[n], times["default"]))
               for n in names}
@@ -448,6 +589,21 @@ def measure(call: Callable, args: Sequence, variants: dict[str, dict], *,
     eligible = [n for n in names if n != "default" and wins[n] >= MIN_WIN_SHARE * n_rounds]
     return Measurement(ratios, eligible, statistics.median(times["default"]), n_rounds, dup,
                        foreign_load=round(probe.foreign, 3))
+
+
+class _Factory:
+    """Marks a ``make(options) -> jitted`` callable for :func:`measure`."""
+
+    def __init__(self, make):
+        self.make = make
+
+    def __call__(self, options):
+        return self.make(options)
+
+
+def factory(make: Callable[[dict], Callable]) -> _Factory:
+    """Wrap ``make(options) -> jitted function`` for :func:`measure` / :func:`tune`."""
+    return make if isinstance(make, _Factory) else _Factory(make)
 
 
 def decide(m: Measurement, margin: float = MARGIN) -> tuple[str, str]:
@@ -462,112 +618,51 @@ def decide(m: Measurement, margin: float = MARGIN) -> tuple[str, str]:
     return "default", f"no variant beats the default by {margin:.0%} in most rounds"
 
 
-# ------------------------------------------------------------------------------------------
-# the per-module tuner used by hlofuse.jit
-# ------------------------------------------------------------------------------------------
-def _traced(args) -> bool:
-    """Called under an outer jit/grad/vmap: nothing concrete to time (and no time to spend)."""
-    return any(isinstance(a, jax.core.Tracer) for a in args)
 
 
-class Autotuner:
-    """Chooses and applies compiler options for one compiled module (one ``Entry``).
+def budget() -> float:
+    try:
+        return float(os.environ.get(ENV_BUDGET, DEFAULT_BUDGET_S))
+    except ValueError:
+        return DEFAULT_BUDGET_S
 
-    ``Autotuner(call, module_bytes, donate_argnums=..., enabled=...)`` is called like the jitted
-    function: ``tuner(*flat_args)``. Until a decision exists it runs the module with XLA's
-    defaults; on the :data:`TUNE_AT_CALL`-th call it measures (without donation, on the
-    caller's arguments, before the real call) and switches to the winner.
 
-    Attributes:
-      decision: the :class:`Decision` once made (or loaded from the cache), else None.
-      on_decision: optional callback ``(decision, cached: bool) -> None`` (hlofuse.jit records
-        the choice in the entry's report notes).
-    """
+def tune(make: Callable[[dict], Callable], args: Sequence, kwargs: dict | None,
+         variants: dict[str, dict], *, name: str = "fun", key: str | None = None,
+         default_s: float | None = None, budget_s: float | None = None) -> Decision:
+    """Measure ``variants`` of one program on the caller's arguments, log what is measured
+    and what was chosen, cache the decision (on disk unless the call was too short or the
+    machine busy) and return it. ``make(options)`` builds a non-donating jitted variant."""
+    budget_s = budget() if budget_s is None else budget_s
+    t0 = time.perf_counter()
+    others = [n for n in variants if n != "default"]
 
-    def __init__(self, call: Callable, module_bytes: bytes | str, *,
-                 donate_argnums: tuple = (), enabled: bool | None = None,
-                 decision_cache: DecisionCache | None = None, platform: str | None = None,
-                 budget_s: float | None = None, tune_at_call: int = TUNE_AT_CALL,
-                 on_decision: Callable | None = None):
-        self._call = call
-        self._donate = tuple(donate_argnums)
-        self.platform = platform or jax.devices()[0].platform
-        self.enabled = enabled_by_default(self.platform) if enabled is None else bool(enabled)
-        text = module_bytes if isinstance(module_bytes, str) else None
-        self.variants = applicable_variants(self.platform, text)
-        if len(self.variants) < 2:
-            self.enabled = False
-        self._cache = decision_cache or cache()
-        self.module_hash = module_hash(module_bytes)
-        self.key = cache_key(self.module_hash, device_key())
-        if budget_s is None:
-            try:
-                budget_s = float(os.environ.get(ENV_BUDGET, DEFAULT_BUDGET_S))
-            except ValueError:
-                budget_s = DEFAULT_BUDGET_S
-        self.budget_s = budget_s
-        self.tune_at_call = max(1, int(tune_at_call))
-        self.on_decision = on_decision
-        self.decision: Decision | None = None
-        self.calls = 0
-        self._lock = threading.RLock()
-        self._fn = self._jit({})
-        if self.enabled:
-            cached = self._cache.get(self.key)
-            if cached is not None:
-                self._apply(cached, cached=True)
+    def announce():
+        log.info("autotuning %s: timing XLA defaults against %s (budget %.0fs; "
+                 "HLOFUSE_AUTOTUNE=off or cached to skip)", name, ", ".join(others) or "nothing",
+                 budget_s)
 
-    def _jit(self, options: dict, donate: bool = True):
-        kw = {"donate_argnums": self._donate} if (donate and self._donate) else {}
-        return jax.jit(self._call, compiler_options=dict(options) or None, **kw)
+    def progress(msg):
+        if time.perf_counter() - t0 > 1.0:
+            log.info("autotuning %s: %s", name, msg)
 
-    @property
-    def compiler_options(self) -> dict:
-        return dict(self.decision.options) if self.decision else {}
-
-    def _apply(self, decision: Decision, cached: bool) -> None:
-        self.decision = decision
-        if decision.options:
-            self._fn = self._jit(decision.options)
-        if self.on_decision is not None:
-            self.on_decision(decision, cached)
-
-    def tune(self, *args, default_s: float | None = None) -> Decision:
-        """Measure the variants on ``args`` now (they are not donated) and apply the winner.
-
-        ``default_s``: seconds of a warm call with the default options the caller just timed.
-        """
-        t0 = time.perf_counter()
-        m = measure(self._call, args, self.variants, budget_s=self.budget_s, default_s=default_s)
-        best, reason = decide(m)
-        if m.duplicates:
-            reason += f"; same HLO as another variant: {', '.join(m.duplicates)}"
-        busy = m.foreign_load > BUSY_SHARE
-        if busy:
-            reason += (f"; machine busy while measuring (other processes used "
-                       f"{m.foreign_load:.0%} of the CPUs): not cached on disk")
-        d = Decision(best, dict(self.variants[best]), {k: round(v, 4) for k, v in m.ratios.items()},
-                     default_s=m.default_s, rounds=m.rounds, tune_s=time.perf_counter() - t0,
-                     reason=reason, created=time.time(), foreign_load=m.foreign_load)
-        # not on disk: a module too small to tune, or a measurement other processes disturbed
-        # (library choices flip with the cores actually free; a later process measures again)
-        small = bool(m.skipped) and m.default_s < MIN_CALL_S
-        self._cache.put(self.key, d, persist=not (small or busy))
-        self._apply(d, cached=False)
-        return d
-
-    def __call__(self, *args):
-        if self.enabled and self.decision is None and not _traced(args):
-            with self._lock:
-                self.calls += 1
-                if self.decision is None and self.calls >= self.tune_at_call:
-                    if self._donate or self.calls == 1:
-                        self.tune(*args)           # before the call consumes donated args
-                    else:
-                        # this call runs anyway: time it (it is warm) instead of an extra one,
-                        # so a module too slow to tune costs nothing beyond this call
-                        t0 = time.perf_counter()
-                        out = jax.block_until_ready(self._fn(*args))
-                        self.tune(*args, default_s=time.perf_counter() - t0)
-                        return out
-        return self._fn(*args)
+    m = measure(factory(make), args, variants, kwargs=kwargs, budget_s=budget_s,
+                default_s=default_s, progress=progress, announce=announce)
+    best, reason = decide(m)
+    if m.duplicates:
+        reason += f"; same HLO as another variant: {', '.join(m.duplicates)}"
+    busy = m.foreign_load > BUSY_SHARE
+    if busy:
+        reason += (f"; machine busy while measuring (other processes used "
+                   f"{m.foreign_load:.0%} of the CPUs): not cached on disk")
+    d = Decision(best, dict(variants[best]), {k: round(v, 4) for k, v in m.ratios.items()},
+                 default_s=m.default_s, rounds=m.rounds, tune_s=time.perf_counter() - t0,
+                 reason=reason, created=time.time(), foreign_load=m.foreign_load)
+    # not on disk: a module too small to tune, or a measurement other processes disturbed
+    # (library choices flip with the cores actually free; a later process measures again)
+    small = bool(m.skipped) and m.default_s < MIN_CALL_S
+    if key is not None:
+        cache().put(key, d, persist=not (small or busy))
+    log.log(logging.INFO if m.rounds else logging.DEBUG, "autotuning %s: chose %s in %.1fs (%s)",
+            name, best, d.tune_s, reason)
+    return d

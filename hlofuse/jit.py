@@ -1,20 +1,45 @@
-"""``@hlofuse.jit``: ``jax.jit`` with hlofuse's StableHLO pipeline between tracing and XLA."""
+"""``@hlofuse.jit``: ``jax.jit`` with hlofuse's StableHLO pipeline between tracing and XLA.
+
+An :class:`HlofuseFunction` *is* a ``jax.jit`` function: it wraps ``jax.jit(traced, **kw)``
+with every ``jax.jit`` keyword passed through (shardings, static and donated arguments,
+``keep_unused``, ``inline``, ``compiler_options``...). ``traced`` binds the user's function as
+one :class:`hlofuse.runtime.Program` through the ``hlofuse_call`` primitive, whose lowering
+inlines hlofuse's optimized module. So calling it costs what a ``jax.jit`` call costs (jax's
+C++ dispatch path), its caches are jax's caches, and it composes with every JAX
+transformation exactly like ``jax.jit`` does.
+
+Autotuning (:mod:`hlofuse.autotune`) sits beside that path, never inside it: a tuned signature
+whose decision is "XLA defaults" runs the very same ``jax.jit`` object as ``autotune=False``;
+only a signature whose measured winner is a compiler-option variant runs a second, top-level
+``jax.jit(traced, compiler_options=...)``. Under any transformation (arguments are tracers)
+the plain ``jax.jit`` is used, so ``compiler_options`` never meets a tracer.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import inspect
+import logging
+import re
 import threading
+import time
 from typing import Any, Callable, Sequence
+
+import numpy as np
 
 import jax
 from jax import tree_util
+from jax._src import api_util
+from jax._src import core as jcore
 
+from hlofuse import autotune as at
 from hlofuse.api import normalize_target
 from hlofuse.kernels.lowering import platform_for
-from hlofuse.runtime import Entry, FlatJit, Options, signature_of
+from hlofuse.runtime import Options, Program, call, find_calls, signature_of
 
-__all__ = ["jit", "Lowered", "HlofuseFunction"]
+__all__ = ["jit", "Lowered", "Compiled", "HlofuseFunction"]
+
+log = logging.getLogger("hlofuse")
 
 
 def _norm_tuple(x) -> tuple:
@@ -25,53 +50,122 @@ def _norm_tuple(x) -> tuple:
     return tuple(x)
 
 
-class Lowered:
-    """What ``fn.lower(*args)`` returns: the optimized module for one signature and its report."""
+class _Frozen:
+    """A frozen argument (``freeze_argnums``) as a static argument of the inner ``jax.jit``:
+    hashed by the identity of its leaves (``id`` + shape + dtype; hashable scalars by value).
+    Holding the value keeps every ``id`` alive while jax caches the compilation."""
 
-    def __init__(self, entry: Entry, out_tree, target: str, prepare=None, donate: tuple = ()):
+    __slots__ = ("value", "_key")
+
+    def __init__(self, value):
+        self.value = value
+        leaves, tree = tree_util.tree_flatten(value)
+        ids = []
+        for leaf in leaves:
+            if isinstance(leaf, (bool, int, float, complex, str)):
+                ids.append((type(leaf).__name__, leaf))
+            else:
+                ids.append((id(leaf), tuple(getattr(leaf, "shape", ())),
+                            str(getattr(leaf, "dtype", ""))))
+        self._key = (tree, tuple(ids))
+
+    def __hash__(self):
+        return hash(self._key)
+
+    def __eq__(self, other):
+        return isinstance(other, _Frozen) and self._key == other._key
+
+
+def _static_key(leaf):
+    """Cache key of a static leaf: by value when hashable (like jax.jit), else by identity."""
+    if isinstance(leaf, _Frozen):
+        return leaf
+    try:
+        hash(leaf)
+    except TypeError:
+        return ("id", id(leaf))
+    return (type(leaf), leaf)
+
+
+_ALIAS = re.compile(r"\{(\d*)\}:\s*\((\d+),\s*\{[^}]*\},\s*([\w-]+)\)")
+
+
+def compiled_aliases(compiled) -> dict[int, int]:
+    """Output -> flat argument index of the buffers XLA's compiled executable aliases (read
+    back from its HLO header, mapped through the arguments jax kept)."""
+    text = compiled.as_text() or ""
+    header = text.split("\n", 1)[0]
+    m = re.search(r"input_output_alias=\{(.*?)\}\s*,\s*entry_computation_layout", header)
+    if not m:
+        return {}
+    kept = getattr(getattr(compiled, "_executable", None), "_kept_var_idx", None)
+    kept = sorted(kept) if kept is not None else None
+    out = {}
+    for o, p, _ in _ALIAS.findall(m.group(1) + "}"):
+        p = int(p)
+        out[int(o) if o else 0] = kept[p] if kept is not None and p < len(kept) else p
+    return out
+
+
+class Lowered:
+    """What ``fn.lower(*args)`` returns: jax's ``Lowered`` for the whole call plus hlofuse's
+    optimized module and report for the function's signature."""
+
+    def __init__(self, fn: "HlofuseFunction", jax_lowered, entry, n_args: int, report=None):
+        self._fn = fn
+        self._lowered = jax_lowered
         self._entry = entry
-        self._prepare = prepare
-        self._donate = donate
-        self.out_tree = out_tree
-        self.target = target
+        self._n_args = n_args
+        self._report = report
+        self.out_tree = jax_lowered.out_tree
 
     def as_text(self, debug_info: bool = False) -> str:
         """The optimized StableHLO (for any target, including gpu/tpu from a CPU machine)."""
+        if self._entry is None:
+            return self._lowered.as_text(debug_info=debug_info)
         opt = self._entry.optimized
         return opt.text_with_locations() if debug_info else opt.text
 
     @property
     def report(self):
-        return self._entry.report
+        return self._entry.report if self._entry is not None else self._report
 
     @property
     def exported(self):
         """The ``jax.export.Exported`` carrying the optimized module (serializable)."""
-        return self._entry.exported
+        return self._entry.exported if self._entry is not None else None
 
-    def compile(self) -> "Compiled":
-        """XLA-compile the optimized module on the current backend."""
-        entry = self._entry
-        args = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in entry.in_avals]
-        from hlofuse.autotune import cached_options  # options autotune chose, if it did
-        opts = cached_options(entry.optimized.text) if self.target == jax.default_backend() else {}
-        jitted = jax.jit(entry.call, donate_argnums=self._donate, compiler_options=opts or None)
-        return Compiled(jitted.lower(*args).compile(), self._prepare, self.out_tree)
+    @property
+    def jax_lowered(self):
+        """jax's own ``Lowered`` of the call (the outer module with the optimized one inlined)."""
+        return self._lowered
+
+    def compile(self, compiler_options: dict | None = None) -> "Compiled":
+        """XLA-compile for the current backend, with the compiler options autotune decided for
+        this program (if it did) unless ``compiler_options`` are given."""
+        if compiler_options is None and self._entry is not None:
+            compiler_options = self._fn._decided_options(self._entry)
+        compiled = self._lowered.compile(compiler_options or None)
+        return Compiled(compiled, self._fn, self._n_args)
 
 
 class Compiled:
-    """What ``Lowered.compile()`` returns: call it with the same arguments as the function
-    (static ones included); ``memory_analysis()``, ``cost_analysis()`` and ``as_text()`` come
-    from XLA's compiled executable."""
+    """What ``Lowered.compile()`` returns: call it like the function (static and frozen
+    arguments may be passed or left out); ``memory_analysis()``, ``cost_analysis()``,
+    ``as_text()`` and :meth:`aliases` come from XLA's executable."""
 
-    def __init__(self, compiled, prepare, out_tree):
+    def __init__(self, compiled, fn: "HlofuseFunction", n_args: int):
         self._compiled = compiled
-        self._prepare = prepare
-        self.out_tree = out_tree
+        self._fn = fn
+        self._n_args = n_args
+        self.out_tree = compiled.out_tree
 
     def __call__(self, *args, **kwargs):
-        _, _, leaves, _, _ = self._prepare(args, kwargs)
-        return tree_util.tree_unflatten(self.out_tree, self._compiled(*leaves))
+        if len(args) == self._n_args:  # the full argument list: drop static / frozen ones
+            drop = self._fn._static_positions(len(args))
+            args = tuple(a for i, a in enumerate(args) if i not in drop)
+        kwargs = {k: v for k, v in kwargs.items() if k not in self._fn._static_names}
+        return self._compiled(*args, **kwargs)
 
     def memory_analysis(self):
         return self._compiled.memory_analysis()
@@ -82,193 +176,394 @@ class Compiled:
     def as_text(self) -> str:
         return self._compiled.as_text()
 
+    def aliases(self) -> dict[int, int]:
+        """Flat output index -> flat (dynamic) argument index XLA actually aliases."""
+        return compiled_aliases(self._compiled)
+
+
+@dataclasses.dataclass
+class _Tuning:
+    """Autotune state of one call signature."""
+    calls: int = 0
+    decision: at.Decision | None = None
+    fn: Callable | None = None        # the jitted function for a non-default decision
+    key: str | None = None            # decision-cache key (None: nothing to tune)
+    entry: Any = None
+
 
 class HlofuseFunction:
     """The callable returned by :func:`jit`."""
 
-    def __init__(self, fun: Callable, *, static_argnums, static_argnames, donate_argnums,
-                 target, pipeline, disable, check, options, dump_dir, autotune=None,
-                 freeze_argnums=()):
+    def __init__(self, fun: Callable, *, target, pipeline, disable, check, options, dump_dir,
+                 autotune=None, freeze_argnums=(), **jit_kwargs):
         functools.update_wrapper(self, fun)
-        self._autotune = autotune  # None: on where it pays (CPU), see hlofuse.autotune
         self._fun = fun
-        self._target = normalize_target(target)
-        try:
-            self._sig = inspect.signature(fun)
-        except (TypeError, ValueError):
-            self._sig = None
-        static_argnums = _norm_tuple(static_argnums)
-        static_argnames = _norm_tuple(static_argnames)
-        # like jax.jit: infer names from numbers and numbers from names where the signature allows
-        if self._sig is not None:
-            params = list(self._sig.parameters.values())
-            positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-            for n in static_argnums:
-                if -len(positional) <= n < len(positional):
-                    p = positional[n]
-                    if p.kind is p.POSITIONAL_OR_KEYWORD and p.name not in static_argnames:
-                        static_argnames += (p.name,)
-            for name in static_argnames:
-                for i, p in enumerate(positional):
-                    if p.name == name and i not in static_argnums:
-                        static_argnums += (i,)
-            for name in static_argnames:
-                if name not in self._sig.parameters and not any(
-                        p.kind is p.VAR_KEYWORD for p in params):
-                    raise ValueError(f"static_argnames {name!r} is not a parameter of {fun.__name__}")
-        self._static_argnums = static_argnums
-        self._static_argnames = static_argnames
-        self._donate_argnums = _norm_tuple(donate_argnums)
-        if set(self._donate_argnums) & set(self._static_argnums):
-            raise ValueError("static arguments cannot be donated: "
-                             f"{sorted(set(self._donate_argnums) & set(self._static_argnums))}")
-        self._freeze_argnums = _norm_tuple(freeze_argnums)
-        clash = set(self._freeze_argnums) & (set(self._static_argnums) | set(self._donate_argnums))
-        if clash:
-            raise ValueError(f"frozen arguments cannot also be static or donated: {sorted(clash)}")
+        self._target = None if target is None else normalize_target(target)
         self._opts = Options(target=self._target, pipeline=pipeline, disable=tuple(disable),
                              pass_options=dict(options or {}), dump_dir=dump_dir, check=check)
-        self._flat: dict[Any, tuple[FlatJit, list]] = {}
-        self._jitted: dict[tuple, Callable] = {}
+        self._name = getattr(fun, "__name__", "fun")
+        self._freeze = _norm_tuple(freeze_argnums)
+        static_argnums = _norm_tuple(jit_kwargs.pop("static_argnums", None))
+        static_argnames = _norm_tuple(jit_kwargs.pop("static_argnames", None))
+        try:
+            sig = api_util.fun_signature(fun)
+        except Exception:  # noqa: BLE001 - builtins etc.
+            sig = None
+        self._check_argnums(sig, static_argnums, _norm_tuple(jit_kwargs.get("donate_argnums")))
+        self._user_static = (static_argnums, static_argnames)
+        if sig is not None:
+            nums, names = api_util.infer_argnums_and_argnames(sig, static_argnums,
+                                                               static_argnames)
+        else:
+            nums, names = static_argnums, static_argnames
+        self._static_nums, self._static_names = tuple(nums), tuple(names)
+        self._jit_kwargs = dict(jit_kwargs, static_argnums=static_argnums + self._freeze,
+                                static_argnames=static_argnames)
+        self._donate_nums, self._donate_names = self._donation(sig, jit_kwargs)
+        self._donating = bool(self._donate_nums or self._donate_names)
+        self._sig = sig
+
+        self._jit = jax.jit(self._traced_fn(), **self._jit_kwargs)
+        self._programs: dict[tuple, Program] = {}
         self._lock = threading.RLock()
+        # autotune: None follows HLOFUSE_AUTOTUNE / the platform (see hlofuse.autotune.mode)
+        self._autotune = autotune
+        self._tuning: dict[tuple, _Tuning] = {}
+        self._fast = True      # every signature seen so far runs self._jit as is
 
-    # -- argument handling -----------------------------------------------------------------
-    def _split(self, args: tuple, kwargs: dict):
+    # -- configuration ---------------------------------------------------------------------
+    def _check_argnums(self, sig, static_argnums: tuple, donate_argnums: tuple) -> None:
+        """What jax.jit would not say in hlofuse's terms (frozen arguments are static ones of
+        the inner jax.jit)."""
+        if set(static_argnums) & set(donate_argnums):
+            raise ValueError(f"static arguments cannot be donated: "
+                             f"{sorted(set(static_argnums) & set(donate_argnums))}")
+        if not self._freeze:
+            return
+        clash = set(self._freeze) & (set(static_argnums) | set(donate_argnums))
+        if clash:
+            raise ValueError(f"frozen arguments cannot also be static or donated: "
+                             f"{sorted(clash)}")
+        if sig is not None:
+            params = list(sig.parameters.values())
+            if not any(p.kind is p.VAR_POSITIONAL for p in params):
+                n = sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+                bad = [i for i in self._freeze if not -n <= i < n]
+                if bad:
+                    raise ValueError(f"freeze_argnums={self._freeze}: {self._name} takes only "
+                                     f"{n} positional argument(s)")
+
+    @staticmethod
+    def _donation(sig, kw) -> tuple[tuple, tuple]:
+        nums = _norm_tuple(kw.get("donate_argnums"))
+        names = _norm_tuple(kw.get("donate_argnames"))
+        if sig is not None and (nums or names):
+            try:
+                nums, names = api_util.infer_argnums_and_argnames(sig, nums, names)
+            except Exception:  # noqa: BLE001 - jax.jit reports bad donation itself
+                pass
+        return tuple(nums), tuple(names)
+
+    def _static_positions(self, n: int) -> set:
+        return {i + n if i < 0 else i for i in self._static_nums + self._freeze}
+
+    def _wrap_frozen(self, args: tuple) -> tuple:
+        if not self._freeze:
+            return args
         n = len(args)
-        nums = set()
-        for i in self._static_argnums:
-            j = i + n if i < 0 else i
-            if 0 <= j < n:
-                nums.add(j)
-            elif not (self._sig and any(p.name in kwargs for p in self._sig.parameters.values())):
-                if j >= n and not self._static_argnames:
-                    raise ValueError(f"jitted function has static_argnums={self._static_argnums}, "
-                                     f"but only accepts {n} positional arguments")
-        frozen = set()
-        for i in self._freeze_argnums:
-            j = i + n if i < 0 else i
-            if not 0 <= j < n:
-                raise ValueError(f"jitted function has freeze_argnums={self._freeze_argnums}, but "
-                                 f"was called with {n} positional arguments")
-            frozen.add(j)
-        static_pos = tuple((i, args[i]) for i in sorted(nums))
-        static_kw = tuple(sorted((k, v) for k, v in kwargs.items() if k in self._static_argnames))
-        for where, v in [(f"argument {i}", v) for i, v in static_pos] + [(f"argument {k!r}", v) for k, v in static_kw]:
-            try:
-                hash(v)
-            except TypeError:
-                raise ValueError(f"Non-hashable static arguments are not supported. An error occurred "
-                                 f"while trying to hash static {where} of type {type(v)}") from None
-        dyn_args = tuple(a for i, a in enumerate(args) if i not in nums and i not in frozen)
-        dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self._static_argnames}
-        return static_pos, static_kw, dyn_args, dyn_kwargs, nums | frozen
+        pos = {i + n if i < 0 else i for i in self._freeze}
+        bad = [i for i in self._freeze if not -n <= i < n]
+        if bad:
+            raise ValueError(f"{self._name} has freeze_argnums={self._freeze}, but was called "
+                             f"with {n} positional arguments")
+        return tuple(_Frozen(a) if i in pos and not isinstance(a, _Frozen) else a
+                     for i, a in enumerate(args))
 
-    def _flat_fn(self, key, static_pos, static_kw, in_tree, n_args) -> tuple[FlatJit, list]:
+    def _mode(self) -> str:
+        return at.mode(self._autotune, jax.default_backend())
+
+    # -- the traced function (runs once per signature, inside jax.jit's tracing) -------------
+    def _traced_fn(self) -> Callable:
+        """A plain function with the user's name and signature (jax.jit reads both) that
+        runs :meth:`_traced`."""
+        def traced(*args, **kwargs):
+            return self._traced(*args, **kwargs)
+        try:
+            return functools.wraps(self._fun)(traced)
+        except Exception:  # noqa: BLE001 - odd callables without __name__ etc.
+            return traced
+
+    def _traced(self, *args, **kwargs):
+        leaves, in_tree = tree_util.tree_flatten((args, kwargs))
+        dyn = [isinstance(x, jcore.Tracer) for x in leaves]
+        static = tuple(_static_key(x) for x, d in zip(leaves, dyn) if not d)
+        donated = self._donated_leaves(args, kwargs, dyn)
+        key = (in_tree, tuple(dyn), static, donated)
+        program = self._programs.get(key)
+        if program is None:
+            with self._lock:
+                program = self._programs.get(key)
+                if program is None:
+                    program = self._make_program(leaves, in_tree, dyn, donated)
+                    self._programs[key] = program
+        if self._mode() != "off":
+            self._fast = False  # a new signature: the next concrete call decides its options
+        out = call(program, [x for x, d in zip(leaves, dyn) if d])
+        sig = signature_of([jax.typeof(x) for x, d in zip(leaves, dyn) if d])
+        return tree_util.tree_unflatten(program.out_trees[sig], out)
+
+    def _donated_leaves(self, args, kwargs, dyn) -> tuple:
+        if not (self._donate_nums or self._donate_names):
+            return ()
+        n = len(args)
+        nums = {i + n if i < 0 else i for i in self._donate_nums}
+        flags = []
+        for i, a in enumerate(args):
+            flags += [i in nums] * len(tree_util.tree_leaves(a))
+        for k in sorted(kwargs):  # tree_flatten orders dict keys sorted
+            flags += [k in self._donate_names] * len(tree_util.tree_leaves(kwargs[k]))
+        dyn_index = [j for j, d in enumerate(dyn) if d]
+        return tuple(k for k, j in enumerate(dyn_index) if j < len(flags) and flags[j])
+
+    def _make_program(self, leaves, in_tree, dyn, donated) -> Program:
+        consts = [None if d else (x.value if isinstance(x, _Frozen) else x)
+                  for x, d in zip(leaves, dyn)]
+        fun = self._fun
+        out_trees: dict = {}
+
+        def flat_fun(*xs):
+            it = iter(xs)
+            full = [next(it) if d else c for c, d in zip(consts, dyn)]
+            args, kwargs = tree_util.tree_unflatten(in_tree, full)
+            flat, tree = tree_util.tree_flatten(fun(*args, **kwargs))
+            out_trees[signature_of([jax.typeof(x) for x in xs])] = tree
+            return tuple(flat)
+
+        program = Program(flat_fun, self._opts, name=self._name, donated=donated)
+        program.out_trees = out_trees
+        return program
+
+    # -- calling -----------------------------------------------------------------------------
+    def __call__(self, *args, **kwargs):
+        if self._freeze:
+            args = self._wrap_frozen(args)
+        if self._fast:
+            out = self._jit(*args, **kwargs)
+            if not self._fast:  # this call traced a new signature: its first call for tuning
+                self._tuned_call(args, kwargs, out)
+            return out
+        return self._tuned_call(args, kwargs)
+
+    def _tuned_call(self, args, kwargs, done=None):
+        """A call while some signature's options are undecided or not XLA's defaults.
+        ``done``: the output when the fast path already ran this (first) call."""
+        key = self._call_key(args, kwargs)
+        if key is None:  # under a transformation (tracers), or unhashable: the plain jit
+            return done if done is not None else self._jit(*args, **kwargs)
+        st = self._tuning.get(key)
+        if st is None:
+            with self._lock:
+                st = self._tuning.setdefault(key, _Tuning())
+        if done is not None:  # already ran (a retrace after jax evicted it, or a new one)
+            with self._lock:
+                st.calls += 1
+                if st.calls == 1:
+                    self._first_sight(st, args, kwargs)
+            return done
+        if st.decision is not None:
+            self._maybe_fast()
+            return (st.fn or self._jit)(*args, **kwargs)
         with self._lock:
-            if key in self._flat:
-                return self._flat[key]
-            out_tree_box: list = []
-            fun = self._fun
-            static_map = dict(static_pos)
+            st.calls += 1
+            if st.calls == 1:
+                out = self._jit(*args, **kwargs)
+                self._first_sight(st, args, kwargs)
+                return out
+            if st.decision is None and st.calls >= at.TUNE_AT_CALL:
+                return self._tune(st, args, kwargs)
+        return (st.fn or self._jit)(*args, **kwargs)
 
-            def flat_fun(*leaves):
-                dyn_args, dyn_kwargs = tree_util.tree_unflatten(in_tree, leaves)
-                it = iter(dyn_args)
-                args = [static_map[i] if i in static_map else next(it) for i in range(n_args)]
-                out = fun(*args, **dyn_kwargs, **dict(static_kw))
-                flat, tree = tree_util.tree_flatten(out)
-                if not out_tree_box:
-                    out_tree_box.append(tree)
-                return tuple(flat)
+    def _call_key(self, args, kwargs):
+        """What selects an executable: static arguments by value, dynamic leaves by type,
+        shape and dtype. None when an argument is a tracer or a static one is unhashable."""
+        if any(isinstance(x, jcore.Tracer) for x in tree_util.tree_leaves((args, kwargs))):
+            return None
+        statics = self._static_positions(len(args))
+        parts = []
+        for i, a in enumerate(args):
+            parts.append(("s", a) if i in statics else self._leaf_keys(a))
+        for k in sorted(kwargs):
+            v = kwargs[k]
+            parts.append((k, ("s", v) if k in self._static_names else self._leaf_keys(v)))
+        key = tuple(parts)
+        try:
+            hash(key)
+        except TypeError:
+            return None
+        return key
 
-            name = getattr(fun, "__name__", "fun")
-            self._flat[key] = (FlatJit(flat_fun, self._opts, name=name), out_tree_box)
-            return self._flat[key]
+    @staticmethod
+    def _leaf_keys(a):
+        leaves, tree = tree_util.tree_flatten(a)
+        return (tree, tuple((type(x), tuple(np.shape(x)), str(getattr(x, "dtype", "")),
+                             bool(getattr(x, "weak_type", False)))
+                            if hasattr(x, "shape") else type(x) for x in leaves))
 
-    def _prepare(self, args, kwargs):
-        static_pos, static_kw, dyn_args, dyn_kwargs, static_nums = self._split(args, kwargs)
-        leaves_with_path, in_tree = tree_util.tree_flatten_with_path((dyn_args, dyn_kwargs))
-        leaves = [leaf for _, leaf in leaves_with_path]
-        avals = []
-        for path, leaf in leaves_with_path:
-            try:
-                avals.append(jax.typeof(leaf))
-            except TypeError:
-                raise TypeError(
-                    f"Error interpreting argument to {self._fun!r} as an abstract array. The "
-                    f"problematic value is of type {type(leaf)} and was passed to the function at "
-                    f"path {_path_str(path)}. If this argument should be static, mark it with "
-                    f"static_argnums or static_argnames.") from None
-        # frozen args are closed over (compile-time constants); the cache key holds their
-        # identity, and the closure keeps them alive so an id is never reused while cached
-        frozen_pos = tuple((i, args[i]) for i in sorted(static_nums) if i in self._frozen_set(len(args)))
-        key = (in_tree, static_pos, static_kw, len(args), _frozen_key(frozen_pos))
-        flat, out_tree_box = self._flat_fn(key, static_pos + frozen_pos, static_kw, in_tree, len(args))
-        # donated positional args -> flat leaf indices
-        donate = []
-        if self._donate_argnums:
-            dyn_index = {i: k for k, i in enumerate(i for i in range(len(args)) if i not in static_nums)}
-            offsets, pos = [], 0
-            for a in dyn_args:
-                cnt = len(tree_util.tree_leaves(a))
-                offsets.append((pos, cnt))
-                pos += cnt
-            for d in self._donate_argnums:
-                d = d + len(args) if d < 0 else d
-                if d in dyn_index:
-                    start, cnt = offsets[dyn_index[d]]
-                    donate.extend(range(start, start + cnt))
-        flat.donated = tuple(donate)  # the buffer-aliasing pass pairs them with outputs
-        return flat, out_tree_box, leaves, signature_of(avals), tuple(donate)
+    def _maybe_fast(self):
+        if all(s.decision is not None and s.fn is None for s in list(self._tuning.values())):
+            self._fast = True
 
-    def _frozen_set(self, n: int) -> set:
-        return {i + n if i < 0 else i for i in self._freeze_argnums}
+    def _entry_of(self, args, kwargs, platform=None):
+        """(jax Traced, hlofuse Entry or None) for concrete arguments."""
+        traced = self._jit.trace(*args, **kwargs)
+        calls = find_calls(traced.jaxpr)
+        if not calls:
+            return traced, None
+        program, sig = calls[0]
+        platform = platform or jax.default_backend()
+        return traced, program.entry(sig, program.target_for(platform))
+
+    def _first_sight(self, st: _Tuning, args, kwargs):
+        """After the first call of a signature: find its program and a cached decision."""
+        mode = self._mode()
+        try:
+            _, entry = self._entry_of(args, kwargs)
+        except Exception as e:  # noqa: BLE001 - tuning never breaks a call
+            log.debug("hlofuse: autotune skipped for %s: %s", self._name, e)
+            entry = None
+        variants = at.applicable_variants(jax.default_backend(),
+                                          entry.optimized.text if entry else None)
+        if entry is None or len(variants) < 2 or mode == "off":
+            self._decide(st, at.Decision("default", {}, {}, reason="nothing to tune"),
+                         cached=False, record=False)
+            return
+        st.entry = entry
+        st.key = at.cache_key(at.module_hash(entry.optimized.text), at.device_key())
+        cached = at.cache().get(st.key)
+        if cached is not None:
+            self._decide(st, cached, cached=True)
+        elif mode == "cached":
+            self._decide(st, at.Decision("default", {}, {}, reason="autotune=cached: no cached "
+                                         "decision for this program"), cached=False)
+
+    def _tune(self, st: _Tuning, args, kwargs):
+        """Second call of an undecided signature: measure the variants, then run the call."""
+        variants = at.applicable_variants(jax.default_backend(), st.entry.optimized.text)
+        plain = {k: v for k, v in self._jit_kwargs.items()
+                 if k not in ("donate_argnums", "donate_argnames")}
+        base = self._jit if not self._donating else jax.jit(
+            self._traced_fn(), **plain)
+
+        def make(options):
+            if not options:
+                return base
+            opts = dict(plain.get("compiler_options") or {}, **options)
+            return jax.jit(self._traced_fn(),
+                           **dict(plain, compiler_options=opts))
+
+        out = None
+        if self._donating:
+            d = at.tune(make, args, kwargs, variants, name=self._name, key=st.key)
+        else:  # this call runs anyway: time it warm, so a module too slow to tune costs nothing
+            t0 = time.perf_counter()
+            out = jax.block_until_ready(self._jit(*args, **kwargs))
+            d = at.tune(make, args, kwargs, variants, name=self._name, key=st.key,
+                        default_s=time.perf_counter() - t0)
+        self._decide(st, d, cached=False)
+        if out is None:
+            out = (st.fn or self._jit)(*args, **kwargs)
+        return out
+
+    def _decide(self, st: _Tuning, d: at.Decision, *, cached: bool, record: bool = True):
+        options = at.options_of(d)
+        if options:
+            opts = dict(self._jit_kwargs.get("compiler_options") or {}, **options)
+            st.fn = jax.jit(self._traced_fn(),
+                            **dict(self._jit_kwargs, compiler_options=opts))
+        st.decision = d
+        if record and st.entry is not None:
+            st.entry.report.note(d.note(cached))
+        self._maybe_fast()
+
+    def _decided_options(self, entry) -> dict:
+        for st in list(self._tuning.values()):
+            if st.entry is entry and st.decision is not None:
+                return at.options_of(st.decision)
+        if self._mode() == "off":
+            return {}
+        d = at.cache().get(at.cache_key(at.module_hash(entry.optimized.text), at.device_key()))
+        return at.options_of(d) if d is not None else {}
 
     # -- public ----------------------------------------------------------------------------
-    def __call__(self, *args, **kwargs):
-        flat, out_tree_box, leaves, sig, donate = self._prepare(args, kwargs)
-        entry = flat.entry(sig)
-        platform = platform_for(self._target)
-        backend = jax.default_backend()
-        if {"cuda": "gpu", "rocm": "gpu"}.get(backend, backend) != self._target:
-            raise RuntimeError(
-                f"{self.__name__} was optimized for target={self._target!r} ({platform}) but this "
-                f"process runs on {backend!r}. Use .lower(...).as_text() to inspect the "
-                f"{self._target} module, or target=None to run here.")
-        jkey = (id(entry), donate)
-        fn = self._jitted.get(jkey)
-        if fn is None:
-            with self._lock:
-                fn = self._jitted.get(jkey)
-                if fn is None:
-                    fn = self._jitted.setdefault(jkey, _autotuned(entry, donate, self._autotune))
-        out = fn(*leaves)
-        return tree_util.tree_unflatten(out_tree_box[0], out)
-
     def lower(self, *args, **kwargs) -> Lowered:
-        flat, out_tree_box, leaves, sig, donate = self._prepare(args, kwargs)
-        entry = flat.entry(sig)
-        return Lowered(entry, out_tree_box[0] if out_tree_box else None, self._target, self._prepare,
-                       donate)
+        """Trace and lower for the function's target (default: the current backend)."""
+        args = self._wrap_frozen(args)
+        platform = platform_for(self._target or normalize_target(None))
+        traced = self._jit.trace(*args, **kwargs)
+        lowered = traced.lower(lowering_platforms=(platform,))
+        calls = find_calls(traced.jaxpr)
+        entry, report = None, None
+        if calls:
+            program, sig = calls[0]
+            entry = program.entry(sig, program.target_for(platform))
+        else:
+            from hlofuse.report import Report
+            report = Report(target=self._target or normalize_target(None), source=self._name)
+            report.note("left to XLA whole: the function has side effects (Python host "
+                        "callbacks such as jax.debug.print, pure_callback or io_callback), "
+                        "which jax.export cannot serialize, so hlofuse runs it as traced with "
+                        "plain XLA")
+        return Lowered(self, lowered, entry, len(args), report)
+
+    def trace(self, *args, **kwargs):
+        """jax's ``Traced`` of the call (``.jaxpr`` shows the ``hlofuse_call``)."""
+        return self._jit.trace(*self._wrap_frozen(args), **kwargs)
+
+    def eval_shape(self, *args, **kwargs):
+        return self._jit.eval_shape(*self._wrap_frozen(args), **kwargs)
 
     def report(self, *args, **kwargs):
-        """Shortcut for ``self.lower(*args, **kwargs).report``."""
-        return self.lower(*args, **kwargs).report
+        """The fusion report for these arguments' signature. Aliases and the memory plan are
+        read back from XLA's compiled executable when it can be compiled here (the outer
+        ``jax.jit``'s donation decides them, not the module's own annotations)."""
+        lowered = self.lower(*args, **kwargs)
+        rep = lowered.report
+        if lowered._entry is not None and self._donating and (
+                self._target is None or self._target == normalize_target(None)):
+            try:
+                aliases = lowered.compile().aliases()
+            except Exception as e:  # noqa: BLE001 - the report stays the module's own plan
+                rep.note(f"buffer-aliasing: could not read the compiled executable's aliases "
+                         f"({type(e).__name__}: {e}); the plan above is the module's own")
+            else:
+                _report_compiled_aliases(rep, lowered._entry, aliases)
+        return rep
 
     def autotune_decision(self, *args, **kwargs):
         """The compiler-option decision (:class:`hlofuse.autotune.Decision`) for these
         arguments' signature, or None while undecided / when autotuning is off."""
-        flat, _, _, sig, donate = self._prepare(args, kwargs)
-        tuner = self._jitted.get((id(flat.entry(sig)), donate))
-        return getattr(tuner, "decision", None)
+        key = self._call_key(self._wrap_frozen(args), kwargs)
+        st = self._tuning.get(key)
+        return st.decision if st is not None else None
 
     @property
     def compilations(self) -> int:
-        """How many signatures have been optimized and compiled so far."""
-        return sum(f.builds for f, _ in self._flat.values())
+        """How many signatures hlofuse has optimized so far (derived programs not counted)."""
+        return sum(p.builds for p in list(self._programs.values()))
+
+    def programs(self) -> list[Program]:
+        return list(self._programs.values())
+
+    def clear_cache(self):
+        self._jit.clear_cache()
+        with self._lock:
+            self._programs.clear()
+            self._tuning.clear()
+            self._fast = True
 
     def __repr__(self):
-        return f"<hlofuse.jit {getattr(self._fun, '__qualname__', self._fun)} target={self._target}>"
+        return (f"<hlofuse.jit {getattr(self._fun, '__qualname__', self._fun)} "
+                f"target={self._target or 'auto'}>")
 
     def __get__(self, obj, objtype=None):
         if obj is None:
@@ -276,59 +571,56 @@ class HlofuseFunction:
         return functools.partial(self, obj)
 
 
-def _autotuned(entry, donate: tuple, autotune):
-    """``jax.jit(entry.call, donate_argnums=donate)`` with measured compiler options; the
-    choice is recorded in the entry's report notes."""
-    from hlofuse.autotune import Autotuner
-
-    def record(decision, cached):
-        entry.report.note(decision.note(cached))
-
-    # hash the optimized module *without* locations: locations carry the caller's stack, and the
-    # same program called from elsewhere must find the same cached decision
-    return Autotuner(entry.call, entry.optimized.text, donate_argnums=donate,
-                     enabled=autotune, on_decision=record)
-
-
-def _frozen_key(frozen_pos) -> tuple:
-    """Identity of frozen arguments: position, pytree structure and per leaf ``id`` + shape +
-    dtype (hashable scalars by value). Mutating a frozen numpy array in place is not seen:
-    create a new ``hlofuse.jit`` (or pass a new array) after changing parameters."""
-    out = []
-    for i, v in frozen_pos:
-        leaves, tree = tree_util.tree_flatten(v)
-        ids = []
-        for leaf in leaves:
-            if isinstance(leaf, (bool, int, float, complex, str)):
-                ids.append((type(leaf).__name__, leaf))
-            else:
-                ids.append((id(leaf), tuple(getattr(leaf, "shape", ())), str(getattr(leaf, "dtype", ""))))
-        out.append((i, tree, tuple(ids)))
-    return tuple(out)
-
-
-def _path_str(path) -> str:
-    s = tree_util.keystr(path)
-    # ((args, kwargs)) -> args[i] / kwargs['k']
-    if s.startswith("[0]"):
-        return "args" + s[3:]
-    if s.startswith("[1]"):
-        return "kwargs" + s[3:]
-    return s
+def _report_compiled_aliases(report, entry, aliases: dict[int, int]) -> None:
+    """Replace the report's aliases and memory plan with what the executable does."""
+    from hlofuse import ir as hir
+    from hlofuse.passes import graph_util as gu
+    from hlofuse.passes.buffer_aliasing import memory_plan
+    module = entry.optimized.module
+    with module.context:
+        func = hir.main_func(module)
+        block = func.regions[0].blocks[0]
+        outs = list(hir.block_ops(block)[-1].operands)
+        rows = []
+        for j, i in sorted(aliases.items()):
+            t = gu.info(outs[j]) if j < len(outs) else None
+            rows.append({"output": j, "argument": i, "bytes": t.nbytes if t else 0,
+                         "type": f"{t.dtype}[{','.join(map(str, t.shape))}]" if t else "",
+                         "source": "compiled executable"})
+        before = dict(report.memory)
+        plan = memory_plan(func, {j: i for j, i in aliases.items() if j < len(outs)})
+    if [(r["output"], r["argument"]) for r in report.aliases
+            if r.get("source") != "compiled executable"] not in ([], sorted(aliases.items())):
+        claimed = ", ".join(f"output {r['output']} <- argument {r['argument']}"
+                            for r in report.aliases) or "none"
+        report.note(f"buffer-aliasing: the compiled executable aliases "
+                    f"{', '.join(f'output {j} <- argument {i}' for j, i in sorted(aliases.items())) or 'nothing'}"
+                    f" (the module asked for {claimed}; the outer jax.jit's donation decides)")
+    report.notes[:] = [n for n in report.notes
+                       if not re.match(r"buffer-aliasing: output \d+ aliases ", n)]
+    for r in rows:
+        report.note(f"buffer-aliasing: output {r['output']} aliases argument {r['argument']} "
+                    f"({r['bytes']} bytes; read back from the compiled executable)")
+    report.aliases = rows
+    report.memory = dict(before, peak_live_bytes_after=plan.peak_bytes, peak_at=plan.peak_at,
+                         alias_bytes=plan.alias_bytes, aliases_from="compiled executable")
 
 
-def jit(fun: Callable | None = None, *, static_argnums: int | Sequence[int] = (),
-        static_argnames: str | Sequence[str] = (), donate_argnums: int | Sequence[int] = (),
-        target: str | None = None, pipeline=None, disable: Sequence[str] = (),
-        check: bool = False, options: dict | None = None, dump_dir: str | None = None,
-        autotune: bool | None = None, freeze_argnums: int | Sequence[int] = ()):
+def jit(fun: Callable | None = None, *, target: str | None = None, pipeline=None,
+        disable: Sequence[str] = (), check: bool = False, options: dict | None = None,
+        dump_dir: str | None = None, autotune: bool | str | None = None,
+        freeze_argnums: int | Sequence[int] = (), **jit_kwargs):
     """Like ``jax.jit``, with hlofuse's StableHLO optimization between tracing and XLA.
 
     Args:
       fun: the function to compile (pytrees in and out, like ``jax.jit``).
-      static_argnums, static_argnames, donate_argnums: as in ``jax.jit``.
-      target: None (the current backend), 'cpu', 'gpu' or 'tpu'. A gpu/tpu target can be
-        lowered and inspected from a CPU machine (``.lower(...).as_text()``) but only run on one.
+      **jit_kwargs: every ``jax.jit`` keyword, passed through unchanged: ``static_argnums``,
+        ``static_argnames``, ``donate_argnums``, ``donate_argnames``, ``in_shardings``,
+        ``out_shardings``, ``keep_unused``, ``device``, ``backend``, ``inline``,
+        ``compiler_options``.
+      target: None (default: whatever platform the call is lowered for), 'cpu', 'gpu' or
+        'tpu'. A gpu/tpu target can be lowered and inspected from a CPU machine
+        (``.lower(...).as_text()``) but only run on one.
       pipeline: pipeline name ('default', 'cleanup', 'none') or list of pass names.
       disable: pass names to skip.
       check: verify every kernelized region against its original subgraph on the first call
@@ -342,19 +634,17 @@ def jit(fun: Callable | None = None, *, static_argnums: int | Sequence[int] = ()
         value identity (``id`` + shape + dtype of each leaf; the values are kept alive while
         cached). Mutating a frozen array in place is not detected: pass a new array or make a
         new ``hlofuse.jit``.
-      autotune: measure XLA compiler-option variants (XLA:CPU library fusion) for each
-        compiled signature on its second call and keep the fastest when it beats XLA's defaults
-        (decisions cached in ``~/.cache/hlofuse/autotune.json``; see :mod:`hlofuse.autotune`).
-        None (default): on for CPU, off elsewhere (env ``HLOFUSE_AUTOTUNE=0/1`` overrides).
+      autotune: measure XLA compiler-option variants for each signature on its second call
+        and keep one only when it beats XLA's defaults (see :mod:`hlofuse.autotune` and the
+        README). True/'on', False/'off', 'cached' (use decisions on disk, never measure), or
+        None: ``$HLOFUSE_AUTOTUNE``, else on for CPU and off elsewhere.
     """
     if fun is None:
-        return functools.partial(jit, static_argnums=static_argnums, static_argnames=static_argnames,
-                                 donate_argnums=donate_argnums, target=target, pipeline=pipeline,
-                                 disable=disable, check=check, options=options, dump_dir=dump_dir,
-                                 autotune=autotune, freeze_argnums=freeze_argnums)
+        return functools.partial(jit, target=target, pipeline=pipeline, disable=disable,
+                                 check=check, options=options, dump_dir=dump_dir,
+                                 autotune=autotune, freeze_argnums=freeze_argnums, **jit_kwargs)
     if not callable(fun):
         raise TypeError(f"Expected a callable value, got {fun!r}")
-    return HlofuseFunction(fun, static_argnums=static_argnums, static_argnames=static_argnames,
-                           donate_argnums=donate_argnums, target=target, pipeline=pipeline,
-                           disable=disable, check=check, options=options, dump_dir=dump_dir,
-                           autotune=autotune, freeze_argnums=freeze_argnums)
+    return HlofuseFunction(fun, target=target, pipeline=pipeline, disable=disable, check=check,
+                           options=options, dump_dir=dump_dir, autotune=autotune,
+                           freeze_argnums=freeze_argnums, **jit_kwargs)

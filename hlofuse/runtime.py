@@ -1,27 +1,43 @@
 """Re-injection: run an optimized StableHLO module through XLA so it composes like ``jax.jit``.
 
-Route chosen (facts §4 compares three): **B, an ``Exported`` with a rewritten payload.**
-``jax.export.export`` gives the module plus its calling convention (avals, platform checks);
-we optimize the module and put it back with ``dataclasses.replace(exp, mlir_module_serialized=...)``.
-``exp.call`` is an ordinary JAX primitive, so the result composes with ``jax.jit`` (the payload is
-inlined into the outer module), keeps shape/dtype checks, and takes donation from the outer jit.
-Route A (raw ``compile_and_load``) has no dtype checks and no transformations; route C (mutating a
-``Lowered``) poisons JAX's caches (H1/H4) and cannot be used under jit or grad.
+Route chosen (facts §4 compares three): **B, an ``Exported`` with a rewritten payload**, wrapped
+in a JAX primitive of our own.
 
-Route B lacks two transformations, which we add ourselves so they are optimized too:
+``jax.export.export`` gives the module plus its calling convention (avals, platform checks); we
+optimize the module and put it back with ``dataclasses.replace(exp, mlir_module_serialized=...)``.
+Route A (raw ``compile_and_load``) has no dtype checks and no transformations; route C (mutating
+a ``Lowered``) poisons JAX's caches (H1/H4) and cannot be used under jit or grad.
 
-* grad: a ``jax.custom_vjp`` whose backward is ``jax.vjp`` of the *original* function, itself
-  exported and optimized by hlofuse (the forward is recomputed in the backward, like remat);
-* vmap: a ``jax.custom_batching.custom_vmap`` whose rule optimizes ``jax.vmap`` of the original
-  function with the batched axes, so the batched program is fused as a whole.
+A :class:`Program` is one flat function (``fun(*arrays) -> tuple of arrays``) that hlofuse
+optimizes, with one :class:`Entry` (export + optimize) per input signature and target. It is
+called through the primitive ``hlofuse_call`` whose rules make it a first-class JAX citizen:
 
-Every :class:`FlatJit` caches one entry per input signature (shape, dtype, weak type); building
-an entry is serialized by a lock so concurrent first calls compile once.
+* **abstract eval**: the output avals of the traced function (traced once per signature);
+* **lowering**: the optimized ``Exported`` of the signature, inlined into the caller's module
+  (``mlir.lower_fun(exp.call)``), built lazily for the platform being lowered for;
+* **jvp**: the primal outputs from the program itself and the tangents from a derived program
+  ``jvp(f)`` (tangent outputs only, linear in the tangent inputs), itself optimized;
+* **transpose** (for derived linear programs): a derived program ``T(g)`` = the VJP of ``g``
+  with respect to its linear inputs, optimized. ``grad`` = jvp + partial eval + transpose, so
+  the backward runs ``T(jvp(f))``, which recomputes the forward from the primal inputs
+  (like ``jax.checkpoint``);
+* **batching**: a derived program ``vmap(f)`` with the batched axes moved to the front.
+
+Because every rule only derives new programs, everything composes: ``jit``, ``grad``, ``vjp``,
+``jvp``, ``linearize``, ``hessian``, ``vmap``, ``scan``/``cond``/``while`` bodies,
+``jax.checkpoint`` and ``shard_map`` bodies, at any nesting depth, and each derived program is
+fused too. Functions with side effects (host callbacks: ``jax.debug.print``,
+``pure_callback``, ``io_callback``) cannot go through ``jax.export``; they are inlined as traced
+and run with plain XLA (:meth:`Program.has_effects`; the report says so).
+
+Building an entry is serialized per program by a lock, so concurrent first calls compile once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import threading
 from typing import Callable, Sequence
 
@@ -30,21 +46,32 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 from jax import export as jexport
+from jax._src import core as jcore
+from jax._src import config as jconfig
+from jax._src import dispatch
+from jax._src import mesh as mesh_lib
+from jax._src.interpreters import ad, batching, mlir
+from jax._src.interpreters import partial_eval as pe
+from jax.extend import core as jex_core
 
 from hlofuse import ir as hir
-from hlofuse.api import Optimized, optimize
+from hlofuse.api import Optimized, normalize_target, optimize
 from hlofuse.kernels.lowering import platform_for
 
-Signature = tuple  # tuple of (shape, dtype name, weak_type)
+Signature = tuple  # tuple of (shape, dtype, weak_type) per flat input
+
+_TARGET_OF_PLATFORM = {"cpu": "cpu", "cuda": "gpu", "rocm": "gpu", "tpu": "tpu"}
 
 
 def signature_of(avals: Sequence) -> Signature:
-    return tuple((tuple(a.shape), str(a.dtype), bool(getattr(a, "weak_type", False))) for a in avals)
+    """Hashable identity of flat input avals: shape, dtype (object, not its name: cheap) and
+    weak type."""
+    return tuple((tuple(a.shape), np.dtype(a.dtype), bool(getattr(a, "weak_type", False)))
+                 for a in avals)
 
 
 def sds(sig: Signature) -> list[jax.ShapeDtypeStruct]:
-    return [jax.ShapeDtypeStruct(s, np.dtype(d) if d != "bfloat16" else jnp.bfloat16, weak_type=w)
-            for s, d, w in sig]
+    return [jax.ShapeDtypeStruct(s, d, weak_type=w) for s, d, w in sig]
 
 
 def _inexact(dtype) -> bool:
@@ -53,7 +80,8 @@ def _inexact(dtype) -> bool:
 
 @dataclasses.dataclass
 class Options:
-    target: str
+    """How a program is optimized. ``target`` None: the platform it is lowered for."""
+    target: str | None
     pipeline: object = None
     disable: tuple = ()
     pass_options: dict = dataclasses.field(default_factory=dict)
@@ -63,12 +91,12 @@ class Options:
 
 @dataclasses.dataclass
 class Entry:
-    """One compiled signature."""
-    exported: jexport.Exported
+    """One optimized signature of a :class:`Program`."""
+    exported: jexport.Exported | None   # None: left to plain XLA (see Program.plain_entry)
     optimized: Optimized
     out_avals: tuple
-    call: Callable              # flat arrays -> list of flat arrays, transformation-aware
     in_avals: tuple = ()
+    target: str = "cpu"
 
     @property
     def report(self):
@@ -76,151 +104,363 @@ class Entry:
 
 
 def export_optimized(fun: Callable, sig: Signature, opts: Options, *, name: str = "fun",
-                     donated: Sequence[int] = ()) -> tuple[jexport.Exported, Optimized]:
+                     donated: Sequence[int] = (), target: str | None = None
+                     ) -> tuple[jexport.Exported, Optimized]:
     """Export ``fun`` (flat arrays -> flat arrays) for the target and optimize its module."""
-    platform = platform_for(opts.target)
+    target = target or normalize_target(opts.target)
+    platform = platform_for(target)
     exp0 = jexport.export(jax.jit(fun), platforms=[platform])(*sds(sig))
     try:  # an optimization never makes a program fail (options={'strict': True} re-raises)
-        opt = optimize(exp0.mlir_module(), target=opts.target, pipeline=opts.pipeline,
+        opt = optimize(exp0.mlir_module(), target=target, pipeline=opts.pipeline,
                        disable=opts.disable, dump_dir=opts.dump_dir, options=opts.pass_options,
                        source=name, donated_args=donated)
         if opts.check:
             from hlofuse.verify import verify_regions
-            opt = verify_regions(exp0, opt, opts, name=name)
+            opt = verify_regions(exp0, opt, dataclasses.replace(opts, target=target), name=name)
     except Exception as e:
         from hlofuse.verify import unoptimized
-        opt = unoptimized(exp0, opts, name=name, error=e)
+        opt = unoptimized(exp0, dataclasses.replace(opts, target=target), name=name, error=e)
     checks = tuple(exp0.disabled_safety_checks)
-    if opts.target == "gpu":
+    if target == "gpu":
         checks += (jexport.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton"),)
     exp = dataclasses.replace(exp0, mlir_module_serialized=hir.to_bytecode(opt.module),
                               disabled_safety_checks=checks, _get_vjp=None)
     return exp, opt
 
 
-class FlatJit:
-    """hlofuse's jit over a flat function: ``fun(*arrays) -> tuple of arrays``."""
+class Program:
+    """A flat function hlofuse optimizes: ``fun(*arrays) -> tuple of arrays``.
 
-    def __init__(self, fun: Callable, opts: Options, *, name: str = "fun", donated: tuple = ()):
+    Args:
+      fun: the flat function.
+      opts: how to optimize it.
+      name: for reports and warnings.
+      linear: input positions the function is linear in (derived jvp/transpose programs);
+        needed by the transpose rule.
+      donated: flat input positions the caller donates (the buffer-aliasing pass's audit).
+    """
+
+    def __init__(self, fun: Callable, opts: Options, *, name: str = "fun",
+                 linear: Sequence[int] = (), donated: Sequence[int] = ()):
         self.fun = fun
         self.opts = opts
         self.name = name
-        self.donated = tuple(donated)  # flat argument indices the caller donates (buffer-aliasing)
-        self._entries: dict[Signature, Entry] = {}
+        self.linear = tuple(linear)
+        self.donated = tuple(donated)
+        self.out_trees: dict = {}       # signature -> output pytree (set by hlofuse.jit)
+        self._jaxprs: dict[Signature, jcore.ClosedJaxpr] = {}
+        self._entries: dict[tuple, Entry] = {}
+        self.derived: dict[tuple, Program] = {}
         self._lock = threading.RLock()
-        self._vjp: FlatJit | None = None
-        self._batched: dict[tuple, FlatJit] = {}
-        self.builds = 0  # number of signatures compiled (for tests and reports)
+        self.builds = 0                 # optimized entries built (tests and reports)
 
-    # -- entries ---------------------------------------------------------------------------
-    def entry(self, sig: Signature) -> Entry:
-        e = self._entries.get(sig)
+    def __repr__(self):
+        return f"<hlofuse program {self.name}>"
+
+    # -- tracing -----------------------------------------------------------------------------
+    def jaxpr(self, sig: Signature) -> jcore.ClosedJaxpr:
+        """The traced function for one signature (traced once; the user's Python runs once)."""
+        j = self._jaxprs.get(sig)
+        if j is None:
+            with self._lock:
+                j = self._jaxprs.get(sig)
+                if j is None:
+                    with _isolated():
+                        j = jax.make_jaxpr(self.fun)(*sds(sig))
+                    self._jaxprs[sig] = j
+        return j
+
+    def has_effects(self, sig: Signature) -> bool:
+        return bool(self.jaxpr(sig).effects)
+
+    def traced_fun(self, *xs):
+        """Evaluate the traced jaxpr (no second trace of the user's Python)."""
+        closed = self.jaxpr(signature_of([jax.typeof(x) for x in xs]))
+        return tuple(jcore.jaxpr_as_fun(closed)(*xs))
+
+    def out_avals(self, avals: Sequence) -> list:
+        closed = self.jaxpr(signature_of(avals))
+        # inside shard_map bodies inputs live on the manual abstract mesh: so do the outputs,
+        # varying over the manual axes any input varies over
+        mesh = next((a.sharding.mesh for a in avals
+                     if getattr(a, "sharding", None) is not None
+                     and not a.sharding.mesh.empty), None)
+        if mesh is None:
+            return list(closed.out_avals)
+        varying = frozenset().union(*[a.mat.varying for a in avals if hasattr(a, "mat")])
+        out = []
+        for a in closed.out_avals:
+            sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(
+                *[None] * len(a.shape)))
+            out.append(a.update(sharding=sharding, manual_axis_type=jcore.ManualAxisType(
+                varying=varying, unreduced=frozenset(), reduced=frozenset())))
+        return out
+
+    # -- entries -----------------------------------------------------------------------------
+    def target_for(self, platform: str) -> str:
+        """The hlofuse target when lowering for ``platform`` ('cpu', 'cuda', 'tpu', ...)."""
+        here = _TARGET_OF_PLATFORM.get(platform, platform)
+        if self.opts.target is None:
+            return normalize_target(here)
+        if self.opts.target != here:
+            raise RuntimeError(
+                f"{self.name} was optimized for target={self.opts.target!r} "
+                f"({platform_for(self.opts.target)}) but is being lowered for {platform!r}. "
+                f"Use .lower(...).as_text() to inspect the {self.opts.target} module, or "
+                f"target=None to run here.")
+        return self.opts.target
+
+    def entry(self, sig: Signature, target: str | None = None) -> Entry:
+        target = target or normalize_target(self.opts.target)
+        key = (sig, target)
+        e = self._entries.get(key)
         if e is not None:
             return e
         with self._lock:
-            e = self._entries.get(sig)
+            e = self._entries.get(key)
             if e is None:
-                e = self._build(sig)
-                self._entries[sig] = e
+                with _isolated():
+                    e = self._build(sig, target)
+                self._entries[key] = e
                 self.builds += 1
             return e
 
-    def _build(self, sig: Signature) -> Entry:
-        try:
-            exp, opt = export_optimized(self.fun, sig, self.opts, name=self.name,
-                                        donated=self.donated)
-        except NotImplementedError as e:
-            if "host_callbacks" not in str(e):
-                raise
-            return self._plain_jit_entry(sig)
-        return Entry(exp, opt, tuple(exp.out_avals), self._transformable(exp, sig), tuple(sds(sig)))
+    def entries(self) -> list[Entry]:
+        return list(self._entries.values())
 
-    def _plain_jit_entry(self, sig: Signature) -> Entry:
-        """Functions with Python host callbacks (jax.debug.print, pure_callback, io_callback)
-        cannot go through jax.export (it cannot serialize them), so they run with plain
-        ``jax.jit``; the report says so."""
-        from hlofuse.api import normalize_target
+    def _build(self, sig: Signature, target: str) -> Entry:
+        if self.has_effects(sig):
+            return self.plain_entry(sig, target)
+        fun = _named(functools.partial(_call_jaxpr, self.jaxpr(sig)), self.name)
+        exp, opt = export_optimized(fun, sig, self.opts, name=self.name, donated=self.donated,
+                                    target=target)
+        return Entry(exp, opt, tuple(exp.out_avals), tuple(sds(sig)), target)
+
+    def plain_entry(self, sig: Signature, target: str) -> Entry:
+        """Functions with side effects (Python host callbacks: jax.debug.print, pure_callback,
+        io_callback) cannot go through jax.export (it cannot serialize them): they run as
+        traced, with plain XLA, and the report says so."""
         from hlofuse.report import Report
-        jitted = jax.jit(self.fun)
-        lowered = jitted.trace(*sds(sig)).lower(lowering_platforms=(platform_for(self.opts.target),))
+        lowered = jax.jit(functools.partial(_call_jaxpr, self.jaxpr(sig))).trace(
+            *sds(sig)).lower(lowering_platforms=(platform_for(target),))
         module = hir.parse(lowered.as_text(debug_info=True), source=self.name)
-        report = Report(target=self.opts.target, source=self.name)
-        report.note("left to XLA whole: the function uses Python host callbacks (jax.debug.print, "
-                    "pure_callback or io_callback), which jax.export cannot serialize, so hlofuse "
-                    "runs it with plain jax.jit")
-        out_avals = tuple(jax.tree_util.tree_leaves(lowered.out_info))
-        return Entry(None, Optimized(module, report), out_avals, lambda *xs: tuple(jitted(*xs)),
-                     tuple(sds(sig)))
+        report = Report(target=target, source=self.name)
+        report.note("left to XLA whole: the function has side effects (Python host callbacks "
+                    "such as jax.debug.print, pure_callback or io_callback), which jax.export "
+                    "cannot serialize, so hlofuse runs it as traced with plain XLA")
+        return Entry(None, Optimized(module, report), tuple(self.jaxpr(sig).out_avals),
+                     tuple(sds(sig)), target)
 
-    # -- transformations -------------------------------------------------------------------
-    def _transformable(self, exp: jexport.Exported, sig: Signature) -> Callable:
-        n_out = len(exp.out_avals)
+    # -- derived programs ------------------------------------------------------------------
+    def lifted(self, sig: Signature) -> "Program":
+        """``(closed-over tracers..., x...) -> outputs``: the traced function with the tracers
+        of an enclosing transformation it closes over turned into inputs."""
+        def make():
+            closed = self.jaxpr(sig)
+            is_tracer = [isinstance(c, jcore.Tracer) for c in closed.consts]
+            fixed = [None if t else c for c, t in zip(closed.consts, is_tracer)]
+            jaxpr = pe.convert_constvars_jaxpr(closed.jaxpr)
+            k = sum(is_tracer)
 
-        @jax.custom_batching.custom_vmap
-        def primal(*xs):
-            return tuple(exp.call(*xs))
+            def fun(*args):
+                it = iter(args)
+                consts = [next(it) if t else c for c, t in zip(fixed, is_tracer)]
+                return tuple(jcore.eval_jaxpr(jaxpr, [], *consts, *it))
+            return Program(fun, self.opts, name=self.name, linear=(),
+                           donated=[d + k for d in self.donated])
+        return self._derive(("lifted", sig), make)
 
-        @primal.def_vmap
-        def _vmap_rule(axis_size, in_batched, *xs):
-            outs = self.batched(tuple(bool(b) for b in in_batched))(*xs)
-            return tuple(outs), tuple(True for _ in range(n_out))
-
-        @jax.custom_vjp
-        def f(*xs):
-            return primal(*xs)
-
-        def fwd(*xs):
-            return primal(*xs), xs
-
-        def bwd(xs, cts):
-            diff = [i for i, x in enumerate(xs) if _inexact(x.dtype)]
-            ct_idx = [j for j, a in enumerate(exp.out_avals) if _inexact(a.dtype)]
-            grads = self.vjp(len(xs), tuple(diff), tuple(ct_idx))(*xs, *[cts[j] for j in ct_idx])
-            out = [None] * len(xs)
-            for i, g in zip(diff, grads):
-                out[i] = g
-            return tuple(out)
-
-        f.defvjp(fwd, bwd)
-        return f
-
-    def vjp(self, n_in: int, diff: tuple, ct_idx: tuple) -> "FlatJit":
-        key = ("vjp", n_in, diff, ct_idx)
+    def _derive(self, key: tuple, make: Callable[[], "Program"]) -> "Program":
         with self._lock:
-            if key not in self._batched:
-                fun = self.fun
+            p = self.derived.get(key)
+            if p is None:
+                p = self.derived[key] = make()
+            return p
 
-                def vjp_fun(*args):
-                    prim, cts = list(args[:n_in]), args[n_in:]
+    def jvp_program(self, nonzero: tuple) -> "Program":
+        """``(x..., t_nz...) -> tangent outputs of inexact dtype``, linear in ``t_nz``."""
+        n = len(nonzero)
+        k = sum(nonzero)
 
-                    def g(*d):
-                        full = list(prim)
-                        for i, v in zip(diff, d):
-                            full[i] = v
-                        return tuple(fun(*full))
+        def make():
+            prim = self.traced_fun
 
-                    outs, pull = jax.vjp(g, *[prim[i] for i in diff])
-                    full_cts = [jnp.zeros(o.shape, jax.dtypes.float0) if not _inexact(o.dtype)
-                                else None for o in outs]
-                    for j, c in zip(ct_idx, cts):
-                        full_cts[j] = c
-                    return tuple(pull(tuple(full_cts)))
+            def jvp_fun(*args):
+                xs, ts = args[:n], iter(args[n:])
+                tangents = [next(ts) if nz else jnp.zeros(x.shape, _tangent_dtype(x.dtype))
+                            for x, nz in zip(xs, nonzero)]
+                # integer inputs take float0 tangents
+                _, tout = jax.jvp(prim, tuple(xs), tuple(tangents))
+                return tuple(t for t in tout if _inexact(t.dtype))
+            return Program(jvp_fun, self.opts, name=f"jvp({self.name})",
+                           linear=range(n, n + k))
+        return self._derive(("jvp", nonzero), make)
 
-                self._batched[key] = FlatJit(vjp_fun, self.opts, name=f"vjp({self.name})")
-            return self._batched[key]
+    def transpose_program(self, n_in: int, linear_avals: tuple, ct_nonzero: tuple) -> "Program":
+        """``(non-linear inputs..., nonzero cotangents...) -> cotangents of the linear inputs``."""
+        lin = self.linear
+        n_nonlin = n_in - len(lin)
 
-    def batched(self, in_batched: tuple) -> "FlatJit":
-        key = ("vmap", in_batched)
-        with self._lock:
-            if key not in self._batched:
-                axes = tuple(0 if b else None for b in in_batched)
-                fun = self.fun
-                self._batched[key] = FlatJit(
-                    lambda *xs: tuple(jax.vmap(lambda *a: tuple(fun(*a)), in_axes=axes)(*xs)),
-                    self.opts, name=f"vmap({self.name})")
-            return self._batched[key]
+        def make():
+            fn = self.traced_fun
 
-    # -- calling ---------------------------------------------------------------------------
+            def transposed(*args):
+                nonlin, cts = args[:n_nonlin], iter(args[n_nonlin:])
+
+                def restricted(*lv):
+                    nl, li = iter(nonlin), iter(lv)
+                    return fn(*[next(li) if i in lin else next(nl) for i in range(n_in)])
+                zeros = [jnp.zeros(s, d) for s, d in linear_avals]
+                outs, pull = jax.vjp(restricted, *zeros)
+                full = [next(cts) if nz else jnp.zeros_like(o) for o, nz in zip(outs, ct_nonzero)]
+                return tuple(pull(tuple(full)))
+            return Program(transposed, self.opts, name=f"T({self.name})",
+                           linear=range(n_nonlin, n_nonlin + sum(ct_nonzero)))
+        return self._derive(("T", n_in, linear_avals, ct_nonzero), make)
+
+    def batched_program(self, in_batched: tuple) -> "Program":
+        axes = tuple(0 if b else None for b in in_batched)
+
+        def make():
+            fn = self.traced_fun
+            return Program(lambda *xs: tuple(jax.vmap(fn, in_axes=axes)(*xs)), self.opts,
+                           name=f"vmap({self.name})", linear=self.linear)
+        return self._derive(("vmap", in_batched), make)
+
+    # -- calling -----------------------------------------------------------------------------
     def __call__(self, *xs):
-        sig = signature_of([jax.typeof(x) for x in xs])
-        return self.entry(sig).call(*xs)
+        """Bind the program on flat arrays or tracers (inside any JAX transformation)."""
+        return call(self, xs)
+
+
+def _call_jaxpr(closed, *xs):
+    return tuple(jcore.jaxpr_as_fun(closed)(*xs))
+
+
+def _isolated():
+    """A context free of the caller's ambient mesh (a program traced or built while a
+    ``shard_map`` body is lowered is cached per signature and reused everywhere: it must not
+    depend on that body's manual axes)."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(mesh_lib.use_abstract_mesh(mesh_lib.empty_abstract_mesh))
+    stack.enter_context(jconfig._check_vma(False))
+    return stack
+
+
+def _named(fun, name: str):
+    """``fun`` under the program's name (jax.export names the module after it)."""
+    def named(*xs):
+        return fun(*xs)
+    named.__name__ = named.__qualname__ = "".join(c if c.isalnum() else "_" for c in name)
+    return named
+
+
+def _tangent_dtype(dtype):
+    return dtype if _inexact(dtype) else jax.dtypes.float0
+
+
+def call(program: Program, xs: Sequence) -> tuple:
+    """``program(*xs)``: through the primitive, or inlined as traced when it has effects.
+
+    A function that closes over tracers of an enclosing transformation (``hlofuse.jit``
+    created inside a ``jax.grad``/``jax.jit``-traced function) gets them as explicit inputs
+    of a lifted program, like ``jax.jit`` lifts closed-over tracers."""
+    sig = signature_of([jax.typeof(x) for x in xs])
+    closed = program.jaxpr(sig)
+    if program.has_effects(sig):
+        return tuple(jcore.jaxpr_as_fun(closed)(*xs))
+    tracers = [c for c in closed.consts if isinstance(c, jcore.Tracer)]
+    if tracers:
+        return call(program.lifted(sig), [*tracers, *xs])
+    return tuple(hlofuse_call_p.bind(*xs, program=program))
+
+
+# ------------------------------------------------------------------------------------------
+# the primitive
+# ------------------------------------------------------------------------------------------
+hlofuse_call_p = jex_core.Primitive("hlofuse_call")
+hlofuse_call_p.multiple_results = True
+hlofuse_call_p.def_impl(functools.partial(dispatch.apply_primitive, hlofuse_call_p))
+hlofuse_call_p.def_abstract_eval(lambda *avals, program: program.out_avals(avals))
+
+
+def _lowering(ctx, *args, program: Program):
+    platforms = ctx.module_context.platforms
+    if len(platforms) != 1:
+        raise NotImplementedError(f"hlofuse lowers for one platform at a time, got {platforms}")
+    target = program.target_for(platforms[0])
+    entry = program.entry(signature_of(ctx.avals_in), target)
+    if entry.exported is None:  # left to plain XLA
+        fun = functools.partial(_call_jaxpr, program.jaxpr(signature_of(ctx.avals_in)))
+    else:
+        exp = entry.exported
+        fun = lambda *xs: tuple(exp.call(*xs))  # noqa: E731
+    return mlir.lower_fun(fun, multiple_results=True)(ctx, *args)
+
+
+mlir.register_lowering(hlofuse_call_p, _lowering)
+
+
+def _jvp(primals, tangents, *, program: Program):
+    outs = hlofuse_call_p.bind(*primals, program=program)
+    nonzero = tuple(type(t) is not ad.Zero and _inexact(jax.typeof(x).dtype)
+                    for x, t in zip(primals, tangents))
+    zeros = [ad.Zero(jax.typeof(o).to_tangent_aval()) for o in outs]
+    if not any(nonzero):
+        return outs, zeros
+    lin = program.jvp_program(nonzero)
+    t_in = [ad.instantiate_zeros(t) for t, nz in zip(tangents, nonzero) if nz]
+    t_out = iter(hlofuse_call_p.bind(*primals, *t_in, program=lin))
+    return outs, [next(t_out) if _inexact(jax.typeof(o).dtype) else z
+                  for o, z in zip(outs, zeros)]
+
+
+ad.primitive_jvps[hlofuse_call_p] = _jvp
+
+
+def _transpose(cts, *args, program: Program):
+    lin = program.linear
+    if not lin:
+        raise NotImplementedError(f"{program.name} is not linear: it cannot be transposed")
+    undefined = [i for i, a in enumerate(args) if ad.is_undefined_primal(a)]
+    if any(i not in lin for i in undefined):
+        raise NotImplementedError(f"{program.name}: transpose with respect to a non-linear input")
+    linear_avals = tuple(
+        (tuple(a.aval.shape), np.dtype(a.aval.dtype)) if ad.is_undefined_primal(a)
+        else (tuple(jax.typeof(a).shape), np.dtype(jax.typeof(a).dtype))
+        for i, a in enumerate(args) if i in lin)
+    nonlin = [a for i, a in enumerate(args) if i not in lin]
+    ct_nonzero = tuple(type(c) is not ad.Zero for c in cts)
+    if not any(ct_nonzero):
+        return [None] * len(args)
+    tp = program.transpose_program(len(args), linear_avals, ct_nonzero)
+    res = iter(hlofuse_call_p.bind(*nonlin, *[c for c in cts if type(c) is not ad.Zero],
+                                   program=tp))
+    out = [None] * len(args)
+    for i in lin:
+        r = next(res)
+        if ad.is_undefined_primal(args[i]):
+            out[i] = r
+    return out
+
+
+ad.primitive_transposes[hlofuse_call_p] = _transpose
+
+
+def _batch(args, dims, *, program: Program):
+    not_mapped = getattr(batching, "not_mapped", None)
+    moved = [a if d is not_mapped else batching.moveaxis(a, d, 0) for a, d in zip(args, dims)]
+    bp = program.batched_program(tuple(d is not not_mapped for d in dims))
+    outs = hlofuse_call_p.bind(*moved, program=bp)
+    return outs, [0] * len(outs)
+
+
+batching.primitive_batchers[hlofuse_call_p] = _batch
+
+
+def find_calls(jaxpr) -> list[tuple[Program, Signature]]:
+    """The hlofuse programs bound at the top level of a (closed) jaxpr, with their input
+    signatures (``hlofuse.jit(...).lower()`` finds its entry this way)."""
+    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+    return [(e.params["program"], signature_of([v.aval for v in e.invars]))
+            for e in jaxpr.eqns if e.primitive is hlofuse_call_p]

@@ -6,6 +6,8 @@ deterministic; the one real measurement only checks its structure.
 
 import json
 import os
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -50,7 +52,7 @@ def fake_measure(monkeypatch):
     """Replace the timing with a fixed answer; counts calls."""
     calls = []
 
-    def measure(call, args, variants, **kw):
+    def measure(make, args, variants, **kw):
         calls.append(sorted(variants))
         names = [n for n in variants if n != "default"]
         return at.Measurement({"default": 1.0, **{n: 0.5 for n in names}}, names, 0.01, 5, [])
@@ -112,8 +114,10 @@ def test_cache_concurrent_writers_leave_valid_json(cache_dir):
 
 def test_corrupt_cache_file_is_ignored_and_replaced(cache_dir):
     (cache_dir / "autotune.json").write_text("{not json")
+    at._warned.clear()
     c = at.DecisionCache()
-    assert c.get("x") is None
+    with pytest.warns(UserWarning, match="damaged autotune cache"):
+        assert c.get("x") is None
     c.put("x", _decision())
     assert json.loads((cache_dir / "autotune.json").read_text())["decisions"]["x"]["variant"] == "ynn-off"
 
@@ -159,56 +163,113 @@ def test_enabled_by_default(monkeypatch):
     assert at.enabled_by_default("tpu")
 
 
-# -- the tuner -------------------------------------------------------------------------------------
-def test_tuner_tunes_on_second_call_then_hits_cache(cache_dir, fake_measure):
+def test_mode_values(monkeypatch):
+    monkeypatch.delenv(at.ENV_ENABLE, raising=False)
+    assert at.mode(None, "cpu") == "on" and at.mode(None, "gpu") == "off"
+    assert at.mode(True) == "on" and at.mode(False) == "off" and at.mode("cached") == "cached"
+    for env, want in [("off", "off"), ("0", "off"), ("on", "on"), ("1", "on"),
+                      ("cached", "cached")]:
+        monkeypatch.setenv(at.ENV_ENABLE, env)
+        assert at.mode(None, "cpu") == want
+    assert at.mode(False) == "off"                       # the argument wins over the env
+    with pytest.raises(ValueError, match="autotune='sometimes'"):
+        at.mode("sometimes")
+
+
+# -- hlofuse.jit wiring ----------------------------------------------------------------------------
+def _module_key(f, *args):
+    return at.cache_key(at.module_hash(f.lower(*args)._entry.optimized.text), at.device_key())
+
+
+def test_jit_tunes_on_second_call_once(cache_dir, fake_measure):
     x, w = _args()
-    c = at.DecisionCache()
-    t = at.Autotuner(_f, "stablehlo.dot_general module-1", decision_cache=c, enabled=True)
-    assert t.decision is None
-    t(x, w)
-    assert t.decision is None and not fake_measure             # first call: defaults, no tuning
-    out = t(x, w)
-    assert len(fake_measure) == 1 and t.decision.variant in ("ynn-off", "ynn-individual-dot")
-    t(x, w)
-    assert len(fake_measure) == 1                               # decided once
+    f = hlofuse.jit(_f, autotune=True)
+    f(x, w)
+    assert f.autotune_decision(x, w) is None and not fake_measure   # first call: no tuning
+    out = f(x, w)
+    d = f.autotune_decision(x, w)
+    assert len(fake_measure) == 1 and d is not None and d.variant != "default"
+    f(x, w)
+    assert len(fake_measure) == 1                                    # decided once
     assert_same(out, jax.jit(_f)(x, w), "reassociate")
-    # same module text -> same key -> decision applied at construction, nothing measured
-    seen = []
-    t2 = at.Autotuner(_f, "stablehlo.dot_general module-1", decision_cache=c, enabled=True,
-                      on_decision=lambda d, cached: seen.append(cached))
-    assert t2.decision is not None and t2.decision.variant == t.decision.variant and seen == [True]
-    t2(x, w)
-    t2(x, w)
-    assert len(fake_measure) == 1
-    # another module hash -> a miss -> measured again on its second call
-    t3 = at.Autotuner(_f, "stablehlo.dot_general module-2", decision_cache=c, enabled=True)
-    assert t3.decision is None
-    t3(x, w)
-    t3(x, w)
+    assert any(n.startswith("autotune: " + d.variant) for n in f.report(x, w).notes)
+    # a new hlofuse.jit of the same function finds the decision on disk (module hash key)
+    at.cache().clear_memory()
+    g = hlofuse.jit(_f, autotune=True)
+    g(x, w)
+    assert g.autotune_decision(x, w).variant == d.variant and len(fake_measure) == 1
+    assert any("cached decision" in n for n in g.report(x, w).notes)
+    # another signature is another program: measured on its own second call
+    x2 = x[:16]
+    g(x2, w)
+    g(x2, w)
     assert len(fake_measure) == 2
 
 
-def test_disabled_tuner_never_measures(cache_dir, fake_measure):
+def test_jit_autotune_off(cache_dir, fake_measure):
     x, w = _args()
-    t = at.Autotuner(_f, "m", decision_cache=at.DecisionCache(), enabled=False)
+    f = hlofuse.jit(_f, autotune=False)
     for _ in range(3):
-        t(x, w)
-    assert t.decision is None and not fake_measure and t.compiler_options == {}
+        f(x, w)
+    assert f.autotune_decision(x, w) is None and not fake_measure
+    assert not any(n.startswith("autotune") for n in f.report(x, w).notes)
+
+
+def test_env_off_and_cached_modes(cache_dir, fake_measure, monkeypatch):
+    x, w = _args()
+    monkeypatch.setenv(at.ENV_ENABLE, "off")
+    f = hlofuse.jit(_f)
+    for _ in range(3):
+        f(x, w)
+    assert f.autotune_decision(x, w) is None and not fake_measure
+    # cached: a decision on disk is applied, nothing is ever measured
+    key = _module_key(f, x, w)
+    at.DecisionCache().put(key, _decision("ynn-off"))
+    at.cache().clear_memory()
+    monkeypatch.setenv(at.ENV_ENABLE, "cached")
+    g = hlofuse.jit(_f)
+    for _ in range(3):
+        g(x, w)
+    assert g.autotune_decision(x, w).variant == "ynn-off" and not fake_measure
+    assert "__ynn_fusion" not in g.lower(x, w).compile().as_text()
+    # cached, no decision on disk for this signature: defaults, still nothing measured
+    x2 = x[:8]
+    for _ in range(3):
+        g(x2, w)
+    assert g.autotune_decision(x2, w).variant == "default" and not fake_measure
 
 
 def test_decision_really_changes_the_compiled_program(cache_dir):
-    """The cached 'ynn-off' decision reaches XLA: no YNN library fusion in the executable."""
+    """A cached 'ynn-off' decision reaches XLA: no YNN library fusion in the executable."""
     x, w = _args()
-    c = at.DecisionCache()
-    text = "stablehlo.dot_general decided"
-    c.put(at.cache_key(at.module_hash(text), at.device_key()), _decision("ynn-off"))
-    t = at.Autotuner(_f, text, decision_cache=c, enabled=True)
-    assert t.compiler_options == YNN_OFF
-    tuned = t._fn.lower(x, w).compile().as_text()
-    default = jax.jit(_f).lower(x, w).compile().as_text()
+    f = hlofuse.jit(_f, autotune=True)
+    default = f.lower(x, w).compile().as_text()
     assert "__ynn_fusion" in default          # XLA:CPU's default uses YNNPACK for this dot
-    assert "__ynn_fusion" not in tuned
-    assert_same(t(x, w), jax.jit(_f)(x, w), "reassociate")
+    at.DecisionCache().put(_module_key(f, x, w), _decision("ynn-off"))
+    at.cache().clear_memory()
+    g = hlofuse.jit(_f, autotune=True)
+    out = g(x, w)
+    assert g.autotune_decision(x, w).variant == "ynn-off"
+    assert "__ynn_fusion" not in g.lower(x, w).compile().as_text()
+    assert_same(g(x, w), jax.jit(_f)(x, w), "reassociate")
+    assert_same(out, jax.jit(_f)(x, w), "reassociate")
+
+
+def test_default_decision_runs_the_same_jit_as_autotune_off(cache_dir, monkeypatch):
+    """Issue 11 item 2: a 'default' decision must be the very executable autotune=False runs
+    (no second jit object, no options, no extra dispatch layer)."""
+    monkeypatch.setattr(at, "measure", lambda *a, **k: at.Measurement(
+        {"default": 1.0, "ynn-off": 1.2}, [], 0.01, 5, []))
+    x, w = _args()
+    f = hlofuse.jit(_f, autotune=True)
+    f(x, w)
+    f(x, w)
+    assert f.autotune_decision(x, w).variant == "default"
+    assert f._fast                                   # back on jax.jit's C++ dispatch path
+    calls = []
+    monkeypatch.setattr(f, "_tuned_call", lambda *a: calls.append(a))
+    f(x, w)
+    assert not calls
 
 
 def test_real_measurement_structure(cache_dir, monkeypatch):
@@ -221,43 +282,26 @@ def test_real_measurement_structure(cache_dir, monkeypatch):
     assert m.skipped or m.rounds >= at.MIN_ROUNDS
 
 
-# -- hlofuse.jit wiring ----------------------------------------------------------------------------
-def test_jit_records_decision_in_report(cache_dir, fake_measure):
-    x, w = _args()
-    f = hlofuse.jit(_f, autotune=True)
-    f(x, w)
-    assert f.autotune_decision(x, w) is None
-    out = f(x, w)
-    d = f.autotune_decision(x, w)
-    assert d is not None and d.variant != "default"
-    assert any(n.startswith("autotune: " + d.variant) for n in f.report(x, w).notes)
-    assert_same(out, jax.jit(_f)(x, w), "reassociate")
-    # a new hlofuse.jit of the same function finds the decision on disk (module hash key)
-    at.cache().clear_memory()
-    g = hlofuse.jit(_f, autotune=True)
-    g(x, w)
-    assert g.autotune_decision(x, w).variant == d.variant and len(fake_measure) == 1
-    assert any("cached decision" in n for n in g.report(x, w).notes)
-
-
-def test_jit_autotune_off(cache_dir, fake_measure):
-    x, w = _args()
-    f = hlofuse.jit(_f, autotune=False)
-    for _ in range(3):
-        f(x, w)
-    assert f.autotune_decision(x, w) is None and not fake_measure
-    assert not any(n.startswith("autotune") for n in f.report(x, w).notes)
-
-
 def test_short_calls_are_not_tuned_nor_persisted(cache_dir):
     x, w = _args()   # microseconds per call: below MIN_CALL_S
-    c = at.DecisionCache()
-    t = at.Autotuner(_f, "stablehlo.dot_general small", decision_cache=c, enabled=True)
-    t(x, w)
-    t(x, w)
-    assert t.decision is not None and t.decision.variant == "default"
-    assert "too short" in t.decision.reason and t.decision.rounds == 0
+    f = hlofuse.jit(_f, autotune=True)
+    f(x, w)
+    f(x, w)
+    d = f.autotune_decision(x, w)
+    assert d is not None and d.variant == "default"
+    assert "too short" in d.reason and d.rounds == 0
     assert not (cache_dir / "autotune.json").exists()      # kept in memory only
+
+
+def test_in_memory_decisions_are_never_written_with_others(cache_dir):
+    """Issue 11 item 1: decisions meant to stay in memory (busy machine, short call) were
+    written to disk with the next persisted one."""
+    c = at.DecisionCache()
+    c.put("memory-only", _decision("ynn-off"), persist=False)
+    c.put("on-disk", _decision("ynn-individual-dot"))
+    data = json.loads((cache_dir / "autotune.json").read_text())
+    assert set(data["decisions"]) == {"on-disk"}
+    assert c.get("memory-only").variant == "ynn-off"       # still used in this process
 
 
 def test_no_tuning_under_an_outer_transformation(cache_dir, fake_measure):
@@ -273,32 +317,87 @@ def test_no_tuning_under_an_outer_transformation(cache_dir, fake_measure):
     assert_same(y, 2.0 * jax.jit(_f)(x, w), "reassociate")
 
 
-def test_lowered_compile_uses_the_cached_decision(cache_dir, fake_measure):
-    x, w = _args()
-    f = hlofuse.jit(_f, autotune=True)
-    assert "__ynn_fusion" in f.lower(x, w).compile().as_text()   # nothing decided yet
-    f(x, w)
-    f(x, w)                                                       # fake measure: ynn-off wins
-    assert f.autotune_decision(x, w).options == YNN_OFF
-    assert at.cached_options(f.lower(x, w)._entry.optimized.text) == YNN_OFF
-    assert "__ynn_fusion" not in f.lower(x, w).compile().as_text()
-
-
 def test_busy_measurement_is_used_but_not_persisted(cache_dir, monkeypatch):
-    def busy_measure(call, args, variants, **kw):
+    def busy_measure(make, args, variants, **kw):
         return at.Measurement({"default": 1.0, "ynn-off": 0.5}, ["ynn-off"], 0.01, 5, [],
                               foreign_load=0.9)
 
     monkeypatch.setattr(at, "measure", busy_measure)
     x, w = _args()
-    c = at.DecisionCache()
-    t = at.Autotuner(_f, "stablehlo.dot_general busy", decision_cache=c, enabled=True)
-    t(x, w)
-    t(x, w)
-    assert t.decision.variant == "ynn-off" and "not cached on disk" in t.decision.reason
-    assert t.decision.foreign_load == 0.9
+    f = hlofuse.jit(_f, autotune=True)
+    f(x, w)
+    f(x, w)
+    d = f.autotune_decision(x, w)
+    assert d.variant == "ynn-off" and "not cached on disk" in d.reason and d.foreign_load == 0.9
     assert not (cache_dir / "autotune.json").exists()
-    assert at.DecisionCache().get(t.key) is None          # a new process measures again
+    assert at.DecisionCache().get(_module_key(f, x, w)) is None   # a new process measures again
+
+
+def test_tuning_is_logged(cache_dir, monkeypatch, caplog):
+    """Issue 11 item 2: what is measured and what was chosen (logger 'hlofuse')."""
+    monkeypatch.setattr(at, "MIN_CALL_S", 0.0)
+    x, w = _args()
+    f = hlofuse.jit(_f, autotune=True)
+    with caplog.at_level("INFO", logger="hlofuse"):
+        f(x, w)
+        f(x, w)
+    msgs = [r.getMessage() for r in caplog.records if r.name == "hlofuse"]
+    assert any(m.startswith("autotuning _f: timing XLA defaults against ynn-off") for m in msgs)
+    assert any(m.startswith("autotuning _f: chose ") for m in msgs)
+
+
+def test_tuning_is_visible_on_stderr_without_logging_setup(tmp_path):
+    """A user who configured no logging still sees the tuning lines on stderr."""
+    script = (
+        "import jax.numpy as jnp, hlofuse\n"
+        "from hlofuse import autotune as at\n"
+        "at.MIN_CALL_S = 0.0\n"
+        "f = hlofuse.jit(lambda x, w: jnp.tanh(x @ w).sum(0), autotune=True)\n"
+        "x = jnp.ones((32, 64)); w = jnp.ones((64, 64))\n"
+        "f(x, w); f(x, w); f(x, w)\n")
+    env = dict(os.environ, HLOFUSE_CACHE_DIR=str(tmp_path))
+    env.pop("HLOFUSE_AUTOTUNE", None)
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                       timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("hlofuse: autotuning")]
+    assert len(lines) == 2 and "timing XLA defaults" in lines[0] and "chose" in lines[1], r.stderr
+
+
+# -- damaged caches ------------------------------------------------------------------------------
+@pytest.mark.parametrize("content", ["[" * 5000, '{"decisions": []}', '{"decisions": {"k": 3}}',
+                                     '{"decisions": {"k": {"variant": 5}}}', "null", "\x00\xff"])
+def test_damaged_cache_file_is_ignored_with_a_warning(cache_dir, content):
+    (cache_dir / "autotune.json").write_text(content)
+    at._warned.clear()
+    x, w = _args()
+    with pytest.warns(UserWarning, match="autotune cache"):
+        f = hlofuse.jit(_f, autotune="cached")
+        for _ in range(2):
+            out = f(x, w)
+    assert_same(out, jax.jit(_f)(x, w), "reassociate")
+
+
+@pytest.mark.parametrize("entry, match", [
+    ({"variant": "turbo", "options": {}}, "not a variant"),
+    ({"variant": "ynn-off", "options": {"xla_dump_to": "/tmp/x"}}, "xla_dump_to"),
+    ({"variant": "default", "options": {"xla_unknown_flag": 1}}, "xla_unknown_flag"),
+])
+def test_cache_options_come_only_from_the_variant_table(cache_dir, entry, match):
+    x, w = _args()
+    f = hlofuse.jit(_f, autotune=True)
+    key = _module_key(f, x, w)
+    (cache_dir / "autotune.json").write_text(json.dumps({"version": 1, "decisions": {
+        key: dict(entry, ratios={}, reason="hand-edited")}}))
+    at.cache().clear_memory()
+    at._warned.clear()
+    with pytest.warns(UserWarning, match=match):
+        g = hlofuse.jit(_f, autotune="cached")
+        for _ in range(3):
+            out = g(x, w)
+    assert_same(out, jax.jit(_f)(x, w), "reassociate")
+    want = at.VARIANTS["cpu"].get(entry["variant"], {})
+    assert at.options_of(g.autotune_decision(x, w)) == want
 
 
 def test_foreign_load_probe():

@@ -74,7 +74,10 @@ def test_concurrent_grad_and_check_compile_once():
     for gr in grads:
         assert_same(gr, want, "grad")
     assert fn.compilations == 1
-    (flat, _), = fn._flat.values()
-    vjps = [v for k, v in flat._batched.items() if k[0] == "vjp"]
-    assert len(vjps) == 1 and vjps[0].builds == 1  # the backward compiled once too
-    assert vjps[0].entry(next(iter(vjps[0]._entries))).report.kernels  # and was checked, not rolled back
+    program, = fn.programs()
+    jvps = list(program.derived.values())
+    assert len(jvps) == 1                                   # one tangent program ...
+    backward = list(jvps[0].derived.values())
+    assert len(backward) == 1 and backward[0].builds == 1   # ... whose transpose compiled once
+    entry, = backward[0].entries()
+    assert entry.report.kernels                             # and was checked, not rolled back

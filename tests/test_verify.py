@@ -293,7 +293,14 @@ def test_check_inside_grad_and_vmap_traces(xy):
         v = jax.vmap(fn)(xy[0][None], xy[1][None])
     assert_same(g, jax.grad(lambda x, y: f2(x, y)[0].sum())(*xy), "grad")
     assert_same(v, jax.vmap(f2)(xy[0][None], xy[1][None]))
-    (flat, _), = fn._flat.values()
-    for sub in flat._batched.values():  # the vjp and vmap programs were checked and kept
-        for entry in sub._entries.values():
-            assert entry.report.kernels and all(r.extra["verify"].startswith("ok") for r in entry.report.kernels)
+    program, = fn.programs()
+
+    def derived(p):
+        for sub in p.derived.values():
+            yield sub
+            yield from derived(sub)
+    built = [e for sub in derived(program) for e in sub.entries()]
+    assert len(built) >= 2                # the backward and the batched program
+    for entry in built:                   # were checked and kept
+        assert entry.report.kernels and all(r.extra["verify"].startswith("ok")
+                                            for r in entry.report.kernels)

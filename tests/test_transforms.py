@@ -1,0 +1,168 @@
+"""Issue 11 item 1: ``hlofuse.jit(f)`` behaves like ``jax.jit(f)`` under every JAX
+transformation, in every autotune state.
+
+A set of programs (a matmul epilogue, a row reduction, a multi-output elementwise chain with
+pytree outputs) runs through call, jit, grad, jit(grad), vjp, jvp, vmap, shard_map, scan /
+cond / while bodies and jax.checkpoint, with autotune off, undecided, and with decisions loaded
+from a cache *file*: XLA's defaults and the non-default variants. Each result is compared with
+the same transformation of ``jax.jit(f)``; the hlofuse kernels must actually be in the program.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, PartitionSpec as P
+
+import hlofuse
+from hlofuse import autotune as at
+from hlofuse.testing import assert_same
+
+
+def mlp(x, w, b):
+    return jnp.tanh(x @ w + b)
+
+
+def rownorm(x, w, b):
+    y = x @ w
+    mu = y.mean(-1, keepdims=True)
+    var = ((y - mu) ** 2).mean(-1, keepdims=True)
+    return (y - mu) * jax.lax.rsqrt(var + 1e-5) + b
+
+
+def chain(x, w, b):
+    y = x @ w
+    return {"act": jax.nn.gelu(y + b), "gate": jax.nn.sigmoid(y) * 2.0 - b}
+
+
+PROGRAMS = {"mlp": mlp, "rownorm": rownorm, "chain": chain}
+
+
+def _args(seed=0):
+    rng = np.random.default_rng(seed)
+    return (jnp.asarray(rng.standard_normal((8, 32)), jnp.float32),
+            jnp.asarray(rng.standard_normal((32, 32)) * 0.2, jnp.float32),
+            jnp.asarray(rng.standard_normal((32,)), jnp.float32))
+
+
+def _scalar(f):
+    return lambda *a: sum(jnp.sum(v) for v in jax.tree_util.tree_leaves(f(*a)))
+
+
+MESH = Mesh(np.array(jax.devices()[:1]), ("d",))
+
+TRANSFORMS = {
+    "call": lambda f, a: f(*a),
+    "jit": lambda f, a: jax.jit(f)(*a),
+    "grad": lambda f, a: jax.grad(_scalar(f), argnums=(0, 1, 2))(*a),
+    "jit(grad)": lambda f, a: jax.jit(jax.grad(_scalar(f), argnums=(0, 1)))(*a),
+    "vjp": lambda f, a: jax.vjp(f, *a)[1](jax.tree_util.tree_map(jnp.ones_like, f(*a))),
+    "jvp": lambda f, a: jax.jvp(f, a, tuple(jnp.ones_like(v) for v in a)),
+    "vmap": lambda f, a: jax.vmap(f, in_axes=(0, None, None))(jnp.stack([a[0], a[0] * 2]),
+                                                               a[1], a[2]),
+    "shard_map": lambda f, a: jax.shard_map(f, mesh=MESH, in_specs=(P("d"), P(), P()),
+                                            out_specs=P("d"))(*a),
+    "scan": lambda f, a: jax.lax.scan(
+        lambda c, _: (c + 0.1 * jax.tree_util.tree_leaves(f(c, a[1], a[2]))[0], None),
+        a[0], None, length=3)[0],
+    "cond": lambda f, a: jax.lax.cond(a[2][0] > 0, lambda x: f(x, a[1], a[2]),
+                                      lambda x: f(-x, a[1], a[2]), a[0]),
+    "while": lambda f, a: jax.lax.while_loop(
+        lambda c: c[0] < 3,
+        lambda c: (c[0] + 1, 0.5 * jax.tree_util.tree_leaves(f(c[1], a[1], a[2]))[0]),
+        (0, a[0]))[1],
+    "checkpoint": lambda f, a: jax.grad(_scalar(jax.checkpoint(f)))(*a),
+    "grad(vmap)": lambda f, a: jax.grad(lambda x: _scalar(jax.vmap(f, in_axes=(0, None, None)))(
+        jnp.stack([x, x]), a[1], a[2]))(a[0]),
+}
+
+STATES = ["off", "undecided", "default-from-file", "variant-from-file"]
+
+
+@pytest.fixture(scope="module")
+def cache_file(tmp_path_factory):
+    return tmp_path_factory.mktemp("autotune")
+
+
+def _make(name, state, cache_dir, monkeypatch):
+    """A fresh hlofuse.jit of program ``name`` in autotune ``state``; returns it after its
+    first two concrete calls (when a decision is applied)."""
+    fn = PROGRAMS[name]
+    a = _args()
+    monkeypatch.setenv(at.ENV_CACHE_DIR, str(cache_dir))
+    at.cache().clear_memory()
+    if state == "off":
+        f = hlofuse.jit(fn, autotune=False)
+    elif state == "undecided":   # tuning on, but the decision never comes within this test
+        monkeypatch.setattr(at, "TUNE_AT_CALL", 10**6)
+        f = hlofuse.jit(fn, autotune=True)
+    else:
+        probe = hlofuse.jit(fn, autotune=False)
+        text = probe.lower(*a)._entry.optimized.text
+        key = at.cache_key(at.module_hash(text), at.device_key())
+        variant = "default" if state == "default-from-file" else "ynn-off"
+        path = cache_dir / "autotune.json"
+        data = json.loads(path.read_text()) if path.exists() else {"version": 1, "decisions": {}}
+        data["decisions"][key] = {"variant": variant, "options": at.VARIANTS["cpu"][variant],
+                                  "ratios": {}, "reason": "forced by test_transforms"}
+        path.write_text(json.dumps(data))
+        at.cache().clear_memory()
+        f = hlofuse.jit(fn, autotune="cached")
+    for _ in range(2):
+        f(*a)
+    d = f.autotune_decision(*a)
+    if state == "off":
+        assert d is None
+    elif state == "undecided":
+        assert d is None
+    else:
+        assert d is not None and d.variant == ("default" if "default" in state else "ynn-off"), d
+        assert f._fast == (state == "default-from-file")
+    return f
+
+
+@pytest.mark.parametrize("state", STATES)
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_every_transformation_matches_jax_jit(name, state, cache_file, monkeypatch):
+    f = _make(name, state, cache_file, monkeypatch)
+    ref = jax.jit(PROGRAMS[name])
+    a = _args()
+    failures = []
+    for tname, t in TRANSFORMS.items():
+        try:
+            got = t(f, a)
+        except Exception as e:  # noqa: BLE001 - collect every failing transformation
+            failures.append(f"{tname}: {type(e).__name__}: {str(e)[:300]}")
+            continue
+        want = t(ref, a)
+        cat = "grad" if tname in ("grad", "jit(grad)", "vjp", "checkpoint", "grad(vmap)",
+                                  "jvp") else "reassociate"
+        try:
+            assert_same(got, want, cat)
+        except AssertionError as e:
+            failures.append(f"{tname}: {e}")
+    assert not failures, f"{name} [{state}]:\n" + "\n".join(failures)
+    # the hlofuse path really ran (kernels spliced), and the variant reached XLA
+    assert f.report(*a).kernels
+    if state == "variant-from-file":
+        assert "__ynn_fusion" not in f.lower(*a).compile().as_text()
+
+
+@pytest.mark.parametrize("outer", ["grad", "jit", "vmap"])
+def test_hlofuse_jit_created_inside_a_transformation_closing_over_tracers(outer):
+    """jax.jit lifts tracers a function closes over; hlofuse.jit must too."""
+    x, w, b = _args()
+
+    def loss(w, lib):
+        f = lib.jit(lambda x: jnp.tanh(x @ w + b))
+        return f(x).sum()
+
+    t = {"grad": jax.grad, "jit": lambda g: jax.jit(g, static_argnums=1),
+         "vmap": lambda g: jax.vmap(g, in_axes=(0, None))}[outer]
+    arg = jnp.stack([w, 2 * w]) if outer == "vmap" else w
+    assert_same(t(loss)(arg, hlofuse), t(loss)(arg, jax), "grad")
