@@ -548,8 +548,19 @@ class HlofuseFunction:
 
     @property
     def compilations(self) -> int:
-        """How many signatures hlofuse has optimized so far (derived programs not counted)."""
-        return sum(p.builds for p in list(self._programs.values()))
+        """How many programs hlofuse has optimized so far: one per call signature, plus the
+        derived ones transformations asked for (forward-with-residuals and backward under
+        grad, batched under vmap...)."""
+        return sum(p.builds for p in self.all_programs())
+
+    def all_programs(self) -> list[Program]:
+        """The programs of every signature and every program derived from them."""
+        out, todo = [], list(self._programs.values())
+        while todo:
+            p = todo.pop()
+            out.append(p)
+            todo.extend(list(p.derived.values()))
+        return out
 
     def programs(self) -> list[Program]:
         return list(self._programs.values())

@@ -15,12 +15,13 @@ called through the primitive ``hlofuse_call`` whose rules make it a first-class 
 * **abstract eval**: the output avals of the traced function (traced once per signature);
 * **lowering**: the optimized ``Exported`` of the signature, inlined into the caller's module
   (``mlir.lower_fun(exp.call)``), built lazily for the platform being lowered for;
-* **jvp**: the primal outputs from the program itself and the tangents from a derived program
-  ``jvp(f)`` (tangent outputs only, linear in the tangent inputs), itself optimized;
+* **jvp**: a derived forward ``fwd(f)`` returns the primal outputs *and* the residuals of
+  ``jax.linearize(f)``; a derived tangent program ``jvp(f)`` maps (residuals, tangents) to
+  output tangents, linear in the tangents. Both are optimized;
 * **transpose** (for derived linear programs): a derived program ``T(g)`` = the VJP of ``g``
   with respect to its linear inputs, optimized. ``grad`` = jvp + partial eval + transpose, so
-  the backward runs ``T(jvp(f))``, which recomputes the forward from the primal inputs
-  (like ``jax.checkpoint``);
+  the forward runs ``fwd(f)`` once and the backward ``T(jvp(f))`` consumes its residuals:
+  nothing is recomputed (like ``jax.jit(jax.grad(f))``);
 * **batching**: a derived program ``vmap(f)`` with the batched axes moved to the front.
 
 Because every rule only derives new programs, everything composes: ``jit``, ``grad``, ``vjp``,
@@ -277,24 +278,52 @@ class Program:
                 p = self.derived[key] = make()
             return p
 
-    def jvp_program(self, nonzero: tuple) -> "Program":
-        """``(x..., t_nz...) -> tangent outputs of inexact dtype``, linear in ``t_nz``."""
+    def linearize_program(self, nonzero: tuple) -> "Program":
+        """``(x...) -> (outputs..., residuals...)``: the forward that also returns what the
+        tangent (and so the backward) program needs, from ``jax.linearize`` with respect to
+        the inputs whose tangents are ``nonzero``. ``res_trees[sig]`` holds the structure of
+        the linearized function the residuals rebuild."""
         n = len(nonzero)
-        k = sum(nonzero)
+        nz_idx = [i for i in range(n) if nonzero[i]]
 
         def make():
             prim = self.traced_fun
+            res_trees: dict = {}
 
-            def jvp_fun(*args):
-                xs, ts = args[:n], iter(args[n:])
-                tangents = [next(ts) if nz else jnp.zeros(x.shape, _tangent_dtype(x.dtype))
-                            for x, nz in zip(xs, nonzero)]
-                # integer inputs take float0 tangents
-                _, tout = jax.jvp(prim, tuple(xs), tuple(tangents))
-                return tuple(t for t in tout if _inexact(t.dtype))
-            return Program(jvp_fun, self.opts, name=f"jvp({self.name})",
-                           linear=range(n, n + k))
-        return self._derive(("jvp", nonzero), make)
+            def forward(*xs):
+                def restricted(*v):
+                    full = list(xs)
+                    for i, vi in zip(nz_idx, v):
+                        full[i] = vi
+                    return prim(*full)
+                out, f_jvp = jax.linearize(restricted, *[xs[i] for i in nz_idx])
+                res, tree = jax.tree_util.tree_flatten(f_jvp)
+                res_trees[signature_of([jax.typeof(x) for x in xs])] = tree
+                return (*out, *res)
+            p = Program(forward, self.opts, name=f"fwd({self.name})")
+            p.res_trees = res_trees
+            return p
+        return self._derive(("linearize", nonzero), make)
+
+    def tangent_program(self, nonzero: tuple, sig: Signature) -> "Program":
+        """``(residuals..., t_nz...) -> tangent outputs of inexact dtype``, linear in
+        ``t_nz``; its transpose is the backward, which reuses the residuals (no forward
+        recomputation)."""
+        fwd = self.linearize_program(nonzero)
+
+        def make():
+            fwd.jaxpr(sig)                      # traces the forward: records res_trees[sig]
+            tree = fwd.res_trees[sig]
+            n_res = tree.num_leaves
+            out_avals = self.jaxpr(sig).out_avals
+
+            def tangent(*args):
+                f_jvp = jax.tree_util.tree_unflatten(tree, args[:n_res])
+                t_out = f_jvp(*args[n_res:])
+                return tuple(t for t, a in zip(t_out, out_avals) if _inexact(a.dtype))
+            return Program(tangent, self.opts, name=f"jvp({self.name})",
+                           linear=range(n_res, n_res + sum(nonzero)))
+        return self._derive(("tangent", nonzero, sig), make)
 
     def transpose_program(self, n_in: int, linear_avals: tuple, ct_nonzero: tuple) -> "Program":
         """``(non-linear inputs..., nonzero cotangents...) -> cotangents of the linear inputs``."""
@@ -402,17 +431,20 @@ mlir.register_lowering(hlofuse_call_p, _lowering)
 
 
 def _jvp(primals, tangents, *, program: Program):
-    outs = hlofuse_call_p.bind(*primals, program=program)
     nonzero = tuple(type(t) is not ad.Zero and _inexact(jax.typeof(x).dtype)
                     for x, t in zip(primals, tangents))
-    zeros = [ad.Zero(jax.typeof(o).to_tangent_aval()) for o in outs]
     if not any(nonzero):
-        return outs, zeros
-    lin = program.jvp_program(nonzero)
+        outs = hlofuse_call_p.bind(*primals, program=program)
+        return outs, [ad.Zero(jax.typeof(o).to_tangent_aval()) for o in outs]
+    sig = signature_of([jax.typeof(x) for x in primals])
+    n_out = len(program.jaxpr(sig).out_avals)
+    both = hlofuse_call_p.bind(*primals, program=program.linearize_program(nonzero))
+    outs, res = both[:n_out], both[n_out:]
     t_in = [ad.instantiate_zeros(t) for t, nz in zip(tangents, nonzero) if nz]
-    t_out = iter(hlofuse_call_p.bind(*primals, *t_in, program=lin))
-    return outs, [next(t_out) if _inexact(jax.typeof(o).dtype) else z
-                  for o, z in zip(outs, zeros)]
+    t_out = iter(hlofuse_call_p.bind(*res, *t_in,
+                                     program=program.tangent_program(nonzero, sig)))
+    return outs, [next(t_out) if _inexact(jax.typeof(o).dtype)
+                  else ad.Zero(jax.typeof(o).to_tangent_aval()) for o in outs]
 
 
 ad.primitive_jvps[hlofuse_call_p] = _jvp
