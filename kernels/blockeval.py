@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from hlofuse.ops import EmitError, const_value, emit_op
+from hlofuse.kernels.elementwise import splat_scalar
 from hlofuse.passes.fusion.predicates import REDUCERS, ROW, SCALAR, reduce_info
 
 __all__ = ["eval_block", "eval_reference", "reduce_rows"]
@@ -101,8 +102,10 @@ def eval_block(ops, env: dict, classes: dict, shapes: dict, *, valid=None, f32_m
         cls = classes.get(res, SCALAR)
         shape = shapes[cls] if not (cls == SCALAR and not _rank(res)) else ()
         if name == "stablehlo.constant":
-            c = const_value(op)
-            val = jnp.full(shape, c.reshape(-1)[0], dtype=c.dtype)
+            c = splat_scalar(op)  # one element, whatever the IR shape (never materialized)
+            if c is None:
+                c = const_value(op).reshape(-1)[0]
+            val = jnp.full(shape, c, dtype=c.dtype)
         elif name == "stablehlo.broadcast_in_dim":
             val = jnp.broadcast_to(env[op.operands[0]], shape)
         elif name == "stablehlo.reshape":
@@ -125,6 +128,11 @@ def eval_block(ops, env: dict, classes: dict, shapes: dict, *, valid=None, f32_m
     return env
 
 
+def _shape(v) -> tuple:
+    from hlofuse import ir as hir
+    return hir.tensor_type_info(v.type).shape
+
+
 def _rank(v) -> int:
     from hlofuse import ir as hir
     info = hir.tensor_type_info(v.type)
@@ -139,7 +147,9 @@ def eval_reference(fn_op, args) -> list:
         op = op.operation
         if op.name == "func.return":
             return [env[v] for v in op.operands]
-        if op.name == "stablehlo.reduce":
+        if op.name == "stablehlo.constant" and (c := splat_scalar(op)) is not None:
+            env[op.results[0]] = jnp.full(_shape(op.results[0]), c)
+        elif op.name == "stablehlo.reduce":
             kind, _, dims = reduce_info(op)
             x = env[op.operands[0]]
             init = _init_value(op)

@@ -37,7 +37,38 @@ from hlofuse.ops import EmitError, const_value, emit_op
 from hlofuse.kernels.tiling import Blocks2D, elementwise_blocks
 
 __all__ = ["ElementwiseSpec", "spec_from_func", "elementwise_kernel", "build_elementwise",
-           "elementwise_reference"]
+           "elementwise_reference", "splat_scalar"]
+
+
+def splat_scalar(op) -> np.ndarray | None:
+    """The one value of a splat ``stablehlo.constant`` as a 0-d numpy array of its element type,
+    or None when the constant is not a splat (or its attribute is not a ``DenseElementsAttr``).
+
+    Reads ``DenseElementsAttr.is_splat`` / ``get_splat_value`` only: a splat of any size is one
+    element in the IR (``dense<1.0> : tensor<16384x16384xf32>`` is a few bytes of text), and
+    :func:`hlofuse.ops.const_value` would build the whole array (1 GiB there) to read it.
+    """
+    try:
+        attr = ir.DenseElementsAttr(op.attributes["value"])
+    except (TypeError, ValueError, KeyError):  # e.g. complex element types
+        return None
+    if not attr.is_splat:
+        return None
+    dt = hir.np_dtype(hir.tensor_type_info(op.results[0].type).dtype)
+    v = attr.get_splat_value()
+    if isinstance(v, ir.BoolAttr):  # i1 splats (dense<true>/dense<false>)
+        val = ir.BoolAttr(v).value
+    elif isinstance(v, ir.FloatAttr):
+        val = ir.FloatAttr(v).value
+    elif isinstance(v, ir.IntegerAttr):
+        val = ir.IntegerAttr(v).value
+        if dt == np.bool_:
+            val = bool(val)
+        elif dt.kind == "u" and val < 0:
+            val += 1 << (8 * dt.itemsize)
+    else:
+        raise EmitError(f"unsupported splat constant element {v}")
+    return np.array(val, dtype=dt)
 
 
 def _broadcast_class(op) -> str:
@@ -114,7 +145,8 @@ def evaluate_region(fn_op, args: Sequence, *, block_shape: tuple | None = None) 
     """Evaluate the region body with jax on ``args``.
 
     With ``block_shape`` (kernel mode), broadcasts produce that shape and splat constants become
-    literals; without it (reference mode), ops keep their IR shapes.
+    literals; without it (reference mode), ops keep their IR shapes. Splat constants are read as
+    one scalar (:func:`splat_scalar`), never materialized at their IR shape on the host.
     """
     entry = fn_op.regions[0].blocks[0]
     env = {("arg", i): a for i, a in enumerate(args)}
@@ -125,9 +157,16 @@ def evaluate_region(fn_op, args: Sequence, *, block_shape: tuple | None = None) 
         vals = [env[_value_key(v)] for v in op.operands]
         if block_shape is not None and op.name == "stablehlo.broadcast_in_dim":
             res = [jnp.broadcast_to(vals[0], block_shape)]
+        elif op.name == "stablehlo.constant" and (s := splat_scalar(op)) is not None:
+            shape = tuple(ir.RankedTensorType(op.results[0].type).shape)
+            if shape and block_shape is not None:
+                shape = block_shape
+            res = [jnp.asarray(s) if not shape else jnp.full(shape, s)]
         elif block_shape is not None and op.name == "stablehlo.constant":
-            c = const_value(op)
-            res = [jnp.asarray(c) if c.ndim == 0 else jnp.full(block_shape, c.flat[0], c.dtype)]
+            c = const_value(op)  # not a splat: only rank-0 ones are inlined into a kernel region
+            if c.ndim:
+                raise EmitError(f"non-splat constant {c.dtype}{list(c.shape)} inside an elementwise kernel")
+            res = [jnp.asarray(c)]
         else:
             res = emit_op(op, vals)
         for j, r in enumerate(res):

@@ -81,3 +81,22 @@ def test_row_blocks_are_validated():
     assert row_blocks(100, 3000, target="gpu").bc == 4096
     with pytest.raises(ValueError):
         row_blocks(10, 100_000, target="gpu")
+
+
+def test_one_gib_splat_in_a_reduction_region_is_not_materialized():
+    """A splat cloned into a reduction region is one literal in the block evaluator
+    (kernels/blockeval.py), not a 1 GiB host array (issue 11, item 9)."""
+    from tests.kernels.memory_util import MiB, optimize_rss_growth
+    template = """
+func.func @main(%arg0: tensor<{shape}xf32>) -> tensor<16384xf32> {{
+  %c = stablehlo.constant dense<1.0> : tensor<{shape}xf32>
+  %z = stablehlo.constant dense<0.0> : tensor<f32>
+  %0 = stablehlo.multiply %arg0, %c : tensor<{shape}xf32>
+  %1 = stablehlo.exponential %0 : tensor<{shape}xf32>
+  %2 = stablehlo.reduce(%1 init: %z) applies stablehlo.add across dimensions = [1] : (tensor<{shape}xf32>, tensor<f32>) -> tensor<16384xf32>
+  return %2 : tensor<16384xf32>
+}}"""
+    grown, res = optimize_rss_growth(template, "16384x16384", "16384x64",
+                                     disable=["algebraic-simplify"])  # see test_elementwise
+    assert res["kernels"] == ["reduction"], res["text"][:2000]
+    assert grown < 200 * MiB, f"optimizing grew the peak RSS by {grown / MiB:.0f} MiB (splat: 1024 MiB)"
