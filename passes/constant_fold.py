@@ -131,17 +131,37 @@ def _evaluate(op, args: list) -> np.ndarray:
     return out
 
 
+def _constant_value(op) -> np.ndarray | None:
+    """The value of a ``stablehlo.constant``; a splat is a read-only broadcast view of its one
+    element (no memory at any shape: a 279-byte module can hold a 1 GiB splat, issue 11)."""
+    from hlofuse.kernels.elementwise import splat_scalar
+    try:
+        s = splat_scalar(op)
+    except Exception:
+        s = None
+    if s is not None:
+        return np.broadcast_to(s, gu.info(op.results[0]).shape)
+    return gu.constant_array(op.results[0])
+
+
+def _compact(x) -> np.ndarray:
+    """``x``, or one element of it when it is a broadcast (all strides 0) view of a scalar, so
+    value tests do not expand a splat to its full size."""
+    x = np.asarray(x)
+    return x.reshape(-1)[:1] if x.size > 1 and not any(x.strides) else x
+
+
 def _unsafe_values(op, args: list) -> bool:
     if op.name in ("stablehlo.divide", "stablehlo.remainder"):
-        d = args[1]
-        if np.asarray(d).dtype.kind in "iub" and np.any(np.asarray(d) == 0):
+        d = _compact(args[1])
+        if d.dtype.kind in "iub" and np.any(d == 0):
             return True  # integer division by zero: leave it to the target's semantics
     return False
 
 
 def _has_subnormal(x) -> bool:
     import ml_dtypes
-    x = np.asarray(x)
+    x = _compact(x)
     if x.dtype.kind != "f" and x.dtype.name != "bfloat16":
         return False
     a = np.abs(x.astype(np.float64))
@@ -191,7 +211,7 @@ def _xla_folding_traps(user, folder) -> bool:
         divisor = folder.value(prods[1])
     except Exception:
         return True  # unknown value: be safe
-    return bool(np.any(np.asarray(divisor) == 0))
+    return bool(np.any(_compact(divisor) == 0))
 
 
 class _Folder:
@@ -232,7 +252,7 @@ class _Folder:
         if gu.op_key(op) in self.values:
             return self.values[gu.op_key(op)]
         if op.name == "stablehlo.constant":
-            v = gu.constant_array(op.results[0])
+            v = _constant_value(op)
             if v is None:
                 raise ValueError("unreadable constant")
         else:

@@ -189,3 +189,49 @@ def test_boolean_splat_is_a_broadcast_scalar():
     assert optimize(o.text).text == o.text
     x = np.arange(12, dtype=np.int32).reshape(4, 3)
     assert_same(run_module(o.text, [x]), run_module(BOOL, [x]), "exact")
+
+
+# ---------------------------------------------------------------------------------------------
+# Huge splats are read as one element (issue 11, item 9)
+# ---------------------------------------------------------------------------------------------
+
+SPLAT_SLICE = """
+func.func @main(%arg0: tensor<4x4xf32>) -> tensor<4x4xf32> {{
+  %c = stablehlo.constant dense<2.0> : tensor<{shape}xf32>
+  %s = stablehlo.slice %c [0:4, 0:4] : (tensor<{shape}xf32>) -> tensor<4x4xf32>
+  %0 = stablehlo.add %arg0, %s : tensor<4x4xf32>
+  return %0 : tensor<4x4xf32>
+}}"""
+
+SPLAT_DIV_ZERO = """
+func.func @main() -> tensor<4xi32> {{
+  %n = stablehlo.constant dense<5> : tensor<4xi32>
+  %z = stablehlo.constant dense<0> : tensor<{shape}xi32>
+  %s = stablehlo.slice %z [0:4, 0:1] : (tensor<{shape}xi32>) -> tensor<4x1xi32>
+  %r = stablehlo.reshape %s : (tensor<4x1xi32>) -> tensor<4xi32>
+  %q = stablehlo.divide %n, %r : tensor<4xi32>
+  return %q : tensor<4xi32>
+}}"""
+
+
+def test_slice_of_a_one_gib_splat_folds_without_materializing_it():
+    from tests.kernels.memory_util import MiB, optimize_rss_growth
+    grown, res = optimize_rss_growth(SPLAT_SLICE, "16384x16384", "64x64", pipeline=PASS)
+    text = res["text"]
+    assert "stablehlo.slice" not in text and "dense<2.000000e+00> : tensor<4x4xf32>" in text, text
+    assert grown < 200 * MiB, f"constant-fold grew the peak RSS by {grown / MiB:.0f} MiB (splat: 1024 MiB)"
+
+
+def test_splat_slice_folds_to_the_same_values():
+    o = optimize(SPLAT_SLICE.format(shape="64x64"))
+    assert stats(o)["folded"] == 1 and "stablehlo.slice" not in o.text
+    x = np.arange(16, dtype=np.float32).reshape(4, 4)
+    assert_same(run_module(o.text, [x]), run_module(SPLAT_SLICE.format(shape="64x64"), [x]), "exact")
+
+
+def test_zero_divisor_from_a_huge_splat_is_still_refused():
+    """The division-by-zero guard sees the splat's one element (not a 256 MiB comparison)."""
+    from tests.kernels.memory_util import MiB, optimize_rss_growth
+    grown, res = optimize_rss_growth(SPLAT_DIV_ZERO, "16384x4096", "64x64", pipeline=PASS)
+    assert "stablehlo.divide" in res["text"], res["text"]
+    assert grown < 100 * MiB, f"constant-fold grew the peak RSS by {grown / MiB:.0f} MiB (splat: 256 MiB)"
