@@ -304,3 +304,110 @@ def test_check_inside_grad_and_vmap_traces(xy):
     for entry in built:                   # were checked and kept
         assert entry.report.kernels and all(r.extra["verify"].startswith("ok")
                                             for r in entry.report.kernels)
+
+
+# ---------------------------------------------------------------------------------------------
+# Edge trials stay where backends agree (issue 11, item 12: a Gemma-2 RoPE region rolled back)
+# ---------------------------------------------------------------------------------------------
+
+def _naive_periodic(fn):
+    """``fn`` (sin or cos) as a backend without an exact range reduction computes it: the same
+    as XLA for |x| < 2**16, a float32 Cody-Waite-style reduction beyond (sin(3.4e38) comes out
+    0.998 on one backend and -0.38 on another). Correct where real programs evaluate it."""
+    def emit(op, x):
+        two_pi = np.float32(2 * np.pi)
+        reduced = x - jnp.floor(x / two_pi + 0.5) * two_pi
+        return fn(jnp.where(jnp.abs(x) < 65536, x, reduced))
+    return emit
+
+
+def rope(x, pos):
+    """Rotary position embedding, as Gemma/Llama compute it: sin/cos of positions x freqs."""
+    d = x.shape[-1] // 2
+    inv = 1.0 / (10000.0 ** (jnp.arange(d, dtype=jnp.float32) / d))
+    ang = pos[:, None].astype(jnp.float32) * inv[None, :]
+    s, c = jnp.sin(ang), jnp.cos(ang)
+    x1, x2 = x[..., :d], x[..., d:]
+    return jnp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], -1)
+
+
+def _rope_args():
+    r = np.random.default_rng(5)
+    return (jnp.asarray(r.standard_normal((16, 64)), jnp.float32), jnp.arange(16, dtype=jnp.int32))
+
+
+def test_rope_sin_cos_region_is_not_rolled_back_for_huge_edge_arguments(monkeypatch):
+    plant_rule(monkeypatch, "stablehlo.sine", _naive_periodic(lax.sin))
+    plant_rule(monkeypatch, "stablehlo.cosine", _naive_periodic(lax.cos))
+    huge = jnp.asarray([3.4e38, -1e30, 2147483647.0], jnp.float32)
+    assert compare(_naive_periodic(lax.sin)(None, huge), lax.sin(huge))  # live: differs out there
+    args = _rope_args()
+    fn = jit(rope, check=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HlofuseWarning)
+        out = fn(*args)
+    assert_same(out, jax.jit(rope)(*args))
+    rep = fn.report(*args)
+    trig = [r for r in rep.regions if "stablehlo.sine" in r.ops]
+    assert trig and all(r.kernel for r in trig) and not _rolled_back(rep)
+    assert all(r.extra["verify"].startswith("ok (2 trial(s)") for r in trig), [r.extra["verify"] for r in trig]
+
+
+def test_rope_region_in_interpret_mode_for_gpu(monkeypatch):
+    plant_rule(monkeypatch, "stablehlo.sine", _naive_periodic(lax.sin))
+    plant_rule(monkeypatch, "stablehlo.cosine", _naive_periodic(lax.cos))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HlofuseWarning)
+        lo = jit(rope, target="gpu", check=True).lower(*_rope_args())
+    trig = [r for r in lo.report.regions if "stablehlo.sine" in r.ops]
+    assert trig and all(r.kernel and r.extra["verify"].startswith("ok") for r in trig)
+
+
+def test_edge_only_finite_difference_keeps_the_kernel_with_a_debug_note(monkeypatch, caplog):
+    """sin(x * y): both inputs within the edge domain, their product is not. Only the edge trial
+    reaches the arguments where the backends differ, with finite values on both sides: the
+    kernel stays (verdict and a debug line say why), no warning."""
+    plant_rule(monkeypatch, "stablehlo.sine", _naive_periodic(lax.sin))
+
+    def g(x, y):
+        return jnp.sin(x * y) + 1.0
+    r = np.random.default_rng(2)
+    args = [jnp.asarray(r.standard_normal((8, 128)), jnp.float32) for _ in range(2)]
+    fn = jit(g, check=True)
+    with warnings.catch_warnings(), caplog.at_level("DEBUG", logger="hlofuse.verify"):
+        warnings.simplefilter("error", HlofuseWarning)
+        out = fn(*args)
+    assert_same(out, jax.jit(g)(*args))
+    (reg,) = fn.report(*args).regions
+    assert reg.kernel and "finite values differ on edge inputs" in reg.extra["verify"]
+    assert any("kept" in rec.getMessage() and "edge inputs" in rec.getMessage() for rec in caplog.records)
+
+
+def test_random_input_disagreement_in_a_trig_region_still_rolls_back(monkeypatch):
+    """The edge domain changes what edge trials feed, not what counts on realistic inputs."""
+    plant_rule(monkeypatch, "stablehlo.sine", lambda op, v: lax.sin(v) + 1e-3)
+
+    def g(x):
+        return jnp.sin(x) * 2.0
+    x = jnp.asarray(np.random.default_rng(3).standard_normal((8, 128)), jnp.float32)
+    fn = jit(g, check=True)
+    with pytest.warns(HlofuseWarning, match="rolled back"):
+        out = fn(x)
+    assert_same(out, jax.jit(g)(x))
+    (bad,) = _rolled_back(fn.report(x))
+    assert "random inputs" in bad.reason
+
+
+def test_edge_inputs_respect_the_domain_of_periodic_ops():
+    from hlofuse.testing import EDGE_DOMAIN, edge_bound, edge_inputs
+    assert edge_bound(["stablehlo.multiply", "stablehlo.sine"]) == EDGE_DOMAIN["stablehlo.sine"]
+    assert edge_bound(["stablehlo.exponential", "stablehlo.log"]) is None
+    avals = [jax.ShapeDtypeStruct((64, 64), np.float32), jax.ShapeDtypeStruct((4096,), np.int32),
+             jax.ShapeDtypeStruct((64, 64), jnp.bfloat16)]
+    free, bounded = edge_inputs(avals, 0), edge_inputs(avals, 0, bound=1024.0)
+    for f, b in zip(free, bounded):
+        fw, bw = f.astype(np.float64), b.astype(np.float64)
+        assert np.nanmax(np.abs(np.where(np.isfinite(fw), fw, 0))) > 1e9   # extremes by default
+        assert np.nanmax(np.abs(np.where(np.isfinite(bw), bw, 0))) <= 1024  # none when bounded
+        if f.dtype.kind == "f" or f.dtype == jnp.bfloat16:
+            assert np.isnan(bw).any() and np.isinf(bw).any()              # NaN and inf still fed
