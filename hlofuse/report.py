@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import html
 import json
 from typing import Any
 
@@ -84,8 +85,14 @@ class Report:
         return [r for r in self.regions if r.kernel]
 
     @property
+    def merged(self) -> list[Region]:
+        """Regions merged into another one (a horizontal kernel): neither kernels of their own
+        nor left to XLA; their ops are counted with the region that absorbed them."""
+        return [r for r in self.regions if "merged_into" in r.extra]
+
+    @property
     def left_to_xla(self) -> list[Region]:
-        return [r for r in self.regions if not r.kernel]
+        return [r for r in self.regions if not r.kernel and "merged_into" not in r.extra]
 
     @property
     def bytes_saved(self) -> int:
@@ -108,6 +115,7 @@ class Report:
             "target": self.target, "source": self.source,
             "ops_before": self.ops_before, "ops_after": self.ops_after,
             "kernels": len(self.kernels), "regions_left_to_xla": len(self.left_to_xla),
+            "regions_merged": len(self.merged),
             "modeled_bytes_unfused": self.bytes_unfused, "modeled_bytes_fused": self.bytes_fused,
             "modeled_bytes_saved": self.bytes_saved,
             "regions": [dict(dataclasses.asdict(r), bytes_saved=r.bytes_saved,
@@ -122,7 +130,8 @@ class Report:
 
     def to_markdown(self) -> str:
         lines = [f"# hlofuse report ({self.source}, target {self.target})", "",
-                 f"- kernels: {len(self.kernels)}; regions left to XLA: {len(self.left_to_xla)}",
+                 f"- kernels: {len(self.kernels)}; regions left to XLA: {len(self.left_to_xla)}"
+                 + (f"; merged into other regions: {len(self.merged)}" if self.merged else ""),
                  f"- top-level ops in main: {self.ops_before} -> {self.ops_after}",
                  f"- modeled HBM bytes: {_fmt_bytes(self.bytes_unfused)} -> {_fmt_bytes(self.bytes_fused)}"
                  f" (saved {_fmt_bytes(self.bytes_saved)})", "",
@@ -130,7 +139,7 @@ class Report:
                  "|---|---|---|---|---|---|"]
         for r in self.regions:
             lines.append(f"| {r.id} | {r.kind} | {_ops_summary(r.ops)} | "
-                         f"{r.kernel or 'XLA: ' + (r.reason or '')} | "
+                         f"{_outcome(r)} | "
                          f"{_fmt_bytes(r.bytes_unfused)} → {_fmt_bytes(r.bytes_fused if r.kernel else r.bytes_unfused)} | "
                          f"{', '.join(r.locations[:3])} |")
         if self.notes:
@@ -143,13 +152,14 @@ class Report:
 
     def __str__(self) -> str:
         head = (f"hlofuse report — target {self.target}: {len(self.kernels)} kernel(s), "
-                f"{len(self.left_to_xla)} region(s) left to XLA; main ops {self.ops_before} -> "
+                f"{len(self.left_to_xla)} region(s) left to XLA"
+                + (f", {len(self.merged)} merged into others" if self.merged else "") +
+                f"; main ops {self.ops_before} -> "
                 f"{self.ops_after}; modeled bytes {_fmt_bytes(self.bytes_unfused)} -> "
                 f"{_fmt_bytes(self.bytes_fused)}")
         rows = [("id", "kind", "ops", "kernel / reason", "bytes", "where")]
         for r in self.regions:
-            rows.append((str(r.id), r.kind, _ops_summary(r.ops, 38),
-                         r.kernel or f"XLA: {r.reason}",
+            rows.append((str(r.id), r.kind, _ops_summary(r.ops, 38), _outcome(r),
                          f"{_fmt_bytes(r.bytes_unfused)}->{_fmt_bytes(r.bytes_fused if r.kernel else r.bytes_unfused)}",
                          ", ".join(r.locations[:2])))
         widths = [min(60, max(len(row[i]) for row in rows)) for i in range(len(rows[0]))]
@@ -166,6 +176,45 @@ class Report:
         if dis:
             out.append("  disabled: " + ", ".join(dis))
         return "\n".join(out)
+
+
+    def to_html(self) -> str:
+        """A self-contained HTML page of the fusion plan (byte counts in the same units as the
+        text and Markdown views)."""
+        esc = html.escape
+        rows = "".join(
+            f"<tr><td>{r.id}</td><td>{esc(r.kind)}</td><td>{esc(', '.join(o.split('.', 1)[-1] for o in r.ops))}</td>"
+            f"<td>{esc(_outcome(r))}</td>"
+            f"<td>{_fmt_bytes(r.bytes_unfused)}</td><td>{_fmt_bytes(r.bytes_fused if r.kernel else r.bytes_unfused)}</td>"
+            f"<td>{esc(', '.join(r.locations[:3]))}</td></tr>" for r in self.regions)
+        passes = "".join(
+            f"<tr><td>{esc(p.name)}</td><td>{'disabled' if p.disabled else format(p.seconds * 1e3, '.1f')}</td>"
+            f"<td>{esc(', '.join(str(k) + '=' + str(v) for k, v in p.stats.items()))}</td></tr>"
+            for p in self.passes)
+        notes = "".join(f"<li>{esc(n)}</li>" for n in self.notes)
+        merged = f", {len(self.merged)} merged into others" if self.merged else ""
+        return (
+            "<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>hlofuse report</title>"
+            "<style>body{font-family:sans-serif}table{border-collapse:collapse}"
+            "td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}</style></head><body>\n"
+            f"<h1>hlofuse report: {esc(str(self.source))} (target {esc(self.target)})</h1>\n"
+            f"<p>{len(self.kernels)} kernel(s), {len(self.left_to_xla)} region(s) left to XLA{merged}; "
+            f"top-level ops in main {self.ops_before} &rarr; {self.ops_after}; modeled bytes "
+            f"{_fmt_bytes(self.bytes_unfused)} &rarr; {_fmt_bytes(self.bytes_fused)} "
+            f"(saved {_fmt_bytes(self.bytes_saved)})</p>\n"
+            "<table><tr><th>id</th><th>kind</th><th>ops</th><th>kernel / reason</th>"
+            f"<th>bytes unfused</th><th>bytes fused</th><th>where</th></tr>{rows}</table>\n"
+            + (f"<h2>Notes</h2><ul>{notes}</ul>\n" if notes else "")
+            + f"<h2>Passes</h2><table><tr><th>pass</th><th>ms</th><th>stats</th></tr>{passes}</table>\n"
+            "</body></html>\n")
+
+
+def _outcome(r: Region) -> str:
+    if r.kernel:
+        return r.kernel
+    if "merged_into" in r.extra:
+        return r.reason or f"merged into region {r.extra['merged_into']}"
+    return f"XLA: {r.reason or ''}"
 
 
 def _ops_summary(ops: list[str], limit: int = 80) -> str:
