@@ -258,14 +258,10 @@ def op_location(op) -> str:
 
 
 def location_str(loc) -> str:
-    s = str(loc)
-    # e.g. loc(callsite("f"("/x.py":4:11 to :40) at ...)) -> pick the first file:line
-    import re
-    m = re.search(r'"([^"]+\.py)":(\d+)', s)
-    if m:
-        return f"{os.path.basename(m.group(1))}:{m.group(2)}"
-    m = re.search(r'loc\("([^"]+)"', s)
-    return m.group(1) if m else "unknown"
+    """``file:line`` of the first frame in the user's code (not a library's); see
+    :func:`hlofuse.report.source_location`."""
+    from hlofuse.report import source_location
+    return source_location(str(loc))
 
 
 @dataclasses.dataclass(frozen=True)

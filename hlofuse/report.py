@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import html
 import json
+import os
+import re
+import sys
 from typing import Any
 
 
@@ -215,6 +219,69 @@ def _outcome(r: Region) -> str:
     if "merged_into" in r.extra:
         return r.reason or f"merged into region {r.extra['merged_into']}"
     return f"XLA: {r.reason or ''}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Source locations: the user's line, not the library's
+# ---------------------------------------------------------------------------------------------
+
+# Frames in these packages are library code. JAX drops its own frames from locations, but not
+# those of the model libraries above it, so the innermost frame of every op of a Keras or
+# Transformers model is the same library line (numpy.py:182, linear.py:287).
+LIBRARY_PACKAGES = frozenset({
+    "jax", "jaxlib", "flax", "keras", "tf_keras", "transformers", "haiku", "equinox", "penzai",
+    "optax", "chex", "numpy", "ml_dtypes", "hlofuse", "torch", "tensorflow",
+})
+_FRAME = re.compile(r'"([^"]+\.py)":(\d+)')
+
+
+@functools.lru_cache(maxsize=4096)
+def is_library_path(path: str) -> bool:
+    """Is ``path`` (a source file named in an MLIR location) library code rather than the
+    user's: installed packages (site-packages, dist-packages), the standard library, hlofuse's
+    own files, and the model libraries in :data:`LIBRARY_PACKAGES` wherever installed?"""
+    norm = os.path.normpath(path)
+    parts = norm.replace("\\", "/").split("/")
+    if "site-packages" in parts or "dist-packages" in parts:
+        return True
+    if any(p in LIBRARY_PACKAGES for p in parts[:-1]):
+        return True
+    for root in _library_roots():
+        if norm.startswith(root + os.sep):
+            return True
+    return False
+
+
+@functools.lru_cache(maxsize=1)
+def _library_roots() -> tuple:
+    import sysconfig
+    roots = set()
+    for key in ("stdlib", "platstdlib"):
+        p = sysconfig.get_paths().get(key)
+        if p:
+            roots.add(os.path.normpath(p))
+    for name in ("hlofuse", "hlofuse.passes", "hlofuse.kernels"):  # editable installs too
+        mod = sys.modules.get(name)
+        if mod is not None and getattr(mod, "__file__", None):
+            roots.add(os.path.dirname(os.path.abspath(mod.__file__)))
+    return tuple(sorted(roots))
+
+
+def source_location(loc: str) -> str:
+    """Short ``file:line`` for an MLIR location (its text): the innermost frame in the user's
+    code (see :func:`is_library_path`), else the innermost frame; ``'unknown'`` without one.
+
+    JAX's locations are call-site stacks, innermost first::
+
+        loc("jit(f)/tanh"(callsite("dense"("/venv/site-packages/flax/linear.py":287:11)
+            at callsite("model"("/home/me/model.py":12:8) at ...))))   ->  model.py:12
+    """
+    frames = _FRAME.findall(loc)
+    if frames:
+        path, line = next(((p, n) for p, n in frames if not is_library_path(p)), frames[0])
+        return f"{os.path.basename(path)}:{line}"
+    m = re.search(r'loc\("([^"]+)"', loc)
+    return m.group(1) if m else "unknown"
 
 
 def _ops_summary(ops: list[str], limit: int = 80) -> str:

@@ -3,12 +3,16 @@ XLA, which source line it names for a region, and the units of the HTML view."""
 
 from __future__ import annotations
 
+import os
+import textwrap
+
 import numpy as np
 import pytest
 
 import jax
 
 import hlofuse
+from hlofuse import report as hreport
 from hlofuse.report import Region, Report
 from tests.fusion_util import kernels, pipe
 
@@ -53,6 +57,68 @@ def test_a_region_left_to_xla_is_still_counted():
     m = rep.new_region("matmul_epilogue", ["stablehlo.dot_general"], reason="merged into horizontal region 3")
     m.extra["merged_into"] = 3
     assert [r.id for r in rep.left_to_xla] == [1] and [r.id for r in rep.merged] == [2]
+
+
+# ---------------------------------------------------------------------------------------------
+# "where" names the user's line, not the library's
+# ---------------------------------------------------------------------------------------------
+
+KERAS = "/venv/lib/python3.11/site-packages/keras/src/ops/numpy.py"
+FLAX_SRC = "/home/me/src/flax/flax/linen/linear.py"   # a source checkout, not site-packages
+
+
+@pytest.mark.parametrize("loc,where", [
+    # a Keras op called from the user's model: the user's line, not numpy.py:182
+    (f'loc("jit(f)/tanh"(callsite("tanh"("{KERAS}":182:11 to :30) at callsite("call"'
+     f'("/home/me/model.py":12:8 to :20) at "<module>"("/home/me/train.py":40:1)))))', "model.py:12"),
+    # a Flax layer from a source checkout is library code too
+    (f'loc(callsite("__call__"("{FLAX_SRC}":287:4) at "forward"("/home/me/model.py":30:2)))', "model.py:30"),
+    # user code only: the innermost frame, as before
+    ('loc("jit(f)/add"(callsite("f"("/home/me/a.py":5:11) at "<module>"("/home/me/a.py":9:1))))', "a.py:5"),
+    # library frames only: the innermost one rather than nothing
+    (f'loc(callsite("tanh"("{KERAS}":182:11) at "x"("{FLAX_SRC}":287:4)))', "numpy.py:182"),
+    ('loc(unknown)', "unknown"),
+], ids=["keras", "flax-checkout", "user-only", "library-only", "unknown"])
+def test_source_location_prefers_the_users_frame(loc, where):
+    assert hreport.source_location(loc) == where
+
+
+def test_library_paths():
+    is_library_path = hreport.is_library_path
+    assert is_library_path(KERAS) and is_library_path(FLAX_SRC)
+    assert is_library_path(hlofuse.__file__)
+    assert is_library_path(os.path.join(os.path.dirname(jax.__file__), "numpy", "lax_numpy.py"))
+    assert not is_library_path("/home/me/model.py") and not is_library_path(os.path.abspath(__file__))
+
+
+def test_report_where_column_shows_the_users_line(tmp_path, monkeypatch):
+    """Two regions built by the same library function, called from two user lines: each region
+    names its own caller line (it used to name the library line for both)."""
+    lib = tmp_path / "site-packages" / "fakelib"
+    lib.mkdir(parents=True)
+    (lib / "__init__.py").write_text("")
+    (lib / "linear.py").write_text(textwrap.dedent("""\
+        import jax.numpy as jnp
+
+        def dense(x, w):
+            return jnp.tanh(x @ w) * 2.0
+        """))
+    monkeypatch.syspath_prepend(str(lib.parent))
+    from fakelib.linear import dense
+
+    def model(x, w):
+        h = dense(x, w)           # USER LINE 1
+        return dense(h, w) + 1.0  # USER LINE 2
+
+    src = open(__file__).read().splitlines()
+    line1 = next(i for i, s in enumerate(src, 1) if s.rstrip().endswith("# USER LINE 1"))
+    x, w = np.ones((8, 16), F32), np.ones((16, 16), F32) * 0.1
+    rep = hlofuse.jit(model, target="cpu").report(x, w)
+    me = os.path.basename(__file__)
+    assert len(rep.regions) == 2
+    assert [r.locations[0] for r in rep.regions] == [f"{me}:{line1}", f"{me}:{line1 + 1}"], \
+        [r.locations for r in rep.regions]
+    assert "linear.py" not in str(rep)
 
 
 # ---------------------------------------------------------------------------------------------
