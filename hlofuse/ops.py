@@ -73,7 +73,8 @@ def const_value(op) -> np.ndarray:
             val = ir.BoolAttr(v).value
         else:
             raise EmitError(f"unsupported constant element {v}")
-        return np.full(tuple(t.shape), val, dtype=dt)
+        # a read-only broadcast view: a 1 GiB splat costs one element, not 1 GiB
+        return np.broadcast_to(np.array(val, dtype=dt), tuple(t.shape))
     try:
         arr = np.array(attr)
     except Exception as e:  # e.g. bf16 without buffer-protocol support

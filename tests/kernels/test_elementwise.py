@@ -196,9 +196,6 @@ def test_one_gib_splat_is_not_materialized_by_the_elementwise_kernel():
     assert grown < 200 * MiB, f"optimizing grew the peak RSS by {grown / MiB:.0f} MiB (splat: 1024 MiB)"
 
 
-@pytest.mark.xfail(strict=True, reason="passes/graph_util.splat_value (algebraic-simplify) reads "
-                   "splats via hlofuse.ops.const_value, which builds the full array with np.full; "
-                   "fix it there (return np.broadcast_to of the scalar) and drop this marker")
 def test_default_pipeline_does_not_materialize_a_large_splat():
     from tests.kernels.memory_util import MiB, optimize_rss_growth
     grown, res = optimize_rss_growth(SPLAT_ADD_EXP, "8192x8192", "64x64")  # a 256 MiB splat
