@@ -550,7 +550,12 @@ def cli_compile_for(chips_flag: str, paths: Sequence[str], *, per_kernel: bool =
                     out=None) -> int:
     """``hlofuse check --compile-for h100,v5e FILE``: exit 0 when every kernel compiles for every
     chip, 1 when one does not (it then runs on XLA for that chip), 2 when packages are missing."""
+    import jax
+    from jax._src import xla_bridge
     from hlofuse import fileio
+    if not xla_bridge.backends_are_initialized():
+        # this process only parses and optimizes: keep the GPU/TPU plugins asleep (no driver)
+        jax.config.update("jax_platforms", "cpu")
     out = out or sys.stdout
     if len(paths) != 1:
         raise ValueError(f"--compile-for takes one FILE, got {len(paths)}")
