@@ -40,7 +40,7 @@ from jaxlib.mlir import ir
 from hlofuse import chips as _chips
 from hlofuse import ir as hir
 
-__all__ = ["KernelResult", "ChipResult", "compile_for", "optimize_for", "check_modules",
+__all__ = ["KernelResult", "ChipResult", "compile_for", "optimize_for", "optimize_many", "check_modules",
            "missing_packages", "INSTALL", "parse_chips"]
 
 INSTALL = 'pip install -e ".[aot]"'
@@ -432,12 +432,27 @@ def _worker(chip_name: str, jobs_path: str, progress_path: str) -> int:
         with open(path, "rb") as fh:
             data = fh.read()
         t0 = time.perf_counter()
-        try:
-            module = ir.Module.parse(data, context=ctx)
-            client.compile(module, devices, jeb.get_compile_options(num_replicas=1, num_partitions=1))
-            return True, None, time.perf_counter() - t0
-        except Exception as e:  # the compiler's verdict
-            return False, compiler_message(e), time.perf_counter() - t0
+        # Triton's MLIR diagnostics go to the native stderr, not into the exception: keep them
+        with tempfile.TemporaryFile() as cap:
+            saved = os.dup(2)
+            os.dup2(cap.fileno(), 2)
+            try:
+                module = ir.Module.parse(data, context=ctx)
+                client.compile(module, devices, jeb.get_compile_options(num_replicas=1, num_partitions=1))
+                return True, None, time.perf_counter() - t0
+            except Exception as e:  # the compiler's verdict
+                secs = time.perf_counter() - t0
+                os.dup2(saved, 2)
+                cap.seek(0)
+                diag = [l.split("error:", 1)[1].strip() for l in cap.read().decode("utf-8", "replace").splitlines()
+                        if "error:" in l and "\\x" not in l]
+                msg = compiler_message(e)
+                if diag and diag[0] not in msg:
+                    msg = compiler_message(Exception(diag[0] + "\n" + str(e)))
+                return False, msg, secs
+            finally:
+                os.dup2(saved, 2)
+                os.close(saved)
 
     def mark(jid, what):
         with open(progress_path, "w") as fh:
@@ -479,31 +494,41 @@ def optimize_for(module, chip: str, *, pipeline=None, options: dict | None = Non
     :class:`hlofuse.Optimized` (module and report) for this chip, ``.left_to_xla`` the kernels
     sent back.
     """
+    return optimize_many([(source, module)], chip, pipeline=pipeline, options=options,
+                         per_kernel=per_kernel)[0]
+
+
+def optimize_many(items: Sequence[tuple[str, object]], chip: str, *, pipeline=None,
+                  options: dict | None = None, per_kernel: bool = False) -> list[ChipResult]:
+    """:func:`optimize_for` over several (label, module) pairs with one compiler worker."""
     import hlofuse
     from hlofuse.verify import rollback
     c = _chips.get(chip)
     opts = dict(options or {}, chip=c.name)
-    opt = hlofuse.optimize(module, target=c.target, pipeline=pipeline, options=opts, source=source)
-    (res,) = check_modules([(source, opt.module, opt.report)], c.name, per_kernel=per_kernel)
-    if res.error and missing_packages(c.name) and not res.kernels:
+    opts_ = [hlofuse.optimize(m, target=c.target, pipeline=pipeline, options=opts, source=label)
+             for label, m in items]
+    first = check_modules([(label, o.module, o.report) for (label, _), o in zip(items, opts_)],
+                          c.name, per_kernel=per_kernel)
+    redo = []
+    for i, (res, opt) in enumerate(zip(first, opts_)):
         res.optimized = opt
-        return res
-    bad = [k for k in res.kernels if not k.ok and k.judged]
-    if res.ok or not bad:
-        res.optimized = opt
-        return res
-    for k in bad:
-        if k.region is None or k.region >= len(opt.report.regions):
+        bad = [k for k in res.kernels if not k.ok and k.judged]
+        if res.ok or not bad:
             continue
-        region = opt.report.region(k.region)
-        if "kernel_func" not in region.extra:
-            continue
-        rollback(opt, region, f"does not compile for {c.name}: {k.error}")
-    # the program as it will run on this chip
-    (final,) = check_modules([(source, opt.module, opt.report)], c.name)
-    final.left_to_xla = bad
-    final.optimized = opt
-    return final
+        for k in bad:
+            if k.region is None or k.region >= len(opt.report.regions):
+                continue
+            region = opt.report.region(k.region)
+            if "kernel_func" in region.extra:
+                rollback(opt, region, f"does not compile for {c.name}: {k.error}")
+        redo.append((i, bad))
+    if redo:   # the programs as they will run on this chip
+        again = check_modules([(items[i][0], opts_[i].module, opts_[i].report) for i, _ in redo], c.name)
+        for (i, bad), res in zip(redo, again):
+            res.left_to_xla = bad
+            res.optimized = opts_[i]
+            first[i] = res
+    return first
 
 
 def compile_for(program, chips: str | Sequence[str], *, optimize: bool | None = None,

@@ -45,9 +45,20 @@ def _name(c) -> str:
     return c.name if c is not None else ""
 
 
+TPU_VMEM_HEADROOM = 0.75   # Mosaic keeps temporaries (a dot's f32 result, epilogue values) in VMEM too
+
+
 def vmem_budget(chip=None) -> int:
-    """Scoped VMEM a TPU kernel may use without raising ``vmem_limit_bytes``."""
-    return chip_for("tpu", chip).scoped_vmem_bytes
+    """VMEM the blocks of one TPU kernel may plan for: the chip's scoped limit (what XLA:TPU
+    enforces without ``vmem_limit_bytes``) less room for Mosaic's own temporaries. Measured:
+    512x512x1024 f32 matmul tiles modeled at 13 MiB did not fit v5e's 16 MiB."""
+    return int(chip_for("tpu", chip).scoped_vmem_bytes * TPU_VMEM_HEADROOM)
+
+
+def lane_padded(cols: int, chip=None) -> int:
+    """Columns as VMEM holds them: the minor dim padded to a multiple of the lanes (128)."""
+    lanes = chip_for("tpu", chip).lanes
+    return -(-cols // lanes) * lanes
 
 
 def smem_budget(chip=None) -> int:
@@ -152,10 +163,10 @@ def elementwise_blocks(rows: int, cols: int, *, target: str, itemsize: int = 4,
     if target == "tpu":
         sub = c.sublane_tile(itemsize)
         bc = cols if (cols <= 2048 or cols % c.lanes) else 2048
-        per_row = bc * max(itemsize, 4)
+        per_row = lane_padded(bc, c) * max(itemsize, 4)
         br_cap = max(sub, (TPU_MAX_BLOCK_BYTES // per_row) // sub * sub)
-        # all arrays double-buffered must fit the chip's scoped VMEM
-        while br_cap > sub and 2 * n_arrays * br_cap * per_row > c.scoped_vmem_bytes:
+        # all arrays double-buffered must fit the chip's VMEM budget
+        while br_cap > sub and 2 * n_arrays * br_cap * per_row > vmem_budget(c):
             br_cap -= sub
         br = rows if rows <= br_cap else br_cap
         return Blocks2D("tpu", rows, cols, br, bc, sublane=sub, chip=c.name)
@@ -261,9 +272,9 @@ def row_blocks(rows: int, cols: int, *, target: str, itemsize: int = 4, n_arrays
         return RowBlocks("gpu", rows, cols, br, bc, num_warps=_warps(br * bc), chip=c.name)
     if target == "tpu":
         sub = c.sublane_tile(itemsize)
-        per_row = max(cols, c.lanes) * max(itemsize, 4)
+        per_row = lane_padded(cols, c) * max(itemsize, 4)
         br = TUNED_ROWS.get(key) or max(sub, (TPU_MAX_BLOCK_BYTES // per_row) // sub * sub)
-        while br > sub and 2 * n_arrays * br * per_row > c.scoped_vmem_bytes:
+        while br > sub and 2 * n_arrays * br * per_row > vmem_budget(c):
             br -= sub
         br = rows if rows <= br else br
         return RowBlocks("tpu", rows, cols, br, cols, sublane=sub,
@@ -416,7 +427,7 @@ def matmul_blocks(batch: int, m: int, n: int, k: int, *, target: str, itemsize: 
             bm = m if m <= 512 else 512
             bn = _tpu_tile(n, 512, lanes) if n % lanes == 0 or n <= 512 else 512
             bk = k if k <= 1024 or k % lanes else _tpu_tile(k, 1024, lanes)
-        while (tpu_vmem_bytes(bm, bn, bk, members, itemsize, extra_bytes) > c.scoped_vmem_bytes
+        while (tpu_vmem_bytes(bm, bn, bk, members, itemsize, extra_bytes) > vmem_budget(c)
                and (bm > sub or bn > lanes)):
             if bm > sub and (bm >= bn or bn <= lanes):
                 bm = max(sub, (bm // 2) // sub * sub)
