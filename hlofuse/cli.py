@@ -112,6 +112,8 @@ def _define_check(fv):
                       "Tolerance category of hlofuse.testing.TOLERANCES.", flag_values=fv)
     flags.DEFINE_string("shapes", None, "Argument types for modules with dynamic shapes.",
                         flag_values=fv)
+    flags.DEFINE_string("compile-for", None, "Instead: compile FILE for these chips (h100,a100,v5e,"
+                        "v4,v6e) without a device; see hlofuse.aot.", flag_values=fv)
     _common(fv)
 
 
@@ -332,6 +334,9 @@ def cmd_run(fv, pos) -> int:
 def cmd_check(fv, pos) -> int:
     from hlofuse import fileio
     from hlofuse.testing import compare
+    if fv["compile-for"].value:  # hlofuse check --compile-for CHIPS FILE (hlofuse.aot)
+        from hlofuse import aot
+        return aot.cli_compile_for(fv["compile-for"].value, pos)
     a_path, b_path = pos
     a, b = _load(a_path), _load(b_path)
     shapes = _shapes(fv)
@@ -600,7 +605,7 @@ def _dispatch(argv: list[str]) -> int:
 
     def main(_):
         pos = parsed["pos"]
-        if len(pos) != cmd.n_positional:
+        if len(pos) != cmd.n_positional and not (name == "check" and fv["compile-for"].value):
             what = "argument" if cmd.n_positional == 1 else "arguments"
             _error(name, f"expected {cmd.n_positional} positional {what}, got {len(pos)}"
                    f"{': ' + ' '.join(pos) if pos else ''} (usage: {PROG} {cmd.usage})")

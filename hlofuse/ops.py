@@ -154,6 +154,17 @@ def _un(name):
     return lambda op, x: getattr(_lax(), name)(x)
 
 
+def _un_wide(name):
+    """A transcendental op: 16-bit floats are computed in f32 and rounded back (as XLA's GPU
+    and CPU backends do; Triton has no bf16/f16 math.tanh/exp, found by hlofuse.aot)."""
+    def emit(op, x):
+        lax = _lax()
+        if x.dtype in (_jnp().bfloat16, _jnp().float16):
+            return getattr(lax, name)(x.astype(_jnp().float32)).astype(x.dtype)
+        return getattr(lax, name)(x)
+    return emit
+
+
 def _bin(name):
     return lambda op, a, b: getattr(_lax(), name)(a, b)
 
@@ -195,21 +206,21 @@ RULES: dict[str, OpRule] = {
     "stablehlo.is_finite": OpRule(E, _un("is_finite")),
     "stablehlo.popcnt": OpRule(E, _un("population_count")),
     "stablehlo.count_leading_zeros": OpRule(E, _un("clz")),
-    "stablehlo.exponential": OpRule(E, _un("exp"), 4, T),
-    "stablehlo.exponential_minus_one": OpRule(E, _un("expm1"), 4, T),
-    "stablehlo.log": OpRule(E, _un("log"), 4, T),
-    "stablehlo.log_plus_one": OpRule(E, _un("log1p"), 4, T),
-    "stablehlo.logistic": OpRule(E, _un("logistic"), 4, T),
-    "stablehlo.sqrt": OpRule(E, _un("sqrt"), 2, T),
-    "stablehlo.rsqrt": OpRule(E, _un("rsqrt"), 2, T),
-    "stablehlo.cbrt": OpRule(E, _un("cbrt"), 4, T),
-    "stablehlo.tanh": OpRule(E, _un("tanh"), 4, T),
-    "stablehlo.sine": OpRule(E, _un("sin"), 4, T),
-    "stablehlo.cosine": OpRule(E, _un("cos"), 4, T),
-    "stablehlo.tan": OpRule(E, _un("tan"), 4, T),
+    "stablehlo.exponential": OpRule(E, _un_wide("exp"), 4, T),
+    "stablehlo.exponential_minus_one": OpRule(E, _un_wide("expm1"), 4, T),
+    "stablehlo.log": OpRule(E, _un_wide("log"), 4, T),
+    "stablehlo.log_plus_one": OpRule(E, _un_wide("log1p"), 4, T),
+    "stablehlo.logistic": OpRule(E, _un_wide("logistic"), 4, T),
+    "stablehlo.sqrt": OpRule(E, _un_wide("sqrt"), 2, T),
+    "stablehlo.rsqrt": OpRule(E, _un_wide("rsqrt"), 2, T),
+    "stablehlo.cbrt": OpRule(E, _un_wide("cbrt"), 4, T),
+    "stablehlo.tanh": OpRule(E, _un_wide("tanh"), 4, T),
+    "stablehlo.sine": OpRule(E, _un_wide("sin"), 4, T),
+    "stablehlo.cosine": OpRule(E, _un_wide("cos"), 4, T),
+    "stablehlo.tan": OpRule(E, _un_wide("tan"), 4, T),
     "stablehlo.convert": OpRule(E, _convert, 0),
     "stablehlo.reduce_precision": OpRule(E, _reduce_precision),
-    "chlo.erf": OpRule(E, _un("erf"), 8, T),
+    "chlo.erf": OpRule(E, _un_wide("erf"), 8, T),
     # shape
     "stablehlo.broadcast_in_dim": OpRule(OpClass.BROADCAST, _broadcast_in_dim, 0),
     "stablehlo.constant": OpRule(OpClass.CONSTANT, _constant, 0),

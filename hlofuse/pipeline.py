@@ -196,6 +196,12 @@ class PassManager:
         return path
 
     def run(self, module: ir.Module, ctx: PassContext) -> ir.Module:
+        from hlofuse import chips
+        # the pass option 'chip' (e.g. 'a100', 'v4') is the chip tiling and the cost model read
+        with chips.use(ctx.option("chip")):
+            return self._run(module, ctx)
+
+    def _run(self, module: ir.Module, ctx: PassContext) -> ir.Module:
         report = ctx.report
         self._dump(module, 0, "input")
         done: list[str] = []

@@ -15,7 +15,6 @@ from typing import Callable, Sequence
 import jax
 
 PLATFORMS = {"cpu": "cpu", "gpu": "cuda", "tpu": "tpu"}
-TPU_DEVICE_KIND = "TPU v5 lite"
 
 
 def platform_for(target: str) -> str:
@@ -27,11 +26,14 @@ def platform_for(target: str) -> str:
 
 @contextlib.contextmanager
 def target_context(target: str):
-    """TPU kernels that query hardware info need an abstract TPU device to lower from CPU."""
+    """TPU kernels that query hardware info need an abstract TPU device to lower from CPU:
+    the device kind of the chip in force (:mod:`hlofuse.chips`, default v5e)."""
     if target != "tpu":
         yield
         return
-    ad = jax.sharding.AbstractDevice(device_kind=TPU_DEVICE_KIND, num_cores=1, platform="tpu")
+    from hlofuse import chips
+    kind = chips.resolve("tpu").device_kind
+    ad = jax.sharding.AbstractDevice(device_kind=kind, num_cores=1, platform="tpu")
     mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=ad)
     with jax.sharding.use_abstract_mesh(mesh):
         yield

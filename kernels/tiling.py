@@ -1,4 +1,10 @@
-"""Block sizes per target, validated on construction, from a tuning table with a heuristic fallback.
+"""Block sizes per target and chip, validated on construction, from a tuning table with a heuristic fallback.
+
+Every per-chip figure comes from :mod:`hlofuse.chips` (the GPU target description that ships
+with hlofuse, JAX's TPU hardware table plus the measured scoped-VMEM limits); this file holds
+only rules of the compilers and heuristics. A ``chip=`` argument (a name or
+:class:`~hlofuse.chips.Chip`) picks the chip; without it, the chip in force
+(:func:`hlofuse.chips.use`, the pass option ``chip``) or the target's default (h100, v5e).
 
 The elementwise family views its iteration domain as 2-D (rows, cols) = (prod(shape[:-1]),
 shape[-1]) and tiles it with ``(br, bc)`` blocks:
@@ -6,11 +12,13 @@ shape[-1]) and tiles it with ``(br, bc)`` blocks:
 * cpu (Pallas interpret): whole-array blocks. Interpret mode lowers the grid to a while loop
   that carries every input and output, copying whole arrays each step: 1024² blocks ran 6.5×
   slower than XLA on a 4096² chain, 128² blocks 200× slower, whole-array blocks 0.99×.
-* gpu (Triton): power-of-two blocks (Triton requires it; edge blocks are masked), at most
-  ``MAX_GPU_BLOCK_ELEMS`` elements per program, ``num_warps`` by block size.
+* gpu (Triton): power-of-two blocks (Triton requires it; edge blocks are masked) of at most
+  ``TRITON_MAX_ELEMS`` elements (Triton's tensor limit), at most ``MAX_GPU_BLOCK_ELEMS``
+  elements per program, ``num_warps`` by block size; matmul tiles within the chip's shared
+  memory per block, row blocks within its registers.
 * tpu (Mosaic): last dim a multiple of 128 or the full dim, second-to-last a multiple of the
   dtype's sublane tile (8 for 32-bit, 16 for 16-bit, 32 for 8-bit) or the full dim; all
-  double-buffered blocks within the scoped VMEM budget.
+  double-buffered blocks within the chip's scoped VMEM limit (16 MiB v4/v5e, 32 MiB v6e).
 
 Tuning table: entries keyed by (target, rows bucket, cols bucket) come from measurements on the
 device; none are recorded yet (no GPU/TPU in CI), so every shape uses the heuristic below.
@@ -21,9 +29,73 @@ from __future__ import annotations
 import dataclasses
 import math
 
-MAX_GPU_BLOCK_ELEMS = 4096
-TPU_VMEM_BUDGET = 16 * 1024 * 1024
+from hlofuse import chips as _chips
+
+MAX_GPU_BLOCK_ELEMS = 4096      # heuristic: elements of one elementwise program
+TRITON_MAX_ELEMS = 1 << 20      # Triton: "Maximum allowed number of elements is 1048576"
 TPU_MAX_BLOCK_BYTES = 1024 * 1024
+
+
+def chip_for(target: str, chip=None):
+    """The :class:`~hlofuse.chips.Chip` whose limits apply (None for cpu)."""
+    return None if target == "cpu" else _chips.resolve(target, chip or None)
+
+
+def _name(c) -> str:
+    return c.name if c is not None else ""
+
+
+TPU_VMEM_HEADROOM = 0.75   # Mosaic keeps temporaries (a dot's f32 result, epilogue values) in VMEM too
+
+
+def vmem_budget(chip=None) -> int:
+    """VMEM the blocks of one TPU kernel may plan for: the chip's scoped limit (what XLA:TPU
+    enforces without ``vmem_limit_bytes``) less room for Mosaic's own temporaries. Measured:
+    512x512x1024 f32 matmul tiles modeled at 13 MiB did not fit v5e's 16 MiB."""
+    return int(chip_for("tpu", chip).scoped_vmem_bytes * TPU_VMEM_HEADROOM)
+
+
+def lane_padded(cols: int, chip=None) -> int:
+    """Columns as VMEM holds them: the minor dim padded to a multiple of the lanes (128)."""
+    lanes = chip_for("tpu", chip).lanes
+    return -(-cols // lanes) * lanes
+
+
+def smem_budget(chip=None) -> int:
+    """Shared memory one Triton program may use (the chip's opt-in maximum per block)."""
+    return chip_for("gpu", chip).smem_per_block
+
+
+def gpu_row_block_elems(chip=None) -> int:
+    """Elements of one (br, bc) row block held in registers: about eight live 32-bit values
+    per element (loaded rows, intermediates, result) share the block's register file."""
+    return chip_for("gpu", chip).registers_per_block // 8
+
+
+def max_row_elems(target: str, chip=None) -> int:
+    """Longest row a reduction kernel keeps on chip. gpu: one row in registers (four live
+    values per element); tpu: a sublane tile of f32 rows, in and out double-buffered, with
+    room for as much again in intermediates; cpu: no limit."""
+    c = chip_for(target, chip)
+    if target == "gpu":
+        return c.registers_per_block // 4
+    if target == "tpu":
+        return c.scoped_vmem_bytes // (2 * 2 * 2 * 4 * c.sublanes)
+    return 1 << 30
+
+
+def __getattr__(name: str):
+    # per-chip figures of the chip in force, under their historical names
+    if name == "MAX_GPU_ROW":
+        return max_row_elems("gpu")
+    if name == "MAX_GPU_ROW_BLOCK_ELEMS":
+        return gpu_row_block_elems()
+    if name == "GPU_SMEM_BUDGET":
+        return smem_budget()
+    if name == "TPU_VMEM_BUDGET":
+        return vmem_budget()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # (target, rows_bucket, cols_bucket) -> (br, bc); buckets are powers of two.
 TUNED: dict[tuple, tuple[int, int]] = {}
@@ -43,6 +115,7 @@ class Blocks2D:
     sublane: int = 8
     num_warps: int = 4
     num_stages: int = 1
+    chip: str = ""                # chip whose limits were applied ('' on cpu)
 
     def __post_init__(self):
         if self.br < 1 or self.bc < 1:
@@ -53,6 +126,8 @@ class Blocks2D:
         elif self.target == "gpu":
             if self.br & (self.br - 1) or self.bc & (self.bc - 1):
                 raise ValueError(f"Triton blocks must be powers of two, got {self.br}x{self.bc}")
+            if self.br * self.bc > TRITON_MAX_ELEMS:
+                raise ValueError(f"Triton block {self.br}x{self.bc} exceeds {TRITON_MAX_ELEMS} elements")
         elif self.target == "tpu":
             if self.bc != self.cols and self.bc % 128:
                 raise ValueError(f"TPU lane block {self.bc} must be a multiple of 128 or {self.cols}")
@@ -71,28 +146,30 @@ class Blocks2D:
 
 
 def elementwise_blocks(rows: int, cols: int, *, target: str, itemsize: int = 4,
-                       n_arrays: int = 2) -> Blocks2D:
+                       n_arrays: int = 2, chip=None) -> Blocks2D:
+    c = chip_for(target, chip)
     key = (target, next_pow2(rows), next_pow2(cols))
     if key in TUNED:
         br, bc = TUNED[key]
-        return Blocks2D(target, rows, cols, min(br, rows) if target != "gpu" else br, bc)
+        return Blocks2D(target, rows, cols, min(br, rows) if target != "gpu" else br, bc,
+                        sublane=c.sublane_tile(itemsize) if target == "tpu" else 8, chip=_name(c))
     if target == "cpu":
         return Blocks2D("cpu", rows, cols, rows, cols)
     if target == "gpu":
         bc = min(next_pow2(cols), 1024)
         br = min(next_pow2(rows), max(1, MAX_GPU_BLOCK_ELEMS // bc))
         warps = 8 if br * bc >= 4096 else 4 if br * bc >= 1024 else 2 if br * bc >= 256 else 1
-        return Blocks2D("gpu", rows, cols, br, bc, num_warps=warps)
+        return Blocks2D("gpu", rows, cols, br, bc, num_warps=warps, chip=c.name)
     if target == "tpu":
-        sub = {1: 32, 2: 16}.get(itemsize, 8)
-        bc = cols if (cols <= 2048 or cols % 128) else 2048
-        per_row = bc * max(itemsize, 4)
+        sub = c.sublane_tile(itemsize)
+        bc = cols if (cols <= 2048 or cols % c.lanes) else 2048
+        per_row = lane_padded(bc, c) * max(itemsize, 4)
         br_cap = max(sub, (TPU_MAX_BLOCK_BYTES // per_row) // sub * sub)
-        # all arrays double-buffered must fit the scoped VMEM budget
-        while br_cap > sub and 2 * n_arrays * br_cap * per_row > TPU_VMEM_BUDGET:
+        # all arrays double-buffered must fit the chip's VMEM budget
+        while br_cap > sub and 2 * n_arrays * br_cap * per_row > vmem_budget(c):
             br_cap -= sub
         br = rows if rows <= br_cap else br_cap
-        return Blocks2D("tpu", rows, cols, br, bc, sublane=sub)
+        return Blocks2D("tpu", rows, cols, br, bc, sublane=sub, chip=c.name)
     raise ValueError(f"unknown target {target!r}")
 
 
@@ -103,11 +180,6 @@ def elementwise_blocks(rows: int, cols: int, *, target: str, itemsize: int = 4,
 # with ``bench/`` on the device and paste the winners here). None are recorded yet: no GPU/TPU
 # was available when this was written, so every shape uses the heuristic fallback below.
 # ---------------------------------------------------------------------------------------------
-
-GPU_SMEM_BUDGET = 228 * 1024           # H100: shared memory per SM (one CTA may use it all)
-MAX_GPU_ROW_BLOCK_ELEMS = 8192          # elements of one (br, bc) row block held in registers
-MAX_GPU_ROW = 16384                     # longest row a reduction kernel keeps on chip (gpu)
-TPU_LANES = 128
 
 TUNED_ROWS: dict[tuple, int] = {}               # (target, rows_b, cols_b) -> br
 TUNED_MATMUL: dict[tuple, tuple] = {}           # (target, m_b, n_b, k_b) -> (bm, bn, bk)
@@ -121,9 +193,9 @@ def _warps(elems: int) -> int:
     return 8 if elems >= 4096 else 4 if elems >= 1024 else 2 if elems >= 256 else 1
 
 
-def sublane_tile(itemsize: int) -> int:
+def sublane_tile(itemsize: int, chip=None) -> int:
     """TPU second-minor tile: 8 rows of 32-bit, 16 of 16-bit, 32 of 8-bit values."""
-    return {1: 32, 2: 16}.get(itemsize, 8)
+    return chip_for("tpu", chip).sublane_tile(itemsize)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,8 +203,9 @@ class RowBlocks:
     """Blocks of whole rows for a (rows, cols) view: grid over row blocks only.
 
     cpu: one block of the whole array. gpu: power-of-two ``(br, bc)`` with ``bc >= cols``
-    (padded lanes are masked before every reduction). tpu: ``bc == cols`` (the full dim is
-    always a legal lane block), ``br`` a multiple of the sublane tile or all rows.
+    (padded lanes are masked before every reduction), within the chip's registers. tpu:
+    ``bc == cols`` (the full dim is always a legal lane block), ``br`` a multiple of the
+    sublane tile or all rows, within the chip's scoped VMEM.
     """
     target: str
     rows: int
@@ -143,6 +216,7 @@ class RowBlocks:
     num_warps: int = 4
     num_stages: int = 1
     vmem_bytes: int = 0
+    chip: str = ""
 
     def __post_init__(self):
         if self.br < 1 or self.bc < 1:
@@ -155,15 +229,19 @@ class RowBlocks:
                 raise ValueError(f"Triton blocks must be powers of two, got {self.br}x{self.bc}")
             if self.bc < self.cols:
                 raise ValueError(f"row block {self.bc} shorter than the row ({self.cols})")
-            if self.br * self.bc > MAX_GPU_ROW_BLOCK_ELEMS and self.br > 1:
-                raise ValueError(f"row block {self.br}x{self.bc} exceeds {MAX_GPU_ROW_BLOCK_ELEMS} elements")
+            limit = gpu_row_block_elems(self.chip)
+            if self.br * self.bc > limit and self.br > 1:
+                raise ValueError(f"row block {self.br}x{self.bc} exceeds {limit} elements "
+                                 f"(registers of {chip_for('gpu', self.chip).name})")
         elif self.target == "tpu":
             if self.bc != self.cols:
                 raise ValueError("TPU row blocks must span the whole row")
             if self.br != self.rows and self.br % self.sublane:
                 raise ValueError(f"TPU sublane block {self.br} must be a multiple of {self.sublane} or {self.rows}")
-            if self.vmem_bytes > TPU_VMEM_BUDGET:
-                raise ValueError(f"TPU row blocks need {self.vmem_bytes} B of VMEM > {TPU_VMEM_BUDGET}")
+            budget = vmem_budget(self.chip)
+            if self.vmem_bytes > budget:
+                raise ValueError(f"TPU row blocks need {self.vmem_bytes} B of VMEM > {budget} "
+                                 f"({chip_for('tpu', self.chip).name})")
         else:
             raise ValueError(f"unknown target {self.target!r}")
 
@@ -179,26 +257,28 @@ class RowBlocks:
         return f"{self.br}x{self.bc} row blocks, grid {self.grid[0]}"
 
 
-def row_blocks(rows: int, cols: int, *, target: str, itemsize: int = 4, n_arrays: int = 2) -> RowBlocks:
+def row_blocks(rows: int, cols: int, *, target: str, itemsize: int = 4, n_arrays: int = 2,
+               chip=None) -> RowBlocks:
     """Whole-row blocks for a reduction region (tuning table first, heuristic fallback)."""
     if target == "cpu":
         return RowBlocks("cpu", rows, cols, rows, cols)
+    c = chip_for(target, chip)
     key = (target, next_pow2(rows), next_pow2(cols))
     if target == "gpu":
-        if cols > MAX_GPU_ROW:
-            raise ValueError(f"row of {cols} elements does not fit one Triton block")
+        if cols > max_row_elems("gpu", c):
+            raise ValueError(f"row of {cols} elements does not fit one Triton block on {c.name}")
         bc = next_pow2(cols)
-        br = TUNED_ROWS.get(key) or max(1, min(next_pow2(rows), MAX_GPU_ROW_BLOCK_ELEMS // bc))
-        return RowBlocks("gpu", rows, cols, br, bc, num_warps=_warps(br * bc))
+        br = TUNED_ROWS.get(key) or max(1, min(next_pow2(rows), gpu_row_block_elems(c) // bc))
+        return RowBlocks("gpu", rows, cols, br, bc, num_warps=_warps(br * bc), chip=c.name)
     if target == "tpu":
-        sub = sublane_tile(itemsize)
-        per_row = max(cols, TPU_LANES) * max(itemsize, 4)
+        sub = c.sublane_tile(itemsize)
+        per_row = lane_padded(cols, c) * max(itemsize, 4)
         br = TUNED_ROWS.get(key) or max(sub, (TPU_MAX_BLOCK_BYTES // per_row) // sub * sub)
-        while br > sub and 2 * n_arrays * br * per_row > TPU_VMEM_BUDGET:
+        while br > sub and 2 * n_arrays * br * per_row > vmem_budget(c):
             br -= sub
         br = rows if rows <= br else br
         return RowBlocks("tpu", rows, cols, br, cols, sublane=sub,
-                         vmem_bytes=2 * n_arrays * min(br, rows) * per_row)
+                         vmem_bytes=2 * n_arrays * min(br, rows) * per_row, chip=c.name)
     raise ValueError(f"unknown target {target!r}")
 
 
@@ -208,11 +288,11 @@ class MatmulBlocks:
 
     cpu: one block of the whole arrays (batch included), one grid step. gpu (Triton): grid
     (batch, M/bm, N/bn), K looped inside the kernel in ``bk`` chunks; power-of-two tiles of at
-    least 16 (``tl.dot``), ``num_stages`` pipelined operand tiles within shared memory. tpu
-    (Mosaic): grid (batch, M/bm, N/bn, K/bk), K last and ``arbitrary`` with a VMEM f32
-    accumulator; ``bm`` a multiple of the sublane tile or M, ``bn``/``bk`` multiples of 128 or
-    the full dim, ``bk`` dividing K (padded K would add garbage to the sum), all
-    double-buffered tiles within the scoped VMEM budget.
+    least 16 (``tl.dot``), ``num_stages`` pipelined operand tiles within the chip's shared
+    memory per block. tpu (Mosaic): grid (batch, M/bm, N/bn, K/bk), K last and ``arbitrary``
+    with a VMEM f32 accumulator; ``bm`` a multiple of the sublane tile or M, ``bn``/``bk``
+    multiples of 128 or the full dim, ``bk`` dividing K (padded K would add garbage to the
+    sum), all double-buffered tiles within the chip's scoped VMEM.
     """
     target: str
     batch: int
@@ -228,6 +308,7 @@ class MatmulBlocks:
     num_warps: int = 4
     num_stages: int = 2
     extra_bytes: int = 0          # epilogue operand tiles per grid step
+    chip: str = ""
 
     def __post_init__(self):
         if min(self.bm, self.bn, self.bk) < 1:
@@ -238,18 +319,23 @@ class MatmulBlocks:
         elif self.target == "gpu":
             if not all(_pow2(b) and b >= 16 for b in (self.bm, self.bn, self.bk)):
                 raise ValueError(f"Triton tiles must be powers of two >= 16, got {self.bm}x{self.bn}x{self.bk}")
-            if self.smem_bytes > GPU_SMEM_BUDGET:
-                raise ValueError(f"tiles need {self.smem_bytes} B of shared memory > {GPU_SMEM_BUDGET}")
+            budget = smem_budget(self.chip)
+            if self.smem_bytes > budget:
+                raise ValueError(f"tiles need {self.smem_bytes} B of shared memory > {budget} "
+                                 f"({chip_for('gpu', self.chip).name})")
         elif self.target == "tpu":
+            lanes = chip_for("tpu", self.chip).lanes
             if self.bm != self.m and self.bm % self.sublane:
                 raise ValueError(f"TPU bm {self.bm} must be a multiple of {self.sublane} or {self.m}")
             for b, full, what in ((self.bn, self.n, "bn"), (self.bk, self.k, "bk")):
-                if b != full and b % TPU_LANES:
-                    raise ValueError(f"TPU {what} {b} must be a multiple of {TPU_LANES} or {full}")
+                if b != full and b % lanes:
+                    raise ValueError(f"TPU {what} {b} must be a multiple of {lanes} or {full}")
             if self.k % self.bk:
                 raise ValueError(f"TPU bk {self.bk} must divide K={self.k}")
-            if self.vmem_bytes > TPU_VMEM_BUDGET:
-                raise ValueError(f"TPU tiles need {self.vmem_bytes} B of VMEM > {TPU_VMEM_BUDGET}")
+            budget = vmem_budget(self.chip)
+            if self.vmem_bytes > budget:
+                raise ValueError(f"TPU tiles need {self.vmem_bytes} B of VMEM > {budget} "
+                                 f"({chip_for('tpu', self.chip).name})")
         else:
             raise ValueError(f"unknown target {self.target!r}")
 
@@ -259,13 +345,11 @@ class MatmulBlocks:
 
     @property
     def smem_bytes(self) -> int:
-        return self.num_stages * (self.bm * self.bk + self.members * self.bk * self.bn) * self.itemsize
+        return gpu_smem_bytes(self.bm, self.bn, self.bk, self.num_stages, self.members, self.itemsize)
 
     @property
     def vmem_bytes(self) -> int:
-        tiles = (self.bm * self.bk + self.members * self.bk * self.bn) * self.itemsize
-        outs = self.members * self.bm * self.bn * 4
-        return 2 * (tiles + outs + self.extra_bytes) + self.members * self.bm * self.bn * 4
+        return tpu_vmem_bytes(self.bm, self.bn, self.bk, self.members, self.itemsize, self.extra_bytes)
 
     @property
     def grid(self) -> tuple:
@@ -288,6 +372,17 @@ class MatmulBlocks:
         return f"{self.bm}x{self.bn}x{self.bk} tiles, grid {g}{extra}"
 
 
+def gpu_smem_bytes(bm: int, bn: int, bk: int, stages: int, members: int, itemsize: int) -> int:
+    """Shared memory of Triton's software pipeline: ``stages`` buffered operand tiles."""
+    return stages * (bm * bk + members * bk * bn) * itemsize
+
+
+def tpu_vmem_bytes(bm: int, bn: int, bk: int, members: int, itemsize: int, extra_bytes: int = 0) -> int:
+    """Double-buffered operand and f32 output tiles plus the f32 accumulator scratch."""
+    tiles = (bm * bk + members * bk * bn) * itemsize
+    return 2 * (tiles + members * bm * bn * 4 + extra_bytes) + members * bm * bn * 4
+
+
 def _gpu_bk(k: int) -> int:
     for b in (64, 32, 16):
         if k % b == 0:
@@ -305,10 +400,11 @@ def _tpu_tile(full: int, cap: int, align: int) -> int:
 
 
 def matmul_blocks(batch: int, m: int, n: int, k: int, *, target: str, itemsize: int = 4,
-                  members: int = 1, extra_bytes: int = 0) -> MatmulBlocks:
+                  members: int = 1, extra_bytes: int = 0, chip=None) -> MatmulBlocks:
     """Tiles for a (batch, M, N, K) matmul (tuning table first, heuristic fallback)."""
     if target == "cpu":
         return MatmulBlocks("cpu", batch, m, n, k, m, n, k, members=members, itemsize=itemsize)
+    c = chip_for(target, chip)
     key = (target, next_pow2(m), next_pow2(n), next_pow2(k))
     if target == "gpu":
         if key in TUNED_MATMUL:
@@ -318,26 +414,25 @@ def matmul_blocks(batch: int, m: int, n: int, k: int, *, target: str, itemsize: 
             bn = min(64 if members > 1 else 128, max(16, next_pow2(n)))
             bk = _gpu_bk(k)
         stages = 3 if math.ceil(k / bk) > 2 else 2
-        while stages > 1 and stages * (bm * bk + members * bk * bn) * itemsize > GPU_SMEM_BUDGET:
+        while stages > 1 and gpu_smem_bytes(bm, bn, bk, stages, members, itemsize) > c.smem_per_block:
             stages -= 1
         return MatmulBlocks("gpu", batch, m, n, k, bm, bn, bk, members=members, itemsize=itemsize,
-                            num_warps=4 if bm * bn <= 4096 else 8, num_stages=stages)
+                            num_warps=4 if bm * bn <= 4096 else 8, num_stages=stages, chip=c.name)
     if target == "tpu":
-        sub = sublane_tile(itemsize)
+        sub = c.sublane_tile(itemsize)
+        lanes = c.lanes
         if key in TUNED_MATMUL:
             bm, bn, bk = TUNED_MATMUL[key]
         else:
             bm = m if m <= 512 else 512
-            bn = _tpu_tile(n, 512, TPU_LANES) if n % TPU_LANES == 0 or n <= 512 else 512
-            bk = k if k <= 1024 or k % TPU_LANES else _tpu_tile(k, 1024, TPU_LANES)
-        def vmem(bm, bn):
-            tiles = (bm * bk + members * bk * bn) * itemsize
-            return 2 * (tiles + members * bm * bn * 4 + extra_bytes) + members * bm * bn * 4
-        while vmem(bm, bn) > TPU_VMEM_BUDGET and (bm > sub or bn > TPU_LANES):
-            if bm > sub and (bm >= bn or bn <= TPU_LANES):
+            bn = _tpu_tile(n, 512, lanes) if n % lanes == 0 or n <= 512 else 512
+            bk = k if k <= 1024 or k % lanes else _tpu_tile(k, 1024, lanes)
+        while (tpu_vmem_bytes(bm, bn, bk, members, itemsize, extra_bytes) > vmem_budget(c)
+               and (bm > sub or bn > lanes)):
+            if bm > sub and (bm >= bn or bn <= lanes):
                 bm = max(sub, (bm // 2) // sub * sub)
             else:
-                bn = max(TPU_LANES, (bn // 2) // TPU_LANES * TPU_LANES)
+                bn = max(lanes, (bn // 2) // lanes * lanes)
         return MatmulBlocks("tpu", batch, m, n, k, bm, bn, bk, members=members, itemsize=itemsize,
-                            sublane=sub, extra_bytes=extra_bytes, num_stages=1)
+                            sublane=sub, extra_bytes=extra_bytes, num_stages=1, chip=c.name)
     raise ValueError(f"unknown target {target!r}")

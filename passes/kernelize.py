@@ -27,6 +27,7 @@ from hlofuse.passes.fusion.outline import KERNEL_PREFIX, KIND_ATTR, REGION_ATTR,
 from hlofuse.report import HlofuseWarning
 
 _CACHE: dict[tuple, tuple[str, str, str]] = {}
+KERNEL_INFO_ATTR = "hlofuse.kernel"   # on a kernel's entry function: "kind|region|name|blocks"
 _CACHE_LOCK = threading.Lock()
 
 
@@ -48,7 +49,9 @@ def lower_region(fn_op, kind: str, target: str) -> tuple[str, str, str]:
         raise NotImplementedError(f"no kernel family for region kind '{kind}'")
     body = "\n".join(str(op) for op in fn_op.regions[0].blocks[0].operations)
     sig = str(fn_op.attributes["function_type"])
-    key = (target, kind, hashlib.sha1((sig + body).encode()).hexdigest())
+    from hlofuse import chips
+    chip = chips.resolve(target).name if target != "cpu" else ""   # tiles are per chip
+    key = (target, chip, kind, hashlib.sha1((sig + body).encode()).hexdigest())
     with _CACHE_LOCK:
         if key in _CACHE:
             return _CACHE[key]
@@ -113,6 +116,10 @@ class Kernelize(Pass):
                 mapping = hir.import_funcs(module, kmod, _unique_prefix(module, rid))
                 with module.context:
                     call.attributes["callee"] = ir.FlatSymbolRefAttr.get(mapping["main"])
+                    # what a compile check of the module alone (hlofuse.aot) reports per kernel
+                    kfn = ir.SymbolTable(module.operation)[mapping["main"]]
+                    kfn.attributes[KERNEL_INFO_ATTR] = ir.StringAttr.get(
+                        f"{kind}|{rid}|{kname}|{blocks}")
                 region.kernel = kname
                 region.block = blocks
                 region.extra["kernel_func"] = mapping["main"]

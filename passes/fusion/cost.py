@@ -2,12 +2,13 @@
 
 Figures are *modeled* (never measured on the device): an unfused op reads its operands and
 writes its result to memory (HBM); a fused region reads its inputs once and writes its outputs
-once, keeping every intermediate on chip. Targets:
+once, keeping every intermediate on chip. Targets (figures from :mod:`hlofuse.chips`, the same
+descriptions tiling reads; the chip in force, by default h100 and v5e):
 
-* gpu — H100-class: HBM 3.35 TB/s, f32 67 TFLOP/s, bf16 990 TFLOP/s, ~228 KiB shared memory
-  per SM, ~5 µs launch overhead.
-* tpu — v5e-class: HBM 0.8 TB/s, bf16 197 TFLOP/s (f32 matmuls modeled at a third: multi-pass
-  bf16 on the MXU), 16 MiB scoped VMEM by default (128 MiB physical), (8,128) tiles.
+* gpu — e.g. H100: HBM 3.35 TB/s, f32 67 TFLOP/s, bf16 989 TFLOP/s, 227 KiB shared memory per
+  block (A100: 2.04 TB/s, 19.5 / 312 TFLOP/s, 163 KiB), ~5 µs launch overhead.
+* tpu — e.g. v5e: HBM 0.82 TB/s, bf16 197 TFLOP/s (f32 matmuls modeled at a third: multi-pass
+  bf16 on the MXU), 16 MiB scoped VMEM (v4 16 MiB, v6e 32 MiB), (8,128) tiles.
 * cpu — XLA:CPU already fuses elementwise chains, reduction epilogues and library-calls its
   dots. A Pallas kernel in interpret mode with whole-array blocks (one grid step) lowers to a
   one-trip loop that XLA removes, leaving the same ops it would have fused anyway: measured
@@ -43,11 +44,32 @@ class TargetModel:
         return self.flops_per_s_lowp if dtype in ("bf16", "f16") and self.flops_per_s_lowp else self.flops_per_s
 
 
-TARGETS = {
-    "gpu": TargetModel("gpu", 3.35e12, 67e12, 5e-6, 228 * 1024, 990e12),
-    "tpu": TargetModel("tpu", 0.8e12, 197e12 / 3, 2e-6, 16 * 1024 * 1024, 197e12),
-    "cpu": TargetModel("cpu", 50e9, 200e9, 1e-6, 32 * 1024 * 1024),
-}
+CPU_MODEL = TargetModel("cpu", 50e9, 200e9, 1e-6, 32 * 1024 * 1024)
+
+
+def model_for(target: str, chip=None) -> TargetModel:
+    """The cost model of ``target`` on ``chip`` (default: the chip in force, see hlofuse.chips)."""
+    if target == "cpu":
+        return CPU_MODEL
+    from hlofuse import chips
+    c = chips.resolve(target, chip)
+    return TargetModel(c.name, c.hbm_bytes_per_s, c.flops_per_s, c.launch_s, c.on_chip_bytes,
+                       c.flops_per_s_lowp)
+
+
+class _Targets:
+    """``TARGETS[target]``: :func:`model_for` the chip in force."""
+
+    def __getitem__(self, target: str) -> TargetModel:
+        if target not in ("cpu", "gpu", "tpu"):
+            raise KeyError(target)
+        return model_for(target)
+
+    def __contains__(self, target) -> bool:
+        return target in ("cpu", "gpu", "tpu")
+
+
+TARGETS = _Targets()
 
 
 @dataclasses.dataclass
@@ -247,7 +269,7 @@ def decide(kind: str, cost: RegionCost, target: str, *, grid_steps: int = 1,
         return Decision(True)
     if cost.working_set_bytes and not cost.fits_on_chip(model):
         return Decision(False, f"cost model: working set {cost.working_set_bytes} B per block exceeds "
-                               f"the {model.on_chip_bytes} B on-chip budget of {target}")
+                               f"the {model.on_chip_bytes} B on-chip budget of {target} ({model.name})")
     t_f, t_u = cost.seconds(model, True), cost.seconds(model, False)
     if t_f > t_u:
         return Decision(False, f"cost model: fused kernel modeled slower on {target} "

@@ -188,9 +188,17 @@ REDUCTION_DATA_MOVEMENT = {"stablehlo.reshape"}
 # broadcast scalars), so the op maps each loaded operand block to a block of the same shape.
 PROLOGUE_OPS = {"stablehlo.convert", "stablehlo.multiply", "stablehlo.divide", "stablehlo.negate"}
 
-# the largest row (in elements) a reduction kernel keeps on chip, per target; longer rows are
-# left to XLA (its tree reductions split them over several blocks).
-MAX_ROW_ELEMS = {"cpu": 1 << 30, "gpu": 16384, "tpu": 65536}
+class _RowLimits:
+    """The largest row (in elements) a reduction kernel keeps on chip, per target, for the chip
+    in force (:func:`hlofuse.kernels.tiling.max_row_elems`); longer rows are left to XLA (its
+    tree reductions split them over several blocks)."""
+
+    def __getitem__(self, target: str) -> int:
+        from hlofuse.kernels.tiling import max_row_elems
+        return max_row_elems(target)
+
+
+MAX_ROW_ELEMS = _RowLimits()
 
 
 def op_of(v: ir.Value):
