@@ -9,6 +9,11 @@ one ``block_until_ready`` at the end of each batch). The goal is hlofuse within 
 10 µs.
 
     python -m bench.call_overhead [--rounds 15] [--calls 2000] [--json out.json]
+
+``--tuning resnet_nhwc,attn_s2048`` instead reports what autotuning costs a user: the first,
+second (tuning) and third call of ``hlofuse.jit(autotune='on')`` on those bench workloads in a
+fresh process with an empty decision cache, then the same in a second process that finds the
+decisions on disk, against ``autotune='off'``.
 """
 
 from __future__ import annotations
@@ -76,13 +81,67 @@ def measure(rounds: int, calls: int) -> dict:
             "rounds": rounds, "calls": calls, "goal_us": GOAL_US}
 
 
+def _tuning_child(name: str, mode: str) -> None:
+    import jax
+    import hlofuse
+    from bench import workloads
+    fn, args = workloads.get(name).instantiate(0)
+    args = jax.block_until_ready(args)
+    f = hlofuse.jit(fn, autotune=mode)
+    calls = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(*args))
+        calls.append(time.perf_counter() - t0)
+    d = f.autotune_decision(*args)
+    print(json.dumps({"calls_s": calls, "decision": d.variant if d else None,
+                      "reason": d.reason if d else ""}))
+
+
+def tuning(names: list[str]) -> list[dict]:
+    import os
+    import subprocess
+    import tempfile
+    rows = []
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for name in names:
+        with tempfile.TemporaryDirectory() as cache:
+            env = dict(os.environ, HLOFUSE_CACHE_DIR=cache)
+            for label, mode in [("off", "off"), ("on, empty cache", "on"),
+                                ("on, warm cache", "on"), ("cached", "cached")]:
+                p = subprocess.run([sys.executable, "-m", "bench.call_overhead", "--tuning-child",
+                                    name, mode], capture_output=True, text=True, env=env,
+                                   cwd=root, timeout=900)
+                line = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+                if not line:
+                    raise RuntimeError(f"{name} {mode}: {p.stderr[-600:]}")
+                rows.append(dict(json.loads(line[-1]), workload=name, mode=label))
+    return rows
+
+
 def main(argv=None) -> int:
+    if argv is None and sys.argv[1:2] == ["--tuning-child"]:
+        _tuning_child(sys.argv[2], sys.argv[3])
+        return 0
     ap = argparse.ArgumentParser(prog="python -m bench.call_overhead",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--json", default=None, help="also write the figures to this file")
+    ap.add_argument("--tuning", default=None, metavar="WORKLOADS",
+                    help="comma-separated bench workloads: report the autotune call costs")
     args = ap.parse_args(argv)
+    if args.tuning:
+        rows = tuning(args.tuning.split(","))
+        print("autotune cost per call (s), fresh process each; 2nd call is the tuning call:")
+        for r in rows:
+            c = r["calls_s"]
+            print(f"  {r['workload']:14s} {r['mode']:16s} 1st {c[0]:6.2f}  2nd {c[1]:6.2f}  "
+                  f"3rd {c[2]:6.3f}  decision: {r['decision']}")
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump(rows, fh, indent=1)
+        return 0
     res = measure(args.rounds, args.calls)
     import jax
     print(f"per-call time, median of {args.rounds} interleaved rounds x {args.calls} calls "
