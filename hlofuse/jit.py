@@ -229,6 +229,7 @@ class HlofuseFunction:
         # autotune: None follows HLOFUSE_AUTOTUNE / the platform (see hlofuse.autotune.mode)
         self._autotune = autotune
         self._tuning: dict[tuple, _Tuning] = {}
+        self._variants: dict[tuple, Callable] = {}   # compiler-option variants of self._jit
         self._fast = True      # every signature seen so far runs self._jit as is
 
     # -- configuration ---------------------------------------------------------------------
@@ -449,17 +450,9 @@ class HlofuseFunction:
     def _tune(self, st: _Tuning, args, kwargs):
         """Second call of an undecided signature: measure the variants, then run the call."""
         variants = at.applicable_variants(jax.default_backend(), st.entry.optimized.text)
-        plain = {k: v for k, v in self._jit_kwargs.items()
-                 if k not in ("donate_argnums", "donate_argnames")}
-        base = self._jit if not self._donating else jax.jit(
-            self._traced_fn(), **plain)
 
         def make(options):
-            if not options:
-                return base
-            opts = dict(plain.get("compiler_options") or {}, **options)
-            return jax.jit(self._traced_fn(),
-                           **dict(plain, compiler_options=opts))
+            return self._variant_jit(options, donate=False)
 
         out = None
         if self._donating:
@@ -477,13 +470,29 @@ class HlofuseFunction:
     def _decide(self, st: _Tuning, d: at.Decision, *, cached: bool, record: bool = True):
         options = at.options_of(d)
         if options:
-            opts = dict(self._jit_kwargs.get("compiler_options") or {}, **options)
-            st.fn = jax.jit(self._traced_fn(),
-                            **dict(self._jit_kwargs, compiler_options=opts))
+            st.fn = self._variant_jit(options, donate=True)
         st.decision = d
         if record and st.entry is not None:
             st.entry.report.note(d.note(cached))
         self._maybe_fast()
+
+    def _variant_jit(self, options: dict, donate: bool):
+        """The ``jax.jit`` of this function with extra compiler ``options`` (one object per
+        option set, so the executables compiled while measuring are the ones calls reuse).
+        ``donate=False``: without the donation (measurements must not consume arguments)."""
+        if not options and (donate or not self._donating):
+            return self._jit
+        key = (tuple(sorted(options.items())), donate and self._donating)
+        fn = self._variants.get(key)
+        if fn is None:
+            kw = dict(self._jit_kwargs)
+            if not donate:
+                kw.pop("donate_argnums", None)
+                kw.pop("donate_argnames", None)
+            if options:
+                kw["compiler_options"] = dict(kw.get("compiler_options") or {}, **options)
+            fn = self._variants.setdefault(key, jax.jit(self._traced_fn(), **kw))
+        return fn
 
     def _decided_options(self, entry) -> dict:
         for st in list(self._tuning.values()):
@@ -570,6 +579,7 @@ class HlofuseFunction:
         with self._lock:
             self._programs.clear()
             self._tuning.clear()
+            self._variants.clear()
             self._fast = True
 
     def __repr__(self):
