@@ -15,9 +15,10 @@ them. Exit codes: 0 success, 1 ``check``/``--verify`` found a numerical mismatch
 (one line on stderr naming the file, op or argument; ``--verbose`` adds the traceback).
 
 Crash safety: MLIR and XLA can abort the process on corrupt input (a bad bytecode stream, an XLA
-CHECK failure). ``run_main`` therefore runs the subcommand in a child process (``python -m
-hlofuse.cli`` with ``HLOFUSE_CLI_CHILD=1``) and turns a child killed by a signal into the same
-one-line error and exit code 2, naming the stage (file and step) it died in. Set
+CHECK failure). ``run_main`` therefore runs the subcommand in a child process (``python -P -m
+hlofuse.cli`` with ``HLOFUSE_CLI_CHILD=1``; ``-P`` so that modules in the current directory are
+never imported) and turns a child killed by a signal into the same one-line error and exit code
+2, naming the stage (file and step) it died in. Set
 ``HLOFUSE_CLI_INPROCESS=1`` to run in-process (debugging).
 """
 
@@ -650,8 +651,8 @@ def _supervise(argv: list[str]) -> int:
         env = dict(os.environ, **{CHILD_ENV: "1", STAGE_ENV: stage_path})
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
         with open(err_path, "wb") as err:
-            proc = subprocess.Popen([sys.executable, "-m", "hlofuse.cli", *argv[1:]],
-                                    stderr=err, env=env)
+            child_argv, env = _child_command(env)
+            proc = subprocess.Popen(child_argv + argv[1:], stderr=err, env=env)
             rc = None
             interrupted = False
             while rc is None:
@@ -691,6 +692,22 @@ def _supervise(argv: list[str]) -> int:
     _error(cmd, what + (f": {detail}" if detail else "")
            + ("" if verbose else " (--verbose for the native diagnostics)"))
     return EXIT_ERROR
+
+
+def _child_command(env: dict) -> tuple[list[str], dict]:
+    """argv prefix and environment of the worker: ``python -P -m hlofuse.cli``.
+
+    ``-P`` keeps the current directory off the child's ``sys.path``: a file named ``absl.py`` or
+    ``ml_dtypes.py`` in the user's working directory is never executed (``hlofuse.ir.
+    python_command`` does the same for the parser probe and the reference interpreter; this copy
+    avoids importing jax into the supervisor). When the supervisor itself found hlofuse in the
+    current directory (a source checkout run in place), that directory is passed explicitly.
+    """
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    first = sys.path[0] if sys.path else None
+    if first is not None and os.path.realpath(first or os.curdir) == os.path.realpath(root):
+        env = dict(env, PYTHONPATH=os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p))
+    return [sys.executable, "-P", "-m", "hlofuse.cli"], env
 
 
 def _own_lines(err: str) -> str:

@@ -138,14 +138,8 @@ def parse(data, ctx: ir.Context | None = None, *, source: str = "<input>",
             return data
         data = data.operation.get_asm(enable_debug_info=True)
     fmt = detect_format(data)
-    if probe and fmt in ("bytecode", "portable") and _digest(data) not in _SAFE_BINARY:
-        if _digest(data) in _BAD_BINARY:
-            raise IRError(f"{source}: {_BAD_BINARY[_digest(data)]}")
-        try:
-            probe_parse(bytes(data), source=source)
-        except IRError as e:
-            _BAD_BINARY[_digest(data)] = str(e).split(": ", 1)[-1]
-            raise
+    if probe:
+        guard_parse(data, fmt, source=source)
     try:
         if fmt == "portable":
             return stablehlo.deserialize_portable_artifact(ctx, bytes(data))
@@ -454,36 +448,92 @@ def eval_module(module_text: str, inputs: Sequence[np.ndarray], *, timeout: floa
             "    outs = stablehlo.eval_module(m, [ir.DenseElementsAttr.get(a) for a in ins])\n"
             "    np.savez(sys.argv[3], *[np.array(o) for o in outs])\n")
         opath = os.path.join(d, "out.npz")
-        p = subprocess.run([sys.executable, "-c", code, mpath, os.path.join(d, "in.npz"), opath],
-                           capture_output=True, text=True, timeout=timeout)
+        argv, env = python_command()
+        p = subprocess.run(argv + ["-c", code, mpath, os.path.join(d, "in.npz"), opath],
+                           capture_output=True, text=True, timeout=timeout, env=env)
         if p.returncode != 0:
             raise IRError("reference interpreter failed: " + (p.stderr.strip().splitlines() or ["(no output)"])[-1])
         z = np.load(opath)
         return [z[f"arr_{i}"] for i in range(len(z.files))]
 
 
+def python_command() -> tuple[list[str], dict]:
+    """``(argv prefix, environment)`` for a child Python interpreter that runs hlofuse code.
+
+    The child runs with ``-P`` (safe path, Python >= 3.11, which jax 0.10.2 requires): neither
+    ``python -m`` nor ``python -c`` puts the current directory first on ``sys.path``, so an
+    ``absl.py`` or ``ml_dtypes.py`` lying in the user's working directory is never executed.
+    Unlike ``-I`` it keeps ``PYTHONPATH`` and the user site, so the child sees the parent's
+    packages. Only when the parent itself found its modules in the current directory (a source
+    checkout run in place with ``python -m``) is that directory passed on, explicitly.
+    """
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    first = sys.path[0] if sys.path else None
+    if first is not None and os.path.realpath(first or os.curdir) == os.path.realpath(root):
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    return [sys.executable, "-P"], env
+
+
+def guard_parse(data, fmt: str, *, source: str = "<input>") -> None:
+    """The crash guard in front of the MLIR parser: raise :class:`IRError` for input that would
+    take the process down instead of failing cleanly.
+
+    Binary input (MLIR bytecode, portable artifacts) this process did not write itself is
+    parsed once in a subprocess first (:func:`probe_parse`); its verdict is remembered per
+    payload, but only a verdict on the bytes (a parse error, a parser crash), never a failure of
+    the probe itself.
+    """
+    if fmt not in ("bytecode", "portable"):
+        return
+    digest = _digest(data)
+    if digest in _SAFE_BINARY:
+        return
+    if digest in _BAD_BINARY:
+        raise IRError(f"{source}: {_BAD_BINARY[digest]}")
+    probe_parse(bytes(data), source=source)
+
+
+class ProbeFailed(IRError):
+    """The probe subprocess failed for a reason other than the input (an import error, a
+    timeout, out of memory): no verdict on the file, and none is remembered."""
+
+
 def probe_parse(data: bytes, *, source: str = "<input>", timeout: float = 120) -> None:
     """Parse serialized StableHLO in a subprocess first: a corrupt MLIR bytecode stream can abort
     the process inside the parser (``nanobind ... conversion error`` -> ``terminate``), which no
-    ``try`` catches. Raises :class:`IRError` naming ``source`` when the child fails or dies; when
-    this returns, :func:`parse` of the same bytes is safe in-process (parsing is deterministic)."""
-    with tempfile.TemporaryDirectory() as d:
+    ``try`` catches. Raises :class:`IRError` naming ``source`` when the parser rejects the bytes
+    or dies on them (remembered for the same bytes), :class:`ProbeFailed` when the probe could
+    not judge them; when this returns, :func:`parse` of the same bytes is safe in-process
+    (parsing is deterministic)."""
+    digest = _digest(data)
+    with tempfile.TemporaryDirectory(prefix="hlofuse-probe-") as d:
         path = os.path.join(d, "in.bin")
         with open(path, "wb") as fh:
             fh.write(bytes(data))
         code = ("import sys\nfrom hlofuse import ir as hir\n"
                 "try:\n    hir.parse(open(sys.argv[1], 'rb').read(), source=sys.argv[2], probe=False)\n"
                 "except hir.IRError as e:\n    print(e, file=sys.stderr); sys.exit(3)\n")
+        argv, env = python_command()
         try:
-            p = subprocess.run([sys.executable, "-c", code, path, source], capture_output=True,
+            p = subprocess.run(argv + ["-c", code, path, source], capture_output=True, env=env,
                                text=True, errors="replace", timeout=timeout)
         except subprocess.TimeoutExpired:
-            raise IRError(f"{source}: parsing did not finish within {timeout:.0f}s") from None
+            raise ProbeFailed(f"{source}: parsing did not finish within {timeout:.0f}s") from None
     if p.returncode == 0:
-        _SAFE_BINARY.add(_digest(data))
+        _SAFE_BINARY.add(digest)
         return
     lines = [l for l in p.stderr.strip().splitlines() if l.strip()]
-    if p.returncode == 3 and lines:
-        raise IRError(lines[-1])
-    why = f"signal {-p.returncode}" if p.returncode < 0 else f"exit code {p.returncode}"
-    raise IRError(f"{source}: corrupt MLIR bytecode: the MLIR parser aborted while reading it ({why})")
+    if p.returncode == 3 and lines:  # the parser rejected the bytes: a verdict
+        why = lines[-1][len(source) + 2:] if lines[-1].startswith(f"{source}: ") else lines[-1]
+    elif p.returncode < 0 and p.returncode != -9:  # the parser died on the bytes: a verdict
+        why = (f"corrupt MLIR bytecode: the MLIR parser aborted while reading it "
+               f"(signal {-p.returncode})")
+    else:  # killed (out of memory?) or the probe itself failed: no verdict, nothing remembered
+        how = "killed (SIGKILL, out of memory?)" if p.returncode == -9 else \
+            f"exit code {p.returncode}: {lines[-1] if lines else 'no output'}"
+        raise ProbeFailed(f"{source}: cannot check the file: the parser probe subprocess failed "
+                          f"before judging it ({how}); this is a problem of the environment, "
+                          f"not a verdict on the file")
+    _BAD_BINARY[digest] = why
+    raise IRError(f"{source}: {why}")

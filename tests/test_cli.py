@@ -361,6 +361,71 @@ def test_atomic_write_leaves_no_partial_file(tmp_path, monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------
+# Security: nothing from the current directory is ever imported by a child process
+# ---------------------------------------------------------------------------------------------
+
+SCRIPT = shutil.which("hlofuse") or os.path.join(os.path.dirname(sys.executable), "hlofuse")
+
+
+def plant_modules(d, marker, names=("absl", "ml_dtypes")):
+    """Modules that would shadow real ones if ``d`` were on sys.path: importing one writes
+    ``marker`` (and then breaks the import, as a real attack might not)."""
+    for name in names:
+        (d / f"{name}.py").write_text(f"open({str(marker)!r}, 'a').write({name!r} + '\\n')\n"
+                                      f"raise ImportError('planted {name}')\n")
+
+
+def test_cli_child_ignores_modules_in_the_working_directory(files, tmp_path):
+    """Issue 11 #4: the worker ran as ``python -m hlofuse.cli``, which puts the current directory
+    first on sys.path, so an absl.py there was executed."""
+    marker = tmp_path / "PWNED"
+    plant_modules(tmp_path, marker)
+    shutil.copy(files["paths"]["text"], tmp_path / "m.mlir")
+    p = subprocess.run([SCRIPT, "optimize", "m.mlir", "-o", "o.mlir"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300)
+    assert not marker.exists(), marker.read_text()
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "o.mlir").exists()
+
+
+def test_probe_and_interpreter_ignore_modules_in_the_working_directory(files, tmp_path,
+                                                                        monkeypatch):
+    """The parser probe and the reference interpreter run ``python -c``, which puts the current
+    directory first on sys.path too."""
+    marker = tmp_path / "PWNED"
+    plant_modules(tmp_path, marker)
+    monkeypatch.chdir(tmp_path)
+    m = hir.parse(files["paths"]["text"].read_text())
+    data = hir.to_bytecode(m) + b""  # a payload this process has not vouched for
+    hir._SAFE_BINARY.discard(hir._digest(data))
+    hir.probe_parse(data, source="m.mlirbc")
+    x = np.ones((2,), np.float32)
+    text = "func.func @main(%a: tensor<2xf32>) -> tensor<2xf32> { func.return %a : tensor<2xf32> }"
+    np.testing.assert_array_equal(hir.eval_module(text, [x])[0], x)
+    assert not marker.exists(), marker.read_text()
+
+
+def test_a_failing_probe_is_no_verdict_on_the_file(files, tmp_path, monkeypatch):
+    """A probe that cannot even start (here: a broken ``jax`` first on PYTHONPATH) must not call
+    a valid file corrupt, nor remember that verdict for later loads."""
+    broken = tmp_path / "broken" / "jax"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('broken environment')\n")
+    data = files["paths"]["bytecode"].read_bytes()
+    digest = hir._digest(data)
+    hir._SAFE_BINARY.discard(digest)
+    hir._BAD_BINARY.pop(digest, None)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "broken"))
+    with pytest.raises(hir.IRError) as e:
+        hir.parse(data, source="model.mlirbc")
+    assert "corrupt" not in str(e.value) and "broken environment" in str(e.value), str(e.value)
+    assert type(e.value).__name__ == "ProbeFailed"
+    assert digest not in hir._BAD_BINARY
+    monkeypatch.delenv("PYTHONPATH")
+    hir.verify(hir.parse(data, source="model.mlirbc"))          # probed again, and fine
+
+
+# ---------------------------------------------------------------------------------------------
 # Help and entry points
 # ---------------------------------------------------------------------------------------------
 
