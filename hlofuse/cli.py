@@ -18,8 +18,16 @@ Crash safety: MLIR and XLA can abort the process on corrupt input (a bad bytecod
 CHECK failure). ``run_main`` therefore runs the subcommand in a child process (``python -P -m
 hlofuse.cli`` with ``HLOFUSE_CLI_CHILD=1``; ``-P`` so that modules in the current directory are
 never imported) and turns a child killed by a signal into the same one-line error and exit code
-2, naming the stage (file and step) it died in. Set
-``HLOFUSE_CLI_INPROCESS=1`` to run in-process (debugging).
+2, naming the stage (file and step) it died in. Set ``HLOFUSE_CLI_INPROCESS=1`` to run
+in-process (debugging).
+
+Stopping: SIGINT (Ctrl-C), SIGTERM and SIGHUP sent to ``hlofuse`` are forwarded to the worker,
+which stops at the next Python step (an output being written is completed first, none is started
+afterwards); a worker stuck in native code is killed after 5 seconds, and a worker whose
+supervisor is killed outright dies with it (Linux parent-death signal). The exit code is 128 +
+the signal number (130 for Ctrl-C, 143 for SIGTERM) with one line such as ``hlofuse optimize:
+interrupted by SIGTERM; no output written``. Stage reports and the worker's stderr travel through
+pipes, so an interruption leaves no temporary file or folder behind.
 """
 
 from __future__ import annotations
@@ -29,7 +37,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 import traceback
 from typing import Callable
@@ -40,9 +47,14 @@ from absl import flags
 PROG = "hlofuse"
 CHILD_ENV = "HLOFUSE_CLI_CHILD"
 INPROCESS_ENV = "HLOFUSE_CLI_INPROCESS"
-STAGE_ENV = "HLOFUSE_CLI_STAGE"
+STAGE_FD_ENV = "HLOFUSE_CLI_STAGE_FD"    # the worker reports its stage through this pipe
+PARENT_ENV = "HLOFUSE_CLI_PARENT"        # the supervisor's pid, for the worker's death signal
+PAUSE_ENV = "HLOFUSE_CLI_TEST_PAUSE"     # tests: "STAGE-PREFIX=SECONDS[!]" pauses the worker
 
 EXIT_OK, EXIT_MISMATCH, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
+# signals that stop a command: forwarded to the worker, exit code 128 + signal number
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STOP_GRACE_S = 5.0  # how long the worker gets to stop cleanly before it is killed
 
 
 class UsageError(Exception):
@@ -141,14 +153,104 @@ def _define_export(fv):
 
 def _stage(text: str) -> None:
     """Record what the process is doing, so a crash can be reported as 'while <text>'."""
-    path = os.environ.get(STAGE_ENV)
-    if not path:
+    _report_to_supervisor("stage", text)
+    pause = os.environ.get(PAUSE_ENV)
+    if pause and text.startswith(pause.rpartition("=")[0]):
+        _test_pause(text, pause.rpartition("=")[2])
+
+
+def _report_to_supervisor(kind: str, text: str) -> None:
+    fd = os.environ.get(STAGE_FD_ENV)
+    if not fd:
         return
     try:
-        with open(path, "w") as fh:
-            fh.write(text)
-    except OSError:
+        os.write(int(fd), f"{kind}\t{' '.join(text.split())}\n".encode())
+    except (OSError, ValueError):
         pass
+
+
+def _test_pause(stage: str, spec: str) -> None:
+    """Testing hook (``HLOFUSE_CLI_TEST_PAUSE=writing=60``): stall at a stage so a test can
+    signal a busy worker; a trailing ``!`` blocks the stop signals meanwhile, like native code
+    that does not return to Python."""
+    import time
+    native = spec.endswith("!")
+    print(f"{PROG}: test hook: pausing {spec.rstrip('!')}s at '{stage}'", flush=True)
+    if native:
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    time.sleep(float(spec.rstrip("!")))
+    if native:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+# ---------------------------------------------------------------------------------------------
+# Interruption (worker side): a stop signal raises Interrupted at the next Python bytecode,
+# except while an output is being committed, which always completes first
+# ---------------------------------------------------------------------------------------------
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT, SIGTERM or SIGHUP arrived; ``signum`` says which."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+_WRITTEN: list[str] = []                       # outputs this process has written
+_COMMIT = {"depth": 0, "pending": None}        # inside _commit; a signal that arrived there
+
+
+def _on_stop_signal(signum, frame) -> None:
+    for s in STOP_SIGNALS:  # one interruption is enough: let the cleanup run undisturbed
+        signal.signal(s, signal.SIG_IGN)
+    if _COMMIT["depth"]:
+        _COMMIT["pending"] = signum
+        return
+    raise Interrupted(signum)
+
+
+def _install_stop_handlers() -> None:
+    for s in STOP_SIGNALS:
+        signal.signal(s, _on_stop_signal)
+
+
+def _commit(path: str, write: Callable[[], object]) -> None:
+    """Write one output (``write()``, an atomic write of ``path``) without being interrupted
+    half-way; a stop signal that arrives meanwhile takes effect right after, with ``path``
+    recorded as written."""
+    _stage(f"writing {path}")
+    _COMMIT["depth"] += 1
+    try:
+        write()
+        _WRITTEN.append(path)
+        _report_to_supervisor("wrote", path)
+    finally:
+        _COMMIT["depth"] -= 1
+        pending, _COMMIT["pending"] = _COMMIT["pending"], None
+        if not _COMMIT["depth"] and pending is not None:
+            raise Interrupted(pending)
+
+
+def _interrupted_message(signum: int, written) -> str:
+    name = signal.Signals(signum).name
+    if not written:
+        return f"interrupted by {name}; no output written"
+    return f"interrupted by {name}; already written: {', '.join(written)}"
+
+
+def _die_with_parent() -> None:
+    """Worker: get SIGKILL when the supervisor dies (Linux ``PR_SET_PDEATHSIG``), the backstop
+    for a supervisor killed before it could stop us; exit at once if it is already gone."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    parent = os.environ.get(PARENT_ENV)
+    if parent and parent.isdigit() and os.getppid() != int(parent):
+        os._exit(128 + int(signal.SIGKILL))
 
 
 def _note(cmd: str, msg: str) -> None:
@@ -259,10 +361,10 @@ def cmd_optimize(fv, pos) -> int:
         status = _verify(fv, loaded, original, data, fmt, out, compare)
         if status:
             return status
-    _stage(f"writing {out}")
-    fileio.atomic_write(out, data, inputs=[inp], in_place=in_place)
+    _commit(out, lambda: fileio.atomic_write(out, data, inputs=[inp], in_place=in_place))
     if fv["report"].value:
-        fileio.write_report(res.report, fv["report"].value, inputs=[inp, out])
+        rep = fv["report"].value
+        _commit(rep, lambda: fileio.write_report(res.report, rep, inputs=[inp, out]))
     r = res.report
     what = (f"{len(r.kernels)} kernel(s), {len(r.left_to_xla)} region(s) left to XLA, main ops "
             f"{r.ops_before} -> {r.ops_after}" if res.changed else "unchanged")
@@ -325,8 +427,8 @@ def cmd_run(fv, pos) -> int:
           f"{'given' if fv['inputs'].value else 'random (seed %d)' % fv['seed'].value} input(s):")
     print("\n".join(_describe(outs)))
     if fv["outputs"].value:
-        _stage(f"writing {fv['outputs'].value}")
-        fileio.save_outputs(fv["outputs"].value, outs, inputs=[path] + ([fv["inputs"].value] if fv["inputs"].value else []))
+        dst, given = fv["outputs"].value, [path] + ([fv["inputs"].value] if fv["inputs"].value else [])
+        _commit(dst, lambda: fileio.save_outputs(dst, outs, inputs=given))
     return EXIT_OK
 
 
@@ -375,8 +477,8 @@ def cmd_report(fv, pos) -> int:
     res = _optimize("report", fv, loaded)
     print(str(res.report))
     if fv["report"].value:
-        _stage(f"writing {fv['report'].value}")
-        fileio.write_report(res.report, fv["report"].value, inputs=[path])
+        rep = fv["report"].value
+        _commit(rep, lambda: fileio.write_report(res.report, rep, inputs=[path]))
     return EXIT_OK
 
 
@@ -412,13 +514,13 @@ def cmd_export(fv, pos) -> int:
     except Exception as e:
         raise fileio.FileError(f"{spec}: jax.export failed for ({', '.join(map(str, specs))}): "
                                f"{fileio._first_line(e)}") from None
-    _stage(f"writing {out}")
+    _stage(f"serializing {out}")
     if fmt == "exported" and not tv:
         data = bytes(exp.serialize())
     else:
         loaded = fileio.load_bytes(bytes(exp.serialize()), source=spec, probe=False)
         data = fileio.serialize(loaded.module, fmt, target_version=tv, exported=exp, source=out)
-    fileio.atomic_write(out, data)
+    _commit(out, lambda: fileio.atomic_write(out, data))
     print(f"{PROG}: exported {spec}({', '.join(map(str, specs))}) for {platform} -> {out} "
           f"({fileio.FORMAT_NAMES[fmt]}, {len(data)} bytes)")
     return EXIT_OK
@@ -620,9 +722,10 @@ def _run_command(name: str, cmd: Command, fv, pos, verbose: bool) -> int:
     from hlofuse.pipeline import PassFailure
     try:
         return cmd.main(fv, pos) or EXIT_OK
-    except KeyboardInterrupt:
-        _error(name, "interrupted (no output written)")
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as e:
+        signum = getattr(e, "signum", signal.SIGINT)
+        print(f"{PROG} {name}: {_interrupted_message(signum, _WRITTEN)}", file=sys.stderr)
+        return 128 + int(signum)
     except (UsageError, IRError, PassFailure) as e:
         if verbose:
             traceback.print_exc()
@@ -642,45 +745,124 @@ def _run_command(name: str, cmd: Command, fv, pos, verbose: bool) -> int:
 # Supervisor: run the command in a child process and report crashes as errors
 # ---------------------------------------------------------------------------------------------
 
+class _Worker:
+    """The worker process and the supervisor's side of its pipes and of stop signals.
+
+    Stop signals (SIGINT, SIGTERM, SIGHUP) that reach the supervisor are forwarded to the worker
+    once; if it has not exited ``STOP_GRACE_S`` later (stuck in native code), or on a second
+    signal, it is killed. Stage reports and stderr come through pipes, so no temporary file or
+    folder exists that an interruption could leave behind.
+    """
+
+    def __init__(self, argv: list[str], env: dict):
+        import threading
+        self.signum: int | None = None
+        self.stages: list[tuple[str, str]] = []
+        self.stderr = b""
+        self._saved = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
+        stage_r, stage_w = os.pipe()
+        try:
+            self.proc = subprocess.Popen(argv, stderr=subprocess.PIPE, pass_fds=(stage_w,),
+                                         env=dict(env, **{STAGE_FD_ENV: str(stage_w),
+                                                          PARENT_ENV: str(os.getpid())}))
+        except BaseException:
+            os.close(stage_r)
+            self._restore()
+            raise
+        finally:
+            os.close(stage_w)
+        self._readers = [threading.Thread(target=self._read_stages, args=(stage_r,), daemon=True),
+                         threading.Thread(target=self._read_stderr, daemon=True)]
+        for t in self._readers:
+            t.start()
+        if self.signum is not None:  # arrived while starting it
+            self._send(self.signum)
+
+    def _on_signal(self, signum, frame) -> None:
+        import threading
+        if self.signum is not None:  # a second stop signal: do not wait any longer
+            self._send(signal.SIGKILL)
+            return
+        self.signum = signum
+        if getattr(self, "proc", None) is not None:
+            self._send(signum)
+        timer = threading.Timer(STOP_GRACE_S, self._send, args=(signal.SIGKILL,))
+        timer.daemon = True
+        timer.start()
+
+    def _send(self, signum) -> None:
+        proc = getattr(self, "proc", None)
+        if proc is not None and proc.returncode is None:
+            try:
+                proc.send_signal(signum)
+            except OSError:
+                pass
+
+    def _read_stages(self, fd: int) -> None:
+        with os.fdopen(fd, "rb") as fh:
+            for line in fh:
+                kind, _, text = line.decode("utf-8", "replace").rstrip("\n").partition("\t")
+                self.stages.append((kind, text))
+
+    def _read_stderr(self) -> None:
+        self.stderr = self.proc.stderr.read()
+
+    def wait(self) -> int:
+        """Wait for the worker (killing it if the supervisor itself fails) and its pipes."""
+        try:
+            rc = self.proc.wait()
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            for t in self._readers:
+                t.join(timeout=10)
+            self.proc.stderr.close()
+            self._restore()
+        return rc
+
+    def _restore(self) -> None:
+        for s, h in self._saved.items():
+            signal.signal(s, h)
+
+    @property
+    def stage(self) -> str:
+        return next((t for k, t in reversed(self.stages) if k == "stage"), "")
+
+    @property
+    def written(self) -> list[str]:
+        return [t for k, t in self.stages if k == "wrote"]
+
+
 def _supervise(argv: list[str]) -> int:
     cmd = argv[1] if len(argv) > 1 and argv[1] in COMMANDS else None
     verbose = "--verbose" in argv[1:]
-    with tempfile.TemporaryDirectory(prefix="hlofuse-cli-") as d:
-        stage_path = os.path.join(d, "stage")
-        err_path = os.path.join(d, "stderr")
-        env = dict(os.environ, **{CHILD_ENV: "1", STAGE_ENV: stage_path})
-        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-        with open(err_path, "wb") as err:
-            child_argv, env = _child_command(env)
-            proc = subprocess.Popen(child_argv + argv[1:], stderr=err, env=env)
-            rc = None
-            interrupted = False
-            while rc is None:
-                try:
-                    rc = proc.wait()
-                except KeyboardInterrupt:  # the child got SIGINT too; let it clean up
-                    interrupted = True
-        with open(err_path, "rb") as fh:
-            child_err = fh.read().decode("utf-8", "replace")
-        if rc >= 0:
-            sys.stderr.write(child_err if rc == 0 or verbose else _own_lines(child_err))
-            sys.stderr.flush()
-            return EXIT_INTERRUPTED if interrupted and rc == 0 else rc
-        try:
-            with open(stage_path) as fh:
-                stage = fh.read().strip()
-        except OSError:
-            stage = ""
+    env = dict(os.environ, **{CHILD_ENV: "1"})
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    child_argv, env = _child_command(env)
+    worker = _Worker(child_argv + argv[1:], env)
+    rc = worker.wait()
+    child_err = worker.stderr.decode("utf-8", "replace")
+    prefix = f"{PROG} {cmd}" if cmd else PROG
+    handled = rc in [128 + int(s) for s in STOP_SIGNALS]  # the worker reported its interruption
+    if rc >= 0 and (worker.signum is None or handled):
+        sys.stderr.write(child_err if rc == 0 or verbose else _own_lines(child_err))
+        sys.stderr.flush()
+        return rc
+    if verbose:
+        sys.stderr.write(child_err)
+    signum = worker.signum or (-rc if -rc in [int(s) for s in STOP_SIGNALS] else None)
+    if signum is not None:  # stopped: killed after the grace period, or finished regardless
+        if rc >= 0:  # it finished before the signal took effect
+            sys.stderr.write(child_err if rc == 0 else _own_lines(child_err))
+        print(f"{prefix}: {_interrupted_message(signum, worker.written)}", file=sys.stderr)
+        return 128 + int(signum)
     sig = -rc
     try:
         signame = signal.Signals(sig).name
     except ValueError:
         signame = f"signal {sig}"
-    if verbose:
-        sys.stderr.write(child_err)
-    if sig == signal.SIGINT or interrupted:
-        _error(cmd, "interrupted (no output written)")
-        return EXIT_INTERRUPTED
+    stage = worker.stage
     detail = _crash_detail(child_err)
     if stage.startswith("reading "):
         what = (f"{stage[8:]}: corrupt input: the MLIR parser aborted the process while reading "
@@ -736,11 +918,20 @@ def run_main(argv: list[str] | None = None) -> int:
     help_only = len(argv) < 2 or argv[1] in ("-h", "--help", "-help", "help", "--version") or \
         _wants_help(argv[2:])
     try:
-        if help_only or os.environ.get(CHILD_ENV) == "1" or os.environ.get(INPROCESS_ENV) == "1":
+        if help_only:
             code = _dispatch(argv)  # help needs no MLIR/XLA work: no child process
+        elif os.environ.get(CHILD_ENV) == "1" or os.environ.get(INPROCESS_ENV) == "1":
+            if os.environ.get(CHILD_ENV) == "1":
+                _die_with_parent()
+            _install_stop_handlers()
+            code = _dispatch(argv)
         else:
             code = _supervise(argv)
         sys.stdout.flush()
+    except KeyboardInterrupt as e:  # outside a command (starting, parsing flags)
+        signum = getattr(e, "signum", signal.SIGINT)
+        print(f"{PROG}: {_interrupted_message(signum, _WRITTEN)}", file=sys.stderr)
+        code = 128 + int(signum)
     except BrokenPipeError:  # `hlofuse ... | head`: the reader left; not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         code = EXIT_OK

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -423,6 +424,106 @@ def test_a_failing_probe_is_no_verdict_on_the_file(files, tmp_path, monkeypatch)
     assert digest not in hir._BAD_BINARY
     monkeypatch.delenv("PYTHONPATH")
     hir.verify(hir.parse(data, source="model.mlirbc"))          # probed again, and fine
+
+
+# ---------------------------------------------------------------------------------------------
+# Signals: the worker dies with the supervisor, nothing is written or left behind
+# ---------------------------------------------------------------------------------------------
+
+def children_of(pid):
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def start_paused(args, cwd, pause, tmpdir):
+    """Start ``hlofuse ARGS`` with the worker stalled at a stage; returns once it stalls."""
+    import select
+    import time
+    env = dict(os.environ, HLOFUSE_CLI_TEST_PAUSE=pause, TMPDIR=str(tmpdir))
+    proc = subprocess.Popen([SCRIPT, *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline, seen = time.monotonic() + 120, ""
+    while "pausing" not in seen and time.monotonic() < deadline and proc.poll() is None:
+        if select.select([proc.stdout], [], [], 1)[0]:
+            seen += proc.stdout.readline()
+    if "pausing" not in seen:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"the worker never paused (rc {proc.returncode}): {seen}{out}{err}")
+    return proc
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("sig,code,pause", [
+    (signal.SIGTERM, 143, "writing=60"), (signal.SIGHUP, 129, "writing=60"),
+    (signal.SIGINT, 130, "writing=60"),
+    (signal.SIGTERM, 143, "writing=60!"),   # worker deaf to signals (native code): killed
+])
+def test_a_stop_signal_to_the_supervisor_stops_the_worker(files, tmp_path, sig, code, pause):
+    """Issue 11 #5: SIGTERM/SIGHUP left the worker running (it wrote the output ~45 s later),
+    SIGINT was not forwarded, and /tmp/hlofuse-cli-* folders leaked."""
+    import time
+    shutil.copy(files["paths"]["text"], tmp_path / "m.mlir")
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    proc = start_paused(["optimize", "m.mlir", "-o", "o.mlir"], tmp_path, pause, tmpdir)
+    workers = children_of(proc.pid)
+    assert workers
+    t0 = time.monotonic()
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    assert time.monotonic() - t0 < 30
+    assert proc.returncode == code, (proc.returncode, err)
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert lines == [f"hlofuse optimize: interrupted by {sig.name}; no output written"], err
+    assert not any(alive(w) for w in workers)
+    assert sorted(os.listdir(tmp_path)) == ["m.mlir", "tmp"]      # no output, no temporary
+    assert os.listdir(tmpdir) == []                                # no temporary folder
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_an_interruption_names_what_was_already_written(files, tmp_path):
+    shutil.copy(files["paths"]["text"], tmp_path / "m.mlir")
+    proc = start_paused(["optimize", "m.mlir", "-o", "o.mlir", "--report", "r.json"], tmp_path,
+                        "writing r.json=60", tmp_path)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143
+    assert err.strip() == "hlofuse optimize: interrupted by SIGTERM; already written: o.mlir"
+    assert sorted(os.listdir(tmp_path)) == ["m.mlir", "o.mlir"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl")
+def test_the_worker_dies_when_the_supervisor_is_killed(files, tmp_path):
+    """SIGKILL cannot be forwarded: the worker's parent-death signal is the backstop."""
+    import time
+    shutil.copy(files["paths"]["text"], tmp_path / "m.mlir")
+    proc = start_paused(["optimize", "m.mlir", "-o", "o.mlir"], tmp_path, "writing=60", tmp_path)
+    workers = children_of(proc.pid)
+    proc.kill()
+    proc.communicate(timeout=60)
+    deadline = time.monotonic() + 10
+    while any(alive(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(w) for w in workers)
+    assert sorted(os.listdir(tmp_path)) == ["m.mlir"]
 
 
 # ---------------------------------------------------------------------------------------------
