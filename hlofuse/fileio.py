@@ -148,6 +148,7 @@ def load_bytes(data: bytes, *, source: str = "<input>", probe: bool = True) -> L
             msg += f" ({detail[0]})"
         raise FileError(msg) from None
     hir.main_func(module, source=source)
+    hir.check_no_host_callbacks(module, source=source)
     version = portable_version(payload) if hir.detect_format(payload) == "portable" else None
     return Loaded(module, fmt, source, exported, data, version)
 
@@ -605,6 +606,7 @@ def execute(loaded: Loaded, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
     """
     import jax
     src = loaded.source
+    hir.check_no_host_callbacks(loaded.module, source=src)  # they would segfault (H6)
     specs = input_specs(loaded)
     inputs = [np.asarray(a) for a in inputs]
     check_inputs(specs, inputs, src)
@@ -623,7 +625,6 @@ def execute(loaded: Loaded, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
             raise FileError(f"{src}: running the jax.export artifact failed: {_first_line(e)}") from None
     import jax.extend.backend as jeb
     module = loaded.module
-    hir.check_no_host_callbacks(module, source=src)
     backend = jeb.get_backend()
     devices = backend.local_devices()[:1]
     try:

@@ -408,24 +408,46 @@ def verify(module: ir.Module) -> None:
 # Guards for things that crash the process
 # ---------------------------------------------------------------------------------------------
 
+# custom_call targets of Python host callbacks (jax.pure_callback, io_callback, debug.print,
+# buffer_callback): their backend_config holds an index into (or a pointer to) the callbacks of
+# the process that traced them, so outside that process they segfault (H6)
 HOST_CALLBACK_TARGETS = ("xla_ffi_python_cpu_callback", "xla_ffi_python_gpu_callback",
-                         "xla_python_cpu_callback", "xla_python_gpu_callback")
+                         "xla_ffi_partitioned_python_cpu_callback",
+                         "xla_ffi_partitioned_python_gpu_callback",
+                         "xla_python_cpu_callback", "xla_python_gpu_callback",
+                         "xla_buffer_python_cpu_callback", "xla_buffer_python_gpu_callback")
+
+
+def is_host_callback(target: str) -> bool:
+    return target in HOST_CALLBACK_TARGETS or (
+        target.startswith("xla_") and "python" in target and target.endswith("_callback"))
 
 
 def custom_call_targets(module: ir.Module) -> list[str]:
+    return [t for t, _ in _custom_calls(module)]
+
+
+def _custom_calls(module: ir.Module) -> list[tuple[str, object]]:
     out = []
     for op in all_ops(module):
-        if op.name == "stablehlo.custom_call":
-            out.append(ir.StringAttr(op.attributes["call_target_name"]).value)
+        if op.name in ("stablehlo.custom_call", "mhlo.custom_call"):
+            out.append((ir.StringAttr(op.attributes["call_target_name"]).value, op))
     return out
 
 
 def check_no_host_callbacks(module: ir.Module, *, source: str = "<input>") -> None:
-    """Raise instead of compiling a module with Python host callbacks we cannot supply (H6)."""
-    bad = [t for t in custom_call_targets(module) if t in HOST_CALLBACK_TARGETS]
+    """Raise instead of compiling, running or shipping a module with Python host callbacks (H6):
+    they point into the Python process that traced them (a segfault anywhere else)."""
+    bad = [(t, op) for t, op in _custom_calls(module) if is_host_callback(t)]
     if bad:
-        raise IRError(f"{source}: module calls Python host callbacks ({bad[0]}); these need the "
-                      f"original Python process and cannot be compiled from the file alone")
+        target, op = bad[0]
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        where = op_location(op)
+        at = f" at {where}" if where not in ("-", "unknown") else ""
+        raise IRError(f"{source}: {op.name} @{target}{at}{more} is a Python "
+                      f"host callback (jax.pure_callback, io_callback or jax.debug.print); host "
+                      f"callbacks call into the process that traced them and cannot be "
+                      f"serialized or run offline: remove them before exporting")
 
 
 def eval_module(module_text: str, inputs: Sequence[np.ndarray], *, timeout: float = 300) -> list[np.ndarray]:

@@ -11,6 +11,7 @@ import signal
 import stat
 import subprocess
 import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -359,6 +360,79 @@ def test_atomic_write_leaves_no_partial_file(tmp_path, monkeypatch):
         fileio.atomic_write(str(out), b"x", inputs=[str(out)])
     fileio.atomic_write(str(out), b"x", inputs=[str(out)], in_place=True)
     assert out.read_text() == "x"
+
+
+# ---------------------------------------------------------------------------------------------
+# Host callbacks: refused in every format, never run (they segfault outside their process)
+# ---------------------------------------------------------------------------------------------
+
+def _with_callback(x):
+    y = jax.pure_callback(np.sin, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+    return jnp.tanh(y) * 2
+
+
+@pytest.fixture(scope="module")
+def callback_files(tmp_path_factory):
+    """A jax.pure_callback lowering as text, bytecode and a jax.export artifact (jax.export
+    refuses to serialize host callbacks, so the payload of a plain export is replaced, as a
+    hand-edited or foreign artifact would be)."""
+    import dataclasses
+    d = tmp_path_factory.mktemp("callbacks")
+    x = jax.ShapeDtypeStruct((4,), jnp.float32)
+    text = jax.jit(_with_callback).lower(x).as_text()
+    assert "xla_ffi_python_cpu_callback" in text
+    module = hir.parse(text)
+    exp = jexport.export(jax.jit(jnp.tanh), platforms=["cpu"])(x)
+    exp = dataclasses.replace(exp, mlir_module_serialized=hir.to_portable_artifact(module))
+    (d / "cb.mlir").write_text(text)
+    (d / "cb.mlirbc").write_bytes(hir.to_bytecode(module))
+    (d / "cb.exported").write_bytes(bytes(exp.serialize()))
+    return d
+
+
+NO_CALLBACK = ("xla_ffi_python_cpu_callback", "host callback", "cannot be serialized or run offline")
+
+
+@pytest.mark.parametrize("name", ["cb.mlir", "cb.mlirbc", "cb.exported"])
+def test_host_callbacks_are_refused_in_every_format(callback_files, name, capsys):
+    """Issue 11 #6: optimize and report accepted them with exit 0."""
+    d = callback_files
+    one_error_line(hlofuse_inprocess(capsys, "optimize", name, "-o", "o" + name, cwd=d),
+                   name, *NO_CALLBACK)
+    one_error_line(hlofuse_inprocess(capsys, "report", name, cwd=d), name, *NO_CALLBACK)
+    assert not (d / ("o" + name)).exists()
+
+
+def test_running_a_host_callback_artifact_is_refused_not_a_segfault(callback_files):
+    """Issue 11 #6: ``hlofuse run`` on such a jax.export artifact segfaulted its worker, and the
+    Python API's execute path (fileio.execute) would take the caller's process down."""
+    one_error_line(hlofuse("run", "cb.exported", cwd=callback_files), "cb.exported", *NO_CALLBACK)
+    code = textwrap.dedent("""
+        import sys, numpy as np
+        from jax import export as jexport
+        from hlofuse import fileio, ir as hir
+        data = open(sys.argv[1], "rb").read()
+        exp = jexport.deserialize(bytearray(data))
+        module = hir.parse(bytes(exp.mlir_module_serialized), probe=False)
+        loaded = fileio.Loaded(module, "exported", "cb.exported", exp, data)  # not via load()
+        try:
+            fileio.execute(loaded, [np.ones(4, np.float32)])
+        except hir.IRError as e:
+            print("REFUSED", e)
+        """)
+    p = subprocess.run([sys.executable, "-c", code, str(callback_files / "cb.exported")],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, f"rc {p.returncode}: {p.stderr[-2000:]}"
+    assert "REFUSED" in p.stdout and "host callback" in p.stdout, p.stdout
+
+
+def test_every_host_callback_flavour_is_recognized():
+    for t in ("xla_ffi_python_cpu_callback", "xla_ffi_python_gpu_callback",
+              "xla_ffi_partitioned_python_cpu_callback", "xla_python_gpu_callback",
+              "xla_python_cpu_callback", "xla_buffer_python_gpu_callback"):
+        assert hir.is_host_callback(t), t
+    for t in ("lapack_sgetrf_ffi", "__gpu$xla.gpu.triton", "tpu_custom_call", "Sharding"):
+        assert not hir.is_host_callback(t), t
 
 
 # ---------------------------------------------------------------------------------------------
