@@ -232,3 +232,62 @@ def test_own_serializations_are_not_probed(monkeypatch):
     monkeypatch.setattr(hir, "probe_parse", no_probe)
     assert hir.to_text(hir.parse(data)) == hir.to_text(m)
     hir.verify(hir.parse(art))
+
+
+# ---------------------------------------------------------------------------------------------
+# Deeply nested text: refused before the parser recurses off its stack
+# ---------------------------------------------------------------------------------------------
+
+_DEEP_CHILD = textwrap.dedent("""
+    import json
+    import hlofuse
+    from hlofuse import ir as hir
+    n = 20000
+    cases = {
+        "dense literal": "module { func.func @main() -> tensor<f32> { %0 = stablehlo.constant dense<"
+                         + "[" * n + "1.0" + "]" * n + "> : tensor<f32>\\n return %0 : tensor<f32> } }",
+        "array attribute": "module attributes {x = " + "[" * n + "]" * n + "} { func.func @main() { return } }",
+        "dictionary": "module attributes {x = " + "{a = " * n + "1" + "}" * n + "} { func.func @main() { return } }",
+        "bytes": ("module { func.func @main() { return } }\\n// " + "{" * n).encode()
+                 + b"\\n" + b"module attributes {x = " + b"[" * n + b"]" * n + b"} {}",
+    }
+    out = {}
+    for name, data in cases.items():
+        res = []
+        for call in (lambda: hir.parse(data), lambda: hlofuse.optimize(data)):
+            try:
+                call()
+                res.append("ok")
+            except hlofuse.IRError as e:
+                res.append("IRError: " + str(e))
+            except Exception as e:
+                res.append(f"{type(e).__name__}: {e}")
+        out[name] = res
+    print("RESULT " + json.dumps(out))
+""")
+
+
+def test_deeply_nested_text_never_kills_the_process():
+    """Issue 11 #7: ``hlofuse.optimize('[' * 20000 ...)`` segfaulted the caller (the MLIR
+    parser recursed off its stack); only bytecode had a crash guard."""
+    p = subprocess.run([sys.executable, "-c", _DEEP_CHILD], capture_output=True, text=True,
+                       timeout=600, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert p.returncode == 0, f"child died (rc {p.returncode}): {p.stderr[-2000:]}"
+    (line,) = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+    results = json.loads(line[len("RESULT "):])
+    for name, res in results.items():
+        for r in res:
+            assert r.startswith("IRError") and "nested more than 1000 levels" in r, (name, r)
+    assert "at line 1" in results["dense literal"][0]
+
+
+def test_nesting_guard_ignores_strings_arrows_and_wide_modules():
+    """Brackets inside string literals, ``->`` and many shallow brackets are no nesting."""
+    many = "module attributes {test.s = \"" + "[" * 5000 + "\"} {\n" + "\n".join(
+        f"  func.func private @f{i}(%a: tensor<2xf32>) -> (tensor<2xf32>) {{ return %a : tensor<2xf32> }}"
+        for i in range(400)) + "\n  func.func @main(%a: tensor<2xf32>) -> tensor<2xf32> { return %a : tensor<2xf32> }\n}\n"
+    hir.check_text_nesting(many)
+    hir.verify(hir.parse(many))
+    hir.check_text_nesting("[" * 1000 + "]" * 1000)
+    with pytest.raises(hlofuse.IRError, match="at line 3"):
+        hir.check_text_nesting("a\nb\n" + "(" * 1001, source="x.mlir")
