@@ -60,6 +60,44 @@ def count_main_ops(module: ir.Module) -> int:
     return n
 
 
+STABLEHLO_DIALECTS = frozenset({"stablehlo", "chlo"})
+STRUCTURAL_DIALECTS = frozenset({"func", "sdy"})  # around StableHLO in what jax exports
+MHLO_TO_STABLEHLO = ("convert it first with the hlo-legalize-to-stablehlo pass (in Python: "
+                     "jaxlib.mlir.dialects.mhlo.register_mhlo_passes(), then "
+                     "PassManager.parse('builtin.module(hlo-legalize-to-stablehlo)')"
+                     ".run(module.operation))")
+
+
+def module_dialects(module: ir.Module) -> dict[str, list[str]]:
+    """The dialects whose ops the module uses (``builtin`` aside), each with its op names."""
+    found: dict[str, set[str]] = {}
+    for op in hir.all_ops(module):
+        dialect = op.name.split(".", 1)[0]
+        if dialect != "builtin":
+            found.setdefault(dialect, set()).add(op.name)
+    return {d: sorted(ops) for d, ops in sorted(found.items())}
+
+
+def check_dialects(module: ir.Module, *, source: str = "<module>") -> str | None:
+    """What hlofuse does with a module, from the dialects it uses.
+
+    StableHLO (``stablehlo``/``chlo`` ops, with ``func`` and anything else around them, or
+    only ``func`` ops): None, optimize it. MHLO ops: raise :class:`hlofuse.IRError` (hlofuse
+    reads StableHLO; the message says how to convert). Ops of other dialects and no StableHLO
+    op (e.g. only ``func`` and ``arith``): the note to pass it through unchanged with.
+    """
+    found = module_dialects(module)
+    if "mhlo" in found:
+        ops = found["mhlo"]
+        listed = ", ".join(ops[:3]) + (f" and {len(ops) - 3} more" if len(ops) > 3 else "")
+        raise hir.IRError(f"{source}: an MHLO module ({listed}), not StableHLO: hlofuse reads "
+                          f"StableHLO only; {MHLO_TO_STABLEHLO}")
+    if STABLEHLO_DIALECTS & set(found) or not set(found) - STRUCTURAL_DIALECTS:
+        return None
+    return (f"{source}: no StableHLO ops (dialects: {', '.join(found) or 'none'}); passed "
+            f"through unchanged")
+
+
 def optimize(module, *, target: str | None = "cpu", pipeline: str | Sequence[str] | None = None,
              disable: Sequence[str] = (), dump_dir: str | None = None, options: dict | None = None,
              source: str = "<module>", donated_args: Sequence[int] = ()) -> Optimized:
@@ -73,6 +111,10 @@ def optimize(module, *, target: str | None = "cpu", pipeline: str | Sequence[str
       disable: pass names to skip (also ``HLOFUSE_DISABLE_PASSES``).
       dump_dir: write the module after every pass as ``NNN_<pass>.mlir``.
       options: pass options (e.g. ``{'no_kernels': True}``).
+
+    MHLO modules raise :class:`hlofuse.IRError` (convert them to StableHLO first); modules
+    without any StableHLO op (only ``func``, ``arith``, ...) are returned unchanged with a note
+    (see :func:`check_dialects`).
     """
     target = normalize_target(target)
     ctx = hir.new_context()
@@ -80,8 +122,13 @@ def optimize(module, *, target: str | None = "cpu", pipeline: str | Sequence[str
     if mod is module:  # caller's module in our context cannot happen (fresh ctx); be explicit
         mod = hir.clone_module(module)
     hir.main_func(mod, source=source)
+    passthrough = check_dialects(mod, source=source)
     report = Report(target=target, source=source)
     report.ops_before = count_main_ops(mod)
+    if passthrough:
+        report.ops_after = report.ops_before
+        report.note(passthrough)
+        return Optimized(mod, report)
     pctx = PassContext(target=target, report=report, options=dict(options or {}),
                        donated_args=tuple(donated_args), source=source)
     PassManager(pipeline, disable=disable, dump_dir=dump_dir).run(mod, pctx)

@@ -10,6 +10,14 @@
     hlofuse report FILE [--target T] [--report FILE.json|.md|.html]
     hlofuse export MODULE:FUNCTION --args 'f32[8,128],i32[8]' -o OUT [--target T]
 
+Inputs are StableHLO (``stablehlo``/``chlo`` ops in ``func.func @main``) in any of four formats
+(text, MLIR bytecode, portable artifact, jax.export artifact; detected by content). MHLO modules
+are refused (convert them with jaxlib's ``hlo-legalize-to-stablehlo`` pass); modules without any
+StableHLO op (e.g. only ``func`` and ``arith``) are passed through unchanged, with a note saying
+so; modules with Python host callbacks (``jax.pure_callback``, ``io_callback``,
+``jax.debug.print``) are refused, since those cannot be serialized or run outside the process
+that traced them.
+
 Flags are absl flags (``absl.flags``), one flag set per subcommand; ``hlofuse CMD --help`` lists
 them. Exit codes: 0 success, 1 ``check``/``--verify`` found a numerical mismatch, 2 any error
 (one line on stderr naming the file, op or argument; ``--verbose`` adds the traceback).
@@ -368,7 +376,8 @@ def cmd_optimize(fv, pos) -> int:
     r = res.report
     what = (f"{len(r.kernels)} kernel(s), {len(r.left_to_xla)} region(s) left to XLA, main ops "
             f"{r.ops_before} -> {r.ops_after}" if res.changed else "unchanged")
-    print(f"{PROG}: {inp} -> {out} ({fileio.FORMAT_NAMES[fmt]}, {len(data)} bytes, target "
+    kind = fileio.describe(loaded) if fmt == loaded.fmt else fileio.FORMAT_NAMES[fmt]
+    print(f"{PROG}: {inp} -> {out} ({kind}, {len(data)} bytes, target "
           f"{res.target}): {what}")
     for n in r.notes:
         _note("optimize", n)
@@ -423,7 +432,7 @@ def cmd_run(fv, pos) -> int:
     inputs = _inputs(fv, loaded, fileio.input_specs(loaded))
     _stage(f"running {path} with XLA")
     outs = fileio.execute(loaded, inputs)
-    print(f"{PROG}: ran {path} ({fileio.FORMAT_NAMES[loaded.fmt]}) on {len(inputs)} "
+    print(f"{PROG}: ran {path} ({fileio.describe(loaded)}) on {len(inputs)} "
           f"{'given' if fv['inputs'].value else 'random (seed %d)' % fv['seed'].value} input(s):")
     print("\n".join(_describe(outs)))
     if fv["outputs"].value:
@@ -578,7 +587,8 @@ COMMANDS: dict[str, Command] = {
         "Optimize IN for a target and write OUT (same format as IN unless --format). Formats are\n"
         "detected by content. Portable artifacts are written at --target-version; a jax.export\n"
         "artifact keeps its calling convention and loads back with jax.export.deserialize.\n"
-        "Modules whose main has dynamic shapes are refined with --shapes or written unchanged.\n"
+        "Modules whose main has dynamic shapes are refined with --shapes or written unchanged;\n"
+        "so are modules without StableHLO ops (e.g. func + arith). MHLO is refused.\n"
         "OUT is written atomically; IN is never overwritten unless --in-place.",
         _define_optimize, cmd_optimize, 1),
     "run": Command(

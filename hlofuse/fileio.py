@@ -153,6 +153,19 @@ def load_bytes(data: bytes, *, source: str = "<input>", probe: bool = True) -> L
     return Loaded(module, fmt, source, exported, data, version)
 
 
+def describe(loaded: Loaded) -> str:
+    """What a loaded file is, for messages: its format, and its dialects unless StableHLO."""
+    from hlofuse.api import STABLEHLO_DIALECTS, STRUCTURAL_DIALECTS, module_dialects
+    name = FORMAT_NAMES[loaded.fmt]
+    found = module_dialects(loaded.module)
+    if "mhlo" in found:
+        return name.replace("StableHLO", "MHLO") if "StableHLO" in name else f"{name} (MHLO)"
+    if STABLEHLO_DIALECTS & set(found) or not set(found) - STRUCTURAL_DIALECTS:
+        return name
+    what = f"{', '.join(found) or 'no'} ops, no StableHLO"
+    return f"MLIR text ({what})" if loaded.fmt == "text" else f"{name} ({what})"
+
+
 def format_for_path(path: str, default: str = "exported") -> str:
     """Output format implied by a file name's extension (``default`` when it implies none)."""
     return EXTENSIONS.get(os.path.splitext(path)[1].lower(), default)
@@ -504,13 +517,18 @@ def optimize_loaded(loaded: Loaded, *, target: str | None = None, pipeline=None,
                     shapes: Sequence[ArgSpec] | None = None) -> OptimizeResult:
     """Optimize a loaded file with :func:`hlofuse.optimize`, or pass it through with a note.
 
-    Passed through unchanged (``changed=False``): jax.export artifacts for several platforms
+    Passed through unchanged (``changed=False``): modules without StableHLO ops (MHLO raises,
+    see :func:`hlofuse.api.check_dialects`), jax.export artifacts for several platforms
     (kernels are per platform) and modules whose ``main`` has dynamic shapes that ``shapes``
     does not refine. The optimized ``main`` of an exported artifact must keep its signature.
     """
     import hlofuse
+    from hlofuse.api import check_dialects
     target = resolve_target(loaded, target)
     src = loaded.source
+    foreign = check_dialects(loaded.module, source=src)  # raises for MHLO
+    if foreign:
+        return _passthrough(loaded, target, foreign)
     if len(loaded.platforms) > 1:
         return _passthrough(loaded, target, f"{src} was exported for platforms "
                             f"{', '.join(loaded.platforms)}; hlofuse optimizes single-platform "

@@ -108,6 +108,42 @@ def test_foreign_but_valid_modules_pass_through(text):
         assert opt.text == hlofuse.optimize(text, pipeline="cleanup").text
 
 
+ARITH_ONLY = ("module { func.func @main(%a: tensor<4xf32>, %b: tensor<4xf32>) -> tensor<4xf32> { "
+              "%0 = arith.addf %a, %b : tensor<4xf32>\n %1 = arith.mulf %0, %a : tensor<4xf32>\n"
+              " return %1 : tensor<4xf32> } }")
+MHLO = ("module { func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> {\n"
+        "  %0 = mhlo.add %a, %a : tensor<4xf32>\n"
+        "  %1 = \"mhlo.tanh\"(%0) : (tensor<4xf32>) -> tensor<4xf32>\n"
+        "  return %1 : tensor<4xf32> } }")
+
+
+def test_modules_without_stablehlo_ops_pass_through_and_say_so():
+    """Issue 11 #8: a func+arith module was 'optimized' as if it were StableHLO."""
+    opt = hlofuse.optimize(ARITH_ONLY, source="a.mlir")
+    assert opt.text == hir.to_text(hir.parse(ARITH_ONLY))
+    assert opt.report.notes == ["a.mlir: no StableHLO ops (dialects: arith, func); passed "
+                                "through unchanged"]
+    assert not opt.report.passes                                # no pass ran over it
+
+
+def test_mhlo_is_refused_with_a_conversion_that_works():
+    """Issue 11 #8: MHLO was 'optimized' with exit 0; it is refused, and the conversion the
+    message names (jaxlib's hlo-legalize-to-stablehlo) really turns it into StableHLO."""
+    with pytest.raises(hlofuse.IRError, match=r"m.mlir: an MHLO module \(mhlo.add, mhlo.tanh\)") as e:
+        hlofuse.optimize(MHLO, source="m.mlir")
+    assert "hlo-legalize-to-stablehlo" in str(e.value)
+    from jaxlib.mlir import passmanager
+    from jaxlib.mlir.dialects import mhlo
+    module = hir.parse(MHLO)
+    mhlo.register_mhlo_passes()
+    with module.context:
+        passmanager.PassManager.parse("builtin.module(hlo-legalize-to-stablehlo)").run(module.operation)
+    opt = hlofuse.optimize(hir.to_text(module))
+    assert len(opt.report.kernels) == 1
+    x = np.linspace(-1, 1, 4, dtype=np.float32)
+    assert_same(run_module(opt.module, [x]), [np.tanh(x + x)], "kernel")
+
+
 # element type -> numpy dtype for inputs; all pass through (no kernel) and keep their results
 UNSUPPORTED = {"complex<f32>": np.complex64, "f8E4M3FN": ml_dtypes.float8_e4m3fn,
                "f8E5M2": ml_dtypes.float8_e5m2, "i4": ml_dtypes.int4, "ui4": ml_dtypes.uint4,

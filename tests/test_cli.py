@@ -286,6 +286,23 @@ def test_bad_inputs_give_one_clear_line(files, tmp_path):
 
 
 
+def test_non_stablehlo_files_say_what_they_are(tmp_path, capsys):
+    """Issue 11 #8: func+arith and MHLO files were optimized with exit 0 and described as
+    StableHLO text. MHLO is refused; a file without StableHLO ops is copied unchanged, saying so."""
+    from tests.test_bad_input import ARITH_ONLY, MHLO
+    (tmp_path / "arith.mlir").write_text(ARITH_ONLY)
+    (tmp_path / "mhlo.mlir").write_text(MHLO)
+    p = hlofuse_inprocess(capsys, "optimize", "arith.mlir", "-o", "out.mlir", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "StableHLO text" not in p.stdout and "no StableHLO" in p.stdout and "unchanged" in p.stdout
+    assert "no StableHLO ops (dialects: arith, func); passed through unchanged" in p.stderr
+    assert (tmp_path / "out.mlir").read_text() == ARITH_ONLY      # byte for byte
+    for cmd in (["optimize", "mhlo.mlir", "-o", "out2.mlir"], ["report", "mhlo.mlir"]):
+        one_error_line(hlofuse_inprocess(capsys, *cmd, cwd=tmp_path), "mhlo.mlir",
+                       "an MHLO module", "hlo-legalize-to-stablehlo")
+    assert not (tmp_path / "out2.mlir").exists()
+
+
 def test_parser_abort_is_reported_not_crashed(files, tmp_path):
     """A corrupt bytecode string table makes the MLIR parser abort the process (nanobind
     conversion error -> std::terminate); the command still exits 2 with one line."""
