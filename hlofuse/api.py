@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Sequence
 
 from jaxlib.mlir import ir
@@ -131,10 +132,53 @@ def optimize(module, *, target: str | None = "cpu", pipeline: str | Sequence[str
         return Optimized(mod, report)
     pctx = PassContext(target=target, report=report, options=dict(options or {}),
                        donated_args=tuple(donated_args), source=source)
-    PassManager(pipeline, disable=disable, dump_dir=dump_dir).run(mod, pctx)
+    _DumpingPassManager(pipeline, disable=disable, dump_dir=dump_dir).run(mod, pctx)
     report.ops_after = count_main_ops(mod)
     note_unhandled(mod, report)
     return Optimized(mod, report)
+
+
+class DumpError(hir.IRError):
+    """A dump file (``dump_dir``) could not be written; ``path`` names it."""
+
+    def __init__(self, dump_dir: str, path: str, why: str):
+        super().__init__(f"dump directory {dump_dir}: {path}: {why}")
+        self.dump_dir, self.path, self.why = dump_dir, path, why
+
+
+class _DumpingPassManager(PassManager):
+    """The pass manager, with its dump files written atomically (a temporary file renamed into
+    place, so a failed write never leaves a truncated dump) and write errors that name the
+    dump file instead of surfacing as an error of the module being optimized."""
+
+    def _dump(self, module: ir.Module, index: int, name: str) -> str | None:
+        if not self.dump_dir:
+            return None
+        path = os.path.join(self.dump_dir, f"{index:03d}_{name}.mlir")
+        self._write(path, hir.to_text(module, debug_info=True))
+        return path
+
+    def _dump_failure(self, module_bytes: bytes, name: str) -> str:
+        if not self.dump_dir:
+            return super()._dump_failure(module_bytes, name)
+        path = os.path.join(self.dump_dir, f"failed_before_{name}.mlirbc")
+        try:
+            self._write(path, module_bytes)
+        except DumpError as e:  # never hide the pass failure behind a dump failure
+            return f"nowhere ({e})"
+        return path
+
+    def _write(self, path: str, data) -> None:
+        from hlofuse import fileio
+        try:
+            os.makedirs(self.dump_dir, exist_ok=True)
+            fileio.atomic_write(path, data)
+        except OSError as e:
+            raise DumpError(self.dump_dir, path, f"cannot create the directory: "
+                                                 f"{e.strerror or e}") from None
+        except fileio.FileError as e:
+            why = str(e)[len(path) + 2:] if str(e).startswith(f"{path}: ") else str(e)
+            raise DumpError(self.dump_dir, path, why) from None
 
 
 _UNHANDLED_WHY = {

@@ -297,10 +297,14 @@ def _load(path: str):
 def _optimize(cmd: str, fv, loaded):
     from hlofuse import fileio
     _check_pipeline_flags(fv)
+    from hlofuse.api import DumpError
     _stage(f"optimizing {loaded.source}")
-    return fileio.optimize_loaded(loaded, target=fv["target"].value, pipeline=fv["pipeline"].value,
-                                  disable=_disabled(fv), dump_dir=fv["dump-dir"].value,
-                                  shapes=_shapes(fv))
+    try:
+        return fileio.optimize_loaded(loaded, target=fv["target"].value,
+                                      pipeline=fv["pipeline"].value, disable=_disabled(fv),
+                                      dump_dir=fv["dump-dir"].value, shapes=_shapes(fv))
+    except DumpError as e:  # the dump directory's problem, not the input's
+        raise UsageError(f"--dump-dir: {e.path}: {e.why}") from None
 
 
 def _inputs(fv, loaded, specs):
@@ -344,13 +348,13 @@ def cmd_optimize(fv, pos) -> int:
         if not in_place:
             raise UsageError("missing -o OUT (or --in-place to replace the input)")
         out = inp
-    if os.path.exists(out) and fileio.same_file(out, inp) and not in_place:
-        raise UsageError(f"{out}: refusing to overwrite the input file; pass --in-place to "
-                         f"replace it, or -o another file")
+    elif in_place and not fileio.same_file(out, inp):
+        raise UsageError(f"--in-place and -o {out} conflict: --in-place replaces the input {inp}; "
+                         f"pass one or the other")
     if fv["target-version"].value:
         fileio.check_target_version(fv["target-version"].value)
-    if fv["report"].value:
-        _check_report_path(fv["report"].value)
+    _check_outputs([("-o", out), ("--report", fv["report"].value)], inputs=[inp],
+                   in_place=in_place, dump_dir=fv["dump-dir"].value)
     loaded = _load(inp)
     fmt = fv["format"].value or loaded.fmt
     if fmt == "exported" and loaded.exported is None:
@@ -415,15 +419,68 @@ def _verify(fv, loaded, original, data, fmt, out, compare) -> int:
     return EXIT_OK
 
 
-def _check_report_path(path: str) -> None:
+def _check_outputs(outputs, *, inputs=(), in_place: bool = False, dump_dir: str | None = None) -> None:
+    """Validate every output path before any work, so that no output is written when another
+    is bound to fail: each ``(flag, path)`` must be a file in a writable directory, not an input
+    (``-o`` may be with ``in_place``), and not another output; a ``--report`` needs a known
+    extension; ``dump_dir`` must be (or be creatable as) a writable directory. Raises
+    :class:`UsageError` naming the flag and the path."""
     from hlofuse import fileio
-    if os.path.splitext(path)[1].lower() not in fileio.REPORT_FORMATS:
-        raise UsageError(f"--report: {path}: unknown report format; use .json, .md, .html or .txt")
+    seen: list[tuple[str, str]] = []
+    for flag, path in outputs:
+        if path is None:
+            continue
+        if flag == "--report" and os.path.splitext(path)[1].lower() not in fileio.REPORT_FORMATS:
+            raise UsageError(f"--report: {path}: unknown report format; use .json, .md, .html or "
+                             f".txt")
+        if os.path.isdir(path):
+            raise UsageError(f"{flag}: {path}: is a directory")
+        directory = os.path.dirname(os.path.realpath(path))
+        _check_writable_dir(flag, path, directory)
+        for inp in inputs:
+            if fileio.same_file(path, inp) and not (in_place and flag == "-o"):
+                hint = "; pass --in-place to replace it, or -o another file" if flag == "-o" else ""
+                raise UsageError(f"{flag}: {path}: refusing to overwrite the input file{hint}")
+        for other_flag, other in seen:
+            if fileio.same_file(path, other):
+                raise UsageError(f"{flag}: {path}: is the same file as {other_flag} {other}")
+        seen.append((flag, path))
+    if dump_dir is not None:
+        _check_dump_dir(dump_dir, [p for _, p in seen] + list(inputs))
+
+
+def _check_writable_dir(flag: str, path: str, directory: str) -> None:
+    if not os.path.isdir(directory):
+        raise UsageError(f"{flag}: {path}: directory {directory} does not exist")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag}: {path}: directory {directory} is not writable")
+
+
+def _check_dump_dir(dump_dir: str, files) -> None:
+    """--dump-dir: an existing directory, or one whose nearest existing ancestor is a writable
+    directory; none of the command's inputs and outputs may be a dump file name in it."""
+    import re
+    if os.path.exists(dump_dir) and not os.path.isdir(dump_dir):
+        raise UsageError(f"--dump-dir: {dump_dir}: exists and is not a directory")
+    existing = os.path.abspath(dump_dir)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise UsageError(f"--dump-dir: {dump_dir}: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"--dump-dir: {dump_dir}: directory {existing} is not writable")
+    real = os.path.realpath(dump_dir)
+    for f in files:
+        if os.path.dirname(os.path.realpath(f)) == real and \
+                re.fullmatch(r"\d{3}_.+\.mlir|failed_before_.+\.mlirbc", os.path.basename(f)):
+            raise UsageError(f"--dump-dir: {dump_dir}: would overwrite {f} with a dump file")
 
 
 def cmd_run(fv, pos) -> int:
     from hlofuse import fileio
     (path,) = pos
+    _check_outputs([("--outputs", fv["outputs"].value)],
+                   inputs=[path] + ([fv["inputs"].value] if fv["inputs"].value else []))
     loaded = _load(path)
     shapes = _shapes(fv)
     if shapes:
@@ -480,8 +537,7 @@ def cmd_check(fv, pos) -> int:
 def cmd_report(fv, pos) -> int:
     from hlofuse import fileio
     (path,) = pos
-    if fv["report"].value:
-        _check_report_path(fv["report"].value)
+    _check_outputs([("--report", fv["report"].value)], inputs=[path], dump_dir=fv["dump-dir"].value)
     loaded = _load(path)
     res = _optimize("report", fv, loaded)
     print(str(res.report))
@@ -500,6 +556,8 @@ def cmd_export(fv, pos) -> int:
     if fv["args"].value is None:
         raise UsageError("missing --args (argument types, e.g. 'f32[8,128],i32[8]'; '' for none)")
     specs = fileio.parse_arg_specs(fv["args"].value)
+    module_file = spec.rpartition(":")[0]
+    _check_outputs([("-o", out)], inputs=[module_file] if os.path.isfile(module_file) else [])
     fmt = fv["format"].value or fileio.format_for_path(out)
     tv = fv["target-version"].value
     if tv:

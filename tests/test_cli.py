@@ -349,6 +349,66 @@ def test_usage_errors(files, capsys):
     assert not (d / "x.mlir").exists() and not (d / "x").exists()
 
 
+def test_every_output_path_is_checked_before_any_work(files, tmp_path, capsys):
+    """Issue 11 #11: --report was checked after -o had been written, --report equal to -o gave a
+    wrong message, and a bad --dump-dir was blamed on the input file. Every case here fails
+    before anything is written, naming the flag and the path."""
+    shutil.copy(files["paths"]["text"], tmp_path / "m.mlir")
+    np.savez(tmp_path / "in.npz", *inputs())
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "d").mkdir()
+    run = lambda *a: hlofuse_inprocess(capsys, *a, cwd=tmp_path)  # noqa: E731
+    for args, needles in [
+        (("-o", "o.mlir", "--report", "nodir/r.json"), ["--report", "nodir/r.json", "does not exist"]),
+        (("-o", "r.json", "--report", "r.json"), ["--report", "r.json", "same file as -o"]),
+        (("-o", "nodir/o.mlir"), ["-o", "nodir/o.mlir", "does not exist"]),
+        (("-o", "."), ["-o", "is a directory"]),
+        (("-o", "o.mlir", "--dump-dir", "afile"), ["--dump-dir", "afile", "not a directory"]),
+        (("-o", "o.mlir", "--dump-dir", "afile/sub"), ["--dump-dir", "afile/sub", "not a directory"]),
+        (("-o", "d/000_input.mlir", "--dump-dir", "d"), ["--dump-dir", "000_input.mlir"]),
+    ]:
+        p = run("optimize", "m.mlir", *args)
+        line = one_error_line(p, *needles)
+        assert "m.mlir" not in line.replace("o.mlir", ""), line      # not blamed on the input
+    one_error_line(run("report", "m.mlir", "--report", "m.mlir.json", "--dump-dir", "afile"),
+                   "--dump-dir", "afile")
+    one_error_line(run("run", "m.mlir", "--inputs", "in.npz", "--outputs", "in.npz"),
+                   "--outputs", "in.npz", "refusing to overwrite")
+    one_error_line(run("run", "m.mlir", "--outputs", "nodir/out.npz"), "--outputs", "nodir")
+    one_error_line(run("export", "mymodel:model", "--args", "f32[3]", "-o", "nodir/x.exported"),
+                   "-o", "nodir")
+    assert sorted(os.listdir(tmp_path)) == ["afile", "d", "in.npz", "m.mlir"]
+    assert os.listdir(tmp_path / "d") == []
+
+
+def test_in_place_and_another_output_conflict(files, capsys):
+    d = files["dir"]
+    p = hlofuse_inprocess(capsys, "optimize", "model.mlir", "--in-place", "-o", "other.mlir", cwd=d)
+    one_error_line(p, "--in-place", "-o other.mlir")
+    assert not (d / "other.mlir").exists()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_FSIZE")
+def test_a_failing_dump_leaves_no_truncated_file_and_names_the_dump(files, tmp_path):
+    """Issue 11 #11: a dump write that failed half-way (here: a file size limit, as on a full
+    disk) left a truncated dump and was reported as an error of the input file."""
+    text = jax.jit(model).lower(*[jax.ShapeDtypeStruct(s, dt) for s, dt in SHAPES]).as_text()
+    (tmp_path / "m.mlir").write_text(text)                      # no locations: small dumps
+    limit = 8000  # the early dumps are ~2-3 KB, the one after kernelize ~17 KB
+    small_files = (f"import os, resource, sys; resource.setrlimit(resource.RLIMIT_FSIZE, "
+                   f"({limit}, {limit})); os.execv(sys.argv[1], sys.argv[1:])")
+    p = subprocess.run([sys.executable, "-c", small_files, SCRIPT, "optimize", "m.mlir", "-o",
+                        "o.mlir", "--dump-dir", "dumps"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    line = one_error_line(p, "--dump-dir", "dumps/", "File too large")
+    assert "m.mlir" not in line.replace("o.mlir", "")
+    dumps = sorted(os.listdir(tmp_path / "dumps"))
+    assert dumps and all(n.endswith(".mlir") and not n.startswith(".") for n in dumps), dumps
+    for n in dumps:                                             # every dump is whole
+        hir.verify(hir.parse((tmp_path / "dumps" / n).read_text()))
+    assert not (tmp_path / "o.mlir").exists()
+
+
 def test_in_place_replaces_the_input_atomically(files, tmp_path):
     src = tmp_path / "m.mlir"
     shutil.copy(files["paths"]["text"], src)
