@@ -509,6 +509,8 @@ def cmd_check(fv, pos) -> int:
             if x.exported is None:
                 fileio.refine_shapes(x, shapes)
     sa, sb = fileio.input_specs(a), fileio.input_specs(b)
+    if not shapes and (_refine_like(a, sa, b, sb) or _refine_like(b, sb, a, sa)):
+        sa, sb = fileio.input_specs(a), fileio.input_specs(b)
     if [str(s) for s in sa] != [str(s) for s in sb]:
         print(f"{PROG} check: MISMATCH: the inputs differ: {a_path} takes "
               f"({', '.join(map(str, sa))}), {b_path} takes ({', '.join(map(str, sb))})",
@@ -532,6 +534,25 @@ def cmd_check(fv, pos) -> int:
     print(f"{PROG}: OK: {len(got)} output(s) of {b_path} match {a_path} (category {cat}, "
           f"{'given inputs' if fv['inputs'].value else 'random inputs, seed %d' % fv['seed'].value})")
     return EXIT_OK
+
+
+def _refine_like(dyn, dyn_specs, static, static_specs) -> bool:
+    """``check ORIGINAL OPTIMIZED`` after ``optimize --shapes``: refine the dynamic side to the
+    static side's argument types when they are a refinement of its own (same count, element
+    types and static dimensions), as ``--shapes`` did; returns whether it did."""
+    from hlofuse import fileio
+    if dyn.exported is not None or all(s.is_static for s in dyn_specs) or \
+            not all(s.is_static for s in static_specs) or len(dyn_specs) != len(static_specs):
+        return False
+    for d, s in zip(dyn_specs, static_specs):
+        if d.dtype != s.dtype or len(d.shape) != len(s.shape) or any(
+                isinstance(x, int) and x != y for x, y in zip(d.shape, s.shape)):
+            return False
+    _stage(f"refining the shapes of {dyn.source}")
+    fileio.refine_shapes(dyn, static_specs)
+    _note("check", f"refined {dyn.source} to the argument types of {static.source} "
+          f"({', '.join(map(str, static_specs))}), as optimize --shapes does")
+    return True
 
 
 def cmd_report(fv, pos) -> int:

@@ -259,6 +259,45 @@ def test_dynamic_shapes_pass_through_or_refine(tmp_path):
 
 
 
+def test_check_after_optimize_with_shapes_refines_the_original(tmp_path):
+    """Issue 11 #13: ``check`` of the original against ``optimize --shapes``'s output said 'the
+    inputs differ' unless --shapes was passed again. Also: text read from a file keeps the file's
+    name in its locations (it was loc("-":1:17))."""
+    (tmp_path / "dyn.mlir").write_text(DYNAMIC)
+    p = hlofuse("optimize", "dyn.mlir", "-o", "ref.mlir", "--shapes", "f32[3,4]", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    c = hlofuse("check", "dyn.mlir", "ref.mlir", cwd=tmp_path)
+    assert c.returncode == 0, c.stderr
+    assert "OK" in c.stdout and "refined dyn.mlir to the argument types of ref.mlir (f32[3,4])" in c.stderr
+    text = (tmp_path / "ref.mlir").read_text()
+    assert 'loc("dyn.mlir":3:' in text and 'loc("-"' not in text
+
+
+def test_a_bad_shapes_refinement_names_the_real_cause(tmp_path, capsys):
+    """Issue 11 #13: the message stopped at 'Failure while executing pass pipeline:'."""
+    (tmp_path / "dyn.mlir").write_text(DYNAMIC)
+    p = hlofuse_inprocess(capsys, "optimize", "dyn.mlir", "-o", "o.mlir", "--shapes", "f32[3,5]",
+                          cwd=tmp_path)
+    line = one_error_line(p, "dyn.mlir", "f32[3,5]", "invalid refinement",
+                          "tensor<?x4xf32> -> tensor<3x5xf32>", "dyn.mlir:2:")
+    assert "Failure while executing" not in line
+
+
+def test_a_truncated_jax_export_artifact_is_named_so(files, tmp_path, capsys):
+    """Issue 11 #13: a truncated .exported was reported as a text parse error (or as 'not
+    StableHLO'); by its flatbuffer header or its extension it is a damaged jax.export artifact."""
+    blob = files["paths"]["exported"].read_bytes()
+    for name, data in [("a.exported", blob[:30]), ("b.exported", blob[: len(blob) // 3]),
+                       ("c.exported", blob[:-9]), ("d.bin", blob[: len(blob) // 2]),
+                       ("e.mlirbc", blob[:100]), ("f.exported", b"module {\n  func.func @ma")]:
+        (tmp_path / name).write_bytes(data)
+        p = hlofuse_inprocess(capsys, "run", name, cwd=tmp_path)
+        if name.startswith("f"):  # text after all: a text error, named as such
+            one_error_line(p, name, "cannot parse")
+        else:
+            one_error_line(p, name, "truncated or corrupt jax.export artifact")
+
+
 # ---------------------------------------------------------------------------------------------
 # Errors: one line on stderr, exit code 2, no traceback
 # ---------------------------------------------------------------------------------------------
