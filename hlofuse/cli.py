@@ -61,7 +61,7 @@ PAUSE_ENV = "HLOFUSE_CLI_TEST_PAUSE"     # tests: "STAGE-PREFIX=SECONDS[!]" paus
 
 EXIT_OK, EXIT_MISMATCH, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
 # signals that stop a command: forwarded to the worker, exit code 128 + signal number
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
 STOP_GRACE_S = 5.0  # how long the worker gets to stop cleanly before it is killed
 
 
@@ -167,13 +167,24 @@ def _stage(text: str) -> None:
         _test_pause(text, pause.rpartition("=")[2])
 
 
+# set in the worker from (and removed from) its environment, so that nothing it starts inherits
+# them: an `hlofuse` run by a model imported by `hlofuse export` is supervised on its own
+_WORKER = {"child": False, "stage_fd": None, "parent": None}
+
+
+def _become_worker() -> None:
+    _WORKER["child"] = os.environ.pop(CHILD_ENV, None) == "1"
+    fd, parent = os.environ.pop(STAGE_FD_ENV, None), os.environ.pop(PARENT_ENV, None)
+    _WORKER["stage_fd"] = int(fd) if fd and fd.isdigit() else None
+    _WORKER["parent"] = int(parent) if parent and parent.isdigit() else None
+
+
 def _report_to_supervisor(kind: str, text: str) -> None:
-    fd = os.environ.get(STAGE_FD_ENV)
-    if not fd:
+    if _WORKER["stage_fd"] is None:
         return
     try:
-        os.write(int(fd), f"{kind}\t{' '.join(text.split())}\n".encode())
-    except (OSError, ValueError):
+        os.write(_WORKER["stage_fd"], f"{kind}\t{' '.join(text.split())}\n".encode())
+    except OSError:
         pass
 
 
@@ -256,8 +267,7 @@ def _die_with_parent() -> None:
             libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
         except (OSError, AttributeError):
             pass
-    parent = os.environ.get(PARENT_ENV)
-    if parent and parent.isdigit() and os.getppid() != int(parent):
+    if _WORKER["parent"] is not None and os.getppid() != _WORKER["parent"]:
         os._exit(128 + int(signal.SIGKILL))
 
 
@@ -291,7 +301,7 @@ def _load(path: str):
     from hlofuse import fileio
     _stage(f"reading {path}")
     # the supervisor reports a parser abort, so skip the (slower) subprocess probe
-    return fileio.load(path, probe=os.environ.get(CHILD_ENV) != "1")
+    return fileio.load(path, probe=not _WORKER["child"])
 
 
 def _optimize(cmd: str, fv, loaded):
@@ -809,6 +819,7 @@ def _dispatch(argv: list[str]) -> int:
 def _run_command(name: str, cmd: Command, fv, pos, verbose: bool) -> int:
     from hlofuse.ir import IRError
     from hlofuse.pipeline import PassFailure
+    _WRITTEN.clear()
     try:
         return cmd.main(fv, pos) or EXIT_OK
     except KeyboardInterrupt as e:
@@ -1010,7 +1021,8 @@ def run_main(argv: list[str] | None = None) -> int:
         if help_only:
             code = _dispatch(argv)  # help needs no MLIR/XLA work: no child process
         elif os.environ.get(CHILD_ENV) == "1" or os.environ.get(INPROCESS_ENV) == "1":
-            if os.environ.get(CHILD_ENV) == "1":
+            _become_worker()
+            if _WORKER["child"]:
                 _die_with_parent()
             _install_stop_handlers()
             code = _dispatch(argv)

@@ -20,7 +20,11 @@ input is never overwritten unless the caller says so (``in_place``).
 
 Crash safety: corrupt MLIR bytecode can abort the process inside the parser, so binary inputs
 are first parsed in a subprocess (:func:`hlofuse.ir.probe_parse`) unless ``probe=False`` (the
-command line runs its work in a supervised child process and skips the probe).
+command line runs its work in a supervised child process and skips the probe); text nested too
+deeply for the parser's stack is refused (:func:`hlofuse.ir.guard_parse`). Modules with Python
+host callbacks are refused on loading and never executed (they segfault outside the process that
+traced them). A damaged ``jax.export`` artifact is named as one (flatbuffer header or extension),
+not reported as a text parse error.
 """
 
 from __future__ import annotations

@@ -15,6 +15,11 @@ This module is the one place in hlofuse that knows the crash hazards of the bind
 * H7  ``FuncOp.arg_attrs`` needs an active context: helpers here always enter one.
 * H8  cloning across contexts corrupts the destination: :func:`import_funcs` and
       :func:`clone_into` assert both sides share one context.
+* The parser itself: :func:`guard_parse` stands in front of every parse. Corrupt bytecode can
+  abort it (probed in a subprocess first, :func:`probe_parse`), and text nested thousands of
+  levels deep overflows its stack (refused from a cheap scan, :func:`check_text_nesting`).
+* Child interpreters (the probe, :func:`eval_module`) start with ``python -P``
+  (:func:`python_command`): modules in the current directory are never imported.
 (H4, the compilation cache keyed on module identity, does not arise: hlofuse never mutates a
 ``Lowered``; see :mod:`hlofuse.runtime` for the re-injection route.)
 """

@@ -700,6 +700,19 @@ def test_an_interruption_names_what_was_already_written(files, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["m.mlir", "o.mlir"]
 
 
+def test_what_the_worker_starts_is_not_marked_as_a_worker(tmp_path):
+    """The worker's own settings (its supervisor's pid, its stage pipe) must not leak into what
+    it starts: a nested ``hlofuse`` would take itself for an orphaned worker and exit."""
+    (tmp_path / "spy.py").write_text(
+        "import json, os\n"
+        "json.dump(sorted(k for k in os.environ if k.startswith('HLOFUSE_CLI')), open('env.json', 'w'))\n"
+        "def f(x):\n    return x * 2\n")
+    p = subprocess.run([SCRIPT, "export", "spy:f", "--args", "f32[3]", "-o", "f.exported"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert json.loads((tmp_path / "env.json").read_text()) == []
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl")
 def test_the_worker_dies_when_the_supervisor_is_killed(files, tmp_path):
     """SIGKILL cannot be forwarded: the worker's parent-death signal is the backstop."""
