@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Sequence
 
 from jaxlib.mlir import ir
@@ -60,6 +61,44 @@ def count_main_ops(module: ir.Module) -> int:
     return n
 
 
+STABLEHLO_DIALECTS = frozenset({"stablehlo", "chlo"})
+STRUCTURAL_DIALECTS = frozenset({"func", "sdy"})  # around StableHLO in what jax exports
+MHLO_TO_STABLEHLO = ("convert it first with the hlo-legalize-to-stablehlo pass (in Python: "
+                     "jaxlib.mlir.dialects.mhlo.register_mhlo_passes(), then "
+                     "PassManager.parse('builtin.module(hlo-legalize-to-stablehlo)')"
+                     ".run(module.operation))")
+
+
+def module_dialects(module: ir.Module) -> dict[str, list[str]]:
+    """The dialects whose ops the module uses (``builtin`` aside), each with its op names."""
+    found: dict[str, set[str]] = {}
+    for op in hir.all_ops(module):
+        dialect = op.name.split(".", 1)[0]
+        if dialect != "builtin":
+            found.setdefault(dialect, set()).add(op.name)
+    return {d: sorted(ops) for d, ops in sorted(found.items())}
+
+
+def check_dialects(module: ir.Module, *, source: str = "<module>") -> str | None:
+    """What hlofuse does with a module, from the dialects it uses.
+
+    StableHLO (``stablehlo``/``chlo`` ops, with ``func`` and anything else around them, or
+    only ``func`` ops): None, optimize it. MHLO ops: raise :class:`hlofuse.IRError` (hlofuse
+    reads StableHLO; the message says how to convert). Ops of other dialects and no StableHLO
+    op (e.g. only ``func`` and ``arith``): the note to pass it through unchanged with.
+    """
+    found = module_dialects(module)
+    if "mhlo" in found:
+        ops = found["mhlo"]
+        listed = ", ".join(ops[:3]) + (f" and {len(ops) - 3} more" if len(ops) > 3 else "")
+        raise hir.IRError(f"{source}: an MHLO module ({listed}), not StableHLO: hlofuse reads "
+                          f"StableHLO only; {MHLO_TO_STABLEHLO}")
+    if STABLEHLO_DIALECTS & set(found) or not set(found) - STRUCTURAL_DIALECTS:
+        return None
+    return (f"{source}: no StableHLO ops (dialects: {', '.join(found) or 'none'}); passed "
+            f"through unchanged")
+
+
 def optimize(module, *, target: str | None = "cpu", pipeline: str | Sequence[str] | None = None,
              disable: Sequence[str] = (), dump_dir: str | None = None, options: dict | None = None,
              source: str = "<module>", donated_args: Sequence[int] = ()) -> Optimized:
@@ -73,6 +112,10 @@ def optimize(module, *, target: str | None = "cpu", pipeline: str | Sequence[str
       disable: pass names to skip (also ``HLOFUSE_DISABLE_PASSES``).
       dump_dir: write the module after every pass as ``NNN_<pass>.mlir``.
       options: pass options (e.g. ``{'no_kernels': True}``).
+
+    MHLO modules raise :class:`hlofuse.IRError` (convert them to StableHLO first); modules
+    without any StableHLO op (only ``func``, ``arith``, ...) are returned unchanged with a note
+    (see :func:`check_dialects`).
     """
     target = normalize_target(target)
     ctx = hir.new_context()
@@ -80,14 +123,62 @@ def optimize(module, *, target: str | None = "cpu", pipeline: str | Sequence[str
     if mod is module:  # caller's module in our context cannot happen (fresh ctx); be explicit
         mod = hir.clone_module(module)
     hir.main_func(mod, source=source)
+    passthrough = check_dialects(mod, source=source)
     report = Report(target=target, source=source)
     report.ops_before = count_main_ops(mod)
+    if passthrough:
+        report.ops_after = report.ops_before
+        report.note(passthrough)
+        return Optimized(mod, report)
     pctx = PassContext(target=target, report=report, options=dict(options or {}),
                        donated_args=tuple(donated_args), source=source)
-    PassManager(pipeline, disable=disable, dump_dir=dump_dir).run(mod, pctx)
+    _DumpingPassManager(pipeline, disable=disable, dump_dir=dump_dir).run(mod, pctx)
     report.ops_after = count_main_ops(mod)
     note_unhandled(mod, report)
     return Optimized(mod, report)
+
+
+class DumpError(hir.IRError):
+    """A dump file (``dump_dir``) could not be written; ``path`` names it."""
+
+    def __init__(self, dump_dir: str, path: str, why: str):
+        super().__init__(f"dump directory {dump_dir}: {path}: {why}")
+        self.dump_dir, self.path, self.why = dump_dir, path, why
+
+
+class _DumpingPassManager(PassManager):
+    """The pass manager, with its dump files written atomically (a temporary file renamed into
+    place, so a failed write never leaves a truncated dump) and write errors that name the
+    dump file instead of surfacing as an error of the module being optimized."""
+
+    def _dump(self, module: ir.Module, index: int, name: str) -> str | None:
+        if not self.dump_dir:
+            return None
+        path = os.path.join(self.dump_dir, f"{index:03d}_{name}.mlir")
+        self._write(path, hir.to_text(module, debug_info=True))
+        return path
+
+    def _dump_failure(self, module_bytes: bytes, name: str) -> str:
+        if not self.dump_dir:
+            return super()._dump_failure(module_bytes, name)
+        path = os.path.join(self.dump_dir, f"failed_before_{name}.mlirbc")
+        try:
+            self._write(path, module_bytes)
+        except DumpError as e:  # never hide the pass failure behind a dump failure
+            return f"nowhere ({e})"
+        return path
+
+    def _write(self, path: str, data) -> None:
+        from hlofuse import fileio
+        try:
+            os.makedirs(self.dump_dir, exist_ok=True)
+            fileio.atomic_write(path, data)
+        except OSError as e:
+            raise DumpError(self.dump_dir, path, f"cannot create the directory: "
+                                                 f"{e.strerror or e}") from None
+        except fileio.FileError as e:
+            why = str(e)[len(path) + 2:] if str(e).startswith(f"{path}: ") else str(e)
+            raise DumpError(self.dump_dir, path, why) from None
 
 
 _UNHANDLED_WHY = {

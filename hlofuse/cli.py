@@ -10,15 +10,32 @@
     hlofuse report FILE [--target T] [--report FILE.json|.md|.html]
     hlofuse export MODULE:FUNCTION --args 'f32[8,128],i32[8]' -o OUT [--target T]
 
+Inputs are StableHLO (``stablehlo``/``chlo`` ops in ``func.func @main``) in any of four formats
+(text, MLIR bytecode, portable artifact, jax.export artifact; detected by content). MHLO modules
+are refused (convert them with jaxlib's ``hlo-legalize-to-stablehlo`` pass); modules without any
+StableHLO op (e.g. only ``func`` and ``arith``) are passed through unchanged, with a note saying
+so; modules with Python host callbacks (``jax.pure_callback``, ``io_callback``,
+``jax.debug.print``) are refused, since those cannot be serialized or run outside the process
+that traced them.
+
 Flags are absl flags (``absl.flags``), one flag set per subcommand; ``hlofuse CMD --help`` lists
 them. Exit codes: 0 success, 1 ``check``/``--verify`` found a numerical mismatch, 2 any error
 (one line on stderr naming the file, op or argument; ``--verbose`` adds the traceback).
 
 Crash safety: MLIR and XLA can abort the process on corrupt input (a bad bytecode stream, an XLA
-CHECK failure). ``run_main`` therefore runs the subcommand in a child process (``python -m
-hlofuse.cli`` with ``HLOFUSE_CLI_CHILD=1``) and turns a child killed by a signal into the same
-one-line error and exit code 2, naming the stage (file and step) it died in. Set
-``HLOFUSE_CLI_INPROCESS=1`` to run in-process (debugging).
+CHECK failure). ``run_main`` therefore runs the subcommand in a child process (``python -P -m
+hlofuse.cli`` with ``HLOFUSE_CLI_CHILD=1``; ``-P`` so that modules in the current directory are
+never imported) and turns a child killed by a signal into the same one-line error and exit code
+2, naming the stage (file and step) it died in. Set ``HLOFUSE_CLI_INPROCESS=1`` to run
+in-process (debugging).
+
+Stopping: SIGINT (Ctrl-C), SIGTERM and SIGHUP sent to ``hlofuse`` are forwarded to the worker,
+which stops at the next Python step (an output being written is completed first, none is started
+afterwards); a worker stuck in native code is killed after 5 seconds, and a worker whose
+supervisor is killed outright dies with it (Linux parent-death signal). The exit code is 128 +
+the signal number (130 for Ctrl-C, 143 for SIGTERM) with one line such as ``hlofuse optimize:
+interrupted by SIGTERM; no output written``. Stage reports and the worker's stderr travel through
+pipes, so an interruption leaves no temporary file or folder behind.
 """
 
 from __future__ import annotations
@@ -28,7 +45,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 import traceback
 from typing import Callable
@@ -39,9 +55,14 @@ from absl import flags
 PROG = "hlofuse"
 CHILD_ENV = "HLOFUSE_CLI_CHILD"
 INPROCESS_ENV = "HLOFUSE_CLI_INPROCESS"
-STAGE_ENV = "HLOFUSE_CLI_STAGE"
+STAGE_FD_ENV = "HLOFUSE_CLI_STAGE_FD"    # the worker reports its stage through this pipe
+PARENT_ENV = "HLOFUSE_CLI_PARENT"        # the supervisor's pid, for the worker's death signal
+PAUSE_ENV = "HLOFUSE_CLI_TEST_PAUSE"     # tests: "STAGE-PREFIX=SECONDS[!]" pauses the worker
 
 EXIT_OK, EXIT_MISMATCH, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
+# signals that stop a command: forwarded to the worker, exit code 128 + signal number
+STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
+STOP_GRACE_S = 5.0  # how long the worker gets to stop cleanly before it is killed
 
 
 class UsageError(Exception):
@@ -142,14 +163,114 @@ def _define_export(fv):
 
 def _stage(text: str) -> None:
     """Record what the process is doing, so a crash can be reported as 'while <text>'."""
-    path = os.environ.get(STAGE_ENV)
-    if not path:
+    _report_to_supervisor("stage", text)
+    pause = os.environ.get(PAUSE_ENV)
+    if pause and text.startswith(pause.rpartition("=")[0]):
+        _test_pause(text, pause.rpartition("=")[2])
+
+
+# set in the worker from (and removed from) its environment, so that nothing it starts inherits
+# them: an `hlofuse` run by a model imported by `hlofuse export` is supervised on its own
+_WORKER = {"child": False, "stage_fd": None, "parent": None}
+
+
+def _become_worker() -> None:
+    _WORKER["child"] = os.environ.pop(CHILD_ENV, None) == "1"
+    fd, parent = os.environ.pop(STAGE_FD_ENV, None), os.environ.pop(PARENT_ENV, None)
+    _WORKER["stage_fd"] = int(fd) if fd and fd.isdigit() else None
+    _WORKER["parent"] = int(parent) if parent and parent.isdigit() else None
+
+
+def _report_to_supervisor(kind: str, text: str) -> None:
+    if _WORKER["stage_fd"] is None:
         return
     try:
-        with open(path, "w") as fh:
-            fh.write(text)
+        os.write(_WORKER["stage_fd"], f"{kind}\t{' '.join(text.split())}\n".encode())
     except OSError:
         pass
+
+
+def _test_pause(stage: str, spec: str) -> None:
+    """Testing hook (``HLOFUSE_CLI_TEST_PAUSE=writing=60``): stall at a stage so a test can
+    signal a busy worker; a trailing ``!`` blocks the stop signals meanwhile, like native code
+    that does not return to Python."""
+    import time
+    native = spec.endswith("!")
+    print(f"{PROG}: test hook: pausing {spec.rstrip('!')}s at '{stage}'", flush=True)
+    if native:
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    time.sleep(float(spec.rstrip("!")))
+    if native:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+# ---------------------------------------------------------------------------------------------
+# Interruption (worker side): a stop signal raises Interrupted at the next Python bytecode,
+# except while an output is being committed, which always completes first
+# ---------------------------------------------------------------------------------------------
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT, SIGTERM or SIGHUP arrived; ``signum`` says which."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+_WRITTEN: list[str] = []                       # outputs this process has written
+_COMMIT = {"depth": 0, "pending": None}        # inside _commit; a signal that arrived there
+
+
+def _on_stop_signal(signum, frame) -> None:
+    for s in STOP_SIGNALS:  # one interruption is enough: let the cleanup run undisturbed
+        signal.signal(s, signal.SIG_IGN)
+    if _COMMIT["depth"]:
+        _COMMIT["pending"] = signum
+        return
+    raise Interrupted(signum)
+
+
+def _install_stop_handlers() -> None:
+    for s in STOP_SIGNALS:
+        signal.signal(s, _on_stop_signal)
+
+
+def _commit(path: str, write: Callable[[], object]) -> None:
+    """Write one output (``write()``, an atomic write of ``path``) without being interrupted
+    half-way; a stop signal that arrives meanwhile takes effect right after, with ``path``
+    recorded as written."""
+    _stage(f"writing {path}")
+    _COMMIT["depth"] += 1
+    try:
+        write()
+        _WRITTEN.append(path)
+        _report_to_supervisor("wrote", path)
+    finally:
+        _COMMIT["depth"] -= 1
+        pending, _COMMIT["pending"] = _COMMIT["pending"], None
+        if not _COMMIT["depth"] and pending is not None:
+            raise Interrupted(pending)
+
+
+def _interrupted_message(signum: int, written) -> str:
+    name = signal.Signals(signum).name
+    if not written:
+        return f"interrupted by {name}; no output written"
+    return f"interrupted by {name}; already written: {', '.join(written)}"
+
+
+def _die_with_parent() -> None:
+    """Worker: get SIGKILL when the supervisor dies (Linux ``PR_SET_PDEATHSIG``), the backstop
+    for a supervisor killed before it could stop us; exit at once if it is already gone."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if _WORKER["parent"] is not None and os.getppid() != _WORKER["parent"]:
+        os._exit(128 + int(signal.SIGKILL))
 
 
 def _note(cmd: str, msg: str) -> None:
@@ -182,16 +303,20 @@ def _load(path: str):
     from hlofuse import fileio
     _stage(f"reading {path}")
     # the supervisor reports a parser abort, so skip the (slower) subprocess probe
-    return fileio.load(path, probe=os.environ.get(CHILD_ENV) != "1")
+    return fileio.load(path, probe=not _WORKER["child"])
 
 
 def _optimize(cmd: str, fv, loaded):
     from hlofuse import fileio
     _check_pipeline_flags(fv)
+    from hlofuse.api import DumpError
     _stage(f"optimizing {loaded.source}")
-    return fileio.optimize_loaded(loaded, target=fv["target"].value, pipeline=fv["pipeline"].value,
-                                  disable=_disabled(fv), dump_dir=fv["dump-dir"].value,
-                                  shapes=_shapes(fv))
+    try:
+        return fileio.optimize_loaded(loaded, target=fv["target"].value,
+                                      pipeline=fv["pipeline"].value, disable=_disabled(fv),
+                                      dump_dir=fv["dump-dir"].value, shapes=_shapes(fv))
+    except DumpError as e:  # the dump directory's problem, not the input's
+        raise UsageError(f"--dump-dir: {e.path}: {e.why}") from None
 
 
 def _inputs(fv, loaded, specs):
@@ -235,13 +360,13 @@ def cmd_optimize(fv, pos) -> int:
         if not in_place:
             raise UsageError("missing -o OUT (or --in-place to replace the input)")
         out = inp
-    if os.path.exists(out) and fileio.same_file(out, inp) and not in_place:
-        raise UsageError(f"{out}: refusing to overwrite the input file; pass --in-place to "
-                         f"replace it, or -o another file")
+    elif in_place and not fileio.same_file(out, inp):
+        raise UsageError(f"--in-place and -o {out} conflict: --in-place replaces the input {inp}; "
+                         f"pass one or the other")
     if fv["target-version"].value:
         fileio.check_target_version(fv["target-version"].value)
-    if fv["report"].value:
-        _check_report_path(fv["report"].value)
+    _check_outputs([("-o", out), ("--report", fv["report"].value)], inputs=[inp],
+                   in_place=in_place, dump_dir=fv["dump-dir"].value)
     loaded = _load(inp)
     fmt = fv["format"].value or loaded.fmt
     if fmt == "exported" and loaded.exported is None:
@@ -260,14 +385,15 @@ def cmd_optimize(fv, pos) -> int:
         status = _verify(fv, loaded, original, data, fmt, out, compare)
         if status:
             return status
-    _stage(f"writing {out}")
-    fileio.atomic_write(out, data, inputs=[inp], in_place=in_place)
+    _commit(out, lambda: fileio.atomic_write(out, data, inputs=[inp], in_place=in_place))
     if fv["report"].value:
-        fileio.write_report(res.report, fv["report"].value, inputs=[inp, out])
+        rep = fv["report"].value
+        _commit(rep, lambda: fileio.write_report(res.report, rep, inputs=[inp, out]))
     r = res.report
     what = (f"{len(r.kernels)} kernel(s), {len(r.left_to_xla)} region(s) left to XLA, main ops "
             f"{r.ops_before} -> {r.ops_after}" if res.changed else "unchanged")
-    print(f"{PROG}: {inp} -> {out} ({fileio.FORMAT_NAMES[fmt]}, {len(data)} bytes, target "
+    kind = fileio.describe(loaded) if fmt == loaded.fmt else fileio.FORMAT_NAMES[fmt]
+    print(f"{PROG}: {inp} -> {out} ({kind}, {len(data)} bytes, target "
           f"{res.target}): {what}")
     for n in r.notes:
         _note("optimize", n)
@@ -305,15 +431,68 @@ def _verify(fv, loaded, original, data, fmt, out, compare) -> int:
     return EXIT_OK
 
 
-def _check_report_path(path: str) -> None:
+def _check_outputs(outputs, *, inputs=(), in_place: bool = False, dump_dir: str | None = None) -> None:
+    """Validate every output path before any work, so that no output is written when another
+    is bound to fail: each ``(flag, path)`` must be a file in a writable directory, not an input
+    (``-o`` may be with ``in_place``), and not another output; a ``--report`` needs a known
+    extension; ``dump_dir`` must be (or be creatable as) a writable directory. Raises
+    :class:`UsageError` naming the flag and the path."""
     from hlofuse import fileio
-    if os.path.splitext(path)[1].lower() not in fileio.REPORT_FORMATS:
-        raise UsageError(f"--report: {path}: unknown report format; use .json, .md, .html or .txt")
+    seen: list[tuple[str, str]] = []
+    for flag, path in outputs:
+        if path is None:
+            continue
+        if flag == "--report" and os.path.splitext(path)[1].lower() not in fileio.REPORT_FORMATS:
+            raise UsageError(f"--report: {path}: unknown report format; use .json, .md, .html or "
+                             f".txt")
+        if os.path.isdir(path):
+            raise UsageError(f"{flag}: {path}: is a directory")
+        directory = os.path.dirname(os.path.realpath(path))
+        _check_writable_dir(flag, path, directory)
+        for inp in inputs:
+            if fileio.same_file(path, inp) and not (in_place and flag == "-o"):
+                hint = "; pass --in-place to replace it, or -o another file" if flag == "-o" else ""
+                raise UsageError(f"{flag}: {path}: refusing to overwrite the input file{hint}")
+        for other_flag, other in seen:
+            if fileio.same_file(path, other):
+                raise UsageError(f"{flag}: {path}: is the same file as {other_flag} {other}")
+        seen.append((flag, path))
+    if dump_dir is not None:
+        _check_dump_dir(dump_dir, [p for _, p in seen] + list(inputs))
+
+
+def _check_writable_dir(flag: str, path: str, directory: str) -> None:
+    if not os.path.isdir(directory):
+        raise UsageError(f"{flag}: {path}: directory {directory} does not exist")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag}: {path}: directory {directory} is not writable")
+
+
+def _check_dump_dir(dump_dir: str, files) -> None:
+    """--dump-dir: an existing directory, or one whose nearest existing ancestor is a writable
+    directory; none of the command's inputs and outputs may be a dump file name in it."""
+    import re
+    if os.path.exists(dump_dir) and not os.path.isdir(dump_dir):
+        raise UsageError(f"--dump-dir: {dump_dir}: exists and is not a directory")
+    existing = os.path.abspath(dump_dir)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise UsageError(f"--dump-dir: {dump_dir}: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"--dump-dir: {dump_dir}: directory {existing} is not writable")
+    real = os.path.realpath(dump_dir)
+    for f in files:
+        if os.path.dirname(os.path.realpath(f)) == real and \
+                re.fullmatch(r"\d{3}_.+\.mlir|failed_before_.+\.mlirbc", os.path.basename(f)):
+            raise UsageError(f"--dump-dir: {dump_dir}: would overwrite {f} with a dump file")
 
 
 def cmd_run(fv, pos) -> int:
     from hlofuse import fileio
     (path,) = pos
+    _check_outputs([("--outputs", fv["outputs"].value)],
+                   inputs=[path] + ([fv["inputs"].value] if fv["inputs"].value else []))
     loaded = _load(path)
     shapes = _shapes(fv)
     if shapes:
@@ -322,12 +501,12 @@ def cmd_run(fv, pos) -> int:
     inputs = _inputs(fv, loaded, fileio.input_specs(loaded))
     _stage(f"running {path} with XLA")
     outs = fileio.execute(loaded, inputs)
-    print(f"{PROG}: ran {path} ({fileio.FORMAT_NAMES[loaded.fmt]}) on {len(inputs)} "
+    print(f"{PROG}: ran {path} ({fileio.describe(loaded)}) on {len(inputs)} "
           f"{'given' if fv['inputs'].value else 'random (seed %d)' % fv['seed'].value} input(s):")
     print("\n".join(_describe(outs)))
     if fv["outputs"].value:
-        _stage(f"writing {fv['outputs'].value}")
-        fileio.save_outputs(fv["outputs"].value, outs, inputs=[path] + ([fv["inputs"].value] if fv["inputs"].value else []))
+        dst, given = fv["outputs"].value, [path] + ([fv["inputs"].value] if fv["inputs"].value else [])
+        _commit(dst, lambda: fileio.save_outputs(dst, outs, inputs=given))
     return EXIT_OK
 
 
@@ -345,6 +524,8 @@ def cmd_check(fv, pos) -> int:
             if x.exported is None:
                 fileio.refine_shapes(x, shapes)
     sa, sb = fileio.input_specs(a), fileio.input_specs(b)
+    if not shapes and (_refine_like(a, sa, b, sb) or _refine_like(b, sb, a, sa)):
+        sa, sb = fileio.input_specs(a), fileio.input_specs(b)
     if [str(s) for s in sa] != [str(s) for s in sb]:
         print(f"{PROG} check: MISMATCH: the inputs differ: {a_path} takes "
               f"({', '.join(map(str, sa))}), {b_path} takes ({', '.join(map(str, sb))})",
@@ -370,17 +551,35 @@ def cmd_check(fv, pos) -> int:
     return EXIT_OK
 
 
+def _refine_like(dyn, dyn_specs, static, static_specs) -> bool:
+    """``check ORIGINAL OPTIMIZED`` after ``optimize --shapes``: refine the dynamic side to the
+    static side's argument types when they are a refinement of its own (same count, element
+    types and static dimensions), as ``--shapes`` did; returns whether it did."""
+    from hlofuse import fileio
+    if dyn.exported is not None or all(s.is_static for s in dyn_specs) or \
+            not all(s.is_static for s in static_specs) or len(dyn_specs) != len(static_specs):
+        return False
+    for d, s in zip(dyn_specs, static_specs):
+        if d.dtype != s.dtype or len(d.shape) != len(s.shape) or any(
+                isinstance(x, int) and x != y for x, y in zip(d.shape, s.shape)):
+            return False
+    _stage(f"refining the shapes of {dyn.source}")
+    fileio.refine_shapes(dyn, static_specs)
+    _note("check", f"refined {dyn.source} to the argument types of {static.source} "
+          f"({', '.join(map(str, static_specs))}), as optimize --shapes does")
+    return True
+
+
 def cmd_report(fv, pos) -> int:
     from hlofuse import fileio
     (path,) = pos
-    if fv["report"].value:
-        _check_report_path(fv["report"].value)
+    _check_outputs([("--report", fv["report"].value)], inputs=[path], dump_dir=fv["dump-dir"].value)
     loaded = _load(path)
     res = _optimize("report", fv, loaded)
     print(str(res.report))
     if fv["report"].value:
-        _stage(f"writing {fv['report'].value}")
-        fileio.write_report(res.report, fv["report"].value, inputs=[path])
+        rep = fv["report"].value
+        _commit(rep, lambda: fileio.write_report(res.report, rep, inputs=[path]))
     return EXIT_OK
 
 
@@ -393,6 +592,8 @@ def cmd_export(fv, pos) -> int:
     if fv["args"].value is None:
         raise UsageError("missing --args (argument types, e.g. 'f32[8,128],i32[8]'; '' for none)")
     specs = fileio.parse_arg_specs(fv["args"].value)
+    module_file = spec.rpartition(":")[0]
+    _check_outputs([("-o", out)], inputs=[module_file] if os.path.isfile(module_file) else [])
     fmt = fv["format"].value or fileio.format_for_path(out)
     tv = fv["target-version"].value
     if tv:
@@ -416,13 +617,13 @@ def cmd_export(fv, pos) -> int:
     except Exception as e:
         raise fileio.FileError(f"{spec}: jax.export failed for ({', '.join(map(str, specs))}): "
                                f"{fileio._first_line(e)}") from None
-    _stage(f"writing {out}")
+    _stage(f"serializing {out}")
     if fmt == "exported" and not tv:
         data = bytes(exp.serialize())
     else:
         loaded = fileio.load_bytes(bytes(exp.serialize()), source=spec, probe=False)
         data = fileio.serialize(loaded.module, fmt, target_version=tv, exported=exp, source=out)
-    fileio.atomic_write(out, data)
+    _commit(out, lambda: fileio.atomic_write(out, data))
     print(f"{PROG}: exported {spec}({', '.join(map(str, specs))}) for {platform} -> {out} "
           f"({fileio.FORMAT_NAMES[fmt]}, {len(data)} bytes)")
     return EXIT_OK
@@ -480,7 +681,8 @@ COMMANDS: dict[str, Command] = {
         "Optimize IN for a target and write OUT (same format as IN unless --format). Formats are\n"
         "detected by content. Portable artifacts are written at --target-version; a jax.export\n"
         "artifact keeps its calling convention and loads back with jax.export.deserialize.\n"
-        "Modules whose main has dynamic shapes are refined with --shapes or written unchanged.\n"
+        "Modules whose main has dynamic shapes are refined with --shapes or written unchanged;\n"
+        "so are modules without StableHLO ops (e.g. func + arith). MHLO is refused.\n"
         "OUT is written atomically; IN is never overwritten unless --in-place.",
         _define_optimize, cmd_optimize, 1),
     "run": Command(
@@ -622,11 +824,13 @@ def _dispatch(argv: list[str]) -> int:
 def _run_command(name: str, cmd: Command, fv, pos, verbose: bool) -> int:
     from hlofuse.ir import IRError
     from hlofuse.pipeline import PassFailure
+    _WRITTEN.clear()
     try:
         return cmd.main(fv, pos) or EXIT_OK
-    except KeyboardInterrupt:
-        _error(name, "interrupted (no output written)")
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as e:
+        signum = getattr(e, "signum", signal.SIGINT)
+        print(f"{PROG} {name}: {_interrupted_message(signum, _WRITTEN)}", file=sys.stderr)
+        return 128 + int(signum)
     except (UsageError, IRError, PassFailure) as e:
         if verbose:
             traceback.print_exc()
@@ -646,45 +850,124 @@ def _run_command(name: str, cmd: Command, fv, pos, verbose: bool) -> int:
 # Supervisor: run the command in a child process and report crashes as errors
 # ---------------------------------------------------------------------------------------------
 
+class _Worker:
+    """The worker process and the supervisor's side of its pipes and of stop signals.
+
+    Stop signals (SIGINT, SIGTERM, SIGHUP) that reach the supervisor are forwarded to the worker
+    once; if it has not exited ``STOP_GRACE_S`` later (stuck in native code), or on a second
+    signal, it is killed. Stage reports and stderr come through pipes, so no temporary file or
+    folder exists that an interruption could leave behind.
+    """
+
+    def __init__(self, argv: list[str], env: dict):
+        import threading
+        self.signum: int | None = None
+        self.stages: list[tuple[str, str]] = []
+        self.stderr = b""
+        self._saved = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
+        stage_r, stage_w = os.pipe()
+        try:
+            self.proc = subprocess.Popen(argv, stderr=subprocess.PIPE, pass_fds=(stage_w,),
+                                         env=dict(env, **{STAGE_FD_ENV: str(stage_w),
+                                                          PARENT_ENV: str(os.getpid())}))
+        except BaseException:
+            os.close(stage_r)
+            self._restore()
+            raise
+        finally:
+            os.close(stage_w)
+        self._readers = [threading.Thread(target=self._read_stages, args=(stage_r,), daemon=True),
+                         threading.Thread(target=self._read_stderr, daemon=True)]
+        for t in self._readers:
+            t.start()
+        if self.signum is not None:  # arrived while starting it
+            self._send(self.signum)
+
+    def _on_signal(self, signum, frame) -> None:
+        import threading
+        if self.signum is not None:  # a second stop signal: do not wait any longer
+            self._send(signal.SIGKILL)
+            return
+        self.signum = signum
+        if getattr(self, "proc", None) is not None:
+            self._send(signum)
+        timer = threading.Timer(STOP_GRACE_S, self._send, args=(signal.SIGKILL,))
+        timer.daemon = True
+        timer.start()
+
+    def _send(self, signum) -> None:
+        proc = getattr(self, "proc", None)
+        if proc is not None and proc.returncode is None:
+            try:
+                proc.send_signal(signum)
+            except OSError:
+                pass
+
+    def _read_stages(self, fd: int) -> None:
+        with os.fdopen(fd, "rb") as fh:
+            for line in fh:
+                kind, _, text = line.decode("utf-8", "replace").rstrip("\n").partition("\t")
+                self.stages.append((kind, text))
+
+    def _read_stderr(self) -> None:
+        self.stderr = self.proc.stderr.read()
+
+    def wait(self) -> int:
+        """Wait for the worker (killing it if the supervisor itself fails) and its pipes."""
+        try:
+            rc = self.proc.wait()
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            for t in self._readers:
+                t.join(timeout=10)
+            self.proc.stderr.close()
+            self._restore()
+        return rc
+
+    def _restore(self) -> None:
+        for s, h in self._saved.items():
+            signal.signal(s, h)
+
+    @property
+    def stage(self) -> str:
+        return next((t for k, t in reversed(self.stages) if k == "stage"), "")
+
+    @property
+    def written(self) -> list[str]:
+        return [t for k, t in self.stages if k == "wrote"]
+
+
 def _supervise(argv: list[str]) -> int:
     cmd = argv[1] if len(argv) > 1 and argv[1] in COMMANDS else None
     verbose = "--verbose" in argv[1:]
-    with tempfile.TemporaryDirectory(prefix="hlofuse-cli-") as d:
-        stage_path = os.path.join(d, "stage")
-        err_path = os.path.join(d, "stderr")
-        env = dict(os.environ, **{CHILD_ENV: "1", STAGE_ENV: stage_path})
-        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-        with open(err_path, "wb") as err:
-            proc = subprocess.Popen([sys.executable, "-m", "hlofuse.cli", *argv[1:]],
-                                    stderr=err, env=env)
-            rc = None
-            interrupted = False
-            while rc is None:
-                try:
-                    rc = proc.wait()
-                except KeyboardInterrupt:  # the child got SIGINT too; let it clean up
-                    interrupted = True
-        with open(err_path, "rb") as fh:
-            child_err = fh.read().decode("utf-8", "replace")
-        if rc >= 0:
-            sys.stderr.write(child_err if rc == 0 or verbose else _own_lines(child_err))
-            sys.stderr.flush()
-            return EXIT_INTERRUPTED if interrupted and rc == 0 else rc
-        try:
-            with open(stage_path) as fh:
-                stage = fh.read().strip()
-        except OSError:
-            stage = ""
+    env = dict(os.environ, **{CHILD_ENV: "1"})
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    child_argv, env = _child_command(env)
+    worker = _Worker(child_argv + argv[1:], env)
+    rc = worker.wait()
+    child_err = worker.stderr.decode("utf-8", "replace")
+    prefix = f"{PROG} {cmd}" if cmd else PROG
+    handled = rc in [128 + int(s) for s in STOP_SIGNALS]  # the worker reported its interruption
+    if rc >= 0 and (worker.signum is None or handled):
+        sys.stderr.write(child_err if rc == 0 or verbose else _own_lines(child_err))
+        sys.stderr.flush()
+        return rc
+    if verbose:
+        sys.stderr.write(child_err)
+    signum = worker.signum or (-rc if -rc in [int(s) for s in STOP_SIGNALS] else None)
+    if signum is not None:  # stopped: killed after the grace period, or finished regardless
+        if rc >= 0:  # it finished before the signal took effect
+            sys.stderr.write(child_err if rc == 0 else _own_lines(child_err))
+        print(f"{prefix}: {_interrupted_message(signum, worker.written)}", file=sys.stderr)
+        return 128 + int(signum)
     sig = -rc
     try:
         signame = signal.Signals(sig).name
     except ValueError:
         signame = f"signal {sig}"
-    if verbose:
-        sys.stderr.write(child_err)
-    if sig == signal.SIGINT or interrupted:
-        _error(cmd, "interrupted (no output written)")
-        return EXIT_INTERRUPTED
+    stage = worker.stage
     detail = _crash_detail(child_err)
     if stage.startswith("reading "):
         what = (f"{stage[8:]}: corrupt input: the MLIR parser aborted the process while reading "
@@ -696,6 +979,22 @@ def _supervise(argv: list[str]) -> int:
     _error(cmd, what + (f": {detail}" if detail else "")
            + ("" if verbose else " (--verbose for the native diagnostics)"))
     return EXIT_ERROR
+
+
+def _child_command(env: dict) -> tuple[list[str], dict]:
+    """argv prefix and environment of the worker: ``python -P -m hlofuse.cli``.
+
+    ``-P`` keeps the current directory off the child's ``sys.path``: a file named ``absl.py`` or
+    ``ml_dtypes.py`` in the user's working directory is never executed (``hlofuse.ir.
+    python_command`` does the same for the parser probe and the reference interpreter; this copy
+    avoids importing jax into the supervisor). When the supervisor itself found hlofuse in the
+    current directory (a source checkout run in place), that directory is passed explicitly.
+    """
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    first = sys.path[0] if sys.path else None
+    if first is not None and os.path.realpath(first or os.curdir) == os.path.realpath(root):
+        env = dict(env, PYTHONPATH=os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p))
+    return [sys.executable, "-P", "-m", "hlofuse.cli"], env
 
 
 def _own_lines(err: str) -> str:
@@ -724,11 +1023,21 @@ def run_main(argv: list[str] | None = None) -> int:
     help_only = len(argv) < 2 or argv[1] in ("-h", "--help", "-help", "help", "--version") or \
         _wants_help(argv[2:])
     try:
-        if help_only or os.environ.get(CHILD_ENV) == "1" or os.environ.get(INPROCESS_ENV) == "1":
+        if help_only:
             code = _dispatch(argv)  # help needs no MLIR/XLA work: no child process
+        elif os.environ.get(CHILD_ENV) == "1" or os.environ.get(INPROCESS_ENV) == "1":
+            _become_worker()
+            if _WORKER["child"]:
+                _die_with_parent()
+            _install_stop_handlers()
+            code = _dispatch(argv)
         else:
             code = _supervise(argv)
         sys.stdout.flush()
+    except KeyboardInterrupt as e:  # outside a command (starting, parsing flags)
+        signum = getattr(e, "signum", signal.SIGINT)
+        print(f"{PROG}: {_interrupted_message(signum, _WRITTEN)}", file=sys.stderr)
+        code = 128 + int(signum)
     except BrokenPipeError:  # `hlofuse ... | head`: the reader left; not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         code = EXIT_OK

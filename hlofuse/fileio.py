@@ -20,7 +20,11 @@ input is never overwritten unless the caller says so (``in_place``).
 
 Crash safety: corrupt MLIR bytecode can abort the process inside the parser, so binary inputs
 are first parsed in a subprocess (:func:`hlofuse.ir.probe_parse`) unless ``probe=False`` (the
-command line runs its work in a supervised child process and skips the probe).
+command line runs its work in a supervised child process and skips the probe); text nested too
+deeply for the parser's stack is refused (:func:`hlofuse.ir.guard_parse`). Modules with Python
+host callbacks are refused on loading and never executed (they segfault outside the process that
+traced them). A damaged ``jax.export`` artifact is named as one (flatbuffer header or extension),
+not reported as a text parse error.
 """
 
 from __future__ import annotations
@@ -109,20 +113,29 @@ def portable_version(data: bytes) -> str | None:
 
 
 def load(path: str, *, probe: bool = True) -> Loaded:
-    """Read and parse a StableHLO file of any format (see module docstring)."""
-    return load_bytes(read_file(path), source=path, probe=probe)
+    """Read and parse a StableHLO file of any format (see module docstring). Text keeps the
+    file's name in its source locations (``loc("model.mlir":3:7)``)."""
+    return load_bytes(read_file(path), source=path, probe=probe, path=path)
 
 
-def load_bytes(data: bytes, *, source: str = "<input>", probe: bool = True) -> Loaded:
+def load_bytes(data: bytes, *, source: str = "<input>", probe: bool = True,
+               path: str | None = None) -> Loaded:
     """Parse serialized StableHLO (text, bytecode, portable artifact or jax.export artifact).
 
     Args:
       data: the serialized module.
       source: name used in error messages.
       probe: parse binary formats in a subprocess first (corrupt bytecode can abort the parser).
+      path: the file ``data`` was read from; text is then parsed from it, so that source
+        locations name the file instead of ``"-"``.
     """
     data = bytes(data)
     fmt = hir.detect_format(data)
+    ext = os.path.splitext(source)[1].lower()
+    if fmt in ("text", "unknown") and (_flatbuffer_header(data) or (
+            ext in (".exported", ".jax", ".jaxexport") and not _looks_like_text(data))):
+        raise FileError(f"{source}: truncated or corrupt jax.export artifact ({len(data)} bytes): "
+                        f"{_exported_error(data)}")
     if fmt == "unknown":
         raise FileError(f"{source}: not StableHLO: neither MLIR text, MLIR bytecode, a StableHLO "
                         f"portable artifact nor a jax.export artifact")
@@ -140,7 +153,11 @@ def load_bytes(data: bytes, *, source: str = "<input>", probe: bool = True) -> L
     try:
         # portable-artifact deserialization prints its diagnostics to the native stderr only
         with _native_stderr(enabled=portable) as native:
-            module = hir.parse(payload, ctx, source=source, probe=probe)
+            module = None
+            if path is not None and fmt == "text":
+                module = _parse_text_file(path, payload, ctx, source)
+            if module is None:
+                module = hir.parse(payload, ctx, source=source, probe=probe)
     except hir.IRError as e:
         msg = _clean_diagnostics(str(e), source)
         detail = [l.split("error:", 1)[1].strip() for l in native.lines if "error:" in l]
@@ -148,8 +165,64 @@ def load_bytes(data: bytes, *, source: str = "<input>", probe: bool = True) -> L
             msg += f" ({detail[0]})"
         raise FileError(msg) from None
     hir.main_func(module, source=source)
+    hir.check_no_host_callbacks(module, source=source)
     version = portable_version(payload) if hir.detect_format(payload) == "portable" else None
     return Loaded(module, fmt, source, exported, data, version)
+
+
+def _parse_text_file(path: str, data: bytes, ctx: ir.Context, source: str) -> ir.Module | None:
+    """Parse the text file ``path`` (whose contents are ``data``) with ``ir.Module.parseFile``,
+    so locations name the file; None when that fails (:func:`hlofuse.ir.parse` then produces the
+    error message) or yields VHLO."""
+    hir.guard_parse(data, "text", source=source)  # the parser's crash guard, as in hir.parse
+    try:
+        with ctx:
+            module = ir.Module.parseFile(path)
+    except Exception:
+        return None
+    if any(op.operation.name.startswith("vhlo.") for op in module.body.operations):
+        return None
+    return module
+
+
+def describe(loaded: Loaded) -> str:
+    """What a loaded file is, for messages: its format, and its dialects unless StableHLO."""
+    from hlofuse.api import STABLEHLO_DIALECTS, STRUCTURAL_DIALECTS, module_dialects
+    name = FORMAT_NAMES[loaded.fmt]
+    found = module_dialects(loaded.module)
+    if "mhlo" in found:
+        return name.replace("StableHLO", "MHLO") if "StableHLO" in name else f"{name} (MHLO)"
+    if STABLEHLO_DIALECTS & set(found) or not set(found) - STRUCTURAL_DIALECTS:
+        return name
+    what = f"{', '.join(found) or 'no'} ops, no StableHLO"
+    return f"MLIR text ({what})" if loaded.fmt == "text" else f"{name} ({what})"
+
+
+def _looks_like_text(data: bytes) -> bool:
+    """MLIR assembly: no NUL bytes, starts like a module, an op, an alias or a comment."""
+    head = data[:4096]
+    return b"\x00" not in head and head.lstrip().startswith(
+        (b"module", b"func.func", b"#", b"!", b"//", b"\"", b"{-#"))
+
+
+def _flatbuffer_header(data: bytes) -> bool:
+    """Whether ``data`` starts like a flatbuffer (what ``Exported.serialize()`` writes and no
+    MLIR text or bytecode does): a small, aligned little-endian root offset, then a vtable of
+    little-endian 16-bit offsets."""
+    import struct
+    if len(data) < 8 or data.startswith(hir.MAGIC_BYTECODE):
+        return False
+    root, vtable_size = struct.unpack_from("<IH", data, 0)
+    return root % 4 == 0 and 8 <= root <= 4096 and vtable_size % 2 == 0 and 4 <= vtable_size < 256
+
+
+def _exported_error(data: bytes) -> str:
+    from jax import export as jexport
+    try:
+        jexport.deserialize(bytearray(data))
+    except Exception as e:
+        return _first_line(e)[:200]
+    return "it does not deserialize"
 
 
 def format_for_path(path: str, default: str = "exported") -> str:
@@ -453,14 +526,15 @@ def refine_shapes(loaded: Loaded, specs: Sequence[ArgSpec]) -> None:
             raise FileError(f"--shapes: argument {i} of {src} has element type {info}, not {s.dtype}")
     opt = ",".join(s.mlir_type() for s in specs)
     try:
-        hir.run_upstream_passes(loaded.module,
-                                f"builtin.module(stablehlo-refine-arguments{{types={opt}}})")
-        refined = jem.refine_polymorphic_shapes(hir.to_bytecode(loaded.module),
-                                                enable_shape_assertions=True,
-                                                validate_static_shapes=True)
+        with _native_stderr() as native:  # jax's refinement prints its diagnostics natively
+            hir.run_upstream_passes(loaded.module,
+                                    f"builtin.module(stablehlo-refine-arguments{{types={opt}}})")
+            refined = jem.refine_polymorphic_shapes(hir.to_bytecode(loaded.module),
+                                                    enable_shape_assertions=True,
+                                                    validate_static_shapes=True)
     except Exception as e:
         raise FileError(f"{src}: cannot refine shapes to {', '.join(map(str, specs))}: "
-                        f"{_first_line(e)}") from None
+                        f"{_mlir_cause(e, native.lines, src)}") from None
     # produced by jax's serializer from our own module: no subprocess probe needed
     loaded.module = hir.parse(bytes(refined), loaded.module.context, source=src, probe=False)
 
@@ -503,13 +577,18 @@ def optimize_loaded(loaded: Loaded, *, target: str | None = None, pipeline=None,
                     shapes: Sequence[ArgSpec] | None = None) -> OptimizeResult:
     """Optimize a loaded file with :func:`hlofuse.optimize`, or pass it through with a note.
 
-    Passed through unchanged (``changed=False``): jax.export artifacts for several platforms
+    Passed through unchanged (``changed=False``): modules without StableHLO ops (MHLO raises,
+    see :func:`hlofuse.api.check_dialects`), jax.export artifacts for several platforms
     (kernels are per platform) and modules whose ``main`` has dynamic shapes that ``shapes``
     does not refine. The optimized ``main`` of an exported artifact must keep its signature.
     """
     import hlofuse
+    from hlofuse.api import check_dialects
     target = resolve_target(loaded, target)
     src = loaded.source
+    foreign = check_dialects(loaded.module, source=src)  # raises for MHLO
+    if foreign:
+        return _passthrough(loaded, target, foreign)
     if len(loaded.platforms) > 1:
         return _passthrough(loaded, target, f"{src} was exported for platforms "
                             f"{', '.join(loaded.platforms)}; hlofuse optimizes single-platform "
@@ -605,6 +684,7 @@ def execute(loaded: Loaded, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
     """
     import jax
     src = loaded.source
+    hir.check_no_host_callbacks(loaded.module, source=src)  # they would segfault (H6)
     specs = input_specs(loaded)
     inputs = [np.asarray(a) for a in inputs]
     check_inputs(specs, inputs, src)
@@ -623,7 +703,6 @@ def execute(loaded: Loaded, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
             raise FileError(f"{src}: running the jax.export artifact failed: {_first_line(e)}") from None
     import jax.extend.backend as jeb
     module = loaded.module
-    hir.check_no_host_callbacks(module, source=src)
     backend = jeb.get_backend()
     devices = backend.local_devices()[:1]
     try:
@@ -720,6 +799,25 @@ def _clean_diagnostics(msg: str, source: str) -> str:
     msg = msg.replace('"-":', f"{source}:")
     msg = re.sub(r"\s*\|\s*note: [^|]*Available dialects[^|]*", "", msg)
     return msg.replace("Unable to parse module assembly: | error: ", "")
+
+
+def _mlir_cause(e: BaseException, native_lines: Sequence[str], source: str) -> str:
+    """The real cause of a failed MLIR pass pipeline: its first error diagnostic (carried by
+    ``MLIRError``, or printed to the native stderr), not the generic 'Failure while executing
+    pass pipeline:' headline; with its location when it has one."""
+    for d in getattr(e, "error_diagnostics", None) or ():
+        loc = str(d.location)
+        where = "" if loc in ("loc(unknown)", 'loc("-":0:0)') else \
+            f" (at {loc[4:-1].replace(chr(34) + '-' + chr(34), source).replace(chr(34), '')})"
+        return f"{d.message}{where}"[:400]
+    for line in native_lines:
+        if "error:" in line:
+            return _clean_diagnostics(line.split("error:", 1)[1].strip(), source)[:400]
+    lines = [l.strip() for l in str(e).strip().splitlines() if l.strip()]
+    for line in lines:
+        if line.startswith("error:"):
+            return _clean_diagnostics(line[6:].strip(), source)[:400]
+    return _first_line(e)
 
 
 def _first_line(e: BaseException) -> str:

@@ -15,6 +15,11 @@ This module is the one place in hlofuse that knows the crash hazards of the bind
 * H7  ``FuncOp.arg_attrs`` needs an active context: helpers here always enter one.
 * H8  cloning across contexts corrupts the destination: :func:`import_funcs` and
       :func:`clone_into` assert both sides share one context.
+* The parser itself: :func:`guard_parse` stands in front of every parse. Corrupt bytecode can
+  abort it (probed in a subprocess first, :func:`probe_parse`), and text nested thousands of
+  levels deep overflows its stack (refused from a cheap scan, :func:`check_text_nesting`).
+* Child interpreters (the probe, :func:`eval_module`) start with ``python -P``
+  (:func:`python_command`): modules in the current directory are never imported.
 (H4, the compilation cache keyed on module identity, does not arise: hlofuse never mutates a
 ``Lowered``; see :mod:`hlofuse.runtime` for the re-injection route.)
 """
@@ -25,6 +30,7 @@ import dataclasses
 import io
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -128,9 +134,10 @@ def parse(data, ctx: ir.Context | None = None, *, source: str = "<input>",
 
     An ``ir.Module`` from another context (for instance JAX's own) is re-parsed from its text
     (never cloned across contexts, H8). Raises :class:`IRError` naming ``source`` on failure.
-    Corrupt MLIR bytecode can abort the process inside the parser, so binary input this process
-    did not produce itself is first parsed in a subprocess (:func:`probe_parse`, once per
-    payload); ``probe=False`` skips that for input known to be sound.
+    Input that would crash the parser is refused first (:func:`guard_parse`): text nested too
+    deeply, and binary input this process did not produce itself, which is first parsed in a
+    subprocess (:func:`probe_parse`, once per payload); ``probe=False`` skips the subprocess for
+    input known to be sound.
     """
     ctx = ctx or new_context()
     if isinstance(data, ir.Module):
@@ -138,14 +145,7 @@ def parse(data, ctx: ir.Context | None = None, *, source: str = "<input>",
             return data
         data = data.operation.get_asm(enable_debug_info=True)
     fmt = detect_format(data)
-    if probe and fmt in ("bytecode", "portable") and _digest(data) not in _SAFE_BINARY:
-        if _digest(data) in _BAD_BINARY:
-            raise IRError(f"{source}: {_BAD_BINARY[_digest(data)]}")
-        try:
-            probe_parse(bytes(data), source=source)
-        except IRError as e:
-            _BAD_BINARY[_digest(data)] = str(e).split(": ", 1)[-1]
-            raise
+    guard_parse(data, fmt, source=source, probe=probe)
     try:
         if fmt == "portable":
             return stablehlo.deserialize_portable_artifact(ctx, bytes(data))
@@ -410,24 +410,46 @@ def verify(module: ir.Module) -> None:
 # Guards for things that crash the process
 # ---------------------------------------------------------------------------------------------
 
+# custom_call targets of Python host callbacks (jax.pure_callback, io_callback, debug.print,
+# buffer_callback): their backend_config holds an index into (or a pointer to) the callbacks of
+# the process that traced them, so outside that process they segfault (H6)
 HOST_CALLBACK_TARGETS = ("xla_ffi_python_cpu_callback", "xla_ffi_python_gpu_callback",
-                         "xla_python_cpu_callback", "xla_python_gpu_callback")
+                         "xla_ffi_partitioned_python_cpu_callback",
+                         "xla_ffi_partitioned_python_gpu_callback",
+                         "xla_python_cpu_callback", "xla_python_gpu_callback",
+                         "xla_buffer_python_cpu_callback", "xla_buffer_python_gpu_callback")
+
+
+def is_host_callback(target: str) -> bool:
+    return target in HOST_CALLBACK_TARGETS or (
+        target.startswith("xla_") and "python" in target and target.endswith("_callback"))
 
 
 def custom_call_targets(module: ir.Module) -> list[str]:
+    return [t for t, _ in _custom_calls(module)]
+
+
+def _custom_calls(module: ir.Module) -> list[tuple[str, object]]:
     out = []
     for op in all_ops(module):
-        if op.name == "stablehlo.custom_call":
-            out.append(ir.StringAttr(op.attributes["call_target_name"]).value)
+        if op.name in ("stablehlo.custom_call", "mhlo.custom_call"):
+            out.append((ir.StringAttr(op.attributes["call_target_name"]).value, op))
     return out
 
 
 def check_no_host_callbacks(module: ir.Module, *, source: str = "<input>") -> None:
-    """Raise instead of compiling a module with Python host callbacks we cannot supply (H6)."""
-    bad = [t for t in custom_call_targets(module) if t in HOST_CALLBACK_TARGETS]
+    """Raise instead of compiling, running or shipping a module with Python host callbacks (H6):
+    they point into the Python process that traced them (a segfault anywhere else)."""
+    bad = [(t, op) for t, op in _custom_calls(module) if is_host_callback(t)]
     if bad:
-        raise IRError(f"{source}: module calls Python host callbacks ({bad[0]}); these need the "
-                      f"original Python process and cannot be compiled from the file alone")
+        target, op = bad[0]
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        where = op_location(op)
+        at = f" at {where}" if where not in ("-", "unknown") else ""
+        raise IRError(f"{source}: {op.name} @{target}{at}{more} is a Python "
+                      f"host callback (jax.pure_callback, io_callback or jax.debug.print); host "
+                      f"callbacks call into the process that traced them and cannot be "
+                      f"serialized or run offline: remove them before exporting")
 
 
 def eval_module(module_text: str, inputs: Sequence[np.ndarray], *, timeout: float = 300) -> list[np.ndarray]:
@@ -450,36 +472,133 @@ def eval_module(module_text: str, inputs: Sequence[np.ndarray], *, timeout: floa
             "    outs = stablehlo.eval_module(m, [ir.DenseElementsAttr.get(a) for a in ins])\n"
             "    np.savez(sys.argv[3], *[np.array(o) for o in outs])\n")
         opath = os.path.join(d, "out.npz")
-        p = subprocess.run([sys.executable, "-c", code, mpath, os.path.join(d, "in.npz"), opath],
-                           capture_output=True, text=True, timeout=timeout)
+        argv, env = python_command()
+        p = subprocess.run(argv + ["-c", code, mpath, os.path.join(d, "in.npz"), opath],
+                           capture_output=True, text=True, timeout=timeout, env=env)
         if p.returncode != 0:
             raise IRError("reference interpreter failed: " + (p.stderr.strip().splitlines() or ["(no output)"])[-1])
         z = np.load(opath)
         return [z[f"arr_{i}"] for i in range(len(z.files))]
 
 
+def python_command() -> tuple[list[str], dict]:
+    """``(argv prefix, environment)`` for a child Python interpreter that runs hlofuse code.
+
+    The child runs with ``-P`` (safe path, Python >= 3.11, which jax 0.10.2 requires): neither
+    ``python -m`` nor ``python -c`` puts the current directory first on ``sys.path``, so an
+    ``absl.py`` or ``ml_dtypes.py`` lying in the user's working directory is never executed.
+    Unlike ``-I`` it keeps ``PYTHONPATH`` and the user site, so the child sees the parent's
+    packages. Only when the parent itself found its modules in the current directory (a source
+    checkout run in place with ``python -m``) is that directory passed on, explicitly.
+    """
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    first = sys.path[0] if sys.path else None
+    if first is not None and os.path.realpath(first or os.curdir) == os.path.realpath(root):
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    return [sys.executable, "-P"], env
+
+
+def guard_parse(data, fmt: str, *, source: str = "<input>", probe: bool = True) -> None:
+    """The crash guard in front of the MLIR parser: raise :class:`IRError` for input that would
+    take the process down instead of failing cleanly.
+
+    * Text nested deeper than :data:`MAX_TEXT_NESTING` (``[`` * 20000 in a constant) overflows
+      the recursive-descent parser's stack (a segfault): refused from a cheap scan, always.
+    * Binary input (MLIR bytecode, portable artifacts) this process did not write itself is
+      parsed once in a subprocess first (:func:`probe_parse`, unless ``probe=False``); its
+      verdict is remembered per payload, but only a verdict on the bytes (a parse error, a
+      parser crash), never a failure of the probe itself.
+    """
+    if fmt == "text":
+        check_text_nesting(data, source=source)
+        return
+    if fmt not in ("bytecode", "portable") or not probe:
+        return
+    digest = _digest(data)
+    if digest in _SAFE_BINARY:
+        return
+    if digest in _BAD_BINARY:
+        raise IRError(f"{source}: {_BAD_BINARY[digest]}")
+    probe_parse(bytes(data), source=source)
+
+
+# The parser recurses once per nesting level; 10,000 levels crash it on an 8 MiB stack (3,000 do
+# not). Real StableHLO nests a few dozen levels (regions, tensor literals of rank r: r + 1).
+MAX_TEXT_NESTING = 1000
+_STRING_LITERAL = re.compile(rb'"(?:[^"\\\n]|\\.)*"')
+_NEST_DELTA = np.zeros(256, np.int8)
+_NEST_DELTA[[ord(c) for c in "([{<"]] = 1
+_NEST_DELTA[[ord(c) for c in ")]}>"]] = -1
+
+
+def check_text_nesting(text, *, source: str = "<input>", limit: int = MAX_TEXT_NESTING) -> None:
+    """Raise :class:`IRError` when brackets, braces, parentheses or angle brackets outside
+    string literals nest deeper than ``limit`` in MLIR text (``->`` is no bracket)."""
+    data = text.encode("utf-8", "replace") if isinstance(text, str) else bytes(text)
+    opening = sum(data.count(c) for c in (b"(", b"[", b"{", b"<"))
+    if opening <= limit:  # cannot nest deeper: skip the scan (almost every module)
+        return
+    data = _STRING_LITERAL.sub(b'""', data)  # keeps the line count (no raw newlines in strings)
+    arr = np.frombuffer(data, np.uint8)
+    depth, chunk = 0, 1 << 22
+    for start in range(0, len(arr), chunk):
+        part = arr[start:start + chunk]
+        delta = _NEST_DELTA[part].astype(np.int32)
+        prev = np.empty_like(part)
+        prev[0] = arr[start - 1] if start else 0
+        prev[1:] = part[:-1]
+        delta[(part == ord(">")) & (prev == ord("-"))] = 0
+        levels = np.cumsum(delta) + depth
+        over = np.flatnonzero(levels > limit)
+        if over.size:
+            line = data.count(b"\n", 0, start + int(over[0])) + 1
+            raise IRError(f"{source}: nested more than {limit} levels deep (brackets, braces or "
+                          f"parentheses) at line {line}; refusing to parse it: the MLIR parser "
+                          f"would overflow its stack and crash the process")
+        depth = int(levels[-1]) if levels.size else depth
+
+
+class ProbeFailed(IRError):
+    """The probe subprocess failed for a reason other than the input (an import error, a
+    timeout, out of memory): no verdict on the file, and none is remembered."""
+
+
 def probe_parse(data: bytes, *, source: str = "<input>", timeout: float = 120) -> None:
     """Parse serialized StableHLO in a subprocess first: a corrupt MLIR bytecode stream can abort
     the process inside the parser (``nanobind ... conversion error`` -> ``terminate``), which no
-    ``try`` catches. Raises :class:`IRError` naming ``source`` when the child fails or dies; when
-    this returns, :func:`parse` of the same bytes is safe in-process (parsing is deterministic)."""
-    with tempfile.TemporaryDirectory() as d:
+    ``try`` catches. Raises :class:`IRError` naming ``source`` when the parser rejects the bytes
+    or dies on them (remembered for the same bytes), :class:`ProbeFailed` when the probe could
+    not judge them; when this returns, :func:`parse` of the same bytes is safe in-process
+    (parsing is deterministic)."""
+    digest = _digest(data)
+    with tempfile.TemporaryDirectory(prefix="hlofuse-probe-") as d:
         path = os.path.join(d, "in.bin")
         with open(path, "wb") as fh:
             fh.write(bytes(data))
         code = ("import sys\nfrom hlofuse import ir as hir\n"
                 "try:\n    hir.parse(open(sys.argv[1], 'rb').read(), source=sys.argv[2], probe=False)\n"
                 "except hir.IRError as e:\n    print(e, file=sys.stderr); sys.exit(3)\n")
+        argv, env = python_command()
         try:
-            p = subprocess.run([sys.executable, "-c", code, path, source], capture_output=True,
+            p = subprocess.run(argv + ["-c", code, path, source], capture_output=True, env=env,
                                text=True, errors="replace", timeout=timeout)
         except subprocess.TimeoutExpired:
-            raise IRError(f"{source}: parsing did not finish within {timeout:.0f}s") from None
+            raise ProbeFailed(f"{source}: parsing did not finish within {timeout:.0f}s") from None
     if p.returncode == 0:
-        _SAFE_BINARY.add(_digest(data))
+        _SAFE_BINARY.add(digest)
         return
     lines = [l for l in p.stderr.strip().splitlines() if l.strip()]
-    if p.returncode == 3 and lines:
-        raise IRError(lines[-1])
-    why = f"signal {-p.returncode}" if p.returncode < 0 else f"exit code {p.returncode}"
-    raise IRError(f"{source}: corrupt MLIR bytecode: the MLIR parser aborted while reading it ({why})")
+    if p.returncode == 3 and lines:  # the parser rejected the bytes: a verdict
+        why = lines[-1][len(source) + 2:] if lines[-1].startswith(f"{source}: ") else lines[-1]
+    elif p.returncode < 0 and p.returncode != -9:  # the parser died on the bytes: a verdict
+        why = (f"corrupt MLIR bytecode: the MLIR parser aborted while reading it "
+               f"(signal {-p.returncode})")
+    else:  # killed (out of memory?) or the probe itself failed: no verdict, nothing remembered
+        how = "killed (SIGKILL, out of memory?)" if p.returncode == -9 else \
+            f"exit code {p.returncode}: {lines[-1] if lines else 'no output'}"
+        raise ProbeFailed(f"{source}: cannot check the file: the parser probe subprocess failed "
+                          f"before judging it ({how}); this is a problem of the environment, "
+                          f"not a verdict on the file")
+    _BAD_BINARY[digest] = why
+    raise IRError(f"{source}: {why}")

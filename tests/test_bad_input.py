@@ -108,6 +108,42 @@ def test_foreign_but_valid_modules_pass_through(text):
         assert opt.text == hlofuse.optimize(text, pipeline="cleanup").text
 
 
+ARITH_ONLY = ("module { func.func @main(%a: tensor<4xf32>, %b: tensor<4xf32>) -> tensor<4xf32> { "
+              "%0 = arith.addf %a, %b : tensor<4xf32>\n %1 = arith.mulf %0, %a : tensor<4xf32>\n"
+              " return %1 : tensor<4xf32> } }")
+MHLO = ("module { func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> {\n"
+        "  %0 = mhlo.add %a, %a : tensor<4xf32>\n"
+        "  %1 = \"mhlo.tanh\"(%0) : (tensor<4xf32>) -> tensor<4xf32>\n"
+        "  return %1 : tensor<4xf32> } }")
+
+
+def test_modules_without_stablehlo_ops_pass_through_and_say_so():
+    """Issue 11 #8: a func+arith module was 'optimized' as if it were StableHLO."""
+    opt = hlofuse.optimize(ARITH_ONLY, source="a.mlir")
+    assert opt.text == hir.to_text(hir.parse(ARITH_ONLY))
+    assert opt.report.notes == ["a.mlir: no StableHLO ops (dialects: arith, func); passed "
+                                "through unchanged"]
+    assert not opt.report.passes                                # no pass ran over it
+
+
+def test_mhlo_is_refused_with_a_conversion_that_works():
+    """Issue 11 #8: MHLO was 'optimized' with exit 0; it is refused, and the conversion the
+    message names (jaxlib's hlo-legalize-to-stablehlo) really turns it into StableHLO."""
+    with pytest.raises(hlofuse.IRError, match=r"m.mlir: an MHLO module \(mhlo.add, mhlo.tanh\)") as e:
+        hlofuse.optimize(MHLO, source="m.mlir")
+    assert "hlo-legalize-to-stablehlo" in str(e.value)
+    from jaxlib.mlir import passmanager
+    from jaxlib.mlir.dialects import mhlo
+    module = hir.parse(MHLO)
+    mhlo.register_mhlo_passes()
+    with module.context:
+        passmanager.PassManager.parse("builtin.module(hlo-legalize-to-stablehlo)").run(module.operation)
+    opt = hlofuse.optimize(hir.to_text(module))
+    assert len(opt.report.kernels) == 1
+    x = np.linspace(-1, 1, 4, dtype=np.float32)
+    assert_same(run_module(opt.module, [x]), [np.tanh(x + x)], "kernel")
+
+
 # element type -> numpy dtype for inputs; all pass through (no kernel) and keep their results
 UNSUPPORTED = {"complex<f32>": np.complex64, "f8E4M3FN": ml_dtypes.float8_e4m3fn,
                "f8E5M2": ml_dtypes.float8_e5m2, "i4": ml_dtypes.int4, "ui4": ml_dtypes.uint4,
@@ -232,3 +268,62 @@ def test_own_serializations_are_not_probed(monkeypatch):
     monkeypatch.setattr(hir, "probe_parse", no_probe)
     assert hir.to_text(hir.parse(data)) == hir.to_text(m)
     hir.verify(hir.parse(art))
+
+
+# ---------------------------------------------------------------------------------------------
+# Deeply nested text: refused before the parser recurses off its stack
+# ---------------------------------------------------------------------------------------------
+
+_DEEP_CHILD = textwrap.dedent("""
+    import json
+    import hlofuse
+    from hlofuse import ir as hir
+    n = 20000
+    cases = {
+        "dense literal": "module { func.func @main() -> tensor<f32> { %0 = stablehlo.constant dense<"
+                         + "[" * n + "1.0" + "]" * n + "> : tensor<f32>\\n return %0 : tensor<f32> } }",
+        "array attribute": "module attributes {x = " + "[" * n + "]" * n + "} { func.func @main() { return } }",
+        "dictionary": "module attributes {x = " + "{a = " * n + "1" + "}" * n + "} { func.func @main() { return } }",
+        "bytes": ("module { func.func @main() { return } }\\n// " + "{" * n).encode()
+                 + b"\\n" + b"module attributes {x = " + b"[" * n + b"]" * n + b"} {}",
+    }
+    out = {}
+    for name, data in cases.items():
+        res = []
+        for call in (lambda: hir.parse(data), lambda: hlofuse.optimize(data)):
+            try:
+                call()
+                res.append("ok")
+            except hlofuse.IRError as e:
+                res.append("IRError: " + str(e))
+            except Exception as e:
+                res.append(f"{type(e).__name__}: {e}")
+        out[name] = res
+    print("RESULT " + json.dumps(out))
+""")
+
+
+def test_deeply_nested_text_never_kills_the_process():
+    """Issue 11 #7: ``hlofuse.optimize('[' * 20000 ...)`` segfaulted the caller (the MLIR
+    parser recursed off its stack); only bytecode had a crash guard."""
+    p = subprocess.run([sys.executable, "-c", _DEEP_CHILD], capture_output=True, text=True,
+                       timeout=600, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert p.returncode == 0, f"child died (rc {p.returncode}): {p.stderr[-2000:]}"
+    (line,) = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+    results = json.loads(line[len("RESULT "):])
+    for name, res in results.items():
+        for r in res:
+            assert r.startswith("IRError") and "nested more than 1000 levels" in r, (name, r)
+    assert "at line 1" in results["dense literal"][0]
+
+
+def test_nesting_guard_ignores_strings_arrows_and_wide_modules():
+    """Brackets inside string literals, ``->`` and many shallow brackets are no nesting."""
+    many = "module attributes {test.s = \"" + "[" * 5000 + "\"} {\n" + "\n".join(
+        f"  func.func private @f{i}(%a: tensor<2xf32>) -> (tensor<2xf32>) {{ return %a : tensor<2xf32> }}"
+        for i in range(400)) + "\n  func.func @main(%a: tensor<2xf32>) -> tensor<2xf32> { return %a : tensor<2xf32> }\n}\n"
+    hir.check_text_nesting(many)
+    hir.verify(hir.parse(many))
+    hir.check_text_nesting("[" * 1000 + "]" * 1000)
+    with pytest.raises(hlofuse.IRError, match="at line 3"):
+        hir.check_text_nesting("a\nb\n" + "(" * 1001, source="x.mlir")

@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -257,6 +259,45 @@ def test_dynamic_shapes_pass_through_or_refine(tmp_path):
 
 
 
+def test_check_after_optimize_with_shapes_refines_the_original(tmp_path):
+    """Issue 11 #13: ``check`` of the original against ``optimize --shapes``'s output said 'the
+    inputs differ' unless --shapes was passed again. Also: text read from a file keeps the file's
+    name in its locations (it was loc("-":1:17))."""
+    (tmp_path / "dyn.mlir").write_text(DYNAMIC)
+    p = hlofuse("optimize", "dyn.mlir", "-o", "ref.mlir", "--shapes", "f32[3,4]", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    c = hlofuse("check", "dyn.mlir", "ref.mlir", cwd=tmp_path)
+    assert c.returncode == 0, c.stderr
+    assert "OK" in c.stdout and "refined dyn.mlir to the argument types of ref.mlir (f32[3,4])" in c.stderr
+    text = (tmp_path / "ref.mlir").read_text()
+    assert 'loc("dyn.mlir":3:' in text and 'loc("-"' not in text
+
+
+def test_a_bad_shapes_refinement_names_the_real_cause(tmp_path, capsys):
+    """Issue 11 #13: the message stopped at 'Failure while executing pass pipeline:'."""
+    (tmp_path / "dyn.mlir").write_text(DYNAMIC)
+    p = hlofuse_inprocess(capsys, "optimize", "dyn.mlir", "-o", "o.mlir", "--shapes", "f32[3,5]",
+                          cwd=tmp_path)
+    line = one_error_line(p, "dyn.mlir", "f32[3,5]", "invalid refinement",
+                          "tensor<?x4xf32> -> tensor<3x5xf32>", "dyn.mlir:2:")
+    assert "Failure while executing" not in line
+
+
+def test_a_truncated_jax_export_artifact_is_named_so(files, tmp_path, capsys):
+    """Issue 11 #13: a truncated .exported was reported as a text parse error (or as 'not
+    StableHLO'); by its flatbuffer header or its extension it is a damaged jax.export artifact."""
+    blob = files["paths"]["exported"].read_bytes()
+    for name, data in [("a.exported", blob[:30]), ("b.exported", blob[: len(blob) // 3]),
+                       ("c.exported", blob[:-9]), ("d.bin", blob[: len(blob) // 2]),
+                       ("e.mlirbc", blob[:100]), ("f.exported", b"module {\n  func.func @ma")]:
+        (tmp_path / name).write_bytes(data)
+        p = hlofuse_inprocess(capsys, "run", name, cwd=tmp_path)
+        if name.startswith("f"):  # text after all: a text error, named as such
+            one_error_line(p, name, "cannot parse")
+        else:
+            one_error_line(p, name, "truncated or corrupt jax.export artifact")
+
+
 # ---------------------------------------------------------------------------------------------
 # Errors: one line on stderr, exit code 2, no traceback
 # ---------------------------------------------------------------------------------------------
@@ -282,6 +323,23 @@ def test_bad_inputs_give_one_clear_line(files, tmp_path):
         one_error_line(p, *needles)
         assert not (d / "out.mlir").exists()
 
+
+
+def test_non_stablehlo_files_say_what_they_are(tmp_path, capsys):
+    """Issue 11 #8: func+arith and MHLO files were optimized with exit 0 and described as
+    StableHLO text. MHLO is refused; a file without StableHLO ops is copied unchanged, saying so."""
+    from tests.test_bad_input import ARITH_ONLY, MHLO
+    (tmp_path / "arith.mlir").write_text(ARITH_ONLY)
+    (tmp_path / "mhlo.mlir").write_text(MHLO)
+    p = hlofuse_inprocess(capsys, "optimize", "arith.mlir", "-o", "out.mlir", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "StableHLO text" not in p.stdout and "no StableHLO" in p.stdout and "unchanged" in p.stdout
+    assert "no StableHLO ops (dialects: arith, func); passed through unchanged" in p.stderr
+    assert (tmp_path / "out.mlir").read_text() == ARITH_ONLY      # byte for byte
+    for cmd in (["optimize", "mhlo.mlir", "-o", "out2.mlir"], ["report", "mhlo.mlir"]):
+        one_error_line(hlofuse_inprocess(capsys, *cmd, cwd=tmp_path), "mhlo.mlir",
+                       "an MHLO module", "hlo-legalize-to-stablehlo")
+    assert not (tmp_path / "out2.mlir").exists()
 
 
 def test_parser_abort_is_reported_not_crashed(files, tmp_path):
@@ -330,6 +388,66 @@ def test_usage_errors(files, capsys):
     assert not (d / "x.mlir").exists() and not (d / "x").exists()
 
 
+def test_every_output_path_is_checked_before_any_work(files, tmp_path, capsys):
+    """Issue 11 #11: --report was checked after -o had been written, --report equal to -o gave a
+    wrong message, and a bad --dump-dir was blamed on the input file. Every case here fails
+    before anything is written, naming the flag and the path."""
+    shutil.copy(files["paths"]["text"], tmp_path / "m.mlir")
+    np.savez(tmp_path / "in.npz", *inputs())
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "d").mkdir()
+    run = lambda *a: hlofuse_inprocess(capsys, *a, cwd=tmp_path)  # noqa: E731
+    for args, needles in [
+        (("-o", "o.mlir", "--report", "nodir/r.json"), ["--report", "nodir/r.json", "does not exist"]),
+        (("-o", "r.json", "--report", "r.json"), ["--report", "r.json", "same file as -o"]),
+        (("-o", "nodir/o.mlir"), ["-o", "nodir/o.mlir", "does not exist"]),
+        (("-o", "."), ["-o", "is a directory"]),
+        (("-o", "o.mlir", "--dump-dir", "afile"), ["--dump-dir", "afile", "not a directory"]),
+        (("-o", "o.mlir", "--dump-dir", "afile/sub"), ["--dump-dir", "afile/sub", "not a directory"]),
+        (("-o", "d/000_input.mlir", "--dump-dir", "d"), ["--dump-dir", "000_input.mlir"]),
+    ]:
+        p = run("optimize", "m.mlir", *args)
+        line = one_error_line(p, *needles)
+        assert "m.mlir" not in line.replace("o.mlir", ""), line      # not blamed on the input
+    one_error_line(run("report", "m.mlir", "--report", "m.mlir.json", "--dump-dir", "afile"),
+                   "--dump-dir", "afile")
+    one_error_line(run("run", "m.mlir", "--inputs", "in.npz", "--outputs", "in.npz"),
+                   "--outputs", "in.npz", "refusing to overwrite")
+    one_error_line(run("run", "m.mlir", "--outputs", "nodir/out.npz"), "--outputs", "nodir")
+    one_error_line(run("export", "mymodel:model", "--args", "f32[3]", "-o", "nodir/x.exported"),
+                   "-o", "nodir")
+    assert sorted(os.listdir(tmp_path)) == ["afile", "d", "in.npz", "m.mlir"]
+    assert os.listdir(tmp_path / "d") == []
+
+
+def test_in_place_and_another_output_conflict(files, capsys):
+    d = files["dir"]
+    p = hlofuse_inprocess(capsys, "optimize", "model.mlir", "--in-place", "-o", "other.mlir", cwd=d)
+    one_error_line(p, "--in-place", "-o other.mlir")
+    assert not (d / "other.mlir").exists()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_FSIZE")
+def test_a_failing_dump_leaves_no_truncated_file_and_names_the_dump(files, tmp_path):
+    """Issue 11 #11: a dump write that failed half-way (here: a file size limit, as on a full
+    disk) left a truncated dump and was reported as an error of the input file."""
+    text = jax.jit(model).lower(*[jax.ShapeDtypeStruct(s, dt) for s, dt in SHAPES]).as_text()
+    (tmp_path / "m.mlir").write_text(text)                      # no locations: small dumps
+    limit = 8000  # the early dumps are ~2-3 KB, the one after kernelize ~17 KB
+    small_files = (f"import os, resource, sys; resource.setrlimit(resource.RLIMIT_FSIZE, "
+                   f"({limit}, {limit})); os.execv(sys.argv[1], sys.argv[1:])")
+    p = subprocess.run([sys.executable, "-c", small_files, SCRIPT, "optimize", "m.mlir", "-o",
+                        "o.mlir", "--dump-dir", "dumps"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    line = one_error_line(p, "--dump-dir", "dumps/", "File too large")
+    assert "m.mlir" not in line.replace("o.mlir", "")
+    dumps = sorted(os.listdir(tmp_path / "dumps"))
+    assert dumps and all(n.endswith(".mlir") and not n.startswith(".") for n in dumps), dumps
+    for n in dumps:                                             # every dump is whole
+        hir.verify(hir.parse((tmp_path / "dumps" / n).read_text()))
+    assert not (tmp_path / "o.mlir").exists()
+
+
 def test_in_place_replaces_the_input_atomically(files, tmp_path):
     src = tmp_path / "m.mlir"
     shutil.copy(files["paths"]["text"], src)
@@ -358,6 +476,257 @@ def test_atomic_write_leaves_no_partial_file(tmp_path, monkeypatch):
         fileio.atomic_write(str(out), b"x", inputs=[str(out)])
     fileio.atomic_write(str(out), b"x", inputs=[str(out)], in_place=True)
     assert out.read_text() == "x"
+
+
+# ---------------------------------------------------------------------------------------------
+# Host callbacks: refused in every format, never run (they segfault outside their process)
+# ---------------------------------------------------------------------------------------------
+
+def _with_callback(x):
+    y = jax.pure_callback(np.sin, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+    return jnp.tanh(y) * 2
+
+
+@pytest.fixture(scope="module")
+def callback_files(tmp_path_factory):
+    """A jax.pure_callback lowering as text, bytecode and a jax.export artifact (jax.export
+    refuses to serialize host callbacks, so the payload of a plain export is replaced, as a
+    hand-edited or foreign artifact would be)."""
+    import dataclasses
+    d = tmp_path_factory.mktemp("callbacks")
+    x = jax.ShapeDtypeStruct((4,), jnp.float32)
+    text = jax.jit(_with_callback).lower(x).as_text()
+    assert "xla_ffi_python_cpu_callback" in text
+    module = hir.parse(text)
+    exp = jexport.export(jax.jit(jnp.tanh), platforms=["cpu"])(x)
+    exp = dataclasses.replace(exp, mlir_module_serialized=hir.to_portable_artifact(module))
+    (d / "cb.mlir").write_text(text)
+    (d / "cb.mlirbc").write_bytes(hir.to_bytecode(module))
+    (d / "cb.exported").write_bytes(bytes(exp.serialize()))
+    return d
+
+
+NO_CALLBACK = ("xla_ffi_python_cpu_callback", "host callback", "cannot be serialized or run offline")
+
+
+@pytest.mark.parametrize("name", ["cb.mlir", "cb.mlirbc", "cb.exported"])
+def test_host_callbacks_are_refused_in_every_format(callback_files, name, capsys):
+    """Issue 11 #6: optimize and report accepted them with exit 0."""
+    d = callback_files
+    one_error_line(hlofuse_inprocess(capsys, "optimize", name, "-o", "o" + name, cwd=d),
+                   name, *NO_CALLBACK)
+    one_error_line(hlofuse_inprocess(capsys, "report", name, cwd=d), name, *NO_CALLBACK)
+    assert not (d / ("o" + name)).exists()
+
+
+def test_running_a_host_callback_artifact_is_refused_not_a_segfault(callback_files):
+    """Issue 11 #6: ``hlofuse run`` on such a jax.export artifact segfaulted its worker, and the
+    Python API's execute path (fileio.execute) would take the caller's process down."""
+    one_error_line(hlofuse("run", "cb.exported", cwd=callback_files), "cb.exported", *NO_CALLBACK)
+    code = textwrap.dedent("""
+        import sys, numpy as np
+        from jax import export as jexport
+        from hlofuse import fileio, ir as hir
+        data = open(sys.argv[1], "rb").read()
+        exp = jexport.deserialize(bytearray(data))
+        module = hir.parse(bytes(exp.mlir_module_serialized), probe=False)
+        loaded = fileio.Loaded(module, "exported", "cb.exported", exp, data)  # not via load()
+        try:
+            fileio.execute(loaded, [np.ones(4, np.float32)])
+        except hir.IRError as e:
+            print("REFUSED", e)
+        """)
+    p = subprocess.run([sys.executable, "-c", code, str(callback_files / "cb.exported")],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, f"rc {p.returncode}: {p.stderr[-2000:]}"
+    assert "REFUSED" in p.stdout and "host callback" in p.stdout, p.stdout
+
+
+def test_every_host_callback_flavour_is_recognized():
+    for t in ("xla_ffi_python_cpu_callback", "xla_ffi_python_gpu_callback",
+              "xla_ffi_partitioned_python_cpu_callback", "xla_python_gpu_callback",
+              "xla_python_cpu_callback", "xla_buffer_python_gpu_callback"):
+        assert hir.is_host_callback(t), t
+    for t in ("lapack_sgetrf_ffi", "__gpu$xla.gpu.triton", "tpu_custom_call", "Sharding"):
+        assert not hir.is_host_callback(t), t
+
+
+# ---------------------------------------------------------------------------------------------
+# Security: nothing from the current directory is ever imported by a child process
+# ---------------------------------------------------------------------------------------------
+
+SCRIPT = shutil.which("hlofuse") or os.path.join(os.path.dirname(sys.executable), "hlofuse")
+
+
+def plant_modules(d, marker, names=("absl", "ml_dtypes")):
+    """Modules that would shadow real ones if ``d`` were on sys.path: importing one writes
+    ``marker`` (and then breaks the import, as a real attack might not)."""
+    for name in names:
+        (d / f"{name}.py").write_text(f"open({str(marker)!r}, 'a').write({name!r} + '\\n')\n"
+                                      f"raise ImportError('planted {name}')\n")
+
+
+def test_cli_child_ignores_modules_in_the_working_directory(files, tmp_path):
+    """Issue 11 #4: the worker ran as ``python -m hlofuse.cli``, which puts the current directory
+    first on sys.path, so an absl.py there was executed."""
+    marker = tmp_path / "PWNED"
+    plant_modules(tmp_path, marker)
+    shutil.copy(files["paths"]["text"], tmp_path / "m.mlir")
+    p = subprocess.run([SCRIPT, "optimize", "m.mlir", "-o", "o.mlir"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300)
+    assert not marker.exists(), marker.read_text()
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "o.mlir").exists()
+
+
+def test_probe_and_interpreter_ignore_modules_in_the_working_directory(files, tmp_path,
+                                                                        monkeypatch):
+    """The parser probe and the reference interpreter run ``python -c``, which puts the current
+    directory first on sys.path too."""
+    marker = tmp_path / "PWNED"
+    plant_modules(tmp_path, marker)
+    monkeypatch.chdir(tmp_path)
+    m = hir.parse(files["paths"]["text"].read_text())
+    data = hir.to_bytecode(m) + b""  # a payload this process has not vouched for
+    hir._SAFE_BINARY.discard(hir._digest(data))
+    hir.probe_parse(data, source="m.mlirbc")
+    x = np.ones((2,), np.float32)
+    text = "func.func @main(%a: tensor<2xf32>) -> tensor<2xf32> { func.return %a : tensor<2xf32> }"
+    np.testing.assert_array_equal(hir.eval_module(text, [x])[0], x)
+    assert not marker.exists(), marker.read_text()
+
+
+def test_a_failing_probe_is_no_verdict_on_the_file(files, tmp_path, monkeypatch):
+    """A probe that cannot even start (here: a broken ``jax`` first on PYTHONPATH) must not call
+    a valid file corrupt, nor remember that verdict for later loads."""
+    broken = tmp_path / "broken" / "jax"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('broken environment')\n")
+    data = files["paths"]["bytecode"].read_bytes()
+    digest = hir._digest(data)
+    hir._SAFE_BINARY.discard(digest)
+    hir._BAD_BINARY.pop(digest, None)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "broken"))
+    with pytest.raises(hir.IRError) as e:
+        hir.parse(data, source="model.mlirbc")
+    assert "corrupt" not in str(e.value) and "broken environment" in str(e.value), str(e.value)
+    assert type(e.value).__name__ == "ProbeFailed"
+    assert digest not in hir._BAD_BINARY
+    monkeypatch.delenv("PYTHONPATH")
+    hir.verify(hir.parse(data, source="model.mlirbc"))          # probed again, and fine
+
+
+# ---------------------------------------------------------------------------------------------
+# Signals: the worker dies with the supervisor, nothing is written or left behind
+# ---------------------------------------------------------------------------------------------
+
+def children_of(pid):
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def start_paused(args, cwd, pause, tmpdir):
+    """Start ``hlofuse ARGS`` with the worker stalled at a stage; returns once it stalls."""
+    import select
+    import time
+    env = dict(os.environ, HLOFUSE_CLI_TEST_PAUSE=pause, TMPDIR=str(tmpdir))
+    proc = subprocess.Popen([SCRIPT, *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline, seen = time.monotonic() + 120, ""
+    while "pausing" not in seen and time.monotonic() < deadline and proc.poll() is None:
+        if select.select([proc.stdout], [], [], 1)[0]:
+            seen += proc.stdout.readline()
+    if "pausing" not in seen:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"the worker never paused (rc {proc.returncode}): {seen}{out}{err}")
+    return proc
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("sig,code,pause", [
+    (signal.SIGTERM, 143, "writing=60"), (signal.SIGHUP, 129, "writing=60"),
+    (signal.SIGINT, 130, "writing=60"),
+    (signal.SIGTERM, 143, "writing=60!"),   # worker deaf to signals (native code): killed
+])
+def test_a_stop_signal_to_the_supervisor_stops_the_worker(files, tmp_path, sig, code, pause):
+    """Issue 11 #5: SIGTERM/SIGHUP left the worker running (it wrote the output ~45 s later),
+    SIGINT was not forwarded, and /tmp/hlofuse-cli-* folders leaked."""
+    import time
+    shutil.copy(files["paths"]["text"], tmp_path / "m.mlir")
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    proc = start_paused(["optimize", "m.mlir", "-o", "o.mlir"], tmp_path, pause, tmpdir)
+    workers = children_of(proc.pid)
+    assert workers
+    t0 = time.monotonic()
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    assert time.monotonic() - t0 < 30
+    assert proc.returncode == code, (proc.returncode, err)
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert lines == [f"hlofuse optimize: interrupted by {sig.name}; no output written"], err
+    assert not any(alive(w) for w in workers)
+    assert sorted(os.listdir(tmp_path)) == ["m.mlir", "tmp"]      # no output, no temporary
+    assert os.listdir(tmpdir) == []                                # no temporary folder
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_an_interruption_names_what_was_already_written(files, tmp_path):
+    shutil.copy(files["paths"]["text"], tmp_path / "m.mlir")
+    proc = start_paused(["optimize", "m.mlir", "-o", "o.mlir", "--report", "r.json"], tmp_path,
+                        "writing r.json=60", tmp_path)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143
+    assert err.strip() == "hlofuse optimize: interrupted by SIGTERM; already written: o.mlir"
+    assert sorted(os.listdir(tmp_path)) == ["m.mlir", "o.mlir"]
+
+
+def test_what_the_worker_starts_is_not_marked_as_a_worker(tmp_path):
+    """The worker's own settings (its supervisor's pid, its stage pipe) must not leak into what
+    it starts: a nested ``hlofuse`` would take itself for an orphaned worker and exit."""
+    (tmp_path / "spy.py").write_text(
+        "import json, os\n"
+        "json.dump(sorted(k for k in os.environ if k.startswith('HLOFUSE_CLI')), open('env.json', 'w'))\n"
+        "def f(x):\n    return x * 2\n")
+    p = subprocess.run([SCRIPT, "export", "spy:f", "--args", "f32[3]", "-o", "f.exported"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert json.loads((tmp_path / "env.json").read_text()) == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl")
+def test_the_worker_dies_when_the_supervisor_is_killed(files, tmp_path):
+    """SIGKILL cannot be forwarded: the worker's parent-death signal is the backstop."""
+    import time
+    shutil.copy(files["paths"]["text"], tmp_path / "m.mlir")
+    proc = start_paused(["optimize", "m.mlir", "-o", "o.mlir"], tmp_path, "writing=60", tmp_path)
+    workers = children_of(proc.pid)
+    proc.kill()
+    proc.communicate(timeout=60)
+    deadline = time.monotonic() + 10
+    while any(alive(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(w) for w in workers)
+    assert sorted(os.listdir(tmp_path)) == ["m.mlir"]
 
 
 # ---------------------------------------------------------------------------------------------
