@@ -724,33 +724,8 @@ def execute(loaded: Loaded, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
 # ---------------------------------------------------------------------------------------------
 
 def report_html(report: Report) -> str:
-    """A self-contained HTML page of the fusion plan."""
-    d = report.to_dict()
-    esc = html.escape
-    rows = "".join(
-        f"<tr><td>{r['id']}</td><td>{esc(r['kind'])}</td><td>{esc(', '.join(o.split('.', 1)[-1] for o in r['ops']))}</td>"
-        f"<td>{esc(r['kernel'] or 'XLA: ' + (r['reason'] or ''))}</td>"
-        f"<td>{r['bytes_unfused']}</td><td>{r['bytes_fused'] if r['kernel'] else r['bytes_unfused']}</td>"
-        f"<td>{esc(', '.join(r['locations'][:3]))}</td></tr>" for r in d["regions"])
-    passes = "".join(
-        f"<tr><td>{esc(p['name'])}</td><td>{'disabled' if p['disabled'] else format(p['seconds'] * 1e3, '.1f')}</td>"
-        f"<td>{esc(', '.join(str(k) + '=' + str(v) for k, v in p['stats'].items()))}</td></tr>"
-        for p in d["passes"])
-    notes = "".join(f"<li>{esc(n)}</li>" for n in d["notes"])
-    return (
-        "<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>hlofuse report</title>"
-        "<style>body{font-family:sans-serif}table{border-collapse:collapse}"
-        "td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}</style></head><body>\n"
-        f"<h1>hlofuse report: {esc(str(d['source']))} (target {esc(d['target'])})</h1>\n"
-        f"<p>{d['kernels']} kernel(s), {d['regions_left_to_xla']} region(s) left to XLA; "
-        f"top-level ops in main {d['ops_before']} &rarr; {d['ops_after']}; modeled bytes "
-        f"{d['modeled_bytes_unfused']} &rarr; {d['modeled_bytes_fused']} "
-        f"(saved {d['modeled_bytes_saved']})</p>\n"
-        "<table><tr><th>id</th><th>kind</th><th>ops</th><th>kernel / reason</th>"
-        f"<th>bytes unfused</th><th>bytes fused</th><th>where</th></tr>{rows}</table>\n"
-        + (f"<h2>Notes</h2><ul>{notes}</ul>\n" if notes else "")
-        + f"<h2>Passes</h2><table><tr><th>pass</th><th>ms</th><th>stats</th></tr>{passes}</table>\n"
-        "</body></html>\n")
+    """A self-contained HTML page of the fusion plan (same units as the text report)."""
+    return report.to_html()
 
 
 REPORT_FORMATS = {".json": "json", ".md": "md", ".markdown": "md", ".html": "html", ".htm": "html",

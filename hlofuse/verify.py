@@ -96,6 +96,8 @@ def run_module(module, inputs: Sequence[np.ndarray], *, target: str = "cpu", bac
     be = backend or backend_for(target)
     if be is None:
         raise RuntimeError(f"no {target} device in this process")
+    if isinstance(module, ir.Module):
+        hir.check_no_host_callbacks(module, source="verify")  # a stale callback pointer segfaults
     payload = hir.to_bytecode(module) if isinstance(module, ir.Module) else module
     dev = be.local_devices()[0]
     exe = be.compile_and_load(payload, [dev], jex.backend.get_compile_options(num_replicas=1, num_partitions=1))

@@ -145,9 +145,6 @@ def test_html_report_uses_human_units():
     assert "12.0MiB->8.0MiB" in text and "6.0KiB->6.0KiB" in text
 
 
-@pytest.mark.xfail(strict=True, reason="hlofuse/fileio.py:report_html still renders raw byte "
-                   "counts; make it `return report.to_html()` (fileio is outside this change) and "
-                   "drop this marker")
 def test_written_html_report_uses_human_units(tmp_path):
     from hlofuse import fileio
     path = tmp_path / "r.html"
