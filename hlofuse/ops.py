@@ -54,27 +54,44 @@ def element_dtype(t: ir.Type):
     return np_dtype(str(ir.RankedTensorType(t).element_type))
 
 
+def splat_scalar(op) -> np.ndarray | None:
+    """The one value of a splat ``stablehlo.constant`` as a 0-d numpy array of its element type,
+    or None when the constant is not a splat (or its attribute is not a ``DenseElementsAttr``).
+
+    Reads ``DenseElementsAttr.is_splat`` / ``get_splat_value`` only: a splat of any size is one
+    element in the IR (``dense<1.0> : tensor<16384x16384xf32>`` is a few bytes of text).
+    """
+    try:
+        attr = ir.DenseElementsAttr(op.attributes["value"])
+    except (TypeError, ValueError, KeyError):  # e.g. complex element types
+        return None
+    if not attr.is_splat:
+        return None
+    dt = element_dtype(op.results[0].type)
+    v = attr.get_splat_value()
+    if isinstance(v, ir.BoolAttr):  # i1 splats (dense<true>/dense<false>)
+        val = ir.BoolAttr(v).value
+    elif isinstance(v, ir.FloatAttr):
+        val = ir.FloatAttr(v).value
+    elif isinstance(v, ir.IntegerAttr):
+        val = ir.IntegerAttr(v).value
+        if dt == np.bool_:
+            val = bool(val)
+        elif dt.kind == "u" and val < 0:
+            val += 1 << (8 * dt.itemsize)
+    else:
+        raise EmitError(f"unsupported splat constant element {v}")
+    return np.array(val, dtype=dt)
+
+
 def const_value(op) -> np.ndarray:
-    """The value of a ``stablehlo.constant`` as a numpy array (bf16 and splats included)."""
+    """The value of a ``stablehlo.constant`` as a numpy array (bf16 and splats included).
+    Splats are read-only broadcast views: a 1 GiB splat costs one element, not 1 GiB."""
     attr = ir.DenseElementsAttr(op.attributes["value"])
     t = ir.RankedTensorType(op.results[0].type)
     dt = element_dtype(op.results[0].type)
     if attr.is_splat:
-        v = attr.get_splat_value()
-        if isinstance(v, ir.FloatAttr):
-            val = ir.FloatAttr(v).value
-        elif isinstance(v, ir.IntegerAttr):
-            val = ir.IntegerAttr(v).value
-            if dt == np.bool_:
-                val = bool(val)
-            elif dt.kind == "u" and val < 0:
-                val += 1 << (8 * dt.itemsize)
-        elif isinstance(v, ir.BoolAttr):  # i1 splats (dense<true>/dense<false>)
-            val = ir.BoolAttr(v).value
-        else:
-            raise EmitError(f"unsupported constant element {v}")
-        # a read-only broadcast view: a 1 GiB splat costs one element, not 1 GiB
-        return np.broadcast_to(np.array(val, dtype=dt), tuple(t.shape))
+        return np.broadcast_to(splat_scalar(op), tuple(t.shape))
     try:
         arr = np.array(attr)
     except Exception as e:  # e.g. bf16 without buffer-protocol support

@@ -33,42 +33,11 @@ from jax.experimental import pallas as pl
 from jaxlib.mlir import ir
 
 from hlofuse import ir as hir
-from hlofuse.ops import EmitError, const_value, emit_op
+from hlofuse.ops import EmitError, const_value, emit_op, splat_scalar
 from hlofuse.kernels.tiling import Blocks2D, elementwise_blocks
 
 __all__ = ["ElementwiseSpec", "spec_from_func", "elementwise_kernel", "build_elementwise",
            "elementwise_reference", "splat_scalar"]
-
-
-def splat_scalar(op) -> np.ndarray | None:
-    """The one value of a splat ``stablehlo.constant`` as a 0-d numpy array of its element type,
-    or None when the constant is not a splat (or its attribute is not a ``DenseElementsAttr``).
-
-    Reads ``DenseElementsAttr.is_splat`` / ``get_splat_value`` only: a splat of any size is one
-    element in the IR (``dense<1.0> : tensor<16384x16384xf32>`` is a few bytes of text), and
-    :func:`hlofuse.ops.const_value` would build the whole array (1 GiB there) to read it.
-    """
-    try:
-        attr = ir.DenseElementsAttr(op.attributes["value"])
-    except (TypeError, ValueError, KeyError):  # e.g. complex element types
-        return None
-    if not attr.is_splat:
-        return None
-    dt = hir.np_dtype(hir.tensor_type_info(op.results[0].type).dtype)
-    v = attr.get_splat_value()
-    if isinstance(v, ir.BoolAttr):  # i1 splats (dense<true>/dense<false>)
-        val = ir.BoolAttr(v).value
-    elif isinstance(v, ir.FloatAttr):
-        val = ir.FloatAttr(v).value
-    elif isinstance(v, ir.IntegerAttr):
-        val = ir.IntegerAttr(v).value
-        if dt == np.bool_:
-            val = bool(val)
-        elif dt.kind == "u" and val < 0:
-            val += 1 << (8 * dt.itemsize)
-    else:
-        raise EmitError(f"unsupported splat constant element {v}")
-    return np.array(val, dtype=dt)
 
 
 def _broadcast_class(op) -> str:
