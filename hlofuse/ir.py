@@ -216,8 +216,35 @@ def func_name(f) -> str:
     return ir.StringAttr(f.operation.attributes["sym_name"]).value
 
 
+def function_type(fn) -> ir.FunctionType:
+    """The signature of a ``func.func`` (its ``function_type`` attribute, typed)."""
+    op = fn.operation if hasattr(fn, "operation") else fn
+    return ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
+
+
 def block_ops(block: ir.Block) -> list:
     return [op.operation for op in block.operations]
+
+
+def as_op(op) -> ir.Operation:
+    """The ``ir.Operation`` behind an op view (``stablehlo.AddOp``...) or an Operation."""
+    return op.operation if hasattr(op, "operation") else op
+
+
+def defining_op(v: ir.Value) -> ir.Operation | None:
+    """The op producing ``v``, or None for a block argument."""
+    owner = v.owner
+    if isinstance(owner, ir.Block):
+        return None
+    return as_op(owner)
+
+
+def value_key(v: ir.Value) -> tuple:
+    """A hashable identity for a value (``ir.Value`` objects are not uniqued by the bindings)."""
+    owner = v.owner
+    if isinstance(owner, ir.Block):
+        return ("arg", owner, ir.BlockArgument(v).arg_number)
+    return ("res", as_op(owner), ir.OpResult(v).result_number)
 
 
 def walk(root, fn: Callable) -> None:
