@@ -1,8 +1,12 @@
 """The pass manager: passes registered by name, pipelines as data, observability built in.
 
 * A pass is a small class with a kebab-case ``name`` and a ``run(module, ctx)`` method that
-  returns a dict of statistics (or None). Register it with :func:`register_pass`.
+  returns a dict of statistics (or None). Register it with :func:`register_pass`. Its options
+  are a frozen dataclass ``Options`` (``self.options`` in ``run``); an unknown or mistyped
+  option is an :class:`OptionError` that lists the known ones.
 * A pipeline is a list of pass names (see :data:`PIPELINES`); each step says why it is there.
+  As text: ``"inline-calls,cse,constant-fold{max_bytes=4096},kernelize"`` (options of one step
+  in braces, like MLIR's pass pipelines).
 * After every pass the module is verified. A failure raises :class:`PassFailure` naming the
   pass, the op and its source location, with the module dumped to a file.
 * ``dump_dir`` writes ``NNN_<pass>.mlir`` after every pass (``000_input.mlir`` first).
@@ -18,15 +22,18 @@ import os
 import re
 import tempfile
 import time
+import typing
 from typing import Any, Callable, Iterable, Sequence
 
 from jaxlib.mlir import ir
 
+from hlofuse import chips
 from hlofuse import ir as hir
 from hlofuse.report import Report
 
 __all__ = ["Pass", "PassContext", "PassFailure", "PassManager", "register_pass", "get_pass",
-           "all_passes", "PIPELINES", "resolve_pipeline", "DISABLE_ENV"]
+           "all_passes", "PIPELINES", "resolve_pipeline", "parse_pipeline", "Step",
+           "GlobalOptions", "NoOptions", "OptionError", "split_options", "DISABLE_ENV"]
 
 DISABLE_ENV = "HLOFUSE_DISABLE_PASSES"
 
@@ -44,12 +51,10 @@ def register_pass(cls):
     return cls
 
 
-def _load_builtin_passes() -> None:
-    import hlofuse.passes  # noqa: F401  (registers every pass on import)
-
-
 def all_passes() -> dict[str, type]:
-    _load_builtin_passes()
+    """Every registered pass by name. The built-in passes register when ``hlofuse.passes`` is
+    imported, which ``import hlofuse`` does (this module sits below the passes and never
+    imports them)."""
     return dict(_REGISTRY)
 
 
@@ -60,8 +65,136 @@ def get_pass(name: str) -> type:
     return passes[name]
 
 
+# ---------------------------------------------------------------------------------------------
+# Typed options
+# ---------------------------------------------------------------------------------------------
+class OptionError(ValueError):
+    """An unknown option, or a value of the wrong type; the message lists the known ones."""
+
+
+@dataclasses.dataclass(frozen=True)
+class NoOptions:
+    """The options of a pass that has none."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GlobalOptions:
+    """Options of the whole optimization, not of one pass."""
+    chip: str | None = None   # gpu/tpu chip the kernels are tiled for (hlofuse.chips.CHIPS)
+    strict: bool = False      # raise where a region would be left to XLA (debugging)
+
+
+def _fields(cls) -> dict[str, tuple[object, object]]:
+    """field name -> (type, default) of an options dataclass, with string annotations resolved."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: (hints[f.name], f.default) for f in dataclasses.fields(cls)}
+
+
+def _type_name(tp) -> str:
+    if typing.get_origin(tp) is typing.Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    args = typing.get_args(tp)
+    if args:
+        return " | ".join(_type_name(a) for a in args)
+    return "None" if tp is type(None) else getattr(tp, "__name__", str(tp))
+
+
+def _coerce(tp, value, where: str):
+    """``value`` as type ``tp`` (bool, int, float, str, Literal, ``X | None``); a string (from
+    the textual pipeline syntax) is parsed. Raises OptionError naming ``where``."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Literal:
+        if value in args:
+            return value
+        raise OptionError(f"{where}: expected one of {', '.join(map(repr, args))}, got {value!r}")
+    if args and type(None) in args:  # Optional
+        if value is None or (isinstance(value, str) and value.lower() == "none"):
+            return None
+        rest = [a for a in args if a is not type(None)]
+        return _coerce(rest[0] if len(rest) == 1 else typing.Union[tuple(rest)], value, where)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
+            return value.lower() in ("true", "1")
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str) and re.fullmatch(r"[+-]?\d+", value.strip()):
+            return int(value)
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    raise OptionError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+
+
+def make_options(cls, values: dict, owner: str):
+    """An instance of options dataclass ``cls`` from ``values`` (checked and coerced)."""
+    known = _fields(cls)
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise OptionError(f"unknown option(s) {', '.join(map(repr, unknown))} for {owner}; "
+                          f"known: {describe_options(cls) or 'none'}")
+    return cls(**{k: _coerce(known[k][0], v, f"option {k!r} of {owner}") for k, v in values.items()})
+
+
+def describe_options(cls) -> str:
+    return ", ".join(f"{k} ({_type_name(tp)}, default {d!r})" for k, (tp, d) in _fields(cls).items())
+
+
+def split_options(options: dict | None) -> tuple[GlobalOptions, dict[str, dict]]:
+    """A user's ``options`` dict as (global options, {pass name: {option: value}}).
+
+    Keys: a global option (``chip``, ``strict``); a pass name with a dict of that pass's options
+    (``{"constant-fold": {"max_bytes": 4096}}``); or a pass option's own name where exactly one
+    pass has it (``{"no_kernels": True}``). Anything else is an OptionError listing what is known.
+    """
+    glob: dict = {}
+    per_pass: dict[str, dict] = {}
+    registry = all_passes()
+    global_fields = _fields(GlobalOptions)
+    for key, value in (options or {}).items():
+        if key in global_fields:
+            glob[key] = value
+        elif key in registry:
+            if not isinstance(value, dict):
+                raise OptionError(f"options[{key!r}]: expected a dict of {key}'s options "
+                                  f"({describe_options(registry[key].Options) or 'it has none'}), "
+                                  f"got {value!r}")
+            make_options(registry[key].Options, value, f"pass '{key}'")  # check now
+            per_pass.setdefault(key, {}).update(value)
+        else:
+            owners = [n for n, c in sorted(registry.items()) if key in _fields(c.Options)]
+            if len(owners) != 1:
+                raise OptionError(_unknown_option_message(key, owners, registry))
+            make_options(registry[owners[0]].Options, {key: value}, f"pass '{owners[0]}'")
+            per_pass.setdefault(owners[0], {})[key] = value
+    return make_options(GlobalOptions, glob, "hlofuse"), per_pass
+
+
+def _unknown_option_message(key: str, owners: list[str], registry: dict) -> str:
+    if owners:
+        return (f"option {key!r} belongs to several passes ({', '.join(owners)}); "
+                f"say which: {{'{owners[0]}': {{'{key}': ...}}}}")
+    lines = [f"unknown option {key!r}; known options:",
+             f"  global: {describe_options(GlobalOptions)}"]
+    for n, c in sorted(registry.items()):
+        if _fields(c.Options):
+            lines.append(f"  {n}: {describe_options(c.Options)}")
+    return "\n".join(lines)
+
+
 class Pass:
-    """Base class. Subclasses set ``name`` and implement ``run``.
+    """Base class. Subclasses set ``name`` and implement ``run``; options go in a frozen
+    dataclass named ``Options`` (the pass reads ``self.options``).
 
     ``run(module, ctx)`` rewrites ``module`` in place and returns statistics (a dict of ints or
     floats), which the pass manager records. Every pass must keep the module verifying and must
@@ -69,6 +202,10 @@ class Pass:
     says it reassociates floating point).
     """
     name: str = ""
+    Options: type = NoOptions
+
+    def __init__(self, options=None):
+        self.options = options if options is not None else self.Options()
 
     def run(self, module: ir.Module, ctx: "PassContext") -> dict | None:  # pragma: no cover
         raise NotImplementedError
@@ -76,15 +213,30 @@ class Pass:
 
 @dataclasses.dataclass
 class PassContext:
-    """What passes may read and record: the target, the report, options, shared caches."""
+    """What passes may read and record: the target, the report, options, shared caches.
+
+    ``options`` is the user's options dict (see :func:`split_options`); it is checked when the
+    context is made, and each pass receives its own typed ``Options`` from the pass manager.
+    """
     target: str = "cpu"  # 'cpu' | 'gpu' | 'tpu'
     report: Report = dataclasses.field(default_factory=Report)
     options: dict = dataclasses.field(default_factory=dict)
     donated_args: tuple = ()  # indices of @main arguments the caller donates
     source: str = "<module>"
 
-    def option(self, key: str, default=None):
-        return self.options.get(key, default)
+    def __post_init__(self):
+        self.globals, self.pass_options = split_options(self.options)
+
+    @property
+    def strict(self) -> bool:
+        return self.globals.strict
+
+    def options_for(self, cls, step: "Step | None" = None):
+        """The typed options of pass class ``cls``: the user's, overridden by the step's own."""
+        values = dict(self.pass_options.get(cls.name, {}))
+        if step is not None:
+            values.update(step.options)
+        return make_options(cls.Options, values, f"pass '{cls.name}'")
 
 
 class PassFailure(RuntimeError):
@@ -140,19 +292,62 @@ PIPELINES: dict[str, list[tuple[str, str]]] = {
 }
 
 
-def resolve_pipeline(pipeline: str | Sequence[str] | None) -> list[str]:
-    """A pipeline name, a comma-separated list of pass names, or a list of pass names."""
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One step of a pipeline: a pass name and the options given to this step only."""
+    name: str
+    options: tuple[tuple[str, str], ...] = ()   # (option, value as written)
+
+    def __str__(self) -> str:
+        if not self.options:
+            return self.name
+        return self.name + "{" + ",".join(f"{k}={v}" for k, v in self.options) + "}"
+
+
+_STEP = re.compile(r"\s*([a-z][a-z0-9-]*)\s*(?:\{([^{}]*)\})?\s*(?:,|$)")
+
+
+def parse_pipeline(text: str) -> list[Step]:
+    """``"cse,constant-fold{max_bytes=4096},kernelize"`` as steps (names checked later)."""
+    steps: list[Step] = []
+    pos = 0
+    text = text.strip()
+    while pos < len(text):
+        m = _STEP.match(text, pos)
+        if not m or m.end() == pos:
+            raise OptionError(f"cannot read pipeline {text!r} at column {pos + 1}: "
+                              f"{text[pos:pos + 30]!r} (expected name or name{{opt=value,...}})")
+        opts = []
+        for item in filter(None, (i.strip() for i in (m.group(2) or "").split(","))):
+            k, eq, v = item.partition("=")
+            if not eq or not k.strip():
+                raise OptionError(f"pipeline step {m.group(1)!r}: {item!r} is not option=value")
+            opts.append((k.strip(), v.strip().strip("'\"")))
+        steps.append(Step(m.group(1), tuple(opts)))
+        pos = m.end()
+    return steps
+
+
+def _steps(pipeline: str | Sequence[str | Step] | None) -> list[Step]:
     if pipeline is None:
         pipeline = "default"
     if isinstance(pipeline, str):
         if pipeline in PIPELINES:
-            return [n for n, _ in PIPELINES[pipeline]]
-        names = [p.strip() for p in pipeline.split(",") if p.strip()]
+            return [Step(n) for n, _ in PIPELINES[pipeline]]
+        steps = parse_pipeline(pipeline)
     else:
-        names = list(pipeline)
-    for n in names:
-        get_pass(n)  # raises with the list of known names
-    return names
+        steps = [p if isinstance(p, Step) else s for p in pipeline
+                 for s in ([p] if isinstance(p, Step) else parse_pipeline(p))]
+    for st in steps:
+        cls = get_pass(st.name)  # raises with the list of known names
+        make_options(cls.Options, dict(st.options), f"pass '{st.name}'")
+    return steps
+
+
+def resolve_pipeline(pipeline: str | Sequence[str] | None) -> list[str]:
+    """A pipeline name, a textual pipeline (``"cse,constant-fold{max_bytes=64}"``), or a list of
+    pass names or steps, as the list of pass names it runs (options checked, then dropped)."""
+    return [st.name for st in _steps(pipeline)]
 
 
 def _disabled_from_env() -> set[str]:
@@ -177,7 +372,8 @@ class PassManager:
 
     def __init__(self, pipeline: str | Sequence[str] | None = None, *, disable: Iterable[str] = (),
                  dump_dir: str | None = None, verify_each: bool = True):
-        self.names = resolve_pipeline(pipeline)
+        self.steps = _steps(pipeline)
+        self.names = [st.name for st in self.steps]
         self.disabled = set(disable) | _disabled_from_env()
         unknown = self.disabled - set(all_passes())
         if unknown:
@@ -196,21 +392,22 @@ class PassManager:
         return path
 
     def run(self, module: ir.Module, ctx: PassContext) -> ir.Module:
-        from hlofuse import chips
         # the pass option 'chip' (e.g. 'a100', 'v4') is the chip tiling and the cost model read
-        with chips.use(ctx.option("chip")):
+        with chips.use(ctx.globals.chip):
             return self._run(module, ctx)
 
     def _run(self, module: ir.Module, ctx: PassContext) -> ir.Module:
         report = ctx.report
         self._dump(module, 0, "input")
         done: list[str] = []
-        for i, name in enumerate(self.names, start=1):
+        for i, step in enumerate(self.steps, start=1):
+            name = step.name
             if name in self.disabled:
                 report.record_pass(name, 0.0, {}, disabled=True)
                 continue
             before = hir.to_bytecode(module)
-            p = get_pass(name)()
+            cls = get_pass(name)
+            p = cls(ctx.options_for(cls, step))
             t0 = time.perf_counter()
             try:
                 stats = p.run(module, ctx) or {}

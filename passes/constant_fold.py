@@ -7,7 +7,7 @@ of each constant subgraph (constant-valued ops used by non-constant ops or retur
 one ``stablehlo.constant``. The dead subgraph is erased.
 
 Size policy (constants must not blow up): a result is materialized only when it is a splat,
-or when it is at most ``constant_fold_max_bytes`` (option, default 1 MiB) *and* no larger than
+or when it is at most ``max_bytes`` (option, default 1 MiB) *and* no larger than
 the constant data it is computed from (plus 256 bytes). So ``W * 2`` or ``transpose(W)`` fold,
 but ``broadcast_in_dim(bias)`` to an activation shape stays a broadcast of the (folded) bias;
 when a frontier op is refused, its operands are folded instead. Intermediates larger than
@@ -23,6 +23,8 @@ The module verifies; rerunning the pass changes nothing.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
@@ -300,8 +302,12 @@ class ConstantFold(Pass):
     """See the module docstring."""
     name = "constant-fold"
 
+    @dataclasses.dataclass(frozen=True)
+    class Options:
+        max_bytes: int = DEFAULT_MAX_BYTES  # largest folded result (bytes) a fold may create
+
     def run(self, module, ctx):
-        max_bytes = int(ctx.option("constant_fold_max_bytes", DEFAULT_MAX_BYTES))
+        max_bytes = self.options.max_bytes
         gu.reset_tracking()
         blocks = gu.code_blocks(module)
         folder = _Folder(max_bytes)

@@ -32,6 +32,7 @@ Invariant: the module verifies; kernels accumulate in f32 (results within ``reas
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from jaxlib.mlir import ir
@@ -103,12 +104,12 @@ def conv1x1_to_dot(op):
     return dot.operation
 
 
-def handle_convolutions(module, ctx, block, left) -> tuple[int, list]:
+def handle_convolutions(module, ctx, block, left, as_dot_on_cpu: bool) -> tuple[int, list]:
     """Rewrite 1x1 convolutions to dots on gpu/tpu; note every other convolution's fate."""
     rewritten, new_dots = 0, []
     for op in [o for o in hir.block_ops(block) if o.name == "stablehlo.convolution"]:
         why = conv1x1_as_dot_reason(op)
-        if why is None and (ctx.target != "cpu" or ctx.option("conv1x1_as_dot")):
+        if why is None and (ctx.target != "cpu" or as_dot_on_cpu):
             new_dots.append(conv1x1_to_dot(op))
             rewritten += 1
             continue
@@ -145,13 +146,18 @@ def working_set(anchor, members, target: str) -> tuple[int, int]:
 class FuseMatmulEpilogue(Pass):
     name = "fuse-matmul-epilogue"
 
+    @dataclasses.dataclass(frozen=True)
+    class Options:
+        conv1x1_as_dot: bool = False  # also on cpu (always on gpu/tpu): 1x1 convolutions as dots
+
     def run(self, module, ctx):
         target = ctx.target
         n_kernels = n_left = n_unsupported = 0
         n_conv = 0
         left = LeftToXla(self.name)
         for block in fusible_blocks(module):
-            rewritten, conv_dots = handle_convolutions(module, ctx, block, left)
+            rewritten, conv_dots = handle_convolutions(module, ctx, block, left,
+                                                        self.options.conv1x1_as_dot)
             n_conv += rewritten
             tried: set = set()
             while True:

@@ -14,6 +14,7 @@ Preconditions: regions outlined by a fusion pass. Invariant: results within the 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import threading
 import warnings
@@ -89,6 +90,10 @@ def _short(e: Exception) -> str:
 class Kernelize(Pass):
     name = "kernelize"
 
+    @dataclasses.dataclass(frozen=True)
+    class Options:
+        no_kernels: bool = False  # leave every region to XLA (regions are still outlined)
+
     def run(self, module, ctx):
         table = ir.SymbolTable(module.operation)
         calls = [op for op in hir.all_ops(module) if op.name == "func.call"]
@@ -103,7 +108,7 @@ class Kernelize(Pass):
             if rid >= len(ctx.report.regions) or ctx.report.region(rid).kind != kind:
                 continue  # outlined by an earlier run whose report we do not have
             region = ctx.report.region(rid)
-            if ctx.option("no_kernels"):
+            if self.options.no_kernels:
                 region.reason = "kernels disabled by option"
                 leave_to_xla(fn_op, region.reason)
                 continue
@@ -129,7 +134,7 @@ class Kernelize(Pass):
                 region.reason = f"kernel build failed ({_short(e)})"
                 leave_to_xla(fn_op, region.reason)
                 n_failed += 1
-                if ctx.option("strict"):
+                if ctx.strict:
                     raise
                 if not isinstance(e, NotImplementedError):  # unsupported-but-legal: report only
                     where = ", ".join(region.locations[:3]) or "unknown location"

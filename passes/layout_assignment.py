@@ -3,7 +3,7 @@
 Rewrites, in order:
 
 1. **Convolutions to the target's preferred layout.** On gpu and tpu (table
-   :data:`PREFERRED_CONV_LAYOUT`; pass option ``conv_layout='channels_last'|None`` overrides)
+   :data:`PREFERRED_CONV_LAYOUT`; pass option ``conv_layout``: ``'channels_last'`` forces it, ``'keep'`` keeps the program's)
    every convolution not already in ``[b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f]`` (NHWC/HWIO)
    gets its dimension numbers rewritten to it: the input is transposed (reusing an existing
    transpose of the same value), a constant kernel is transposed on the host, and one
@@ -31,6 +31,9 @@ verifies; rerunning the pass changes nothing.
 """
 
 from __future__ import annotations
+
+import dataclasses
+from typing import Literal
 
 import numpy as np
 
@@ -333,8 +336,13 @@ class LayoutAssignment(Pass):
     """See the module docstring."""
     name = "layout-assignment"
 
+    @dataclasses.dataclass(frozen=True)
+    class Options:
+        # convolution layout: None = the target's preference (PREFERRED_CONV_LAYOUT)
+        conv_layout: Literal["channels_last", "keep"] | None = None
+
     def run(self, module, ctx):
-        prefer = ctx.option("conv_layout", PREFERRED_CONV_LAYOUT.get(ctx.target))
+        prefer = self.options.conv_layout or PREFERRED_CONV_LAYOUT.get(ctx.target)
         t_before, c_before = count_transposes(module)
         lay = _Layout()
         unaligned = 0

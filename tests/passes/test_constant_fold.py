@@ -105,7 +105,7 @@ def test_size_limit_keeps_broadcast():
 
 def test_max_bytes_option():
     # 48-byte results exceed a 16-byte limit: only the splat broadcast (always cheap) folds
-    o = optimize(FOLD, options={"constant_fold_max_bytes": 16})
+    o = optimize(FOLD, options={"constant-fold": {"max_bytes": 16}})
     assert stats(o)["folded"] == 1 and stats(o)["refused_size"] >= 1
     assert "stablehlo.multiply" in o.text and o.text.count("stablehlo.transpose") == 2
 
