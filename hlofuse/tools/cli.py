@@ -25,9 +25,9 @@ them. Exit codes: 0 success, 1 ``check``/``--verify`` found a numerical mismatch
 Crash safety: MLIR and XLA can abort the process on corrupt input (a bad bytecode stream, an XLA
 CHECK failure). ``run_main`` therefore runs the subcommand in a child process (``python -P -m
 hlofuse.tools.cli`` with ``HLOFUSE_CLI_CHILD=1``; ``-P`` so that modules in the current directory
-are never imported, see :func:`hlofuse.ir.python_command`) and turns a child killed by a signal into the same one-line error and exit code
-2, naming the stage (file and step) it died in. Set ``HLOFUSE_CLI_INPROCESS=1`` to run
-in-process (debugging).
+are never imported, see :func:`hlofuse.ir.python_command`) and turns a child killed by a signal
+into the same one-line error and exit code 2, naming the stage (file and step) it died in. Set
+``HLOFUSE_CLI_INPROCESS=1`` to run in-process (debugging).
 
 Stopping: SIGINT (Ctrl-C), SIGTERM and SIGHUP sent to ``hlofuse`` are forwarded to the worker,
 which stops at the next Python step (an output being written is completed first, none is started
