@@ -49,7 +49,7 @@ def _versions() -> dict:
 
 def _device() -> dict:
     import jax
-    from hlofuse import autotune
+    from hlofuse.tools import autotune
     d = jax.devices()[0]
     info = {"platform": d.platform, "device_kind": d.device_kind, "device_count": jax.device_count(),
             "measured": "device" if d.platform != "cpu" else "cpu",

@@ -117,7 +117,7 @@ def measure_time(seq: int, rounds: int) -> dict:
     fns = functions()
     args = [jax.device_put(a) for a in make_inputs(seq)]
     outs = {n: jax.block_until_ready(f(*args)) for n, f in fns.items()}   # compile
-    for _ in range(WARMUP):   # past hlofuse's one-time autotuning call (hlofuse.autotune)
+    for _ in range(WARMUP):   # past hlofuse's one-time autotuning call (hlofuse.tools.autotune)
         for f in fns.values():
             jax.block_until_ready(f(*args))
     problems = compare(outs["hlofuse"], outs["jax"], "reassociate")

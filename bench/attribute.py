@@ -122,7 +122,7 @@ def time_variants(variants, exp0, leaves, options: dict, rounds: int) -> dict:
 
 def main(argv=None) -> int:
     from bench import workloads
-    from hlofuse import autotune
+    from hlofuse.tools import autotune
     ap = argparse.ArgumentParser(prog="python -m bench.attribute", description=__doc__.split("\n\n")[0])
     ap.add_argument("model")
     ap.add_argument("--rounds", type=int, default=5)

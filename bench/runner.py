@@ -5,7 +5,7 @@ What one :func:`bench_workload` call measures (all in this process unless stated
 * **first call** of each (trace + export/optimize + XLA compile + run), fresh function objects;
 * **numerics**: max abs / relative difference between the two outputs;
 * **autotune**: hlofuse's compiler-option decision (made on its second call, see
-  :mod:`hlofuse.autotune`) and the seconds it took;
+  :mod:`hlofuse.tools.autotune`) and the seconds it took;
 * **latency, interleaved**: after warm-up, ``rounds`` rounds; each round times ``reps``
   back-to-back calls of each function (synchronized once with ``block_until_ready``; on a
   GPU/TPU this is device time with host dispatch overlapped) in the order A B B A (B A A B
@@ -42,7 +42,7 @@ from typing import Callable
 
 import numpy as np
 
-from hlofuse.autotune import BUSY_SHARE as FOREIGN_LOAD_FLAG  # noqa: E402 (0.25: share of
+from hlofuse.tools.autotune import BUSY_SHARE as FOREIGN_LOAD_FLAG  # noqa: E402 (0.25: share of
 # all CPUs' time used by other processes during a round above which the round is flagged)
 
 
@@ -72,8 +72,8 @@ class Config:
 # ------------------------------------------------------------------------------------------
 # foreign load
 # ------------------------------------------------------------------------------------------
-# the probe lives in hlofuse.autotune (tuning records the load it ran under too)
-from hlofuse.autotune import ForeignLoad as LoadProbe  # noqa: E402
+# the probe lives in hlofuse.tools.autotune (tuning records the load it ran under too)
+from hlofuse.tools.autotune import ForeignLoad as LoadProbe  # noqa: E402
 
 
 # ------------------------------------------------------------------------------------------
@@ -340,7 +340,7 @@ def _rss_child(name: str, impl: str, seed: int, autotune: bool | None) -> None:
         hf = hlofuse.jit(fn, autotune=autotune)
         try:
             # compile without running; Lowered.compile() applies a cached autotune decision
-            from hlofuse.autotune import cached_options
+            from hlofuse.tools.autotune import cached_options
             low = hf.lower(*args)
             call = low.compile()
             opts = cached_options(low._entry.optimized.text) if autotune is not False else {}

@@ -39,6 +39,10 @@ from jaxlib.mlir import ir
 
 from hlofuse import chips as _chips
 from hlofuse import ir as hir
+from hlofuse.api import Optimized, optimize
+from hlofuse.passes.kernelize import KERNEL_INFO_ATTR
+from hlofuse.tools import formats
+from hlofuse.verify import rollback
 
 __all__ = ["KernelResult", "ChipResult", "compile_for", "optimize_for", "optimize_many", "check_modules",
            "missing_packages", "INSTALL", "parse_chips"]
@@ -160,7 +164,6 @@ def _ptxas() -> str | None:
 
 def _normalize(program):
     """-> (ir.Module in hlofuse's context, report or None, target or None)."""
-    from hlofuse.api import Optimized
     if hasattr(program, "exported") and hasattr(program, "report") and hasattr(program, "as_text"):
         return hir.parse(program.as_text(debug_info=True), hir.new_context()), program.report, None
     if isinstance(program, Optimized):
@@ -170,9 +173,8 @@ def _normalize(program):
     if isinstance(program, ir.Module):
         return hir.parse(hir.to_bytecode(program), hir.new_context()), None, None
     if isinstance(program, (bytes, bytearray, str)):
-        from hlofuse import fileio
         data = program.encode() if isinstance(program, str) else bytes(program)
-        loaded = fileio.load_bytes(data, source="<program>", probe=False)
+        loaded = formats.load_bytes(data, source="<program>", probe=False)
         return loaded.module, None, None
     raise TypeError(f"cannot compile a {type(program).__name__}: pass an Exported, an ir.Module, "
                     f"StableHLO text/bytes, hlofuse.Optimized or hlofuse.jit(...).lower(...)")
@@ -187,7 +189,6 @@ def kernel_target(module: ir.Module) -> str | None:
 
 
 def _kernel_funcs(module: ir.Module) -> list:
-    from hlofuse.passes.kernelize import KERNEL_INFO_ATTR
     out = []
     for f in hir.funcs(module):
         name = hir.func_name(f)
@@ -212,7 +213,6 @@ def _callees(module: ir.Module, root: str) -> list[str]:
 
 def kernels_of(module: ir.Module, report=None) -> list[tuple[KernelResult, bytes]]:
     """Every kernel of an optimized module, described, with a module of its own (bytecode)."""
-    from hlofuse.passes.kernelize import KERNEL_INFO_ATTR
     calls: dict[str, str] = {}
     for op in hir.all_ops(module):
         if op.name == "func.call":
@@ -501,11 +501,9 @@ def optimize_for(module, chip: str, *, pipeline=None, options: dict | None = Non
 def optimize_many(items: Sequence[tuple[str, object]], chip: str, *, pipeline=None,
                   options: dict | None = None, per_kernel: bool = False) -> list[ChipResult]:
     """:func:`optimize_for` over several (label, module) pairs with one compiler worker."""
-    import hlofuse
-    from hlofuse.verify import rollback
     c = _chips.get(chip)
     opts = dict(options or {}, chip=c.name)
-    opts_ = [hlofuse.optimize(m, target=c.target, pipeline=pipeline, options=opts, source=label)
+    opts_ = [optimize(m, target=c.target, pipeline=pipeline, options=opts, source=label)
              for label, m in items]
     first = check_modules([(label, o.module, o.report) for (label, _), o in zip(items, opts_)],
                           c.name, per_kernel=per_kernel)
@@ -577,7 +575,6 @@ def cli_compile_for(chips_flag: str, paths: Sequence[str], *, per_kernel: bool =
     chip, 1 when one does not (it then runs on XLA for that chip), 2 when packages are missing."""
     import jax
     from jax._src import xla_bridge
-    from hlofuse import fileio
     if not xla_bridge.backends_are_initialized():
         # this process only parses and optimizes: keep the GPU/TPU plugins asleep (no driver)
         jax.config.update("jax_platforms", "cpu")
@@ -586,7 +583,7 @@ def cli_compile_for(chips_flag: str, paths: Sequence[str], *, per_kernel: bool =
         raise ValueError(f"--compile-for takes one FILE, got {len(paths)}")
     names = parse_chips(chips_flag)
     path = paths[0]
-    loaded = fileio.load(path, probe=False)
+    loaded = formats.load(path, probe=False)
     module = loaded.module
     missing = [m for m in (missing_packages(n) for n in names) if m] if _python() == sys.executable else []
     if missing:

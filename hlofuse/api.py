@@ -1,4 +1,5 @@
-"""``hlofuse.optimize``: run a pipeline over a StableHLO module (text, bytes or ``ir.Module``)."""
+"""``hlofuse.optimize``: run a pipeline over a StableHLO module (text, bytes or ``ir.Module``);
+:func:`optimize_loaded` does it for a file read by :mod:`hlofuse.tools.formats`."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from typing import Sequence
 from jaxlib.mlir import ir
 
 from hlofuse import ir as hir
+from hlofuse.ops import OpClass, rule_for
 from hlofuse.pipeline import PassContext, PassManager
 from hlofuse.report import Report
+from hlofuse.tools import argspec, formats
 
 TARGETS = ("cpu", "gpu", "tpu")
 
@@ -169,14 +172,13 @@ class _DumpingPassManager(PassManager):
         return path
 
     def _write(self, path: str, data) -> None:
-        from hlofuse import fileio
         try:
             os.makedirs(self.dump_dir, exist_ok=True)
-            fileio.atomic_write(path, data)
+            formats.atomic_write(path, data)
         except OSError as e:
             raise DumpError(self.dump_dir, path, f"cannot create the directory: "
                                                  f"{e.strerror or e}") from None
-        except fileio.FileError as e:
+        except formats.FileError as e:
             why = str(e)[len(path) + 2:] if str(e).startswith(f"{path}: ") else str(e)
             raise DumpError(self.dump_dir, path, why) from None
 
@@ -189,7 +191,6 @@ _UNHANDLED_WHY = {
 
 def note_unhandled(module: ir.Module, report) -> None:
     """Tell the user which ops hlofuse left to XLA on principle, and why (one note per kind)."""
-    from hlofuse.ops import OpClass, rule_for
     found: dict[str, list] = {}
     for f in hir.funcs(module):
         if hir.func_name(f).startswith(KERNEL_PREFIX):
@@ -210,3 +211,83 @@ def note_unhandled(module: ir.Module, report) -> None:
         uniq = sorted(set(items))
         more = f" and {len(uniq) - 4} more" if len(uniq) > 4 else ""
         report.note(f"left to XLA: {', '.join(uniq[:4])}{more}: {_UNHANDLED_WHY[kind]}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Optimizing a file (hlofuse optimize / report, the corpus hook)
+# ---------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class OptimizeResult:
+    """What :func:`optimize_loaded` made of a file: the module to write and the report."""
+    module: ir.Module
+    report: Report
+    target: str
+    changed: bool              # False when the module was passed through unchanged
+
+    @property
+    def notes(self) -> list[str]:
+        return self.report.notes
+
+
+def resolve_target(loaded: formats.Loaded, target: str | None) -> str:
+    """The optimization target: ``target``, else the exported platform, else jax's backend."""
+    plats = loaded.platforms
+    if target is not None:
+        target = normalize_target(target)
+        if len(plats) == 1 and formats.TARGET_OF_PLATFORM.get(plats[0]) != target:
+            raise formats.FileError(f"{loaded.source}: was exported for platform {plats[0]}, but "
+                                    f"--target is {target}; its kernels could not run there "
+                                    f"(re-export for {formats.PLATFORM_OF_TARGET[target]})")
+        return target
+    if len(plats) == 1 and plats[0] in formats.TARGET_OF_PLATFORM:
+        return formats.TARGET_OF_PLATFORM[plats[0]]
+    return normalize_target(None)
+
+
+def optimize_loaded(loaded: formats.Loaded, *, target: str | None = None, pipeline=None,
+                    disable: Sequence[str] = (), dump_dir: str | None = None,
+                    options: dict | None = None,
+                    shapes: Sequence[argspec.ArgSpec] | None = None) -> OptimizeResult:
+    """Optimize a loaded file (:mod:`hlofuse.tools.formats`) with :func:`optimize`, or pass it
+    through with a note.
+
+    Passed through unchanged (``changed=False``): modules without StableHLO ops (MHLO raises,
+    see :func:`check_dialects`), jax.export artifacts for several platforms
+    (kernels are per platform) and modules whose ``main`` has dynamic shapes that ``shapes``
+    does not refine. The optimized ``main`` of an exported artifact must keep its signature.
+    """
+    target = resolve_target(loaded, target)
+    src = loaded.source
+    foreign = check_dialects(loaded.module, source=src)  # raises for MHLO
+    if foreign:
+        return _passthrough(loaded, target, foreign)
+    if len(loaded.platforms) > 1:
+        return _passthrough(loaded, target, f"{src} was exported for platforms "
+                            f"{', '.join(loaded.platforms)}; hlofuse optimizes single-platform "
+                            f"artifacts (kernels are per platform), so it is written unchanged")
+    if shapes:
+        argspec.refine_shapes(loaded, shapes)
+    dyn = argspec.dynamic_signature(loaded.module)
+    if dyn:
+        how = ("re-export with concrete shapes" if loaded.exported is not None
+               else "refine it with --shapes")
+        return _passthrough(loaded, target, f"{src}: {dyn} (dynamic shape); written unchanged; {how}")
+    before_sig = (argspec.main_arg_types(loaded.module), argspec.main_result_types(loaded.module))
+    before_sig = tuple(tuple(str(t) for t in ts) for ts in before_sig)
+    opt = optimize(loaded.module, target=target, pipeline=pipeline, disable=disable,
+                   dump_dir=dump_dir, options=options, source=src,
+                   donated_args=argspec.donated_args(loaded.module))
+    after_sig = tuple(tuple(str(t) for t in ts) for ts in (argspec.main_arg_types(opt.module),
+                                                           argspec.main_result_types(opt.module)))
+    if after_sig != before_sig:
+        raise formats.FileError(f"{src}: internal: optimization changed the signature of main "
+                                f"{before_sig} -> {after_sig}")
+    return OptimizeResult(opt.module, opt.report, target, True)
+
+
+def _passthrough(loaded: formats.Loaded, target: str, note: str) -> OptimizeResult:
+    report = Report(target=target, source=loaded.source)
+    report.ops_before = report.ops_after = count_main_ops(loaded.module)
+    report.note(note)
+    return OptimizeResult(loaded.module, report, target, False)

@@ -8,7 +8,7 @@ inlines hlofuse's optimized module. So calling it costs what a ``jax.jit`` call 
 C++ dispatch path), its caches are jax's caches, and it composes with every JAX
 transformation exactly like ``jax.jit`` does.
 
-Autotuning (:mod:`hlofuse.autotune`) sits beside that path, never inside it: a tuned signature
+Autotuning (:mod:`hlofuse.tools.autotune`) sits beside that path, never inside it: a tuned signature
 whose decision is "XLA defaults" runs the very same ``jax.jit`` object as ``autotune=False``;
 only a signature whose measured winner is a compiler-option variant runs a second, top-level
 ``jax.jit(traced, compiler_options=...)``. Under any transformation (arguments are tracers)
@@ -32,10 +32,14 @@ from jax import tree_util
 from jax._src import api_util
 from jax._src import core as jcore
 
-from hlofuse import autotune as at
+from hlofuse import ir as hir
 from hlofuse.api import normalize_target
 from hlofuse.kernels.lowering import platform_for
+from hlofuse.passes import graph_util as gu
+from hlofuse.passes.buffer_aliasing import memory_plan
+from hlofuse.report import Report
 from hlofuse.runtime import Options, Program, call, find_calls, signature_of
+from hlofuse.tools import autotune as at
 
 __all__ = ["jit", "Lowered", "Compiled", "HlofuseFunction"]
 
@@ -226,7 +230,7 @@ class HlofuseFunction:
         self._jit = jax.jit(self._traced_fn(), **self._jit_kwargs)
         self._programs: dict[tuple, Program] = {}
         self._lock = threading.RLock()
-        # autotune: None follows HLOFUSE_AUTOTUNE / the platform (see hlofuse.autotune.mode)
+        # autotune: None follows HLOFUSE_AUTOTUNE / the platform (see hlofuse.tools.autotune.mode)
         self._autotune = autotune
         self._tuning: dict[tuple, _Tuning] = {}
         self._variants: dict[tuple, Callable] = {}   # compiler-option variants of self._jit
@@ -516,7 +520,6 @@ class HlofuseFunction:
             program, sig = calls[0]
             entry = program.entry(sig, program.target_for(platform))
         else:
-            from hlofuse.report import Report
             report = Report(target=self._target or normalize_target(None), source=self._name)
             report.note("left to XLA whole: the function has side effects (Python host "
                         "callbacks such as jax.debug.print, pure_callback or io_callback), "
@@ -549,7 +552,7 @@ class HlofuseFunction:
         return rep
 
     def autotune_decision(self, *args, **kwargs):
-        """The compiler-option decision (:class:`hlofuse.autotune.Decision`) for these
+        """The compiler-option decision (:class:`hlofuse.tools.autotune.Decision`) for these
         arguments' signature, or None while undecided / when autotuning is off."""
         key = self._call_key(self._wrap_frozen(args), kwargs)
         st = self._tuning.get(key)
@@ -594,9 +597,6 @@ class HlofuseFunction:
 
 def _report_compiled_aliases(report, entry, aliases: dict[int, int]) -> None:
     """Replace the report's aliases and memory plan with what the executable does."""
-    from hlofuse import ir as hir
-    from hlofuse.passes import graph_util as gu
-    from hlofuse.passes.buffer_aliasing import memory_plan
     module = entry.optimized.module
     with module.context:
         func = hir.main_func(module)
@@ -656,7 +656,7 @@ def jit(fun: Callable | None = None, *, target: str | None = None, pipeline=None
         cached). Mutating a frozen array in place is not detected: pass a new array or make a
         new ``hlofuse.jit``.
       autotune: measure XLA compiler-option variants for each signature on its second call
-        and keep one only when it beats XLA's defaults (see :mod:`hlofuse.autotune` and the
+        and keep one only when it beats XLA's defaults (see :mod:`hlofuse.tools.autotune` and the
         README). True/'on', False/'off', 'cached' (use decisions on disk, never measure), or
         None: ``$HLOFUSE_AUTOTUNE``, else on for CPU and off elsewhere.
     """

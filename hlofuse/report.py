@@ -1,10 +1,13 @@
-"""What hlofuse did and why: regions found, kernels emitted, what was left to XLA, bytes saved."""
+"""What hlofuse did and why: regions found, kernels emitted, what was left to XLA, bytes saved.
+
+A :class:`Report` is data with text, Markdown and JSON views; its HTML page is drawn by
+:func:`hlofuse.tools.html.render`.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import html
 import json
 import os
 import re
@@ -137,14 +140,14 @@ class Report:
                  f"- kernels: {len(self.kernels)}; regions left to XLA: {len(self.left_to_xla)}"
                  + (f"; merged into other regions: {len(self.merged)}" if self.merged else ""),
                  f"- top-level ops in main: {self.ops_before} -> {self.ops_after}",
-                 f"- modeled HBM bytes: {_fmt_bytes(self.bytes_unfused)} -> {_fmt_bytes(self.bytes_fused)}"
-                 f" (saved {_fmt_bytes(self.bytes_saved)})", "",
+                 f"- modeled HBM bytes: {fmt_bytes(self.bytes_unfused)} -> {fmt_bytes(self.bytes_fused)}"
+                 f" (saved {fmt_bytes(self.bytes_saved)})", "",
                  "| id | kind | ops | kernel / reason | bytes before → after | where |",
                  "|---|---|---|---|---|---|"]
         for r in self.regions:
             lines.append(f"| {r.id} | {r.kind} | {_ops_summary(r.ops)} | "
-                         f"{_outcome(r)} | "
-                         f"{_fmt_bytes(r.bytes_unfused)} → {_fmt_bytes(r.bytes_fused if r.kernel else r.bytes_unfused)} | "
+                         f"{outcome(r)} | "
+                         f"{fmt_bytes(r.bytes_unfused)} → {fmt_bytes(r.bytes_fused if r.kernel else r.bytes_unfused)} | "
                          f"{', '.join(r.locations[:3])} |")
         if self.notes:
             lines += ["", "## Notes", *[f"- {n}" for n in self.notes]]
@@ -159,12 +162,12 @@ class Report:
                 f"{len(self.left_to_xla)} region(s) left to XLA"
                 + (f", {len(self.merged)} merged into others" if self.merged else "") +
                 f"; main ops {self.ops_before} -> "
-                f"{self.ops_after}; modeled bytes {_fmt_bytes(self.bytes_unfused)} -> "
-                f"{_fmt_bytes(self.bytes_fused)}")
+                f"{self.ops_after}; modeled bytes {fmt_bytes(self.bytes_unfused)} -> "
+                f"{fmt_bytes(self.bytes_fused)}")
         rows = [("id", "kind", "ops", "kernel / reason", "bytes", "where")]
         for r in self.regions:
-            rows.append((str(r.id), r.kind, _ops_summary(r.ops, 38), _outcome(r),
-                         f"{_fmt_bytes(r.bytes_unfused)}->{_fmt_bytes(r.bytes_fused if r.kernel else r.bytes_unfused)}",
+            rows.append((str(r.id), r.kind, _ops_summary(r.ops, 38), outcome(r),
+                         f"{fmt_bytes(r.bytes_unfused)}->{fmt_bytes(r.bytes_fused if r.kernel else r.bytes_unfused)}",
                          ", ".join(r.locations[:2])))
         widths = [min(60, max(len(row[i]) for row in rows)) for i in range(len(rows[0]))]
         out = [head]
@@ -182,38 +185,8 @@ class Report:
         return "\n".join(out)
 
 
-    def to_html(self) -> str:
-        """A self-contained HTML page of the fusion plan (byte counts in the same units as the
-        text and Markdown views)."""
-        esc = html.escape
-        rows = "".join(
-            f"<tr><td>{r.id}</td><td>{esc(r.kind)}</td><td>{esc(', '.join(o.split('.', 1)[-1] for o in r.ops))}</td>"
-            f"<td>{esc(_outcome(r))}</td>"
-            f"<td>{_fmt_bytes(r.bytes_unfused)}</td><td>{_fmt_bytes(r.bytes_fused if r.kernel else r.bytes_unfused)}</td>"
-            f"<td>{esc(', '.join(r.locations[:3]))}</td></tr>" for r in self.regions)
-        passes = "".join(
-            f"<tr><td>{esc(p.name)}</td><td>{'disabled' if p.disabled else format(p.seconds * 1e3, '.1f')}</td>"
-            f"<td>{esc(', '.join(str(k) + '=' + str(v) for k, v in p.stats.items()))}</td></tr>"
-            for p in self.passes)
-        notes = "".join(f"<li>{esc(n)}</li>" for n in self.notes)
-        merged = f", {len(self.merged)} merged into others" if self.merged else ""
-        return (
-            "<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>hlofuse report</title>"
-            "<style>body{font-family:sans-serif}table{border-collapse:collapse}"
-            "td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}</style></head><body>\n"
-            f"<h1>hlofuse report: {esc(str(self.source))} (target {esc(self.target)})</h1>\n"
-            f"<p>{len(self.kernels)} kernel(s), {len(self.left_to_xla)} region(s) left to XLA{merged}; "
-            f"top-level ops in main {self.ops_before} &rarr; {self.ops_after}; modeled bytes "
-            f"{_fmt_bytes(self.bytes_unfused)} &rarr; {_fmt_bytes(self.bytes_fused)} "
-            f"(saved {_fmt_bytes(self.bytes_saved)})</p>\n"
-            "<table><tr><th>id</th><th>kind</th><th>ops</th><th>kernel / reason</th>"
-            f"<th>bytes unfused</th><th>bytes fused</th><th>where</th></tr>{rows}</table>\n"
-            + (f"<h2>Notes</h2><ul>{notes}</ul>\n" if notes else "")
-            + f"<h2>Passes</h2><table><tr><th>pass</th><th>ms</th><th>stats</th></tr>{passes}</table>\n"
-            "</body></html>\n")
-
-
-def _outcome(r: Region) -> str:
+def outcome(r: Region) -> str:
+    """What became of a region, in one phrase: its kernel, a merge, or XLA and why."""
     if r.kernel:
         return r.kernel
     if "merged_into" in r.extra:
@@ -290,7 +263,8 @@ def _ops_summary(ops: list[str], limit: int = 80) -> str:
     return s if len(s) <= limit else s[: limit - 3] + "..."
 
 
-def _fmt_bytes(n: int) -> str:
+def fmt_bytes(n: int) -> str:
+    """Bytes in human units (``512B``, ``1.5KiB``), as every view of a report shows them."""
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB":
             return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"

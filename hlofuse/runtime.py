@@ -58,6 +58,8 @@ from jax.extend import core as jex_core
 from hlofuse import ir as hir
 from hlofuse.api import Optimized, normalize_target, optimize
 from hlofuse.kernels.lowering import platform_for
+from hlofuse.report import Report
+from hlofuse.verify import unoptimized, verify_regions
 
 Signature = tuple  # tuple of (shape, dtype, weak_type) per flat input
 
@@ -116,10 +118,8 @@ def export_optimized(fun: Callable, sig: Signature, opts: Options, *, name: str 
                        disable=opts.disable, dump_dir=opts.dump_dir, options=opts.pass_options,
                        source=name, donated_args=donated)
         if opts.check:
-            from hlofuse.verify import verify_regions
             opt = verify_regions(exp0, opt, dataclasses.replace(opts, target=target), name=name)
     except Exception as e:
-        from hlofuse.verify import unoptimized
         opt = unoptimized(exp0, dataclasses.replace(opts, target=target), name=name, error=e)
     checks = tuple(exp0.disabled_safety_checks)
     if target == "gpu":
@@ -241,7 +241,6 @@ class Program:
         """Functions with side effects (Python host callbacks: jax.debug.print, pure_callback,
         io_callback) cannot go through jax.export (it cannot serialize them): they run as
         traced, with plain XLA, and the report says so."""
-        from hlofuse.report import Report
         lowered = jax.jit(functools.partial(_call_jaxpr, self.jaxpr(sig))).trace(
             *sds(sig)).lower(lowering_platforms=(platform_for(target),))
         module = hir.parse(lowered.as_text(debug_info=True), source=self.name)

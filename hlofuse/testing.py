@@ -1,4 +1,4 @@
-"""Differential-testing helpers and THE tolerance table.
+"""Differential-testing helpers and THE tolerance table; random inputs and random programs.
 
 Every numerical comparison in hlofuse (tests, ``check=True`` verification, ``hlofuse check``)
 uses :data:`TOLERANCES`. Rewrites that do not reassociate floating point are compared exactly
@@ -16,6 +16,8 @@ import numpy as np
 
 import jax
 import jax.numpy as jnp
+
+from hlofuse.ir import np_dtype
 
 # category -> dtype -> (rtol, atol). Integers and bools are always exact.
 TOLERANCES: dict[str, dict[str, tuple[float, float]]] = {
@@ -186,6 +188,7 @@ def edge_inputs(avals, seed: int = 0, fraction: float = 0.25, *,
 # slice, constant) on inputs of random shapes and dtypes, traced by ``jax.export``. Every node
 # is fully resolved at generation time (operands are coerced by explicit broadcast/convert/
 # constant nodes), so a failing example prints as a small runnable program (``.source()``).
+# The oracle that runs one through the pipeline is :func:`hlofuse.verify.check_graph`.
 
 FUZZ_DTYPES = ("f32", "bf16", "f16", "i32", "i1")
 FUZZ_DIMS = (1, 2, 3, 4, 5, 8, 16, 17, 128, 130)
@@ -239,7 +242,6 @@ class GraphSpec:
 
     # -- running ---------------------------------------------------------------------------
     def avals(self) -> list:
-        from hlofuse.ir import np_dtype
         return [jax.ShapeDtypeStruct(s, np_dtype(d)) for s, d in self.inputs]
 
     def input_values(self) -> list[np.ndarray]:
@@ -248,7 +250,6 @@ class GraphSpec:
 
     def build(self):
         """The program as a JAX function of the inputs."""
-        from hlofuse.ir import np_dtype
         from jax import lax
 
         def fn(*args):
@@ -519,48 +520,3 @@ def stablehlo_graphs(max_nodes: int = 14, dtypes: Sequence[str] = FUZZ_DTYPES):
                          draw(st.booleans()))
 
     return graphs()
-
-
-def check_graph(spec: GraphSpec, *, target: str = "cpu", category: str | None = None,
-                verify: bool = False, pipeline=None) -> "hlofuse.Optimized":
-    """Differential check of one random graph; raises AssertionError on any violation.
-
-    Exports the program, optimizes it for ``target`` and asserts that the module verifies,
-    that a second run of the pipeline over the result changes nothing (idempotence), and — on
-    a target present in this process — that the optimized module gives the unoptimized one's
-    results (``category`` tolerance; ints and bools exact). The default category follows the
-    kernels made, as :mod:`hlofuse.verify` does: ``kernel`` when all are elementwise,
-    ``reassociate`` when a reduction, contraction or attention kernel may sum in another order.
-    ``verify=True`` also runs :func:`hlofuse.verify.verify_module` and asserts no region is
-    rolled back.
-    """
-    import hlofuse
-    from hlofuse import ir as hir
-    from hlofuse.kernels.lowering import platform_for
-    from hlofuse.verify import backend_for, run_module, verify_module
-    exp = jax.export.export(jax.jit(spec.build()), platforms=[platform_for(target)])(*spec.avals())
-    text = exp.mlir_module()
-    opt = hlofuse.optimize(text, target=target, pipeline=pipeline, source="fuzz")
-    hir.verify(opt.module)
-    again = hlofuse.optimize(opt.text, target=target, pipeline=pipeline, source="fuzz-again")
-    assert again.text == opt.text, "a second run of the pipeline changed the module:\n" + _diff(opt.text, again.text)
-    if verify:
-        verify_module(opt, warn=False)
-        bad = [r for r in opt.report.regions if str(r.extra.get("verify", "")).startswith("rolled back")]
-        assert not bad, "verification rolled back: " + "; ".join(f"region {r.id}: {r.reason}" for r in bad)
-    if backend_for(target) is not None:
-        values = spec.input_values()
-        inputs = [values[i] for i in sorted(exp.module_kept_var_idx)]  # export drops unused args
-        want = run_module(text, inputs, target=target)
-        got = run_module(opt.module, inputs, target=target)
-        if category is None:
-            from hlofuse.verify import DEFAULT_CATEGORY, KIND_CATEGORY
-            cats = {KIND_CATEGORY.get(r.kind, DEFAULT_CATEGORY) for r in opt.report.kernels}
-            category = "reassociate" if "reassociate" in cats else "kernel"
-        assert_same(got, want, category)
-    return opt
-
-
-def _diff(a: str, b: str, n: int = 60) -> str:
-    import difflib
-    return "\n".join(list(difflib.unified_diff(a.splitlines(), b.splitlines(), lineterm=""))[:n])

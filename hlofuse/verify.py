@@ -36,20 +36,28 @@ before the program runs): a kernel wrong only on values the trials never produce
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import logging
 import warnings
 from typing import Sequence
 
 import numpy as np
 
+import jax
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import func as func_d
 
 from hlofuse import ir as hir
-from hlofuse.report import HlofuseWarning, Region
+from hlofuse.api import Optimized, count_main_ops, optimize
+from hlofuse.execute import backend_for, run_module
+from hlofuse.kernels import FAMILIES, lowering
+from hlofuse.passes.fusion.outline import XLA_ATTR
+from hlofuse.pipeline import PassFailure
+from hlofuse.report import HlofuseWarning, Region, Report
+from hlofuse.testing import GraphSpec, assert_same, compare, edge_bound, edge_inputs, random_inputs
 
 __all__ = ["verify_module", "verify_regions", "unoptimized", "RegionCheck", "KIND_CATEGORY",
-           "run_module", "backend_for"]
+           "check_graph"]
 
 # region kind -> tolerance category (hlofuse.testing.TOLERANCES). Elementwise kernels compute
 # the same ops in the same order; kinds that tile reductions or use online softmax reassociate.
@@ -71,52 +79,10 @@ class RegionCheck:
 
 
 # ---------------------------------------------------------------------------------------------
-# Running modules
-# ---------------------------------------------------------------------------------------------
-
-_BACKEND_NAMES = {"cpu": "cpu", "gpu": "gpu", "tpu": "tpu"}
-
-
-def backend_for(target: str):
-    """The XLA client that runs ``target`` in this process, or None when it is absent."""
-    import jax.extend as jex
-    try:
-        return jex.backend.get_backend(_BACKEND_NAMES[target])
-    except Exception:
-        return None
-
-
-def run_module(module, inputs: Sequence[np.ndarray], *, target: str = "cpu", backend=None) -> list[np.ndarray]:
-    """Compile ``module`` (``ir.Module``, text or bytecode) with XLA and run ``@main`` once.
-
-    Raises whatever XLA raises (compile or runtime errors); callers decide what it means.
-    """
-    import jax
-    import jax.extend as jex
-    be = backend or backend_for(target)
-    if be is None:
-        raise RuntimeError(f"no {target} device in this process")
-    if isinstance(module, ir.Module):
-        hir.check_no_host_callbacks(module, source="verify")  # a stale callback pointer segfaults
-    payload = hir.to_bytecode(module) if isinstance(module, ir.Module) else module
-    dev = be.local_devices()[0]
-    exe = be.compile_and_load(payload, [dev], jex.backend.get_compile_options(num_replicas=1, num_partitions=1))
-    with jax.ensure_compile_time_eval():  # we may be called while JAX traces (grad, vmap)
-        args = [jax.device_put(np.asarray(x), dev) for x in inputs]
-    res = exe.execute_sharded(args)
-    return [np.asarray(a[0]) for a in res.disassemble_into_single_device_arrays()]
-
-
-# ---------------------------------------------------------------------------------------------
 # Building the side-by-side test module
 # ---------------------------------------------------------------------------------------------
 
-def _ftype(fn_op) -> ir.FunctionType:
-    return ir.FunctionType(ir.TypeAttr(fn_op.attributes["function_type"]).value)
-
-
 def _avals(types) -> list:
-    import jax
     out = []
     for t in types:
         info = hir.tensor_type_info(t)
@@ -153,7 +119,7 @@ def _side_by_side(optimized_module: ir.Module, regions: list[Region], originals:
         table = ir.SymbolTable(test.operation)
         in_types, out_types = [], []
         for r in regions:
-            ft = _ftype(table[r.extra["kernel_func"]])
+            ft = hir.function_type(table[r.extra["kernel_func"]])
             layout.append((r, len(ft.inputs), len(ft.results), list(ft.inputs)))
             in_types += list(ft.inputs)
             out_types += list(ft.results) * 2
@@ -165,7 +131,7 @@ def _side_by_side(optimized_module: ir.Module, regions: list[Region], originals:
             for r, n_in, n_out, _ in layout:
                 args = list(entry.arguments)[pos:pos + n_in]
                 pos += n_in
-                ft = _ftype(table[r.extra["kernel_func"]])
+                ft = hir.function_type(table[r.extra["kernel_func"]])
                 k = func_d.CallOp(list(ft.results), ir.FlatSymbolRefAttr.get(r.extra["kernel_func"]), args)
                 x = func_d.CallOp(list(ft.results), ir.FlatSymbolRefAttr.get(f"{XLA_PREFIX}{r.id}"), args)
                 outs += list(k.results) + list(x.results)
@@ -180,7 +146,6 @@ def _side_by_side(optimized_module: ir.Module, regions: list[Region], originals:
 # ---------------------------------------------------------------------------------------------
 
 def _inputs(types, trial: str, seed: int, region: Region | None = None) -> list[np.ndarray]:
-    from hlofuse.testing import edge_bound, edge_inputs, random_inputs
     avals = _avals(types)
     if trial == "random":
         return random_inputs(avals, seed)
@@ -200,7 +165,6 @@ class _Trials:
         self.edge_only: str | None = None    # finite float differences on edge inputs only
 
     def add(self, trial: str, got, want, how: str = "") -> None:
-        from hlofuse.testing import compare
         if self.failed:
             return
         problems = compare(got, want, self.category)
@@ -266,7 +230,6 @@ def _check_interpret(regions: list[Region], originals: dict, target: str, seed: 
                      trials: Sequence[str], category: str | None, ctx: ir.Context) -> dict[int, RegionCheck]:
     """The target is absent: rebuild each kernel in Pallas interpret mode for ``target`` (same
     blocks and emitters) and compare it on the CPU with the original function run by XLA."""
-    from hlofuse.kernels import FAMILIES
     verdicts = {}
     for r in regions:
         family = FAMILIES.get(r.kind)
@@ -279,12 +242,11 @@ def _check_interpret(regions: list[Region], originals: dict, target: str, seed: 
                                          f"interpret-mode rebuild ({_short(e)})", "interpret")
             continue
         ref_mod = _original_as_main(originals[r.id], ctx)
-        types = list(_ftype(fn).inputs)
+        types = list(hir.function_type(fn).inputs)
         try:
             # lowered, then run by XLA directly: we may be inside a JAX trace (grad, vmap), and
             # evaluating eagerly there would turn the kernel's literals into captured constants
-            from hlofuse.kernels.lowering import lower_to_text
-            kernel_text = lower_to_text(kernel, _avals(types), "cpu")
+            kernel_text = lowering.lower_to_text(kernel, _avals(types), "cpu")
             check = _Trials(r, _category(r, category))
             for t, trial in enumerate(trials):
                 inputs = _inputs(types, trial, seed + 7919 * t + r.id, r)
@@ -319,7 +281,6 @@ def rollback(optimized, region: Region, reason: str) -> None:
     kernel_func = region.extra["kernel_func"]
     _, fn = _parse_func(report.xla_funcs[region.id], ctx)
     with ctx, ir.Location.unknown():
-        from hlofuse.passes.fusion.outline import XLA_ATTR
         table = ir.SymbolTable(module.operation)
         base = name = hir.func_name(fn)
         k = 0
@@ -364,7 +325,6 @@ def verify_module(optimized, *, target: str | None = None, seed: int = 0,
     'not verified: ...'); a rolled-back region gets ``kernel=None`` and
     ``reason='verification failed: ...'``.
     """
-    from hlofuse.api import count_main_ops
     report = optimized.report
     target = target or report.target
     regions = [r for r in report.kernels if r.extra.get("kernel_func")]
@@ -412,9 +372,6 @@ def unoptimized(exp0, opts, *, name: str, error: BaseException):
     """The fallback when optimizing failed: the original module, unchanged, with a warning
     naming what failed. Re-raises with ``options={'strict': True}`` (debugging) and for
     configuration errors (unknown pass names)."""
-    from hlofuse.api import Optimized, count_main_ops
-    from hlofuse.pipeline import PassFailure
-    from hlofuse.report import Report
     if opts.pass_options.get("strict") or isinstance(error, KeyError):
         raise error
     what = f"pass '{error.pass_name}'" if isinstance(error, PassFailure) else type(error).__name__
@@ -431,3 +388,46 @@ def unoptimized(exp0, opts, *, name: str, error: BaseException):
 def _short(e: BaseException) -> str:
     msg = str(e).strip().splitlines()
     return f"{type(e).__name__}: {msg[0][:300] if msg else ''}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Whole programs: the differential oracle of the fuzz tests
+# ---------------------------------------------------------------------------------------------
+
+def check_graph(spec: GraphSpec, *, target: str = "cpu", category: str | None = None,
+                verify: bool = False, pipeline=None) -> Optimized:
+    """Differential check of one random graph; raises AssertionError on any violation.
+
+    Exports the program, optimizes it for ``target`` and asserts that the module verifies,
+    that a second run of the pipeline over the result changes nothing (idempotence), and — on
+    a target present in this process — that the optimized module gives the unoptimized one's
+    results (``category`` tolerance; ints and bools exact). The default category follows the
+    kernels made, as :func:`verify_module` does: ``kernel`` when all are elementwise,
+    ``reassociate`` when a reduction, contraction or attention kernel may sum in another order.
+    ``verify=True`` also runs :func:`verify_module` and asserts no region is rolled back.
+    ``spec`` comes from :func:`hlofuse.testing.stablehlo_graphs`.
+    """
+    exp = jax.export.export(jax.jit(spec.build()), platforms=[lowering.platform_for(target)])(*spec.avals())
+    text = exp.mlir_module()
+    opt = optimize(text, target=target, pipeline=pipeline, source="fuzz")
+    hir.verify(opt.module)
+    again = optimize(opt.text, target=target, pipeline=pipeline, source="fuzz-again")
+    assert again.text == opt.text, "a second run of the pipeline changed the module:\n" + _diff(opt.text, again.text)
+    if verify:
+        verify_module(opt, warn=False)
+        bad = [r for r in opt.report.regions if str(r.extra.get("verify", "")).startswith("rolled back")]
+        assert not bad, "verification rolled back: " + "; ".join(f"region {r.id}: {r.reason}" for r in bad)
+    if backend_for(target) is not None:
+        values = spec.input_values()
+        inputs = [values[i] for i in sorted(exp.module_kept_var_idx)]  # export drops unused args
+        want = run_module(text, inputs, target=target)
+        got = run_module(opt.module, inputs, target=target)
+        if category is None:
+            cats = {KIND_CATEGORY.get(r.kind, DEFAULT_CATEGORY) for r in opt.report.kernels}
+            category = "reassociate" if "reassociate" in cats else "kernel"
+        assert_same(got, want, category)
+    return opt
+
+
+def _diff(a: str, b: str, n: int = 60) -> str:
+    return "\n".join(list(difflib.unified_diff(a.splitlines(), b.splitlines(), lineterm=""))[:n])

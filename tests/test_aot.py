@@ -125,7 +125,7 @@ def test_cli_compile_for_without_compilers_says_how_to_install(tmp_path):
     exp = exported(lambda x: jnp.exp(x) + 1.0, jax.ShapeDtypeStruct((8, 128), F32), platform="tpu")
     path = tmp_path / "m.exported"
     path.write_bytes(exp.serialize())
-    p = subprocess.run([sys.executable, "-m", "hlofuse.cli", "check", "--compile-for", "v5e", str(path)],
+    p = subprocess.run([sys.executable, "-m", "hlofuse.tools.cli", "check", "--compile-for", "v5e", str(path)],
                        capture_output=True, text=True, env=dict(os.environ, HLOFUSE_CLI_INPROCESS="1"))
     assert p.returncode == 2, p.stderr
     lines = [l for l in p.stderr.splitlines() if l.startswith("hlofuse")]

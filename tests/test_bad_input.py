@@ -21,9 +21,9 @@ import jax.numpy as jnp
 
 import hlofuse
 from hlofuse import ir as hir
+from hlofuse.execute import run_module
 from hlofuse.report import HlofuseWarning
 from hlofuse.testing import assert_same
-from hlofuse.verify import run_module
 
 
 def _good_text() -> str:

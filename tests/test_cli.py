@@ -1,5 +1,5 @@
-"""The ``hlofuse`` command line, run as a real process (``python -m hlofuse.cli`` and the installed
-console script): round trips for every file format, the error cases, ``--help`` for every
+"""The ``hlofuse`` command line, run as a real process (``python -m hlofuse.tools.cli`` and the
+installed console script): round trips for every file format, the error cases, ``--help`` for every
 subcommand, and atomic writes."""
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ import jax
 import jax.numpy as jnp
 from jax import export as jexport
 
-from hlofuse import fileio
 from hlofuse import ir as hir
 from hlofuse.testing import assert_same
+from hlofuse.tools import argspec, formats
 
-CLI = [sys.executable, "-m", "hlofuse.cli"]
+CLI = [sys.executable, "-m", "hlofuse.tools.cli"]
 FORMATS = ("text", "bytecode", "portable", "exported")
 EXT = {"text": ".mlir", "bytecode": ".mlirbc", "portable": ".vhlo", "exported": ".exported"}
 SUBCOMMANDS = ("optimize", "run", "check", "report", "export")
@@ -56,7 +56,7 @@ def hlofuse(*args, cwd, env=None, timeout=300):
 def hlofuse_inprocess(capsys, *args, cwd):
     """The same argument parsing and dispatch without a process (only for cases that fail
     before any MLIR/XLA work that could crash); returns (exit code, stdout, stderr)."""
-    from hlofuse import cli
+    from hlofuse.tools import cli
     old = os.getcwd()
     os.chdir(cwd)
     try:
@@ -146,7 +146,7 @@ def test_optimize_round_trip(files, fmt):
     else:
         payload = data
     if fmt in ("portable", "exported"):
-        assert fileio.portable_version(payload) == hir.portable_target_default()
+        assert formats.portable_version(payload) == hir.portable_target_default()
     assert report["ops_after"] < report["ops_before"]
     assert hir.verify(hir.parse(payload)) is None
     assert_same(run_file(out), files["expected"], "kernel")
@@ -186,7 +186,7 @@ def test_export_then_optimize_other_formats(files):
     p = hlofuse("optimize", "exp.exported", "-o", "exp.vhlo", "--format", "portable",
                 "--target-version", "1.10.0", cwd=d)
     assert p.returncode == 0, p.stderr
-    assert fileio.portable_version((d / "exp.vhlo").read_bytes()) == "1.10.0"
+    assert formats.portable_version((d / "exp.vhlo").read_bytes()) == "1.10.0"
     assert_same(run_file(d / "exp.vhlo"), files["expected"], "kernel")
 
 
@@ -355,7 +355,7 @@ def test_parser_abort_is_reported_not_crashed(files, tmp_path):
     assert not (tmp_path / "out.mlirbc").exists()
     # the library path guards the same input with a subprocess probe
     with pytest.raises(hir.IRError, match="corrupt"):
-        fileio.load(str(tmp_path / "corrupt.mlirbc"))
+        formats.load(str(tmp_path / "corrupt.mlirbc"))
 
 
 def test_verbose_adds_the_traceback(tmp_path, capsys):
@@ -468,13 +468,13 @@ def test_atomic_write_leaves_no_partial_file(tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "replace", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        fileio.atomic_write(str(out), b"new contents")
+        formats.atomic_write(str(out), b"new contents")
     assert out.read_text() == "old"
     assert os.listdir(tmp_path) == ["out.mlir"]
     monkeypatch.undo()
-    with pytest.raises(fileio.FileError, match="refusing to overwrite"):
-        fileio.atomic_write(str(out), b"x", inputs=[str(out)])
-    fileio.atomic_write(str(out), b"x", inputs=[str(out)], in_place=True)
+    with pytest.raises(formats.FileError, match="refusing to overwrite"):
+        formats.atomic_write(str(out), b"x", inputs=[str(out)])
+    formats.atomic_write(str(out), b"x", inputs=[str(out)], in_place=True)
     assert out.read_text() == "x"
 
 
@@ -521,18 +521,19 @@ def test_host_callbacks_are_refused_in_every_format(callback_files, name, capsys
 
 def test_running_a_host_callback_artifact_is_refused_not_a_segfault(callback_files):
     """Issue 11 #6: ``hlofuse run`` on such a jax.export artifact segfaulted its worker, and the
-    Python API's execute path (fileio.execute) would take the caller's process down."""
+    Python API's execute path (argspec.execute) would take the caller's process down."""
     one_error_line(hlofuse("run", "cb.exported", cwd=callback_files), "cb.exported", *NO_CALLBACK)
     code = textwrap.dedent("""
         import sys, numpy as np
         from jax import export as jexport
-        from hlofuse import fileio, ir as hir
+        from hlofuse import ir as hir
+        from hlofuse.tools import argspec, formats
         data = open(sys.argv[1], "rb").read()
         exp = jexport.deserialize(bytearray(data))
         module = hir.parse(bytes(exp.mlir_module_serialized), probe=False)
-        loaded = fileio.Loaded(module, "exported", "cb.exported", exp, data)  # not via load()
+        loaded = formats.Loaded(module, "exported", "cb.exported", exp, data)  # not via load()
         try:
-            fileio.execute(loaded, [np.ones(4, np.float32)])
+            argspec.execute(loaded, [np.ones(4, np.float32)])
         except hir.IRError as e:
             print("REFUSED", e)
         """)
@@ -568,7 +569,8 @@ def plant_modules(d, marker, names=("absl", "ml_dtypes")):
 
 def test_cli_child_ignores_modules_in_the_working_directory(files, tmp_path):
     """Issue 11 #4: the worker ran as ``python -m hlofuse.cli``, which puts the current directory
-    first on sys.path, so an absl.py there was executed."""
+    first on sys.path, so an absl.py there was executed (it is ``python -P -m hlofuse.tools.cli``
+    now)."""
     marker = tmp_path / "PWNED"
     plant_modules(tmp_path, marker)
     shutil.copy(files["paths"]["text"], tmp_path / "m.mlir")
@@ -753,14 +755,14 @@ def test_installed_console_script(tmp_path):
     assert os.path.exists(script), "console script not installed: pip install -e ."
     p = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and all(s in p.stdout for s in SUBCOMMANDS)
-    p = hlofuse("export", "--help", cwd=tmp_path)                 # python -m hlofuse.cli
+    p = hlofuse("export", "--help", cwd=tmp_path)                 # python -m hlofuse.tools.cli
     assert p.returncode == 0 and p.stdout.startswith("usage: hlofuse export"), p.stderr
 
 
 def test_arg_spec_parsing():
-    specs = fileio.parse_arg_specs("f32[8,128], i32[8],bf16[],f32[b,4]")
+    specs = argspec.parse_arg_specs("f32[8,128], i32[8],bf16[],f32[b,4]")
     assert [str(s) for s in specs] == ["f32[8,128]", "i32[8]", "bf16[]", "f32[b,4]"]
     assert specs[0].mlir_type() == "tensor<8x128xf32>" and not specs[3].is_static
     for bad in ("f32[8", "x32[3]", "f32", "f32[1-2]"):
-        with pytest.raises(fileio.FileError):
-            fileio.parse_arg_specs(bad)
+        with pytest.raises(formats.FileError):
+            argspec.parse_arg_specs(bad)

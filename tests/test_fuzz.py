@@ -3,7 +3,7 @@
 Each example is a random straight-line program (:func:`hlofuse.testing.stablehlo_graphs`:
 elementwise, broadcast, reduce, dot_general, transpose, reshape, select, convert, concatenate,
 slice over f32/bf16/f16/i32/bool, with ±inf/NaN/-0/subnormal/huge constants and inputs), checked
-by :func:`hlofuse.testing.check_graph`: the optimized module verifies, gives the unoptimized
+by :func:`hlofuse.verify.check_graph`: the optimized module verifies, gives the unoptimized
 module's results (kernel tolerance; ints and bools exact), and a second run of the pipeline over
 it changes nothing. Every third CPU example also runs the per-region verifier (no rollback may
 happen on a correct pipeline). gpu/tpu examples lower only (no device here) and verify their
@@ -33,7 +33,8 @@ from jax import lax
 
 import hlofuse
 from hlofuse import ir as hir
-from hlofuse.testing import GraphSpec, Node, check_graph, stablehlo_graphs
+from hlofuse.testing import GraphSpec, Node, stablehlo_graphs
+from hlofuse.verify import check_graph
 
 EXAMPLES = int(os.environ.get("HLOFUSE_FUZZ_EXAMPLES", "100"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
@@ -161,7 +162,7 @@ def test_regression_outlining_and_kernels_never_reuse_a_symbol():
     ``hlofuse_region_0`` and its kernel imported as ``hlofuse_k0_*`` although both names were
     taken (region ids restart at 0 per run): duplicate symbols, a failing pipeline. Now both
     get a suffix; the old region (left to XLA) and the old kernel are untouched."""
-    from hlofuse.verify import run_module
+    from hlofuse.execute import run_module
     from hlofuse.testing import assert_same, random_inputs
     opt = hlofuse.optimize(EARLIER)
     hir.verify(opt.module)
@@ -290,7 +291,7 @@ def test_regression_folding_never_hands_xla_a_constant_division_by_zero(tmp_path
     opt = hlofuse.optimize(text)
     (tmp_path / "orig.mlir").write_text(text)
     (tmp_path / "opt.mlir").write_text(opt.text)
-    child = ("import sys, numpy as np\nfrom hlofuse.verify import run_module\n"
+    child = ("import sys, numpy as np\nfrom hlofuse.execute import run_module\n"
              "for p in sys.argv[1:]:\n"
              "    print([int(v) for v in run_module(open(p).read(), [np.int32(4)])], flush=True)\n")
     p = subprocess.run([sys.executable, "-c", child, str(tmp_path / "orig.mlir"), str(tmp_path / "opt.mlir")],

@@ -28,7 +28,7 @@ def _run(code: str, **env_extra) -> subprocess.CompletedProcess:
     "import hlofuse",
     # the log lines appear when the first backend starts after jaxlib was loaded before jax
     "import hlofuse, jax; jax.devices()",
-    "import hlofuse.cli",
+    "import hlofuse.tools.cli",
 ])
 def test_import_prints_nothing(code):
     p = _run(code)

@@ -14,6 +14,7 @@ import jax
 import hlofuse
 from hlofuse import report as hreport
 from hlofuse.report import Region, Report
+from hlofuse.tools import formats, html
 from tests.fusion_util import kernels, pipe
 
 R = np.random.default_rng(7)
@@ -47,7 +48,7 @@ def test_regions_merged_into_a_horizontal_kernel_are_not_left_to_xla(qkv_report)
     assert "XLA: merged" not in text and "merged into horizontal region" in text
     md = rep.to_markdown()
     assert "regions left to XLA: 0; merged into other regions: 3" in md and "XLA: merged" not in md
-    assert "0 region(s) left to XLA, 3 merged into others" in rep.to_html()
+    assert "0 region(s) left to XLA, 3 merged into others" in html.render(rep)
 
 
 def test_a_region_left_to_xla_is_still_counted():
@@ -136,7 +137,7 @@ def _sized_report() -> Report:
 
 
 def test_html_report_uses_human_units():
-    page = _sized_report().to_html()
+    page = html.render(_sized_report())
     assert "<td>12.0MiB</td><td>8.0MiB</td>" in page and "<td>6.0KiB</td><td>6.0KiB</td>" in page
     assert "modeled bytes 12.0MiB &rarr; 8.0MiB (saved 4.0MiB)" in page
     assert "12582912" not in page and "6144" not in page
@@ -146,8 +147,7 @@ def test_html_report_uses_human_units():
 
 
 def test_written_html_report_uses_human_units(tmp_path):
-    from hlofuse import fileio
     path = tmp_path / "r.html"
-    fileio.write_report(_sized_report(), str(path))
+    formats.write_report(_sized_report(), str(path))
     page = path.read_text()
     assert "12.0MiB" in page and "12582912" not in page

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec as P
 
 import hlofuse
-from hlofuse import autotune as at
+from hlofuse.tools import autotune as at
 from hlofuse.testing import assert_same
 
 

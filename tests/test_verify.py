@@ -17,12 +17,13 @@ from jax import lax
 import hlofuse
 from hlofuse import ir as hir
 from hlofuse import ops
+from hlofuse.execute import run_module
 from hlofuse.kernels import FAMILIES, Family
 from hlofuse.passes import kernelize
 from hlofuse.pipeline import Pass
 from hlofuse.report import HlofuseWarning
 from hlofuse.testing import assert_same, compare, random_inputs
-from hlofuse.verify import run_module, verify_module
+from hlofuse.verify import verify_module
 
 E = ops.OpClass.ELEMENTWISE
 

@@ -11,7 +11,7 @@ import hlofuse
 from hlofuse import ir as hir
 from hlofuse.passes.algebraic_simplify import PATTERNS, exact_conversion
 from hlofuse.testing import edge_values
-from hlofuse.verify import run_module
+from hlofuse.execute import run_module
 
 PASS = ["algebraic-simplify"]
 F = "tensor<13xf32>"   # 13 = len(edge_values(f32)): every edge value appears once

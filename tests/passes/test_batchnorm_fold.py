@@ -9,7 +9,7 @@ import pytest
 
 import hlofuse
 from hlofuse.testing import assert_same
-from hlofuse.verify import run_module
+from hlofuse.execute import run_module
 
 PASS = ["batchnorm-fold"]
 RNG = np.random.default_rng(0)

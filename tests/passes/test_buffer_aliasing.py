@@ -12,7 +12,7 @@ import pytest
 import hlofuse
 from hlofuse.passes.buffer_aliasing import DonationWarning
 from hlofuse.testing import assert_same
-from hlofuse.verify import run_module
+from hlofuse.execute import run_module
 
 PASS = ["buffer-aliasing"]
 

@@ -7,7 +7,7 @@ import pytest
 
 import hlofuse
 from hlofuse.testing import assert_same
-from hlofuse.verify import run_module
+from hlofuse.execute import run_module
 
 PASS = ["constant-fold"]
 

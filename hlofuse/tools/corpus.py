@@ -4,7 +4,7 @@ The corpus harness compiles every test case twice, untransformed and after ``--t
 (a ``str -> str`` function), and reports regressions::
 
     python ../shared/corpus/run_corpus.py --lift-inputs --jobs 2 \\
-        --transform hlofuse.corpus:corpus_transform
+        --transform hlofuse.tools.corpus:corpus_transform
 
 :func:`corpus_transform` is exactly what ``hlofuse optimize --target cpu`` does to a text file
 (same load checks, same pass-through rules), so the corpus exercises the command line's code path.
@@ -12,7 +12,8 @@ The corpus harness compiles every test case twice, untransformed and after ``--t
 
 from __future__ import annotations
 
-from hlofuse import fileio
+from hlofuse.api import optimize_loaded
+from hlofuse.tools import formats
 
 
 def corpus_transform(text: str) -> str:
@@ -21,6 +22,6 @@ def corpus_transform(text: str) -> str:
     Modules hlofuse deliberately leaves alone (dynamic shapes with no ``--shapes``) come back
     unchanged; any other failure raises, so the harness records it as a transform error.
     """
-    loaded = fileio.load_bytes(text.encode(), source="<corpus case>")
-    result = fileio.optimize_loaded(loaded, target="cpu")
-    return fileio.serialize(result.module, "text")
+    loaded = formats.load_bytes(text.encode(), source="<corpus case>")
+    result = optimize_loaded(loaded, target="cpu")
+    return formats.serialize(result.module, "text")

@@ -1,4 +1,4 @@
-"""``python -m hlofuse.demo``: a transformer MLP block under ``@hlofuse.jit``, its fusion report,
+"""``python -m hlofuse.tools.demo``: a transformer MLP block under ``@hlofuse.jit``, its fusion report,
 and its results checked against plain ``jax.jit``.
 
 Also shows the same program lowered for GPU (Triton) and TPU (Mosaic) from this machine.

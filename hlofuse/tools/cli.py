@@ -24,10 +24,10 @@ them. Exit codes: 0 success, 1 ``check``/``--verify`` found a numerical mismatch
 
 Crash safety: MLIR and XLA can abort the process on corrupt input (a bad bytecode stream, an XLA
 CHECK failure). ``run_main`` therefore runs the subcommand in a child process (``python -P -m
-hlofuse.cli`` with ``HLOFUSE_CLI_CHILD=1``; ``-P`` so that modules in the current directory are
-never imported) and turns a child killed by a signal into the same one-line error and exit code
-2, naming the stage (file and step) it died in. Set ``HLOFUSE_CLI_INPROCESS=1`` to run
-in-process (debugging).
+hlofuse.tools.cli`` with ``HLOFUSE_CLI_CHILD=1``; ``-P`` so that modules in the current directory
+are never imported, see :func:`hlofuse.ir.python_command`) and turns a child killed by a signal
+into the same one-line error and exit code 2, naming the stage (file and step) it died in. Set
+``HLOFUSE_CLI_INPROCESS=1`` to run in-process (debugging).
 
 Stopping: SIGINT (Ctrl-C), SIGTERM and SIGHUP sent to ``hlofuse`` are forwarded to the worker,
 which stops at the next Python step (an output being written is completed first, none is started
@@ -51,6 +51,16 @@ from typing import Callable
 
 from absl import app
 from absl import flags
+
+from hlofuse import __version__
+from hlofuse import aot
+from hlofuse import ir as hir
+from hlofuse.api import STABLEHLO_DIALECTS, STRUCTURAL_DIALECTS, DumpError, module_dialects, \
+    normalize_target, optimize_loaded
+from hlofuse.ir import IRError
+from hlofuse.pipeline import PassFailure, all_passes, resolve_pipeline
+from hlofuse.testing import compare
+from hlofuse.tools import argspec, formats
 
 PROG = "hlofuse"
 CHILD_ENV = "HLOFUSE_CLI_CHILD"
@@ -278,8 +288,7 @@ def _note(cmd: str, msg: str) -> None:
 
 
 def _shapes(fv):
-    from hlofuse import fileio
-    return fileio.parse_arg_specs(fv["shapes"].value, flag="--shapes") if fv["shapes"].value else None
+    return argspec.parse_arg_specs(fv["shapes"].value, flag="--shapes") if fv["shapes"].value else None
 
 
 def _disabled(fv) -> list[str]:
@@ -287,7 +296,6 @@ def _disabled(fv) -> list[str]:
 
 
 def _check_pipeline_flags(fv) -> None:
-    from hlofuse.pipeline import all_passes, resolve_pipeline
     try:
         resolve_pipeline(fv["pipeline"].value)
     except KeyError as e:
@@ -300,19 +308,16 @@ def _check_pipeline_flags(fv) -> None:
 
 
 def _load(path: str):
-    from hlofuse import fileio
     _stage(f"reading {path}")
     # the supervisor reports a parser abort, so skip the (slower) subprocess probe
-    return fileio.load(path, probe=not _WORKER["child"])
+    return formats.load(path, probe=not _WORKER["child"])
 
 
 def _optimize(cmd: str, fv, loaded):
-    from hlofuse import fileio
     _check_pipeline_flags(fv)
-    from hlofuse.api import DumpError
     _stage(f"optimizing {loaded.source}")
     try:
-        return fileio.optimize_loaded(loaded, target=fv["target"].value,
+        return optimize_loaded(loaded, target=fv["target"].value,
                                       pipeline=fv["pipeline"].value, disable=_disabled(fv),
                                       dump_dir=fv["dump-dir"].value, shapes=_shapes(fv))
     except DumpError as e:  # the dump directory's problem, not the input's
@@ -320,15 +325,26 @@ def _optimize(cmd: str, fv, loaded):
 
 
 def _inputs(fv, loaded, specs):
-    from hlofuse import fileio
     if fv["inputs"].value:
-        arrays = fileio.load_inputs(fv["inputs"].value)
+        arrays = formats.load_inputs(fv["inputs"].value)
         # a dynamic module run on given arrays: refine it to their shapes
         if loaded.exported is None and any(not s.is_static for s in specs) and \
                 len(arrays) == len(specs) and not fv["shapes"].value:
-            fileio.refine_shapes(loaded, [fileio.ArgSpec(a.shape, s.dtype) for a, s in zip(arrays, specs)])
+            argspec.refine_shapes(loaded, [argspec.ArgSpec(a.shape, s.dtype) for a, s in zip(arrays, specs)])
         return arrays
-    return fileio.random_inputs_for(fileio.input_specs(loaded), fv["seed"].value, loaded.source)
+    return argspec.random_inputs_for(argspec.input_specs(loaded), fv["seed"].value, loaded.source)
+
+
+def _describe_file(loaded: formats.Loaded) -> str:
+    """What a loaded file is, for messages: its format, and its dialects unless StableHLO."""
+    name = formats.FORMAT_NAMES[loaded.fmt]
+    found = module_dialects(loaded.module)
+    if "mhlo" in found:
+        return name.replace("StableHLO", "MHLO") if "StableHLO" in name else f"{name} (MHLO)"
+    if STABLEHLO_DIALECTS & set(found) or not set(found) - STRUCTURAL_DIALECTS:
+        return name
+    what = f"{', '.join(found) or 'no'} ops, no StableHLO"
+    return f"MLIR text ({what})" if loaded.fmt == "text" else f"{name} ({what})"
 
 
 def _describe(arrays) -> list[str]:
@@ -351,8 +367,6 @@ def _describe(arrays) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 
 def cmd_optimize(fv, pos) -> int:
-    from hlofuse import fileio
-    from hlofuse.testing import compare
     (inp,) = pos
     out = fv["output"].value
     in_place = fv["in-place"].value
@@ -360,18 +374,18 @@ def cmd_optimize(fv, pos) -> int:
         if not in_place:
             raise UsageError("missing -o OUT (or --in-place to replace the input)")
         out = inp
-    elif in_place and not fileio.same_file(out, inp):
+    elif in_place and not formats.same_file(out, inp):
         raise UsageError(f"--in-place and -o {out} conflict: --in-place replaces the input {inp}; "
                          f"pass one or the other")
     if fv["target-version"].value:
-        fileio.check_target_version(fv["target-version"].value)
+        formats.check_target_version(fv["target-version"].value)
     _check_outputs([("-o", out), ("--report", fv["report"].value)], inputs=[inp],
                    in_place=in_place, dump_dir=fv["dump-dir"].value)
     loaded = _load(inp)
     fmt = fv["format"].value or loaded.fmt
     if fmt == "exported" and loaded.exported is None:
         raise UsageError(f"--format exported needs a jax.export input, and {inp} is "
-                         f"{fileio.FORMAT_NAMES[loaded.fmt]}; use `hlofuse export` to make one")
+                         f"{formats.FORMAT_NAMES[loaded.fmt]}; use `hlofuse export` to make one")
     original = loaded.module
     res = _optimize("optimize", fv, loaded)
     _stage(f"serializing the optimized {inp}")
@@ -379,20 +393,20 @@ def cmd_optimize(fv, pos) -> int:
     if not res.changed and fmt == loaded.fmt and tv is None and res.module is original:
         data = loaded.data  # passed through: the very bytes we read
     else:
-        data = fileio.serialize(res.module, fmt, target_version=tv, exported=loaded.exported,
+        data = formats.serialize(res.module, fmt, target_version=tv, exported=loaded.exported,
                                 target=res.target, source=out)
     if fv["verify"].value:
-        status = _verify(fv, loaded, original, data, fmt, out, compare)
+        status = _verify(fv, loaded, original, data, fmt, out)
         if status:
             return status
-    _commit(out, lambda: fileio.atomic_write(out, data, inputs=[inp], in_place=in_place))
+    _commit(out, lambda: formats.atomic_write(out, data, inputs=[inp], in_place=in_place))
     if fv["report"].value:
         rep = fv["report"].value
-        _commit(rep, lambda: fileio.write_report(res.report, rep, inputs=[inp, out]))
+        _commit(rep, lambda: formats.write_report(res.report, rep, inputs=[inp, out]))
     r = res.report
     what = (f"{len(r.kernels)} kernel(s), {len(r.left_to_xla)} region(s) left to XLA, main ops "
             f"{r.ops_before} -> {r.ops_after}" if res.changed else "unchanged")
-    kind = fileio.describe(loaded) if fmt == loaded.fmt else fileio.FORMAT_NAMES[fmt]
+    kind = _describe_file(loaded) if fmt == loaded.fmt else formats.FORMAT_NAMES[fmt]
     print(f"{PROG}: {inp} -> {out} ({kind}, {len(data)} bytes, target "
           f"{res.target}): {what}")
     for n in r.notes:
@@ -400,25 +414,24 @@ def cmd_optimize(fv, pos) -> int:
     return EXIT_OK
 
 
-def _verify(fv, loaded, original, data, fmt, out, compare) -> int:
+def _verify(fv, loaded, original, data, fmt, out) -> int:
     """--verify: run the original and the serialized result; nonzero when they differ."""
     import dataclasses as dc
-    from hlofuse import fileio
     before = dc.replace(loaded, module=original)
     _stage(f"loading the optimized {loaded.source} for --verify")
-    after = fileio.load_bytes(data if isinstance(data, bytes) else data.encode(),
+    after = formats.load_bytes(data if isinstance(data, bytes) else data.encode(),
                               source=f"{out} (optimized)", probe=False)
     if fmt != "exported" and before.exported is not None:
         before = dc.replace(before, exported=None)  # compare module to module
-    specs = fileio.input_specs(before)
+    specs = argspec.input_specs(before)
     if any(not s.is_static for s in specs):
         _note("optimize", f"--verify skipped: {loaded.source} has dynamic shapes")
         return EXIT_OK
-    inputs = fileio.random_inputs_for(specs, fv["seed"].value, loaded.source)
+    inputs = argspec.random_inputs_for(specs, fv["seed"].value, loaded.source)
     _stage(f"running the original {loaded.source} with XLA for --verify")
-    want = fileio.execute(before, inputs)
+    want = argspec.execute(before, inputs)
     _stage(f"running the optimized {loaded.source} with XLA for --verify")
-    got = fileio.execute(after, inputs)
+    got = argspec.execute(after, inputs)
     problems = compare(got, want, "kernel")
     if problems:
         print(f"{PROG} optimize: --verify: optimized {loaded.source} differs from the original "
@@ -437,12 +450,11 @@ def _check_outputs(outputs, *, inputs=(), in_place: bool = False, dump_dir: str 
     (``-o`` may be with ``in_place``), and not another output; a ``--report`` needs a known
     extension; ``dump_dir`` must be (or be creatable as) a writable directory. Raises
     :class:`UsageError` naming the flag and the path."""
-    from hlofuse import fileio
     seen: list[tuple[str, str]] = []
     for flag, path in outputs:
         if path is None:
             continue
-        if flag == "--report" and os.path.splitext(path)[1].lower() not in fileio.REPORT_FORMATS:
+        if flag == "--report" and os.path.splitext(path)[1].lower() not in formats.REPORT_FORMATS:
             raise UsageError(f"--report: {path}: unknown report format; use .json, .md, .html or "
                              f".txt")
         if os.path.isdir(path):
@@ -450,11 +462,11 @@ def _check_outputs(outputs, *, inputs=(), in_place: bool = False, dump_dir: str 
         directory = os.path.dirname(os.path.realpath(path))
         _check_writable_dir(flag, path, directory)
         for inp in inputs:
-            if fileio.same_file(path, inp) and not (in_place and flag == "-o"):
+            if formats.same_file(path, inp) and not (in_place and flag == "-o"):
                 hint = "; pass --in-place to replace it, or -o another file" if flag == "-o" else ""
                 raise UsageError(f"{flag}: {path}: refusing to overwrite the input file{hint}")
         for other_flag, other in seen:
-            if fileio.same_file(path, other):
+            if formats.same_file(path, other):
                 raise UsageError(f"{flag}: {path}: is the same file as {other_flag} {other}")
         seen.append((flag, path))
     if dump_dir is not None:
@@ -489,7 +501,6 @@ def _check_dump_dir(dump_dir: str, files) -> None:
 
 
 def cmd_run(fv, pos) -> int:
-    from hlofuse import fileio
     (path,) = pos
     _check_outputs([("--outputs", fv["outputs"].value)],
                    inputs=[path] + ([fv["inputs"].value] if fv["inputs"].value else []))
@@ -497,24 +508,21 @@ def cmd_run(fv, pos) -> int:
     shapes = _shapes(fv)
     if shapes:
         _stage(f"refining the shapes of {path}")
-        fileio.refine_shapes(loaded, shapes)
-    inputs = _inputs(fv, loaded, fileio.input_specs(loaded))
+        argspec.refine_shapes(loaded, shapes)
+    inputs = _inputs(fv, loaded, argspec.input_specs(loaded))
     _stage(f"running {path} with XLA")
-    outs = fileio.execute(loaded, inputs)
-    print(f"{PROG}: ran {path} ({fileio.describe(loaded)}) on {len(inputs)} "
+    outs = argspec.execute(loaded, inputs)
+    print(f"{PROG}: ran {path} ({_describe_file(loaded)}) on {len(inputs)} "
           f"{'given' if fv['inputs'].value else 'random (seed %d)' % fv['seed'].value} input(s):")
     print("\n".join(_describe(outs)))
     if fv["outputs"].value:
         dst, given = fv["outputs"].value, [path] + ([fv["inputs"].value] if fv["inputs"].value else [])
-        _commit(dst, lambda: fileio.save_outputs(dst, outs, inputs=given))
+        _commit(dst, lambda: formats.save_outputs(dst, outs, inputs=given))
     return EXIT_OK
 
 
 def cmd_check(fv, pos) -> int:
-    from hlofuse import fileio
-    from hlofuse.testing import compare
     if fv["compile-for"].value:  # hlofuse check --compile-for CHIPS FILE (hlofuse.aot)
-        from hlofuse import aot
         return aot.cli_compile_for(fv["compile-for"].value, pos)
     a_path, b_path = pos
     a, b = _load(a_path), _load(b_path)
@@ -522,10 +530,10 @@ def cmd_check(fv, pos) -> int:
     if shapes:
         for x in (a, b):
             if x.exported is None:
-                fileio.refine_shapes(x, shapes)
-    sa, sb = fileio.input_specs(a), fileio.input_specs(b)
+                argspec.refine_shapes(x, shapes)
+    sa, sb = argspec.input_specs(a), argspec.input_specs(b)
     if not shapes and (_refine_like(a, sa, b, sb) or _refine_like(b, sb, a, sa)):
-        sa, sb = fileio.input_specs(a), fileio.input_specs(b)
+        sa, sb = argspec.input_specs(a), argspec.input_specs(b)
     if [str(s) for s in sa] != [str(s) for s in sb]:
         print(f"{PROG} check: MISMATCH: the inputs differ: {a_path} takes "
               f"({', '.join(map(str, sa))}), {b_path} takes ({', '.join(map(str, sb))})",
@@ -533,11 +541,11 @@ def cmd_check(fv, pos) -> int:
         return EXIT_MISMATCH
     inputs = _inputs(fv, a, sa)
     if fv["inputs"].value and b.exported is None and any(not s.is_static for s in sb):
-        fileio.refine_shapes(b, [fileio.ArgSpec(x.shape, s.dtype) for x, s in zip(inputs, sb)])
+        argspec.refine_shapes(b, [argspec.ArgSpec(x.shape, s.dtype) for x, s in zip(inputs, sb)])
     _stage(f"running {a_path} with XLA")
-    want = fileio.execute(a, inputs)
+    want = argspec.execute(a, inputs)
     _stage(f"running {b_path} with XLA")
-    got = fileio.execute(b, inputs)
+    got = argspec.execute(b, inputs)
     cat = fv["category"].value
     problems = compare(got, want, cat)
     if problems:
@@ -555,7 +563,6 @@ def _refine_like(dyn, dyn_specs, static, static_specs) -> bool:
     """``check ORIGINAL OPTIMIZED`` after ``optimize --shapes``: refine the dynamic side to the
     static side's argument types when they are a refinement of its own (same count, element
     types and static dimensions), as ``--shapes`` did; returns whether it did."""
-    from hlofuse import fileio
     if dyn.exported is not None or all(s.is_static for s in dyn_specs) or \
             not all(s.is_static for s in static_specs) or len(dyn_specs) != len(static_specs):
         return False
@@ -564,14 +571,13 @@ def _refine_like(dyn, dyn_specs, static, static_specs) -> bool:
                 isinstance(x, int) and x != y for x, y in zip(d.shape, s.shape)):
             return False
     _stage(f"refining the shapes of {dyn.source}")
-    fileio.refine_shapes(dyn, static_specs)
+    argspec.refine_shapes(dyn, static_specs)
     _note("check", f"refined {dyn.source} to the argument types of {static.source} "
           f"({', '.join(map(str, static_specs))}), as optimize --shapes does")
     return True
 
 
 def cmd_report(fv, pos) -> int:
-    from hlofuse import fileio
     (path,) = pos
     _check_outputs([("--report", fv["report"].value)], inputs=[path], dump_dir=fv["dump-dir"].value)
     loaded = _load(path)
@@ -579,31 +585,29 @@ def cmd_report(fv, pos) -> int:
     print(str(res.report))
     if fv["report"].value:
         rep = fv["report"].value
-        _commit(rep, lambda: fileio.write_report(res.report, rep, inputs=[path]))
+        _commit(rep, lambda: formats.write_report(res.report, rep, inputs=[path]))
     return EXIT_OK
 
 
 def cmd_export(fv, pos) -> int:
-    from hlofuse import fileio
     (spec,) = pos
     out = fv["output"].value
     if not out:
         raise UsageError("missing -o OUT")
     if fv["args"].value is None:
         raise UsageError("missing --args (argument types, e.g. 'f32[8,128],i32[8]'; '' for none)")
-    specs = fileio.parse_arg_specs(fv["args"].value)
+    specs = argspec.parse_arg_specs(fv["args"].value)
     module_file = spec.rpartition(":")[0]
     _check_outputs([("-o", out)], inputs=[module_file] if os.path.isfile(module_file) else [])
-    fmt = fv["format"].value or fileio.format_for_path(out)
+    fmt = fv["format"].value or formats.format_for_path(out)
     tv = fv["target-version"].value
     if tv:
-        fileio.check_target_version(tv)
+        formats.check_target_version(tv)
     fn = _import_function(spec)
     import jax
     from jax import export as jexport
-    from hlofuse.api import normalize_target
     target = normalize_target(fv["target"].value)
-    platform = fileio.PLATFORM_OF_TARGET[target]
+    platform = formats.PLATFORM_OF_TARGET[target]
     _stage(f"exporting {spec} for {platform}")
     try:
         scope = jexport.SymbolicScope()
@@ -615,24 +619,23 @@ def cmd_export(fv, pos) -> int:
         jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
         exp = jexport.export(jitted, platforms=[platform])(*args)
     except Exception as e:
-        raise fileio.FileError(f"{spec}: jax.export failed for ({', '.join(map(str, specs))}): "
-                               f"{fileio._first_line(e)}") from None
+        raise formats.FileError(f"{spec}: jax.export failed for ({', '.join(map(str, specs))}): "
+                               f"{formats.first_line(e)}") from None
     _stage(f"serializing {out}")
     if fmt == "exported" and not tv:
         data = bytes(exp.serialize())
     else:
-        loaded = fileio.load_bytes(bytes(exp.serialize()), source=spec, probe=False)
-        data = fileio.serialize(loaded.module, fmt, target_version=tv, exported=exp, source=out)
-    _commit(out, lambda: fileio.atomic_write(out, data))
+        loaded = formats.load_bytes(bytes(exp.serialize()), source=spec, probe=False)
+        data = formats.serialize(loaded.module, fmt, target_version=tv, exported=exp, source=out)
+    _commit(out, lambda: formats.atomic_write(out, data))
     print(f"{PROG}: exported {spec}({', '.join(map(str, specs))}) for {platform} -> {out} "
-          f"({fileio.FORMAT_NAMES[fmt]}, {len(data)} bytes)")
+          f"({formats.FORMAT_NAMES[fmt]}, {len(data)} bytes)")
     return EXIT_OK
 
 
 def _import_function(spec: str) -> Callable:
     import importlib
     import importlib.util
-    from hlofuse import fileio
     modname, sep, attr = spec.rpartition(":")
     if not sep or not modname or not attr:
         raise UsageError(f"{spec!r}: expected MODULE:FUNCTION (e.g. mypkg.model:forward or "
@@ -641,7 +644,7 @@ def _import_function(spec: str) -> Callable:
     try:
         if modname.endswith(".py") or os.sep in modname:
             if not os.path.isfile(modname):
-                raise fileio.FileError(f"{modname}: no such file")
+                raise formats.FileError(f"{modname}: no such file")
             sp = importlib.util.spec_from_file_location("_hlofuse_export_module", modname)
             mod = importlib.util.module_from_spec(sp)
             sp.loader.exec_module(mod)
@@ -649,18 +652,18 @@ def _import_function(spec: str) -> Callable:
             if os.getcwd() not in sys.path:
                 sys.path.insert(0, os.getcwd())
             mod = importlib.import_module(modname)
-    except fileio.FileError:
+    except formats.FileError:
         raise
     except Exception as e:
-        raise fileio.FileError(f"{modname}: cannot import: {type(e).__name__}: "
-                               f"{fileio._first_line(e)}") from None
+        raise formats.FileError(f"{modname}: cannot import: {type(e).__name__}: "
+                               f"{formats.first_line(e)}") from None
     obj = mod
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise fileio.FileError(f"{spec}: module {modname} has no attribute {attr!r}")
+            raise formats.FileError(f"{spec}: module {modname} has no attribute {attr!r}")
         obj = getattr(obj, part)
     if not callable(obj):
-        raise fileio.FileError(f"{spec}: {attr} is not callable")
+        raise formats.FileError(f"{spec}: {attr} is not callable")
     return obj
 
 
@@ -775,7 +778,6 @@ def _dispatch(argv: list[str]) -> int:
             print(_top_help())
             return EXIT_OK
     if args[0] == "--version":
-        from hlofuse import __version__
         print(f"{PROG} {__version__}")
         return EXIT_OK
     name = args[0]
@@ -822,8 +824,6 @@ def _dispatch(argv: list[str]) -> int:
 
 
 def _run_command(name: str, cmd: Command, fv, pos, verbose: bool) -> int:
-    from hlofuse.ir import IRError
-    from hlofuse.pipeline import PassFailure
     _WRITTEN.clear()
     try:
         return cmd.main(fv, pos) or EXIT_OK
@@ -942,10 +942,12 @@ class _Worker:
 def _supervise(argv: list[str]) -> int:
     cmd = argv[1] if len(argv) > 1 and argv[1] in COMMANDS else None
     verbose = "--verbose" in argv[1:]
-    env = dict(os.environ, **{CHILD_ENV: "1"})
+    # python -P -m hlofuse.tools.cli: -P keeps the current directory off the worker's sys.path,
+    # so a file named absl.py or ml_dtypes.py in the user's working directory is never executed
+    python, env = hir.python_command()
+    env[CHILD_ENV] = "1"
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-    child_argv, env = _child_command(env)
-    worker = _Worker(child_argv + argv[1:], env)
+    worker = _Worker(python + ["-m", "hlofuse.tools.cli"] + argv[1:], env)
     rc = worker.wait()
     child_err = worker.stderr.decode("utf-8", "replace")
     prefix = f"{PROG} {cmd}" if cmd else PROG
@@ -979,22 +981,6 @@ def _supervise(argv: list[str]) -> int:
     _error(cmd, what + (f": {detail}" if detail else "")
            + ("" if verbose else " (--verbose for the native diagnostics)"))
     return EXIT_ERROR
-
-
-def _child_command(env: dict) -> tuple[list[str], dict]:
-    """argv prefix and environment of the worker: ``python -P -m hlofuse.cli``.
-
-    ``-P`` keeps the current directory off the child's ``sys.path``: a file named ``absl.py`` or
-    ``ml_dtypes.py`` in the user's working directory is never executed (``hlofuse.ir.
-    python_command`` does the same for the parser probe and the reference interpreter; this copy
-    avoids importing jax into the supervisor). When the supervisor itself found hlofuse in the
-    current directory (a source checkout run in place), that directory is passed explicitly.
-    """
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    first = sys.path[0] if sys.path else None
-    if first is not None and os.path.realpath(first or os.curdir) == os.path.realpath(root):
-        env = dict(env, PYTHONPATH=os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p))
-    return [sys.executable, "-P", "-m", "hlofuse.cli"], env
 
 
 def _own_lines(err: str) -> str:

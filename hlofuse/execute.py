@@ -1,0 +1,77 @@
+"""Running a StableHLO module: compile it with XLA on a backend and run ``@main`` on numpy inputs.
+
+The one way hlofuse executes a module outside ``jax.jit``: verification (:mod:`hlofuse.verify`),
+the fuzz oracle, the command line (``hlofuse run``/``check``/``optimize --verify``, through
+:func:`hlofuse.tools.argspec.execute`) and the tests all come here. ::
+
+    outs = run_module(module, [x, y], target="cpu")
+
+Modules with Python host callbacks are refused before compiling: their callback pointers belong
+to the process that traced them, and calling a stale one segfaults.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+import jax
+import jax.extend as jex
+from jaxlib.mlir import ir
+
+from hlofuse import ir as hir
+
+__all__ = ["backend_for", "compile_module", "run_compiled", "run_module"]
+
+_BACKEND_NAMES = {"cpu": "cpu", "gpu": "gpu", "tpu": "tpu"}
+
+
+def backend_for(target: str):
+    """The XLA client that runs ``target`` in this process, or None when it is absent."""
+    try:
+        return jex.backend.get_backend(_BACKEND_NAMES[target])
+    except Exception:
+        return None
+
+
+def compile_module(module, backend, *, source: str = "verify"):
+    """Compile ``module`` (``ir.Module``, text or bytecode) for the first device of ``backend``.
+
+    Returns ``(executable, device)``; raises whatever XLA raises. An ``ir.Module`` with host
+    callbacks raises :class:`hlofuse.ir.IRError` naming ``source``.
+    """
+    if isinstance(module, ir.Module):
+        hir.check_no_host_callbacks(module, source=source)  # a stale callback pointer segfaults
+    payload = hir.to_bytecode(module) if isinstance(module, ir.Module) else module
+    dev = backend.local_devices()[0]
+    exe = backend.compile_and_load(
+        payload, [dev], jex.backend.get_compile_options(num_replicas=1, num_partitions=1))
+    return exe, dev
+
+
+def run_compiled(exe, device, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Run a compiled ``@main`` once on ``device``; returns the flat outputs as numpy arrays."""
+    with jax.ensure_compile_time_eval():  # we may be called while JAX traces (grad, vmap)
+        args = [jax.device_put(np.asarray(x), device) for x in inputs]
+    res = exe.execute_sharded(args)
+    return [np.asarray(a[0]) for a in res.disassemble_into_single_device_arrays()]
+
+
+def run_module(module, inputs: Sequence[np.ndarray], *, target: str = "cpu",
+               backend=None) -> list[np.ndarray]:
+    """Compile ``module`` (``ir.Module``, text or bytecode) with XLA and run ``@main`` once.
+
+    Args:
+      module: the module to run.
+      inputs: one array per argument of ``@main``.
+      target: 'cpu', 'gpu' or 'tpu'; the backend that runs it (ignored when ``backend`` is given).
+      backend: an XLA client to use instead.
+
+    Raises whatever XLA raises (compile or runtime errors); callers decide what it means.
+    """
+    be = backend or backend_for(target)
+    if be is None:
+        raise RuntimeError(f"no {target} device in this process")
+    exe, dev = compile_module(module, be)
+    return run_compiled(exe, dev, inputs)
