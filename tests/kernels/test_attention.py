@@ -9,6 +9,7 @@ match it within the ``reassociate`` tolerance.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 
@@ -18,10 +19,12 @@ import pytest
 import jax
 import jax.numpy as jnp
 from jax.experimental.pallas import tpu as pltpu
+from jaxlib.mlir import ir
 
 import hlofuse
 from hlofuse import ir as hir
 from hlofuse.kernels import attention as A
+from hlofuse.ops import EmitError
 from hlofuse.testing import assert_same, random_inputs
 from tests.passes.test_fuse_attention import BF16, make_args, make_attention
 
@@ -214,3 +217,31 @@ def test_spec_describes_gqa_and_layout():
     assert spec.gqa_groups == 2 and spec.seq_q == spec.seq_k == 37
     assert spec.head_dim == spec.v_head_dim == 8
     assert "gqa=2" in spec.describe()
+
+
+def test_spec_is_recorded_on_the_region_and_round_trips():
+    """The pass matched once and wrote the spec on the function: text and bytecode keep it, and
+    reading it back gives the same hashable, IR-free spec (the kernel never matches again)."""
+    spec, _, _ = _region("causal-gqa")
+    hash(spec)
+    assert spec.mask_select is not None and spec.repeat == A.Repeat(spec.repeat.label, 2)
+    opt = _KEEP[-1]
+    for data in (hir.to_text(opt.module), hir.to_bytecode(opt.module)):
+        mod = hir.parse(data)
+        (fn,) = [f for f in hir.funcs(mod) if hir.func_name(f).startswith("hlofuse_attention")]
+        again = A.spec_from_func(fn)
+        assert dataclasses.replace(again, func_text="") == dataclasses.replace(spec, func_text="")
+        assert again.digest == spec.digest
+
+
+def test_region_without_or_disagreeing_with_its_spec_is_not_built():
+    spec, _, _ = _region("plain-odd-cross")
+    (fn,) = [f for f in hir.funcs(_KEEP[-1].module) if hir.func_name(f).startswith("hlofuse_attention")]
+    bad = dataclasses.replace(spec, q_arg=7)
+    with fn.context:
+        fn.attributes[A.SPEC_ATTR] = ir.StringAttr.get(bad.to_attr())
+    with pytest.raises(EmitError, match="does not agree"):
+        A.spec_from_func(fn)
+    del fn.attributes[A.SPEC_ATTR]
+    with pytest.raises(EmitError, match="without a hlofuse.attention"):
+        A.spec_from_func(fn)
