@@ -11,7 +11,9 @@ Rewrites: every subgraph of the form
 
 becomes ``func.func private @hlofuse_attention_N`` (``hlofuse.kind = "attention"``) plus one
 call; ``kernelize`` then turns it into a flash (online-softmax) kernel from
-:mod:`hlofuse.kernels.attention`. K/V heads repeated with ``jnp.repeat`` or broadcast from one
+:mod:`hlofuse.kernels.attention`. The match is recorded on the function as pure data (an
+:class:`~hlofuse.kernels.attention.AttentionSpec` in the ``hlofuse.attention`` attribute): the
+kernel reads it back and never matches again. K/V heads repeated with ``jnp.repeat`` or broadcast from one
 head with ``jnp.broadcast_to`` (GQA/MQA) are taken into the region so the kernel reads the
 unshared K/V; multi-query attention written with K/V without a head dim and
 ``jax.nn.dot_product_attention``'s XLA implementation (5-D grouped layout) match natively.
@@ -43,15 +45,18 @@ import heapq
 import itertools
 import math
 
-import numpy as np
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
 from hlofuse import ir as hir
-from hlofuse.ops import EmitError, OpClass, const_value, rule_for
+from hlofuse.ops import EmitError, OpClass, rule_for, splat_scalar
 from hlofuse.pipeline import Pass, register_pass
+from hlofuse.kernels.attention import (SPEC_ATTR, AttentionSpec, LogitStep, Repeat, Splat,
+                                       mask_select)
+from hlofuse.passes.fuse_elementwise import fusible_blocks, record_region
+from hlofuse.passes.fusion.outline import outline_region, region_boundary
 
-__all__ = ["NoMatch", "Attention", "analyze", "find_attention", "FuseAttention"]
+__all__ = ["NoMatch", "Attention", "analyze", "find_attention", "region_spec", "FuseAttention"]
 
 KIND = "attention"
 BCAST = "<bcast>"       # a dim produced by broadcasting a unit dim (the key dim of row stats)
@@ -62,6 +67,7 @@ MAX_CONST_BYTES = 4 << 20
 # Side ops the kernel can evaluate blockwise from labels (plus splat constants and iotas).
 _SIDE_SHAPE_OPS = ("stablehlo.broadcast_in_dim", "stablehlo.transpose", "stablehlo.reshape",
                    "stablehlo.iota", "stablehlo.constant")
+_LAYOUT_OPS = ("stablehlo.transpose", "stablehlo.reshape", "stablehlo.broadcast_in_dim")
 
 
 class NoMatch(Exception):
@@ -72,19 +78,23 @@ class NoMatch(Exception):
 # Small IR helpers
 # ---------------------------------------------------------------------------------------------
 
-def producer(v: ir.Value):
-    owner = v.owner
-    if isinstance(owner, ir.Block):
+def _users(v: ir.Value) -> list:
+    return [hir.as_op(u) for u in hir.users(v)]
+
+
+def _splat(v: ir.Value) -> float | None:
+    """The scalar of a value that is a splat (constant, or broadcast/convert/reshape of one)."""
+    p = hir.defining_op(v)
+    while p is not None and p.name in ("stablehlo.broadcast_in_dim", "stablehlo.reshape",
+                                        "stablehlo.convert"):
+        p = hir.defining_op(p.operands[0])
+    if p is None or p.name != "stablehlo.constant":
         return None
-    return getattr(owner, "operation", owner)
-
-
-def vkey(v: ir.Value):
-    """A hashable identity for a value (``ir.Value`` objects are not uniqued)."""
-    owner = v.owner
-    if isinstance(owner, ir.Block):
-        return ("arg", owner, ir.BlockArgument(v).arg_number)
-    return ("res", getattr(owner, "operation", owner), ir.OpResult(v).result_number)
+    try:
+        s = splat_scalar(p)
+        return None if s is None else float(s)
+    except (EmitError, ValueError, TypeError):
+        return None
 
 
 def shape_of(v: ir.Value) -> tuple:
@@ -105,29 +115,6 @@ def _i64s(op, key: str) -> list[int]:
 def _nonunit(shape) -> list:
     return [s for s in shape if s != 1]
 
-
-def _uses(v: ir.Value) -> list:
-    return [getattr(u.owner, "operation", u.owner) for u in v.uses]
-
-
-def splat_value(v: ir.Value):
-    """The scalar of a value that is a splat (constant, or broadcast/convert/reshape of one)."""
-    p = producer(v)
-    while p is not None and p.name in ("stablehlo.broadcast_in_dim", "stablehlo.reshape",
-                                        "stablehlo.convert"):
-        p = producer(p.operands[0])
-    if p is None or p.name != "stablehlo.constant":
-        return None
-    try:
-        attr = ir.DenseElementsAttr(p.attributes["value"])
-        if not attr.is_splat:
-            return None
-        s = attr.get_splat_value()
-        if isinstance(s, ir.BoolAttr):  # hlofuse.ops.const_value does not read i1 splats
-            return float(ir.BoolAttr(s).value)
-        return float(np.asarray(const_value(p)).astype(np.float64).flat[0])
-    except (EmitError, ValueError, TypeError):
-        return None
 
 
 def reducer_kind(op) -> str | None:
@@ -211,28 +198,15 @@ def bwd_dims(op, out_dims: tuple, operand: int) -> tuple:
     return tuple(out_dims)
 
 
+
 # ---------------------------------------------------------------------------------------------
 # The analysis
 # ---------------------------------------------------------------------------------------------
 
-@dataclasses.dataclass(frozen=True)
-class Repeat:
-    """GQA: K/V head label ``label`` (size H) is ``jnp.repeat`` of ``H // groups`` kv heads."""
-    label: str
-    groups: int
-
-    @property
-    def kv(self) -> str:
-        return self.label + ".kv"
-
-    @property
-    def g(self) -> str:
-        return self.label + ".g"
-
-
 @dataclasses.dataclass
 class Attention:
-    """Everything structural about one matched attention subgraph (see module docstring).
+    """Everything structural about one matched attention subgraph (see module docstring), with
+    the live IR it was read from; :func:`region_spec` turns it into pure data.
 
     Labels name the logits' non-unit dims: ``batch`` labels (shared by Q, K, V and the output),
     ``rows`` (query-side free dims: query positions, and heads/groups that share K/V) and the
@@ -256,9 +230,9 @@ class Attention:
     side_inputs: list                # [(value, dims)] region inputs read by the logit chain
     const_sides: list                # [(value, dims)] dense constants inside the region
     steps: list                      # logit-chain ops (main + side), program order
-    dims: dict                       # vkey -> labels, for every chain value and side input
-    s_key: object                    # vkey of the QKᵀ result
-    x_key: object                    # vkey of the softmax input
+    dims: dict                       # value key -> labels, for every chain value and side input
+    s_key: object                    # value key of the QKᵀ result
+    x_key: object                    # value key of the softmax input
     m_init: float                    # the max-reduction's initial value (folded with maxima)
     out_dims: tuple                  # labels of the P·V result
     repeat: Repeat | None
@@ -266,39 +240,6 @@ class Attention:
     p_dtype: str                     # dtype of P as the P·V product reads it
     out_dtype: str
     precision: tuple                 # (QKᵀ precision, P·V precision)
-    causal_like: bool = False        # a select against an iota-only predicate feeds x
-
-    @property
-    def all_sides(self) -> list:
-        """Blockwise-sliced operands of the logit ops: region inputs, then dense constants."""
-        return list(self.side_inputs) + list(self.const_sides)
-
-    @property
-    def sq(self) -> str:
-        """The row label tiled as the query sequence: the largest row (last on ties)."""
-        rows, sizes = self.canonical_rows, self.label_sizes()
-        return max(reversed(rows), key=lambda r: sizes[r])
-
-    @property
-    def canonical_batch(self) -> list:
-        if self.repeat is None:
-            return list(self.batch)
-        return [self.repeat.kv if b == self.repeat.label else b for b in self.batch]
-
-    @property
-    def canonical_rows(self) -> list:
-        rows = list(self.rows)
-        return ([self.repeat.g] if self.repeat else []) + rows
-
-    @property
-    def rows_other(self) -> list:
-        sq = self.sq
-        return [r for r in self.canonical_rows if r != sq]
-
-    @property
-    def order(self) -> list:
-        """Canonical label order of the logits: batch..., other rows..., sq, key."""
-        return self.canonical_batch + self.rows_other + [self.sq, self.key]
 
     def label_sizes(self) -> dict:
         s = dict(self.sizes)
@@ -321,10 +262,10 @@ def _walk_back(v, allowed: tuple, *, single_use: bool = True):
     """Follow ``v`` back through one-operand ops named in ``allowed``; returns (value, ops)."""
     ops = []
     while True:
-        p = producer(v)
+        p = hir.defining_op(v)
         if p is None or p.name not in allowed:
             return v, ops
-        if single_use and len(_uses(v)) != 1:
+        if single_use and len(_users(v)) != 1:
             raise NoMatch(f"intermediate '{p.name}' result has several users")
         ops.append(p)
         v = p.operands[0]
@@ -336,17 +277,17 @@ def _stat_chain(v, kind: str):
     ``kind='max'`` also folds ``maximum(splat, m)`` (``jnp.max(..., initial=-inf)``)."""
     ops, extra = [], []
     while True:
-        p = producer(v)
+        p = hir.defining_op(v)
         if p is None:
             raise NoMatch("softmax statistic comes from a region input")
         if p.name == "stablehlo.reduce":
             if reducer_kind(p) != kind:
                 raise NoMatch(f"softmax {kind} is not a single-op {kind} reduce")
-            init = splat_value(p.operands[1])
+            init = _splat(p.operands[1])
             if init is None:
                 raise NoMatch("reduce init is not a constant")
             return p, ops, init if not extra else max([init] + extra)
-        if len(_uses(v)) != 1:
+        if len(_users(v)) != 1:
             raise NoMatch("softmax statistic has several users")
         if p.name in ("stablehlo.broadcast_in_dim", "stablehlo.reshape", "stablehlo.convert",
                       "stablehlo.transpose"):
@@ -355,15 +296,15 @@ def _stat_chain(v, kind: str):
             continue
         if kind == "max" and p.name == "stablehlo.maximum":
             a, b = p.operands
-            ca, cb = splat_value(a), splat_value(b)
+            ca, cb = _splat(a), _splat(b)
             if (ca is None) == (cb is None):
                 raise NoMatch("maximum in the softmax max is not against a constant")
             const_v, other = (a, b) if ca is not None else (b, a)
             extra.append(ca if ca is not None else cb)
             ops.append(p)
-            cp = producer(const_v)
+            cp = hir.defining_op(const_v)
             if cp is not None and cp.name != "stablehlo.constant":
-                if len(_uses(const_v)) != 1:
+                if len(_users(const_v)) != 1:
                     raise NoMatch("shared constant broadcast in the softmax max")
                 ops.append(cp)
             v = other
@@ -379,7 +320,7 @@ def _row_stat_dims(ops, in_dims, axis, key, want_dims) -> None:
     dims = tuple(d for i, d in enumerate(in_dims) if i != axis)
     for op in reversed(ops):
         if op.name == "stablehlo.maximum" or (op.name == "stablehlo.broadcast_in_dim"
-                                               and splat_value(op.results[0]) is not None):
+                                               and _splat(op.results[0]) is not None):
             continue
         dims = fwd_dims(op, dims)
     want = tuple(BCAST if d == key else d for d in want_dims)
@@ -393,18 +334,18 @@ def _match_repeat(v: ir.Value, head_axis: int):
     ``reshape(broadcast_in_dim(x))`` is ``jnp.repeat(x, G, axis=head_axis)``; a lone
     ``broadcast_in_dim`` from one head (``jnp.broadcast_to``) shares it with all G heads.
     """
-    rs = producer(v)
-    if rs is not None and rs.name == "stablehlo.broadcast_in_dim" and len(_uses(v)) == 1:
+    rs = hir.defining_op(v)
+    if rs is not None and rs.name == "stablehlo.broadcast_in_dim" and len(_users(v)) == 1:
         src = rs.operands[0]
         s_in, s_out = shape_of(src), shape_of(v)
         if (_i64s(rs, "broadcast_dimensions") == list(range(len(s_in))) and s_in[head_axis] == 1
                 and all(a == b for i, (a, b) in enumerate(zip(s_in, s_out)) if i != head_axis)):
             return src, s_out[head_axis], [rs]
         return None
-    if rs is None or rs.name != "stablehlo.reshape" or len(_uses(v)) != 1:
+    if rs is None or rs.name != "stablehlo.reshape" or len(_users(v)) != 1:
         return None
-    b = producer(rs.operands[0])
-    if b is None or b.name != "stablehlo.broadcast_in_dim" or len(_uses(rs.operands[0])) != 1:
+    b = hir.defining_op(rs.operands[0])
+    if b is None or b.name != "stablehlo.broadcast_in_dim" or len(_users(rs.operands[0])) != 1:
         return None
     src = b.operands[0]
     s_in, s_mid, s_out = shape_of(src), shape_of(b.results[0]), shape_of(v)
@@ -427,7 +368,7 @@ class _Ctx:
         self.dims: dict = {}
 
     def set_dims(self, v, dims) -> None:
-        k = vkey(v)
+        k = hir.value_key(v)
         old = self.dims.get(k)
         if old is not None and old != tuple(dims):
             raise NoMatch(f"value used with conflicting layouts {old} vs {tuple(dims)}")
@@ -437,6 +378,49 @@ class _Ctx:
 def block_index(block) -> dict:
     """Program position of every op of ``block``."""
     return {op: i for i, op in enumerate(hir.block_ops(block))}
+
+
+
+@dataclasses.dataclass
+class _Softmax:
+    """The softmax of one match: the ops from the logits ``x`` to the probabilities."""
+    p_ops: list          # pass-through ops between the divide and P·V
+    div: object
+    ex: object
+    sub: object
+    r_sum: object
+    sum_ops: list
+    e_conv: list         # converts between exp and the sum
+    r_max: object
+    max_ops: list
+    m_init: float
+    x_val: ir.Value      # the logits
+    x_layout: list       # layout ops between x and the subtract
+    key_axis: int        # the reduced axis of x
+
+    @property
+    def ops(self) -> set:
+        return ({self.div, self.ex, self.sub, self.r_max, self.r_sum} | set(self.max_ops)
+                | set(self.sum_ops) | set(self.e_conv) | set(self.p_ops) | set(self.x_layout))
+
+
+@dataclasses.dataclass
+class _Operands:
+    """Q, K, V of one match with their labels (GQA: K/V before the repeat)."""
+    batch: list
+    rows: list
+    key: str
+    q: ir.Value
+    k: ir.Value
+    v: ir.Value
+    q_dims: tuple
+    k_dims: tuple
+    v_dims: tuple
+    head_dim: int
+    v_head_dim: int
+    out_dims: tuple
+    repeat: Repeat | None = None
+    repeat_ops: list = dataclasses.field(default_factory=list)
 
 
 def analyze(pv, index: dict | None = None) -> Attention:
@@ -455,73 +439,88 @@ def analyze(pv, index: dict | None = None) -> Attention:
 
 
 def _analyze(pv, p_idx: int, index: dict | None) -> Attention:
-    block = pv.block
-    # --- 1. probabilities: P·V operand back to the normalizing divide ---------------------
+    """P·V operand ``p_idx`` as the probabilities: the steps below, in order."""
+    sm = _match_softmax(pv, p_idx)
+    cx = _Ctx(pv.block, index)
+    qk, visited = _find_qk(sm.x_val, cx)
+    parts, sizes = _label_qk(qk, cx)
+    main_ops, side_reqs = _main_chain(qk, visited, sm.x_val, cx)
+    key, xs_dims = _softmax_dims(sm, cx)
+    ops = _qk_operands(qk, parts, sizes, key)
+    _pv_operand(pv, p_idx, sm, xs_dims, ops, cx)
+    _match_gqa(ops)
+    members = set(main_ops) | {qk, pv} | sm.ops | set(ops.repeat_ops)
+    side_inputs = _take_side_values(members, side_reqs, sizes, cx)
+    return _close_region(pv, qk, p_idx, sm, ops, members, sizes, side_inputs, cx)
+
+
+def _match_softmax(pv, p_idx: int) -> _Softmax:
+    """1-2: the P·V operand back to the normalizing divide, exp, and the sum and max."""
     p_val, p_ops = _walk_back(pv.operands[p_idx], ("stablehlo.convert", "stablehlo.transpose",
                                                    "stablehlo.reshape", "stablehlo.broadcast_in_dim"))
-    div = producer(p_val)
+    div = hir.defining_op(p_val)
     if div is None or div.name != "stablehlo.divide":
         raise NoMatch("P·V operand is not a softmax (no normalizing divide)")
-    if len(_uses(p_val)) != 1:
+    if len(_users(p_val)) != 1:
         raise NoMatch("softmax probabilities are used outside the P·V product")
     e_val, den = div.operands
-    ex = producer(e_val)
+    ex = hir.defining_op(e_val)
     if ex is None or ex.name != "stablehlo.exponential":
         raise NoMatch("softmax numerator is not exp")
-    # --- 2. softmax sum and max ----------------------------------------------------------
     r_sum, sum_ops, sum_init = _stat_chain(den, "add")
     if sum_init != 0.0:
         raise NoMatch("softmax sum has a non-zero init")
     e_src, e_conv = _walk_back(r_sum.operands[0], ("stablehlo.convert",))
-    if vkey(e_src) != vkey(e_val):
+    if hir.value_key(e_src) != hir.value_key(e_val):
         raise NoMatch("softmax sum is not over the numerator")
-    if len(_uses(e_val)) != 2 or len(_uses(r_sum.results[0])) != 1:
+    if len(_users(e_val)) != 2 or len(_users(r_sum.results[0])) != 1:
         raise NoMatch("softmax numerator or sum used outside the softmax")
-    sub = producer(ex.operands[0])
-    if sub is None or sub.name != "stablehlo.subtract" or len(_uses(ex.operands[0])) != 1:
+    sub = hir.defining_op(ex.operands[0])
+    if sub is None or sub.name != "stablehlo.subtract" or len(_users(ex.operands[0])) != 1:
         raise NoMatch("exp argument is not x - max(x)")
     x_sub, bm = sub.operands
     r_max, max_ops, m_init = _stat_chain(bm, "max")
     x_val = r_max.operands[0]
     # the subtract may see x through layout ops (jax.nn.dot_product_attention transposes it)
     x_layout, v = [], x_sub
-    while vkey(v) != vkey(x_val):
-        p = producer(v)
-        if p is None or p.name not in ("stablehlo.transpose", "stablehlo.reshape",
-                                       "stablehlo.broadcast_in_dim") or len(_uses(v)) != 1:
+    while hir.value_key(v) != hir.value_key(x_val):
+        p = hir.defining_op(v)
+        if p is None or p.name not in _LAYOUT_OPS or len(_users(v)) != 1:
             raise NoMatch("softmax max is not over the same logits")
         x_layout.append(p)
         v = p.operands[0]
     x_user = x_layout[-1] if x_layout else sub
-    if set(_uses(x_val)) != {r_max, x_user} or len(_uses(x_val)) != 2 or len(_uses(r_max.results[0])) != 1:
+    if set(_users(x_val)) != {r_max, x_user} or len(_users(x_val)) != 2 or len(_users(r_max.results[0])) != 1:
         raise NoMatch("logits or their max used outside the softmax")
     x_shape = shape_of(x_val)
     rdims = _i64s(r_max, "dimensions")
     if len(rdims) != 1 or len(_i64s(r_sum, "dimensions")) != 1 or x_shape[rdims[0]] == 1:
         raise NoMatch("softmax must reduce exactly one (non-unit) dim")
-    key_axis = rdims[0]
     if dtype_of(x_val) not in FLOAT_TYPES:
         raise NoMatch(f"logits of type {dtype_of(x_val)}")
+    return _Softmax(p_ops, div, ex, sub, r_sum, sum_ops, e_conv, r_max, max_ops, m_init, x_val,
+                    x_layout, rdims[0])
 
-    cx = _Ctx(block, index)
-    # --- 3. the QKᵀ product: the unique full-size dot feeding x ---------------------------
-    numel = math.prod(x_shape)
+
+def _find_qk(x_val, cx: "_Ctx"):
+    """3: the QKᵀ product, the unique full-size dot_general feeding the logits; and the
+    elementwise/layout ops visited on the way (the candidates for the logit chain)."""
+    numel = math.prod(shape_of(x_val))
     seen, stack, dots, visited_ops = set(), [x_val], {}, set()
     while stack:
         v = stack.pop()
-        p = producer(v)
-        if p is None or vkey(v) in seen or math.prod(shape_of(v)) != numel:
+        p = hir.defining_op(v)
+        if p is None or hir.value_key(v) in seen or math.prod(shape_of(v)) != numel:
             continue
-        seen.add(vkey(v))
-        if not _same_block(p, block):
+        seen.add(hir.value_key(v))
+        if not _same_block(p, cx.block):
             continue
         if p.name == "stablehlo.dot_general":
             dots[p] = True
             continue
         rule = rule_for(p.name)
         if len(p.results) != 1 or len(p.regions) or not (
-                (rule.cls is OpClass.ELEMENTWISE and rule.emit is not None)
-                or p.name in ("stablehlo.transpose", "stablehlo.reshape", "stablehlo.broadcast_in_dim")):
+                (rule.cls is OpClass.ELEMENTWISE and rule.emit is not None) or p.name in _LAYOUT_OPS):
             continue
         visited_ops.add(p)
         stack.extend(p.operands)
@@ -531,9 +530,13 @@ def _analyze(pv, p_idx: int, index: dict | None) -> Attention:
     qk = next(iter(dots))
     if dtype_of(qk.results[0]) not in FLOAT_TYPES:
         raise NoMatch("QKᵀ result is not floating point")
+    return qk, visited_ops
 
-    # labels of the QKᵀ result
-    lb, rb, lc, rc, lf, rf = _dot_parts(qk)
+
+def _label_qk(qk, cx: "_Ctx"):
+    """Labels of the QKᵀ result: ``b<i>`` batch, ``l<d>``/``r<d>`` free dims of each side."""
+    parts = _dot_parts(qk)
+    lb, _, _, _, lf, rf = parts
     s_shape = shape_of(qk.results[0])
     out_roles = ([("b", i) for i in range(len(lb))] + [("l", d) for d in lf] + [("r", d) for d in rf])
     sizes, s_dims = {}, []
@@ -544,52 +547,64 @@ def _analyze(pv, p_idx: int, index: dict | None) -> Attention:
         name = f"{role}{i}"
         sizes[name] = n
         s_dims.append(name)
-    s_dims = tuple(s_dims)
-    cx.set_dims(qk.results[0], s_dims)
+    cx.set_dims(qk.results[0], tuple(s_dims))
+    return parts, sizes
 
-    # --- 4. main chain: ops on paths QKᵀ -> x, in program order ------------------------------
-    main_vals = {vkey(qk.results[0])}
+
+def _main_chain(qk, visited_ops, x_val, cx: "_Ctx"):
+    """4: the ops on paths QKᵀ -> x in program order, labelled; and the side values they read
+    as ``(value, dims, op)``."""
+    main_vals = {hir.value_key(qk.results[0])}
     main_ops = []
     for op in sorted(visited_ops, key=lambda o: cx.index[o]):
-        if any(vkey(a) in main_vals for a in op.operands):
+        if any(hir.value_key(a) in main_vals for a in op.operands):
             main_ops.append(op)
-            main_vals.add(vkey(op.results[0]))
-    if vkey(x_val) not in main_vals and vkey(x_val) != vkey(qk.results[0]):
+            main_vals.add(hir.value_key(op.results[0]))
+    if hir.value_key(x_val) not in main_vals and hir.value_key(x_val) != hir.value_key(qk.results[0]):
         raise NoMatch("logits are not computed from QKᵀ")
-    side_reqs = []  # (value, dims) required by a member
+    side_reqs = []
     for op in main_ops:
-        mains = [a for a in op.operands if vkey(a) in main_vals]
-        dims0 = cx.dims[vkey(mains[0])]
-        if op.name in ("stablehlo.transpose", "stablehlo.reshape", "stablehlo.broadcast_in_dim"):
+        mains = [a for a in op.operands if hir.value_key(a) in main_vals]
+        dims0 = cx.dims[hir.value_key(mains[0])]
+        if op.name in _LAYOUT_OPS:
             out = fwd_dims(op, dims0)
             if BCAST in out:
                 raise NoMatch("logits broadcast along a new dim")
         else:
             for a in mains[1:]:
-                if cx.dims[vkey(a)] != dims0:
+                if cx.dims[hir.value_key(a)] != dims0:
                     raise NoMatch(f"'{op.name}' combines logits in different layouts")
             out = dims0
         cx.set_dims(op.results[0], out)
         for j, a in enumerate(op.operands):
-            if vkey(a) not in main_vals:
+            if hir.value_key(a) not in main_vals:
                 side_reqs.append((a, bwd_dims(op, out, j), op))
-    x_dims = cx.dims[vkey(x_val)]
-    key = x_dims[key_axis]
+    return main_ops, side_reqs
+
+
+def _softmax_dims(sm: _Softmax, cx: "_Ctx"):
+    """The key label (the reduced dim of x), and labels through the softmax: x - max must be
+    broadcast along the key only, the row statistics reduce the key."""
+    x_dims = cx.dims[hir.value_key(sm.x_val)]
+    key = x_dims[sm.key_axis]
     if key is None or key[0] not in "lr":
         raise NoMatch("softmax is not over a free dim of QKᵀ")
-    # x - max must be broadcast along the key only
     xs_dims = x_dims
-    for op in reversed(x_layout):
+    for op in reversed(sm.x_layout):
         xs_dims = fwd_dims(op, xs_dims)
         if BCAST in xs_dims:
             raise NoMatch("logits broadcast inside the softmax")
         cx.set_dims(op.results[0], xs_dims)
-    _row_stat_dims(max_ops, x_dims, key_axis, key, xs_dims)
-    _row_stat_dims(sum_ops, xs_dims, _i64s(r_sum, "dimensions")[0], key, xs_dims)
-    for v in (sub.results[0], ex.results[0], div.results[0]):
+    _row_stat_dims(sm.max_ops, x_dims, sm.key_axis, key, xs_dims)
+    _row_stat_dims(sm.sum_ops, xs_dims, _i64s(sm.r_sum, "dimensions")[0], key, xs_dims)
+    for v in (sm.sub.results[0], sm.ex.results[0], sm.div.results[0]):
         cx.set_dims(v, xs_dims)
+    return key, xs_dims
 
-    # Q / K roles
+
+def _qk_operands(qk, parts, sizes: dict, key: str) -> _Operands:
+    """Q / K roles: K is the side whose free dim is the key; labels of both operands."""
+    lb, rb, lc, rc, lf, rf = parts
     k_side = 0 if key[0] == "l" else 1
     q_side = 1 - k_side
     k_free = [f"{'lr'[k_side]}{d}" for d in (lf, rf)[k_side]]
@@ -619,12 +634,15 @@ def _analyze(pv, p_idx: int, index: dict | None) -> Attention:
 
     q_b, k_b = (lb, rb) if q_side == 0 else (rb, lb)
     q_f, k_f = (lf, rf) if q_side == 0 else (rf, lf)
-    q_dims = operand_dims(q_shape, q_b, qc, q_f, "lr"[q_side])
-    k_dims = operand_dims(k_shape, k_b, kc, k_f, "lr"[k_side])
+    return _Operands(batch, rows, key, q_val, k_val, None,
+                     operand_dims(q_shape, q_b, qc, q_f, "lr"[q_side]),
+                     operand_dims(k_shape, k_b, kc, k_f, "lr"[k_side]), (), head_dim, 1, ())
 
-    # --- 5. probabilities through their pass-through ops to P·V -------------------------------
+
+def _pv_operand(pv, p_idx: int, sm: _Softmax, xs_dims, ops: _Operands, cx: "_Ctx") -> None:
+    """5: the probabilities through their pass-through ops to P·V; V and the output labels."""
     pd = xs_dims
-    for op in reversed(p_ops):
+    for op in reversed(sm.p_ops):
         pd = fwd_dims(op, pd)
         if BCAST in pd:
             raise NoMatch("probabilities broadcast before P·V")
@@ -633,11 +651,11 @@ def _analyze(pv, p_idx: int, index: dict | None) -> Attention:
     pb, vb_, pc, vc, pf, vf = (plb, prb, plc, prc, plf, prf) if p_idx == 0 else (prb, plb, prc, plc, prf, plf)
     v_val = pv.operands[1 - p_idx]
     v_shape = shape_of(v_val)
-    if [pd[a] for a in pc if pd[a] is not None] != [key]:
+    if [pd[a] for a in pc if pd[a] is not None] != [ops.key]:
         raise NoMatch("P·V does not contract the key dim")
-    if sorted(pd[a] for a in pb if pd[a] is not None) != sorted(batch):
+    if sorted(pd[a] for a in pb if pd[a] is not None) != sorted(ops.batch):
         raise NoMatch("P·V batch dims differ from QKᵀ batch dims")
-    if sorted(pd[a] for a in pf if pd[a] is not None) != sorted(rows):
+    if sorted(pd[a] for a in pf if pd[a] is not None) != sorted(ops.rows):
         raise NoMatch("P·V rows differ from QKᵀ rows")
     v_dims = [None] * len(v_shape)
     for a, b in zip(pb, vb_):
@@ -650,36 +668,37 @@ def _analyze(pv, p_idx: int, index: dict | None) -> Attention:
     for a in vf:
         if v_shape[a] != 1:
             v_dims[a], v_head = "dv", v_shape[a]
-    v_dims = tuple(v_dims)
-    pv_out = ([pd[a] for a in pb] + ([pd[a] for a in pf] + [v_dims[a] for a in vf] if p_idx == 0
-                                     else [v_dims[a] for a in vf] + [pd[a] for a in pf]))
-    out_dims = tuple(pv_out)
+    ops.v, ops.v_dims, ops.v_head_dim = v_val, tuple(v_dims), v_head
+    ops.out_dims = tuple([pd[a] for a in pb] + ([pd[a] for a in pf] + [v_dims[a] for a in vf] if p_idx == 0
+                                                else [v_dims[a] for a in vf] + [pd[a] for a in pf]))
 
-    # --- 6. GQA: K and V repeated along the same batch label ------------------------------------
-    repeat, repeat_ops = None, []
-    for lab in batch:
-        kax, vax = k_dims.index(lab), v_dims.index(lab)
-        mk, mv = _match_repeat(k_val, kax), _match_repeat(v_val, vax)
-        if mk and mv and mk[1] == mv[1] and vkey(k_val) != vkey(v_val):
-            repeat = Repeat(lab, mk[1])
-            repeat_ops = mk[2] + mv[2]
-            k_val, v_val = mk[0], mv[0]
-            k_dims = tuple(repeat.kv if d == lab else d for d in k_dims)
-            v_dims = tuple(repeat.kv if d == lab else d for d in v_dims)
-            break
 
-    # --- 7. side values: pull cheap generators into the region ------------------------------
-    members = set(main_ops) | {qk, pv, div, ex, sub, r_max, r_sum} | set(max_ops) | set(sum_ops) \
-        | set(e_conv) | set(p_ops) | set(repeat_ops) | set(x_layout)
+def _match_gqa(ops: _Operands) -> None:
+    """6: K and V repeated along the same batch label (GQA/MQA): read the unrepeated ones."""
+    for lab in ops.batch:
+        kax, vax = ops.k_dims.index(lab), ops.v_dims.index(lab)
+        mk, mv = _match_repeat(ops.k, kax), _match_repeat(ops.v, vax)
+        if mk and mv and mk[1] == mv[1] and hir.value_key(ops.k) != hir.value_key(ops.v):
+            rep = Repeat(lab, mk[1])
+            ops.repeat, ops.repeat_ops = rep, mk[2] + mv[2]
+            ops.k, ops.v = mk[0], mv[0]
+            ops.k_dims = tuple(rep.kv if d == lab else d for d in ops.k_dims)
+            ops.v_dims = tuple(rep.kv if d == lab else d for d in ops.v_dims)
+            return
+
+
+def _take_side_values(members: set, side_reqs: list, sizes: dict, cx: "_Ctx") -> list:
+    """7: pull cheap generators (iotas, constants, broadcasts, elementwise ops used only inside)
+    into ``members``, latest first; what stays outside is a region input. Returns the side
+    inputs ``[(value, dims)]``."""
     reqs: dict = {}
     heap, tick = [], itertools.count()
-    side_inputs = []
 
     def require(v, dims):
-        k = vkey(v)
+        k = hir.value_key(v)
         reqs.setdefault(k, (v, []))[1].append(tuple(dims))
-        p = producer(v)
-        if p is not None and _same_block(p, block) and p not in members:
+        p = hir.defining_op(v)
+        if p is not None and _same_block(p, cx.block) and p not in members:
             heapq.heappush(heap, (-cx.index[p], next(tick), p))
 
     for v, dims, _ in side_reqs:
@@ -692,63 +711,67 @@ def _analyze(pv, p_idx: int, index: dict | None) -> Attention:
         done.add(p)
         r = p.results[0] if len(p.results) == 1 else None
         ok = (r is not None and not len(p.regions) and _side_op_ok(p)
-              and all(u in members for u in _uses(r)))
+              and all(u in members for u in _users(r)))
         if not ok:
             continue  # its result stays a region input
-        dims = _merge(reqs[vkey(r)][1])
+        dims = _merge(reqs[hir.value_key(r)][1])
         members.add(p)
         cx.set_dims(r, dims)
         for j, a in enumerate(p.operands):
             require(a, bwd_dims(p, dims, j))
+    side_inputs = []
     for k, (v, dl) in reqs.items():
-        p = producer(v)
+        p = hir.defining_op(v)
         dims = _merge(dl)
         if p is None or p not in members:
-            if p is not None and p.name == "stablehlo.constant" and splat_value(v) is not None:
+            if p is not None and p.name == "stablehlo.constant" and _splat(v) is not None:
                 cx.set_dims(v, dims)   # splat constants are cloned into the region
                 continue
             cx.set_dims(v, dims)
             side_inputs.append((v, dims))
     # every side input's labels must be known logits labels
-    for v, dims in side_inputs + [(op.results[0], cx.dims[vkey(op.results[0])]) for op in members
+    for v, dims in side_inputs + [(op.results[0], cx.dims[hir.value_key(op.results[0])]) for op in members
                                   if op.name == "stablehlo.constant"]:
         for d, n in zip(dims, shape_of(v)):
             if d is not None and sizes.get(d) != n:
                 raise NoMatch("side input does not line up with the logits")
+    return side_inputs
 
-    # --- 8. the region is closed: only the P·V result leaves it ----------------------------
+
+def _close_region(pv, qk, p_idx: int, sm: _Softmax, ops: _Operands, members: set, sizes: dict,
+                  side_inputs: list, cx: "_Ctx") -> Attention:
+    """8: the region is closed (only the P·V result leaves it); the logit chain in order."""
     for op in members:
         for r in op.results:
             if op is pv:
                 continue
-            if any(u not in members for u in _uses(r)):
+            if any(u not in members for u in _users(r)):
                 raise NoMatch(f"intermediate '{op.name}' is used outside the attention")
     ordered = sorted(members, key=lambda o: cx.index[o])
     if ordered[-1] is not pv:
         raise NoMatch("internal: P·V is not the last op of the region")
-    not_chain = {qk, pv, div, ex, sub, r_max, r_sum} | set(max_ops) | set(sum_ops) | set(e_conv) \
-        | set(p_ops) | set(repeat_ops) | set(x_layout)
+    not_chain = {qk, pv} | sm.ops | set(ops.repeat_ops)
     steps = [op for op in ordered if op not in not_chain]
-    for d in x_dims:
-        if d is not None and d not in set(batch) | set(rows) | {key}:
+    for d in cx.dims[hir.value_key(sm.x_val)]:
+        if d is not None and d not in set(ops.batch) | set(ops.rows) | {ops.key}:
             raise NoMatch("logits carry a dim that is not batch/row/key")
-    att = Attention(
-        qk=qk, pv=pv, members=ordered, sizes=sizes, batch=batch, rows=rows, key=key,
-        q=q_val, k=k_val, v=v_val, q_dims=q_dims, k_dims=k_dims, v_dims=v_dims,
-        head_dim=head_dim, v_head_dim=v_head, side_inputs=side_inputs, steps=steps, dims=cx.dims,
-        const_sides=[(op.results[0], cx.dims[vkey(op.results[0])]) for op in steps
-                     if op.name == "stablehlo.constant" and splat_value(op.results[0]) is None],
-        s_key=vkey(qk.results[0]), x_key=vkey(x_val), m_init=m_init, out_dims=out_dims,
-        repeat=repeat, x_dtype=dtype_of(x_val), p_dtype=dtype_of(pv.operands[p_idx]),
-        out_dtype=dtype_of(pv.results[0]), precision=(precision_of(qk), precision_of(pv)))
-    att.causal_like = _has_iota_select(att)
-    return att
+    return Attention(
+        qk=qk, pv=pv, members=ordered, sizes=sizes, batch=ops.batch, rows=ops.rows, key=ops.key,
+        q=ops.q, k=ops.k, v=ops.v, q_dims=ops.q_dims, k_dims=ops.k_dims, v_dims=ops.v_dims,
+        head_dim=ops.head_dim, v_head_dim=ops.v_head_dim, side_inputs=side_inputs, steps=steps,
+        dims=cx.dims,
+        const_sides=[(op.results[0], cx.dims[hir.value_key(op.results[0])]) for op in steps
+                     if op.name == "stablehlo.constant" and _splat(op.results[0]) is None],
+        s_key=hir.value_key(qk.results[0]), x_key=hir.value_key(sm.x_val), m_init=sm.m_init,
+        out_dims=ops.out_dims, repeat=ops.repeat, x_dtype=dtype_of(sm.x_val),
+        p_dtype=dtype_of(pv.operands[p_idx]), out_dtype=dtype_of(pv.results[0]),
+        precision=(precision_of(qk), precision_of(pv)))
 
 
 def _side_op_ok(op) -> bool:
     if op.name == "stablehlo.constant":
         info = hir.tensor_type_info(op.results[0].type)
-        return splat_value(op.results[0]) is not None or (
+        return _splat(op.results[0]) is not None or (
             info is not None and info.nbytes <= MAX_CONST_BYTES)
     if op.name == "stablehlo.reshape":
         return _nonunit(shape_of(op.operands[0])) == _nonunit(shape_of(op.results[0]))
@@ -765,11 +788,6 @@ def _merge(dl: list) -> tuple:
             raise NoMatch(f"side value used with conflicting layouts {first} vs {d}")
     return first
 
-
-def _has_iota_select(att: Attention) -> bool:
-    """A select whose predicate is built from iotas/constants only (causal and friends)."""
-    from hlofuse.kernels.attention import AttentionSpec, _x_select
-    return _x_select(AttentionSpec(att)) is not None
 
 
 def find_attention(block) -> list[Attention]:
@@ -790,9 +808,60 @@ def find_attention(block) -> list[Attention]:
     return found
 
 
-def const_array(v) -> np.ndarray:
-    """The value of a (dense or splat) ``stablehlo.constant`` result as numpy."""
-    return np.asarray(const_value(producer(v)))
+# ---------------------------------------------------------------------------------------------
+# The match as data
+# ---------------------------------------------------------------------------------------------
+
+def region_spec(att: Attention, boundary) -> AttentionSpec:
+    """The match as an :class:`AttentionSpec`, values named by their position in the function
+    ``outline_region`` makes of it: arguments are ``boundary.inputs``; the body is
+    ``boundary.constants`` (cloned splats), then ``att.members``, in order."""
+    pos = {hir.value_key(v): ("arg", i) for i, v in enumerate(boundary.inputs)}
+    body = list(boundary.constants) + list(att.members)
+    for j, op in enumerate(body):
+        if len(op.results) == 1:
+            pos[hir.value_key(op.results[0])] = ("op", j)
+
+    def ref(v, key=None):
+        r = pos.get(key or hir.value_key(v))
+        if r is None:
+            raise NoMatch("a value the logits read is neither a region input nor a region op")
+        return r
+
+    def arg(v, what):
+        r = ref(v)
+        if r[0] != "arg":
+            raise NoMatch(f"{what} is not a region input")
+        return r[1]
+
+    evaluated = {att.s_key} | {hir.value_key(v) for v, _ in att.side_inputs} \
+        | {hir.value_key(op.results[0]) for op in att.steps}
+
+    def operand(a):
+        if hir.value_key(a) not in evaluated and _splat(a) is not None:
+            return Splat(_splat(a), dtype_of(a))
+        return ref(a)
+
+    steps = []
+    for op in att.steps:
+        r = op.results[0]
+        if op.name == "stablehlo.constant":
+            operands = (Splat(_splat(r), dtype_of(r)),) if _splat(r) is not None else ()
+        else:
+            operands = tuple(operand(a) for a in op.operands)
+        steps.append(LogitStep(ref(r), op.name, operands, dtype_of(r), att.dims[hir.value_key(r)]))
+    spec = AttentionSpec(
+        label_sizes=tuple(att.label_sizes().items()), batch_labels=tuple(att.batch),
+        row_labels=tuple(att.rows), key=att.key, repeat=att.repeat, head_dim=att.head_dim,
+        v_head_dim=att.v_head_dim, q_arg=arg(att.q, "Q"), k_arg=arg(att.k, "K"),
+        v_arg=arg(att.v, "V"), q_dims=att.q_dims, k_dims=att.k_dims, v_dims=att.v_dims,
+        out_dims=att.out_dims,
+        side_args=tuple((arg(v, "side input"), tuple(d)) for v, d in att.side_inputs),
+        const_sides=tuple((ref(v)[1], tuple(d)) for v, d in att.const_sides),
+        steps=tuple(steps), s_ref=ref(att.qk.results[0]), s_dtype=dtype_of(att.qk.results[0]),
+        x_ref=ref(None, att.x_key), mask_select=None, m_init=att.m_init, x_dtype=att.x_dtype,
+        p_dtype=att.p_dtype, out_dtype=att.out_dtype, precision=att.precision)
+    return dataclasses.replace(spec, mask_select=mask_select(spec))
 
 
 def _unshare_generators(block) -> int:
@@ -803,7 +872,7 @@ def _unshare_generators(block) -> int:
     n = 0
     for op in hir.block_ops(block):
         is_gen = op.name == "stablehlo.iota" or (
-            op.name == "stablehlo.broadcast_in_dim" and splat_value(op.results[0]) is not None)
+            op.name == "stablehlo.broadcast_in_dim" and _splat(op.results[0]) is not None)
         if not is_gen or len(op.results) != 1:
             continue
         uses = list(op.results[0].uses)
@@ -820,14 +889,13 @@ def _unshare_generators(block) -> int:
     return n
 
 
+
 @register_pass
 class FuseAttention(Pass):
     """See the module docstring."""
     name = "fuse-attention"
 
     def run(self, module, ctx):
-        from hlofuse.passes.fuse_elementwise import fusible_blocks, record_region
-        from hlofuse.passes.fusion.outline import outline_region, region_boundary
         n = 0
         for block in fusible_blocks(module):
             ops = hir.block_ops(block)
@@ -836,43 +904,51 @@ class FuseAttention(Pass):
                 continue
             with module.context:
                 _unshare_generators(block)
+            # every match as data first: outlining one replaces values the next may read
+            matches = []
             for att in find_attention(block):
+                try:
+                    matches.append((att, region_spec(att, region_boundary(att.members))))
+                except NoMatch:
+                    continue
+            for att, spec in matches:
                 boundary = region_boundary(att.members)
                 region = record_region(
-                    ctx, KIND, att.members, boundary,
-                    layout=_layout_str(att), mask=_mask_kind(att),
-                    gqa_groups=att.repeat.groups if att.repeat else 1,
-                    seq_q=att.label_sizes()[att.sq], seq_k=att.sizes[att.key])
-                outline_region(module, att.members, f"hlofuse_attention_{region.id}",
-                               region_id=region.id, kind=KIND)
+                    ctx, KIND, att.members, boundary, layout=_layout_str(spec),
+                    mask=_mask_kind(spec), gqa_groups=spec.gqa_groups, seq_q=spec.seq_q,
+                    seq_k=spec.seq_k)
+                _, fn, _ = outline_region(module, att.members, f"hlofuse_attention_{region.id}",
+                                          region_id=region.id, kind=KIND)
+                with module.context:
+                    fn.operation.attributes[SPEC_ATTR] = ir.StringAttr.get(spec.to_attr())
                 n += 1
         return {"attention_regions": n}
 
 
-def _mask_kind(att: Attention) -> str:
-    names = {op.name for op in att.steps}
+def _mask_kind(spec: AttentionSpec) -> str:
+    names = {st.name for st in spec.steps}
     kinds = []
     if "stablehlo.select" in names:
-        kinds.append("select(" + ("positions" if att.causal_like else "mask") + ")")
-    if names & {"stablehlo.add", "stablehlo.subtract"} and att.all_sides:
+        kinds.append("select(" + ("positions" if spec.mask_select is not None else "mask") + ")")
+    if names & {"stablehlo.add", "stablehlo.subtract"} and spec.n_sides:
         kinds.append("additive")
     return "+".join(kinds) or "none"
 
 
-def _layout_str(att: Attention) -> str:
+def _layout_str(spec: AttentionSpec) -> str:
     def name(d):
         if d is None:
             return "1"
         if d in ("d", "dv"):
             return "D"
-        if d == att.key:
+        if d == spec.key:
             return "K"
-        if d == att.sq:
+        if d == spec.sq:
             return "S"
-        if att.repeat and d == att.repeat.kv:
+        if spec.repeat and d == spec.repeat.kv:
             return "Hkv"
-        if d in att.batch:
+        if d in spec.batch_labels:
             return "B"
         return "H"
-    return "q:" + "".join(name(d) for d in att.q_dims) + " k:" + "".join(
-        name(d) for d in att.k_dims)
+    return "q:" + "".join(name(d) for d in spec.q_dims) + " k:" + "".join(
+        name(d) for d in spec.k_dims)

@@ -9,6 +9,7 @@ match it within the ``reassociate`` tolerance.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 
@@ -18,10 +19,12 @@ import pytest
 import jax
 import jax.numpy as jnp
 from jax.experimental.pallas import tpu as pltpu
+from jaxlib.mlir import ir
 
 import hlofuse
 from hlofuse import ir as hir
 from hlofuse.kernels import attention as A
+from hlofuse.ops import EmitError
 from hlofuse.testing import assert_same, random_inputs
 from tests.passes.test_fuse_attention import BF16, make_args, make_attention
 
@@ -39,7 +42,9 @@ def region_of(f, args):
     name = hir.func_name(fn)
     text = fn.operation.get_asm(large_elements_limit=1 << 30)
     text = text.replace(f"@{name}", "@main").replace("func.func private", "func.func public")
-    text = "module {\n" + re.sub(r" attributes \{hlofuse[^}]*\}", "", text) + "\n}"
+    # drop the function's attributes (kind, region id, the recorded spec: a JSON string)
+    text = "module {\n" + re.sub(r" attributes \{hlofuse.*\} \{$", " {", text, count=1,
+                                  flags=re.M) + "\n}"
     avals = [jax.ShapeDtypeStruct(s, d) for s, d in zip(spec.in_shapes, spec.in_dtypes)]
     ins = random_inputs(avals, 1)
     for a, d in zip(ins, spec.in_dtypes):
@@ -120,7 +125,7 @@ def test_tpu_kernel_skips_blocks_above_the_diagonal():
 
 def test_causal_skip_table():
     spec, _, _ = _region("causal-gqa")            # 37 x 37, j <= i, -inf fill
-    lo, hi = A._skip_table(spec, 8, 8)
+    lo, hi = A.skip_table(spec, 8, 8)
     np.testing.assert_array_equal(lo, [0, 0, 0, 0, 0])
     np.testing.assert_array_equal(hi, [1, 2, 3, 4, 5])
 
@@ -128,7 +133,7 @@ def test_causal_skip_table():
 def test_no_skipping_with_a_small_finite_fill_or_an_input_mask():
     for case in ("causal-finite-fill", "bool-padding", "plain-odd-cross"):  # -1e9: not exact
         spec, _, _ = _region(case)
-        assert A._skip_table(spec, 8, 8) is None, case
+        assert A.skip_table(spec, 8, 8) is None, case
 
 
 def test_skipping_keeps_fully_masked_rows_nan():
@@ -153,7 +158,7 @@ def test_no_skipping_when_a_finite_fill_row_is_fully_masked():
         s = jnp.where(jnp.arange(24)[:, None] > jnp.arange(24)[None, :], s, jnp.finfo(s.dtype).min)
         return jax.nn.softmax(s, axis=-1) @ v
     spec, text, ins = region_of(f, make_args("bhsd", "none", 1, np.float32, 24, 24))
-    assert A._skip_table(spec, 8, 8) is None
+    assert A.skip_table(spec, 8, 8) is None
     fn = A.build_attention(spec, "cpu", blocks=A.AttentionBlocks("cpu", 8, 8))
     assert_same(jax.jit(fn)(*ins), run_region(text, ins), "reassociate")
 
@@ -182,7 +187,7 @@ def test_cpu_plan_keeps_the_step_block_within_budget():
     plan = A.cpu_plan(spec)
     assert plan.bk == A.CPU_MAX_BLOCK_K and plan.bq < 4096
     assert spec.n_batch * plan.bq * plan.bk <= A.CPU_STEP_BUDGET
-    assert A._prescale(spec) == (0.125, A._prescale(spec)[1])   # 1/sqrt(64): folded into Q
+    assert A.prescale(spec) == (0.125, A.prescale(spec)[1])   # 1/sqrt(64): folded into Q
     small = _bench_spec(64)
     assert (A.cpu_plan(small).bq, A.cpu_plan(small).bk) == (64, 64)  # one block: no loop
 
@@ -197,7 +202,7 @@ def test_cpu_plan_uses_skip_blocks_for_causal():
 def test_scale_that_is_not_a_power_of_two_is_not_folded():
     spec, _, _ = region_of(make_attention("bhsd", "none", 1, "nn", "div"),
                            make_args("bhsd", "none", 1, np.float32, 8, 8, d=8))
-    assert A._prescale(spec) is None     # sqrt(8) is not a power of two
+    assert A.prescale(spec) is None     # sqrt(8) is not a power of two
 
 
 @pytest.mark.parametrize("target,bq,bk", [("gpu", 24, 16), ("gpu", 8, 16), ("tpu", 12, 128),
@@ -212,3 +217,31 @@ def test_spec_describes_gqa_and_layout():
     assert spec.gqa_groups == 2 and spec.seq_q == spec.seq_k == 37
     assert spec.head_dim == spec.v_head_dim == 8
     assert "gqa=2" in spec.describe()
+
+
+def test_spec_is_recorded_on_the_region_and_round_trips():
+    """The pass matched once and wrote the spec on the function: text and bytecode keep it, and
+    reading it back gives the same hashable, IR-free spec (the kernel never matches again)."""
+    spec, _, _ = _region("causal-gqa")
+    hash(spec)
+    assert spec.mask_select is not None and spec.repeat == A.Repeat(spec.repeat.label, 2)
+    opt = _KEEP[-1]
+    for data in (hir.to_text(opt.module), hir.to_bytecode(opt.module)):
+        mod = hir.parse(data)
+        (fn,) = [f for f in hir.funcs(mod) if hir.func_name(f).startswith("hlofuse_attention")]
+        again = A.spec_from_func(fn)
+        assert dataclasses.replace(again, func_text="") == dataclasses.replace(spec, func_text="")
+        assert again.digest == spec.digest
+
+
+def test_region_without_or_disagreeing_with_its_spec_is_not_built():
+    spec, _, _ = _region("plain-odd-cross")
+    (fn,) = [f for f in hir.funcs(_KEEP[-1].module) if hir.func_name(f).startswith("hlofuse_attention")]
+    bad = dataclasses.replace(spec, q_arg=7)
+    with fn.context:
+        fn.attributes[A.SPEC_ATTR] = ir.StringAttr.get(bad.to_attr())
+    with pytest.raises(EmitError, match="does not agree"):
+        A.spec_from_func(fn)
+    del fn.attributes[A.SPEC_ATTR]
+    with pytest.raises(EmitError, match="without a hlofuse.attention"):
+        A.spec_from_func(fn)

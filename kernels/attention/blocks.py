@@ -1,0 +1,86 @@
+"""Block sizes per target: validated on construction, chosen by a cost model or heuristic."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from hlofuse.kernels.attention.skip import skip_info
+from hlofuse.kernels.attention.spec import AttentionSpec
+from hlofuse.kernels.tiling import next_pow2
+
+__all__ = ["AttentionBlocks", "cpu_plan", "gpu_blocks", "tpu_blocks", "CPU_STEP_BUDGET",
+           "CPU_MAX_BLOCK_K", "CPU_SKIP_BLOCK"]
+
+# cpu cost model: elements of the per-step logits block ([batch.., rows chunk, key block]);
+# 2M f32 = 8 MiB keeps the step's temporaries (logits, probabilities) near the cache and the
+# run memory at ~50 MiB for B=1 H=8 S=4096 (jax.jit: ~1 GiB). On the shared 2-core host
+# (python bench/attention_cpu.py), 512x512 blocks with the scale folded into Q ran at 0.33-0.39
+# of jax.jit's time at S=2048/4096; 256..1024-row chunks and 256/512-key blocks were within
+# noise of each other, unchunked rows (a 64 MiB step block) about 15% slower.
+CPU_STEP_BUDGET = 2 * 1024 * 1024
+CPU_MAX_BLOCK_K = 512
+CPU_SKIP_BLOCK = 256          # blocks when a position mask lets whole blocks be skipped
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionBlocks:
+    """Query block (rows per program / chunk) and key block, validated per target."""
+    target: str
+    bq: int
+    bk: int
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def __post_init__(self):
+        if self.bq < 1 or self.bk < 1:
+            raise ValueError(f"blocks must be positive, got bq={self.bq} bk={self.bk}")
+        if self.target == "gpu":
+            for n in (self.bq, self.bk):
+                if n & (n - 1) or n < 16:
+                    raise ValueError(f"Triton blocks must be powers of two >= 16, got {self.bq}x{self.bk}")
+        elif self.target == "tpu":
+            if self.bq % 8 or self.bk % 128:
+                raise ValueError(f"TPU blocks must be (8,128)-aligned, got bq={self.bq} bk={self.bk}")
+        elif self.target != "cpu":
+            raise ValueError(f"unknown target {self.target!r}")
+
+    def __str__(self) -> str:
+        return f"bq={self.bq} bk={self.bk}"
+
+
+def cpu_plan(spec: AttentionSpec) -> AttentionBlocks:
+    """Cost model for the cpu loops: the largest key block up to ``CPU_MAX_BLOCK_K``, and
+    query chunks so one step's logits block ``[batch.., rows.., bq, bk]`` stays within
+    ``CPU_STEP_BUDGET`` elements (cache-resident, small peak memory). Small problems run as
+    one block (the loop disappears). With a position mask (causal) both blocks are at most
+    ``CPU_SKIP_BLOCK`` so whole blocks above the diagonal are skipped."""
+    sq, sk = spec.seq_q, spec.seq_k
+    per_row = spec.n_batch * spec.n_group
+    bk = sk if sk <= CPU_MAX_BLOCK_K else CPU_MAX_BLOCK_K
+    skip = skip_info(spec) is not None and sk > CPU_SKIP_BLOCK
+    if skip:
+        bk = CPU_SKIP_BLOCK
+    bq = max(1, CPU_STEP_BUDGET // max(1, per_row * bk))
+    if skip:
+        bq = min(bq, CPU_SKIP_BLOCK)
+    if bq >= sq:
+        bq = sq
+    elif bq >= 8:
+        bq = 1 << (bq.bit_length() - 1)   # a power of two: chunks align with key blocks
+    return AttentionBlocks("cpu", bq, bk)
+
+
+def gpu_blocks(spec: AttentionSpec) -> AttentionBlocks:
+    d = max(next_pow2(spec.head_dim), next_pow2(spec.v_head_dim))
+    bq = min(128 if d <= 64 else 64, max(16, next_pow2(spec.seq_q)))
+    bk = min(64 if d <= 128 else 32, max(16, next_pow2(spec.seq_k)))
+    return AttentionBlocks("gpu", bq, bk, num_warps=4 if d <= 64 else 8, num_stages=2)
+
+
+def tpu_blocks(spec: AttentionSpec) -> AttentionBlocks:
+    sub = 16 if np.dtype(spec.in_dtypes[spec.q_arg]).itemsize == 2 else 8
+    bq = min(512, -(-spec.seq_q // sub) * sub)
+    bk = min(512, -(-spec.seq_k // 128) * 128)
+    return AttentionBlocks("tpu", bq, bk)

@@ -1,0 +1,134 @@
+"""cpu: the flash algorithm as plain JAX loops.
+
+``lax.map`` over query chunks, ``lax.fori_loop`` over key blocks: only the current logits block
+``[batch.., rows.., bq, bk]`` is live, never the ``[.., Sq, Sk]`` logits nor whole-array carries.
+Chunk sizes come from :func:`~hlofuse.kernels.attention.blocks.cpu_plan`.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+
+from hlofuse import ir as hir
+from hlofuse.kernels.attention.blocks import AttentionBlocks, cpu_plan
+from hlofuse.kernels.attention.layout import canonical_inputs, output, pad_axis, pad_to
+from hlofuse.kernels.attention.logits import F32, eval_logits, prescale
+from hlofuse.kernels.attention.online_softmax import online_finish, online_init, online_update
+from hlofuse.kernels.attention.skip import skip_table_cached
+from hlofuse.kernels.attention.spec import AttentionSpec
+
+__all__ = ["CPU_K_TRANSPOSED", "build_cpu"]
+
+CPU_K_TRANSPOSED = True       # K as [.., D, Sk]: QKᵀ per block is an NN matmul (measured faster)
+
+
+def _lax_precision(p: str):
+    return {"HIGHEST": lax.Precision.HIGHEST, "HIGH": lax.Precision.HIGH}.get(p)
+
+
+def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
+              fold_scale: bool = True, k_transposed: bool = CPU_K_TRANSPOSED):
+    """The region as ``f(*inputs) -> (output,)`` made of XLA loops.
+
+    ``fold_scale``: apply a power-of-two logit scale to Q once (exact, see
+    :func:`~hlofuse.kernels.attention.logits.prescale`). ``k_transposed``: keep K as
+    ``[.., D, Sk]`` so QKᵀ is a plain (NN) matmul per block.
+    """
+    blocks = blocks or cpu_plan(spec)
+    pre = prescale(spec) if fold_scale else None
+    bq, bk = blocks.bq, blocks.bk
+    sq, sk = spec.seq_q, spec.seq_k
+    nq, nk = -(-sq // bq), -(-sk // bk)
+    nb = len(spec.batch)
+    rank = len(spec.order)
+    sq_ax, k_ax = rank - 2, rank - 1
+    table = skip_table_cached(spec, bq, bk)
+    out_dtype = hir.np_dtype(spec.out_dtype)
+    qk_prec = _lax_precision(spec.precision[0])
+    pv_prec = _lax_precision(spec.precision[1])
+    p_dtype = hir.np_dtype(spec.p_dtype)
+    sizes = spec.sizes
+    rep = spec.repeat
+
+    def index_fn(c, j):
+        def index(lab):
+            shape = [1] * rank
+            if lab == spec.sq:
+                shape[sq_ax] = bq
+                return (c * bq + jnp.arange(bq, dtype=jnp.int32)).reshape(shape)
+            if lab == spec.key:
+                shape[k_ax] = bk
+                return (j * bk + jnp.arange(bk, dtype=jnp.int32)).reshape(shape)
+            if rep is not None and lab == rep.label:
+                return index(rep.kv) * rep.groups + index(rep.g)
+            ax = spec.order.index(lab)
+            shape[ax] = sizes[lab]
+            return jnp.arange(sizes[lab], dtype=jnp.int32).reshape(shape)
+        return index
+
+    def fn(*inputs):
+        q, k, v, sides = canonical_inputs(spec, inputs)
+        if pre is not None:
+            q = q * jnp.asarray(pre[0], q.dtype)
+        q = pad_to(q, sq_ax, nq * bq)
+        k = pad_to(k, nb, nk * bk)
+        v = pad_to(v, nb, nk * bk)
+        if k_transposed:
+            k = jnp.swapaxes(k, -1, -2)                                  # [.., D, Skp]
+        sides = [pad_axis(pad_axis(s, k_ax, nk * bk), sq_ax, nq * bq) for s in sides]
+        acc_shape = list(q.shape[:-1]) + [v.shape[-1]]
+        acc_shape[sq_ax] = bq
+
+        def run_chunk(c):
+            qc = lax.dynamic_slice_in_dim(q, c * bq, bq, axis=sq_ax) if nq > 1 else q
+            sc = [lax.dynamic_slice_in_dim(s, c * bq, bq, axis=sq_ax) if nq > 1 and s.shape[sq_ax] > 1
+                  else s for s in sides]
+
+            def body(j, carry):
+                k_axis = k.ndim - 1 if k_transposed else nb
+                kb = lax.dynamic_slice_in_dim(k, j * bk, bk, axis=k_axis) if nk > 1 else k
+                vb = lax.dynamic_slice_in_dim(v, j * bk, bk, axis=nb) if nk > 1 else v
+                sb = [lax.dynamic_slice_in_dim(s, j * bk, bk, axis=k_ax) if nk > 1 and s.shape[k_ax] > 1
+                      else s for s in sc]
+                kc = nb if k_transposed else kb.ndim - 1
+                s_blk = lax.dot_general(qc, kb, (((qc.ndim - 1,), (kc,)),
+                                                 (tuple(range(nb)), tuple(range(nb)))),
+                                        preferred_element_type=F32, precision=qk_prec)
+                seed = None
+                if pre is not None:
+                    seed = {pre[1]: s_blk.astype(hir.np_dtype(spec.s_dtype))}
+                x = eval_logits(spec, s_blk, sb, index_fn(c, j), seed=seed)
+                x = jnp.broadcast_to(x, s_blk.shape)
+                valid = None
+                if nk * bk != sk:
+                    valid = (j * bk + jnp.arange(bk, dtype=jnp.int32)) < sk
+
+                def pv(p):
+                    return lax.dot_general(p.astype(p_dtype), vb,
+                                           (((p.ndim - 1,), (nb,)), (tuple(range(nb)), tuple(range(nb)))),
+                                           preferred_element_type=F32, precision=pv_prec)
+                return online_update(carry, x, pv, m_init=spec.m_init, valid=valid)
+
+            init = online_init(acc_shape[:-1], acc_shape, spec.m_init)
+            if table is not None:
+                lo, hi = jnp.asarray(table[0])[c], jnp.asarray(table[1])[c]
+                m, l, acc = lax.fori_loop(lo, hi, body, init)
+            elif nk == 1:
+                m, l, acc = body(0, init)
+            else:
+                m, l, acc = lax.fori_loop(0, nk, body, init)
+            return online_finish(l, acc).astype(out_dtype)
+
+        if nq == 1:
+            o = run_chunk(0)
+        else:
+            o = lax.map(run_chunk, jnp.arange(nq, dtype=jnp.int32))     # [nq, .., bq, dv]
+            o = jnp.moveaxis(o, 0, sq_ax)                                # [.., nq, bq, dv]
+            o = o.reshape(o.shape[:sq_ax] + (nq * bq,) + o.shape[sq_ax + 2:])
+        o = lax.slice_in_dim(o, 0, sq, axis=sq_ax)
+        return (output(spec, o),)
+
+    fn.kernel_name = f"hlofuse_attention_cpu_{spec.digest}"
+    fn.blocks = f"cpu loops {blocks}" + (" +skip" if table is not None else "")
+    return fn

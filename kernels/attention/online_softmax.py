@@ -1,0 +1,58 @@
+"""The online-softmax (flash) update, written once for every execution.
+
+Per row, over key blocks, in f32::
+
+    m' = max(m, rowmax(x));  m* = m' if finite else 0;  a = exp(m - m*);  p = exp(x - m*)
+    l = a·l + rowsum(p);     acc = a·acc + p·V;  out = acc / l     (all -inf row: 0/0 = NaN)
+
+``m`` starts at the original max-reduce's init (``-inf`` for ``jax.nn.softmax``); keys that
+are padding get ``-inf`` (``valid``). The row statistics ``m`` and ``l`` come in one of two
+forms: *reduced* (``[..., rows]``, the cpu loops and the Triton kernel) or *columns*
+(``[..., rows, w]``, every column equal: the Mosaic kernel keeps them lane-replicated in
+``(rows, 128)`` scratch). The arithmetic is the same in both.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import jax.numpy as jnp
+
+F32 = jnp.float32
+
+__all__ = ["online_init", "online_update", "online_finish"]
+
+
+def _col(stat, x):
+    """``stat`` as a column broadcastable against the block ``x`` [..., rows, bk]."""
+    return stat[..., :1] if stat.ndim == x.ndim else stat[..., None]
+
+
+def online_init(stat_shape, acc_shape, m_init: float):
+    """(m, l, acc) before the first key block."""
+    return jnp.full(stat_shape, m_init, F32), jnp.zeros(stat_shape, F32), jnp.zeros(acc_shape, F32)
+
+
+def online_update(carry, x, pv: Callable, *, m_init: float, valid=None):
+    """One step on a logits block ``x`` [..., rows, bk]; ``pv(p)`` is ``p @ V_block`` in f32.
+
+    ``valid``: a mask broadcastable to ``x`` (False for padded keys) or None.
+    """
+    m, l, acc = carry
+    xf = x.astype(F32)
+    if valid is not None:
+        xf = jnp.where(valid, xf, -jnp.inf)
+    keep = m.ndim == x.ndim
+    m_new = jnp.maximum(m, jnp.max(xf, axis=-1, keepdims=keep))
+    m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) if m_init == -math.inf else m_new
+    alpha = jnp.exp(m - m_use)
+    p = jnp.exp(xf - _col(m_use, x))
+    l = alpha * l + jnp.sum(p, axis=-1, keepdims=keep)
+    pv_block = pv(p)
+    return m_new, l, _col(alpha, x) * acc + pv_block
+
+
+def online_finish(l, acc):
+    """``acc / l``: the output block in f32 (a row that saw no key: 0/0 = NaN)."""
+    return acc / _col(l, acc)
