@@ -34,6 +34,7 @@ from jaxlib.mlir import ir
 
 from hlofuse import ir as hir
 from hlofuse.ops import EmitError, const_value, emit_op, splat_scalar
+from hlofuse.kernels.support import broadcast_class
 from hlofuse.kernels.tiling import Blocks2D, elementwise_blocks
 
 __all__ = ["ElementwiseSpec", "spec_from_func", "elementwise_kernel", "build_elementwise",
@@ -41,7 +42,6 @@ __all__ = ["ElementwiseSpec", "spec_from_func", "elementwise_kernel", "build_ele
 
 
 def _broadcast_class(op) -> str:
-    from hlofuse.passes.fusion.predicates import broadcast_class
     c = broadcast_class(op)
     if c is None:
         raise EmitError("broadcast pattern not expressible in the kernel's block view")

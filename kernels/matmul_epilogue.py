@@ -41,8 +41,8 @@ from hlofuse import ir as hir
 from hlofuse.ops import EmitError
 from hlofuse.kernels.blockeval import eval_block, eval_reference
 from hlofuse.kernels.tiling import MatmulBlocks, matmul_blocks
-from hlofuse.passes.fusion.predicates import (COL, FULL, ROW, SCALAR, ClassError, View, dot_layout,
-                                               op_of, prologue_member, view_classes)
+from hlofuse.kernels.support import (COL, FULL, ROW, SCALAR, ClassError, View, dot_layout,
+                                     is_scalar_operand, prologue_member, view_classes)
 
 __all__ = ["MatmulSpec", "DotSpec", "spec_from_func", "matmul_epilogue_kernel", "build_matmul_epilogue",
            "matmul_epilogue_reference"]
@@ -96,7 +96,6 @@ def _entry(fn_op):
 
 def _data_operand(op):
     """The operand of a prologue op that carries the matrix (the other one is a scalar)."""
-    from hlofuse.passes.fusion.predicates import is_scalar_operand
     if op.name in ("stablehlo.convert", "stablehlo.negate", "stablehlo.divide"):
         return op.operands[0]
     a, b = op.operands
@@ -109,7 +108,7 @@ def _trace_prologue(v, ops_in_fn) -> tuple:
     Returns (argument, prologue ops incl. the scalar ops they read, in program order)."""
     chain = []
     while True:
-        p = op_of(v)
+        p = hir.defining_op(v)
         if p is None:
             break
         why = prologue_member(p, "cpu")
@@ -121,7 +120,7 @@ def _trace_prologue(v, ops_in_fn) -> tuple:
     stack = [o for p in chain for o in p.operands]
     while stack:
         u = stack.pop()
-        p = op_of(u)
+        p = hir.defining_op(u)
         if p is None or p in chain or p in support:
             continue
         support.append(p)

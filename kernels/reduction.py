@@ -32,8 +32,8 @@ from hlofuse import ir as hir
 from hlofuse.ops import EmitError
 from hlofuse.kernels.blockeval import eval_block, eval_reference
 from hlofuse.kernels.tiling import RowBlocks, row_blocks
-from hlofuse.passes.fusion.predicates import (COL, FULL, ROW, SCALAR, ClassError, View,
-                                               reduce_info, view_classes)
+from hlofuse.kernels.support import (COL, FULL, ROW, SCALAR, ClassError, View, reduce_info,
+                                     view_classes)
 
 __all__ = ["ReductionSpec", "spec_from_func", "reduction_kernel", "build_reduction",
            "reduction_reference", "pattern_name"]

@@ -84,19 +84,6 @@ def max_row_elems(target: str, chip=None) -> int:
     return 1 << 30
 
 
-def __getattr__(name: str):
-    # per-chip figures of the chip in force, under their historical names
-    if name == "MAX_GPU_ROW":
-        return max_row_elems("gpu")
-    if name == "MAX_GPU_ROW_BLOCK_ELEMS":
-        return gpu_row_block_elems()
-    if name == "GPU_SMEM_BUDGET":
-        return smem_budget()
-    if name == "TPU_VMEM_BUDGET":
-        return vmem_budget()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 # (target, rows_bucket, cols_bucket) -> (br, bc); buckets are powers of two.
 TUNED: dict[tuple, tuple[int, int]] = {}
 

@@ -14,7 +14,8 @@ from hlofuse.ops import OpClass, rule_for
 from hlofuse.pipeline import Pass, register_pass
 from hlofuse.passes.fusion import cost as cost_model
 from hlofuse.passes.fusion.outline import KIND_ATTR, outline_region
-from hlofuse.passes.fusion.predicates import domain_shape, elementwise_member
+from hlofuse.kernels.support import domain_shape
+from hlofuse.passes.fusion.predicates import elementwise_member
 from hlofuse.passes.fusion.regions import form_regions
 
 MIN_COMPUTE_OPS = 2

@@ -30,7 +30,8 @@ from hlofuse.passes.fuse_elementwise import fusible_blocks
 from hlofuse.passes.fusion.commit import commit_region
 from hlofuse.passes.fusion import cost as cost_model
 from hlofuse.passes.fusion.outline import KIND_ATTR, REGION_ATTR
-from hlofuse.passes.fusion.predicates import domain_shape, elementwise_member
+from hlofuse.kernels.support import domain_shape
+from hlofuse.passes.fusion.predicates import elementwise_member
 from hlofuse.passes.fusion.regions import BlockGraph, form_regions, merge_siblings
 
 KIND = "horizontal"

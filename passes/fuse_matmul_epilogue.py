@@ -42,8 +42,9 @@ from hlofuse.pipeline import Pass, register_pass
 from hlofuse.passes.fuse_elementwise import fusible_blocks
 from hlofuse.passes.fusion.commit import LeftToXla, commit_region
 from hlofuse.passes.fusion import cost as cost_model
-from hlofuse.passes.fusion.predicates import (FULL, ClassError, View, dot_anchor, dot_layout, epilogue_member,
-                                               extend_classes, prologue_member, value_info)
+from hlofuse.kernels.support import (FULL, ClassError, View, dot_layout, extend_classes, prologue_member,
+                                     value_info)
+from hlofuse.passes.fusion.predicates import dot_anchor, epilogue_member
 from hlofuse.passes.fusion.regions import BlockGraph, grow_region, rematerialize
 
 KIND = "matmul_epilogue"

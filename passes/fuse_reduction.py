@@ -24,8 +24,8 @@ from hlofuse.pipeline import Pass, register_pass
 from hlofuse.passes.fuse_elementwise import fusible_blocks
 from hlofuse.passes.fusion import cost as cost_model
 from hlofuse.passes.fusion.commit import LeftToXla, commit_region
-from hlofuse.passes.fusion.predicates import (ClassError, View, extend_classes, reduction_anchor,
-                                               reduction_member, view_classes)
+from hlofuse.kernels.support import ClassError, View, extend_classes, view_classes
+from hlofuse.passes.fusion.predicates import reduction_anchor, reduction_member
 from hlofuse.passes.fusion.regions import BlockGraph, grow_region, rematerialize
 
 KIND = "reduction"

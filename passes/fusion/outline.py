@@ -15,7 +15,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import func as func_d
 
 from hlofuse import ir as hir
-from hlofuse.passes.fusion.predicates import is_splat_constant
+from hlofuse.kernels.support import is_splat_constant
 
 REGION_ATTR = "hlofuse.region"
 KIND_ATTR = "hlofuse.kind"
