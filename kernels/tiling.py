@@ -127,6 +127,10 @@ class Blocks2D:
     def grid(self) -> tuple[int, int]:
         return (math.ceil(self.rows / self.br), math.ceil(self.cols / self.bc))
 
+    @property
+    def dimension_semantics(self) -> tuple:
+        return ("parallel", "parallel")
+
     def __str__(self) -> str:
         g = self.grid
         return f"{self.br}x{self.bc} blocks, grid {g[0]}x{g[1]}"
@@ -235,6 +239,10 @@ class RowBlocks:
     @property
     def grid(self) -> tuple[int]:
         return (math.ceil(self.rows / self.br),)
+
+    @property
+    def dimension_semantics(self) -> tuple:
+        return ("parallel",)
 
     @property
     def padded(self) -> bool:

@@ -328,10 +328,10 @@ def _all_blocks(module) -> list:
             for block in region.blocks:
                 out.append(block)
                 for inner in block.operations:
-                    visit(gu.as_op(inner))
+                    visit(hir.as_op(inner))
     from hlofuse.passes.fusion.outline import program_funcs
     for f in program_funcs(module):  # never hlofuse's own regions and kernels (idempotence)
-        visit(gu.as_op(f))
+        visit(hir.as_op(f))
     return out
 
 

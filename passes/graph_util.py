@@ -15,6 +15,7 @@ import numpy as np
 from jaxlib.mlir import ir
 
 from hlofuse import ir as hir
+from hlofuse.ir import as_op, defining_op
 from hlofuse.ops import OpClass, const_value, rule_for
 
 # Op classes whose ops have no side effects: erasable once their results are unused.
@@ -71,18 +72,6 @@ def alive(op) -> bool:
     return True
 
 
-def as_op(op) -> ir.Operation:
-    return op.operation if hasattr(op, "operation") else op
-
-
-def defining_op(v: ir.Value) -> ir.Operation | None:
-    """The op producing ``v``, or None for a block argument."""
-    owner = v.owner
-    if isinstance(owner, ir.Block):
-        return None
-    return as_op(owner)
-
-
 def is_op(v: ir.Value, name: str) -> ir.Operation | None:
     op = defining_op(v)
     return op if op is not None and op.name == name else None
@@ -90,10 +79,6 @@ def is_op(v: ir.Value, name: str) -> ir.Operation | None:
 
 def info(v: ir.Value) -> hir.TensorInfo | None:
     return hir.tensor_type_info(v.type)
-
-
-def users(v: ir.Value) -> list[ir.Operation]:
-    return [as_op(u.owner) for u in v.uses]
 
 
 def n_uses(v: ir.Value) -> int:
