@@ -33,6 +33,7 @@ from jaxlib.mlir.dialects import stablehlo as shlo
 from hlofuse import ir as hir
 from hlofuse.pipeline import Pass, register_pass
 from hlofuse.passes import graph_util as gu
+from hlofuse.passes.fusion.outline import program_blocks
 
 CHAIN_OPS = ("stablehlo.add", "stablehlo.subtract", "stablehlo.multiply", "stablehlo.divide")
 FLOAT_TYPES = ("f16", "bf16", "f32", "f64")
@@ -187,7 +188,7 @@ class BatchNormFold(Pass):
         folded = 0
         gu.reset_tracking()
         with module.context, ir.Location.unknown():
-            for block in gu.code_blocks(module):
+            for block in program_blocks(module):
                 for op in hir.block_ops(block):
                     if gu.alive(op) and op.name in ("stablehlo.convolution", "stablehlo.dot_general"):
                         folded += bool(fold_one(op))

@@ -32,6 +32,7 @@ from hlofuse import ir as hir
 from hlofuse.ops import OpClass, emit_op, rule_for, splat_scalar
 from hlofuse.pipeline import Pass, register_pass
 from hlofuse.passes import graph_util as gu
+from hlofuse.passes.fusion.outline import program_blocks
 
 DEFAULT_MAX_BYTES = 1 << 20
 SMALL_BYTES = 256
@@ -302,7 +303,7 @@ class ConstantFold(Pass):
     def run(self, module, ctx):
         max_bytes = int(ctx.option("constant_fold_max_bytes", DEFAULT_MAX_BYTES))
         gu.reset_tracking()
-        blocks = gu.code_blocks(module)
+        blocks = program_blocks(module)
         folder = _Folder(max_bytes)
         ops = folder.analyze(blocks)
         # frontier: constant-valued non-constant ops with a non-constant user

@@ -826,10 +826,10 @@ class FuseAttention(Pass):
     name = "fuse-attention"
 
     def run(self, module, ctx):
-        from hlofuse.passes.fuse_elementwise import fusible_blocks, record_region
-        from hlofuse.passes.fusion.outline import outline_region, region_boundary
+        from hlofuse.passes.fusion.commit import record_region
+        from hlofuse.passes.fusion.outline import outline_region, program_blocks, region_boundary
         n = 0
-        for block in fusible_blocks(module):
+        for block in program_blocks(module):
             ops = hir.block_ops(block)
             if not any(o.name == "stablehlo.exponential" for o in ops) or \
                     sum(o.name == "stablehlo.dot_general" for o in ops) < 2:

@@ -39,9 +39,9 @@ from jaxlib.mlir import ir
 from hlofuse import ir as hir
 from hlofuse.ops import OpClass, rule_for
 from hlofuse.pipeline import Pass, register_pass
-from hlofuse.passes.fuse_elementwise import fusible_blocks
 from hlofuse.passes.fusion.commit import LeftToXla, commit_region
 from hlofuse.passes.fusion import cost as cost_model
+from hlofuse.passes.fusion.outline import program_blocks
 from hlofuse.kernels.support import (FULL, ClassError, View, dot_layout, extend_classes, prologue_member,
                                      value_info)
 from hlofuse.passes.fusion.predicates import dot_anchor, epilogue_member
@@ -151,7 +151,7 @@ class FuseMatmulEpilogue(Pass):
         n_kernels = n_left = n_unsupported = 0
         n_conv = 0
         left = LeftToXla(self.name)
-        for block in fusible_blocks(module):
+        for block in program_blocks(module):
             rewritten, conv_dots = handle_convolutions(module, ctx, block, left)
             n_conv += rewritten
             tried: set = set()

@@ -21,9 +21,9 @@ from __future__ import annotations
 from hlofuse import ir as hir
 from hlofuse.ops import OpClass, rule_for
 from hlofuse.pipeline import Pass, register_pass
-from hlofuse.passes.fuse_elementwise import fusible_blocks
 from hlofuse.passes.fusion import cost as cost_model
 from hlofuse.passes.fusion.commit import LeftToXla, commit_region
+from hlofuse.passes.fusion.outline import program_blocks
 from hlofuse.kernels.support import ClassError, View, extend_classes, view_classes
 from hlofuse.passes.fusion.predicates import reduction_anchor, reduction_member
 from hlofuse.passes.fusion.regions import BlockGraph, grow_region, rematerialize
@@ -59,7 +59,7 @@ class FuseReduction(Pass):
         target = ctx.target
         n_kernels = n_left = 0
         left = LeftToXla(self.name)
-        for block in fusible_blocks(module):
+        for block in program_blocks(module):
             tried: set = set()
             while True:
                 ops = [o for o in hir.block_ops(block) if not o.name.endswith("return")]

@@ -23,8 +23,6 @@ _PURE_CLASSES = {OpClass.ELEMENTWISE, OpClass.BROADCAST, OpClass.CONSTANT, OpCla
                  OpClass.DATA_MOVEMENT, OpClass.REDUCTION, OpClass.DOT, OpClass.CONVOLUTION}
 _PURE_EXTRA = {"stablehlo.gather", "stablehlo.sort"}
 
-# Ops whose regions are ordinary code (as opposed to the scalar bodies of reduce/sort/scatter).
-CONTROL_OPS = {"stablehlo.while", "stablehlo.case", "stablehlo.if"}
 
 
 # Python handles of MLIR ops are not unique: erasing an op through one handle leaves other
@@ -92,24 +90,6 @@ def is_pure(op) -> bool:
     if len(op.regions):
         return False
     return rule_for(op.name).cls in _PURE_CLASSES or op.name in _PURE_EXTRA
-
-
-def code_blocks(module: ir.Module) -> list[ir.Block]:
-    """Function bodies and the bodies of while/case/if, outer blocks first (hlofuse's own
-    outlined regions and kernels excluded: passes never rewrite them, for idempotence)."""
-    from hlofuse.passes.fusion.outline import program_funcs
-    out = []
-    stack = [as_op(f) for f in program_funcs(module)]
-    while stack:
-        op = stack.pop(0)
-        for region in op.regions:
-            for block in region.blocks:
-                out.append(block)
-                for inner in block.operations:
-                    inner = as_op(inner)
-                    if inner.name in CONTROL_OPS:
-                        stack.append(inner)
-    return out
 
 
 def count_ops(module: ir.Module, name: str) -> int:

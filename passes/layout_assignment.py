@@ -41,6 +41,7 @@ from hlofuse import ir as hir
 from hlofuse.ops import OpClass, rule_for
 from hlofuse.pipeline import Pass, register_pass
 from hlofuse.passes import graph_util as gu
+from hlofuse.passes.fusion.outline import program_blocks
 from hlofuse.passes.algebraic_simplify import _transpose as compose_transpose
 
 PREFERRED_CONV_LAYOUT = {"cpu": None, "gpu": "channels_last", "tpu": "channels_last"}
@@ -340,7 +341,7 @@ class LayoutAssignment(Pass):
         unaligned = 0
         gu.reset_tracking()
         with module.context, ir.Location.unknown():
-            blocks = gu.code_blocks(module)
+            blocks = program_blocks(module)
             for block in blocks:
                 for op in hir.block_ops(block):
                     if not gu.alive(op) or op.name != "stablehlo.convolution":
@@ -358,7 +359,7 @@ class LayoutAssignment(Pass):
                 steps += 1
                 if gu.alive(t) and t.name == T_OP:
                     lay.visit(t)
-            gu.erase_dead_in(gu.code_blocks(module))
+            gu.erase_dead_in(program_blocks(module))
         t_after, c_after = count_transposes(module)
         stats = {"transposes_before": t_before, "transposes_after": t_after,
                  "copies_before": c_before, "copies_after": c_after, **lay.stats}

@@ -37,6 +37,30 @@ def program_funcs(module: ir.Module) -> list:
     return [f for f in hir.funcs(module) if not is_hlofuse_func(f)]
 
 
+# Ops whose regions hold program code (loop bodies, branches). Regions of other ops are
+# scalar computations applied per element (reduce/sort/scatter bodies).
+CODE_REGION_OPS = ("func.func", "stablehlo.while", "stablehlo.case", "stablehlo.if")
+
+
+def program_blocks(module: ir.Module, *, scalar_bodies: bool = False) -> list:
+    """The blocks of the user's program: function bodies and the bodies of while/case/if, each
+    block before the blocks nested in it; with ``scalar_bodies`` also the bodies of
+    reduce/sort/scatter/... Outlined regions and kernels are excluded (:func:`program_funcs`):
+    passes never rewrite them, so a second run over the output changes nothing."""
+    blocks = []
+    for f in program_funcs(module):
+        stack = [hir.as_op(f)]
+        while stack:
+            op = stack.pop()
+            if not scalar_bodies and op.name not in CODE_REGION_OPS:
+                continue
+            for region in op.regions:
+                for block in region.blocks:
+                    blocks.append(block)
+                    stack.extend(hir.as_op(o) for o in block.operations)
+    return blocks
+
+
 @dataclasses.dataclass
 class Boundary:
     inputs: list        # ir.Values defined outside, in first-use order
