@@ -18,7 +18,7 @@ from hlofuse.passes.fusion.outline import KIND_ATTR, XLA_ATTR
 from hlofuse.testing import random_inputs
 
 PREFIX = "inline-calls,canonicalize,cse"
-FUSION = "fuse-matmul-epilogue,fuse-reduction,fuse-horizontal"
+FUSION = "conv1x1-to-dot,fuse-matmul-epilogue,fuse-reduction,fuse-horizontal"
 FULL_PIPE = f"{PREFIX},{FUSION},fuse-elementwise,kernelize,symbol-dce,canonicalize"
 
 
