@@ -31,14 +31,16 @@ import math
 from hlofuse import ir as hir
 from hlofuse.ops import OpClass, rule_for
 from hlofuse.pipeline import Pass, register_pass
-from hlofuse.passes.conv1x1_to_dot import CONV1X1_ATTR
-from hlofuse.passes.fusion.commit import LeftToXla, commit_region
-from hlofuse.passes.fusion import cost as cost_model
-from hlofuse.passes.fusion.outline import program_blocks
 from hlofuse.kernels.support import (FULL, ClassError, View, dot_layout, extend_classes, prologue_member,
                                      value_info)
+from hlofuse.kernels.tiling import matmul_blocks
+from hlofuse.passes.conv1x1_to_dot import CONV1X1_ATTR
+from hlofuse.passes.fusion import cost as cost_model
+from hlofuse.passes.fusion.anchored import Grown, fuse_anchored
+from hlofuse.passes.fusion.commit import LeftToXla
+from hlofuse.passes.fusion.outline import program_blocks
 from hlofuse.passes.fusion.predicates import dot_anchor, epilogue_member
-from hlofuse.passes.fusion.regions import BlockGraph, grow_region, rematerialize
+from hlofuse.passes.fusion.regions import grow_region, rematerialize
 
 KIND = "matmul_epilogue"
 
@@ -55,7 +57,6 @@ def take_conv1x1_dots(block) -> list:
 
 def working_set(anchor, members, target: str) -> tuple[int, int]:
     """(on-chip bytes per kernel instance, grid steps) of the tiles the family would pick."""
-    from hlofuse.kernels.tiling import matmul_blocks
     lay = dot_layout(anchor)
     lhs = value_info(anchor.operands[0])
     out = value_info(anchor.results[0])
@@ -74,102 +75,87 @@ def working_set(anchor, members, target: str) -> tuple[int, int]:
     return 0, b.grid_steps
 
 
+def grow(graph, anchor, target: str, conv_dots: list) -> Grown:
+    """The matmul region around ``anchor``: epilogue users and operand prologues."""
+    result = anchor.results[0]
+    domain = value_info(result).shape
+    view = View.of(domain)
+    prologue: set = set()
+    state = {"classes": {result: FULL}, "pending": {}, "pending_prologue": set()}
+
+    def feeds_operands(c):
+        return any(u == anchor or u in prologue for u in graph.users(c))
+
+    def admit(c, members, direction):
+        if direction == "producer" and feeds_operands(c):
+            scalar_bcast = (c.name == "stablehlo.broadcast_in_dim"
+                            and value_info(c.operands[0]).size == 1)
+            why = None if scalar_bcast else prologue_member(c, target)
+            if why is not None:
+                return f"prologue: {why}"
+            others = [u for u in graph.users(c) if u != anchor and u not in prologue]
+            if any(u in members for u in others):
+                return "prologue value also used by the epilogue"
+            if others:
+                if any(p in members for p in graph.producers(c)):
+                    return "shared prologue op with computed operands"
+                choice, why = cost_model.remat_choice(c, others, target)
+                if choice != "recompute":
+                    return f"shared prologue op left outside ({why})"
+            state["pending_prologue"].add(c)
+            return None
+        if direction == "producer":
+            if rule_for(c.name).cls is not OpClass.BROADCAST:
+                return "only broadcasts join as epilogue producers"
+        else:
+            why = epilogue_member(c, target)
+            if why is not None:
+                return f"epilogue: {why}"
+            if rule_for(c.name).cls is not OpClass.ELEMENTWISE or value_info(c.results[0]).shape != domain:
+                return "not elementwise over the dot's result"
+            if any(p in prologue for p in graph.producers(c)):
+                return "reads a prologue value"
+        try:
+            state["pending"][c] = extend_classes(state["classes"], c, view)
+        except ClassError as e:
+            return f"leaves the dot's block view: {e}"
+        return None
+
+    def on_admit(c):
+        if c in state["pending_prologue"]:
+            prologue.add(c)  # only once it joined (the convexity check may refuse it)
+        elif c in state["pending"]:
+            state["classes"] = state["pending"].pop(c)
+
+    members, refused = grow_region(graph, anchor, admit, on_admit=on_admit)
+    fused_ops = sum(1 for m in members if rule_for(m.name).cls is OpClass.ELEMENTWISE)
+    epilogue_ops = sum(1 for m in members if rule_for(m.name).cls is OpClass.ELEMENTWISE
+                       and m not in prologue)
+    members, remat = rematerialize(graph, members, target, keep=[anchor])
+    ws, steps = working_set(anchor, members, target)
+
+    def decision_for(cost):
+        cost.working_set_bytes = ws
+        return cost_model.decide(KIND, cost, target, grid_steps=steps if target == "cpu" else 1,
+                                 fused_ops=fused_ops)
+
+    return Grown(members, decision_for, dict(
+        prologue=sorted(o.name for o in prologue if rule_for(o.name).cls is OpClass.ELEMENTWISE),
+        epilogue_ops=epilogue_ops,
+        conv1x1=any(anchor == d for d in conv_dots),
+        tolerance="reassociate", remat=remat,
+        refused={n.name: r for n, r in list(refused.items())[:4]}))
+
+
 @register_pass
 class FuseMatmulEpilogue(Pass):
     name = "fuse-matmul-epilogue"
 
     def run(self, module, ctx):
-        target = ctx.target
-        n_kernels = n_left = n_unsupported = 0
+        conv_dots = [d for block in program_blocks(module) for d in take_conv1x1_dots(block)]
         left = LeftToXla(self.name)
-        for block in program_blocks(module):
-            conv_dots = take_conv1x1_dots(block)
-            tried: set = set()
-            while True:
-                ops = [o for o in hir.block_ops(block) if not o.name.endswith("return")]
-                anchors = [o for o in ops if o.name == "stablehlo.dot_general" and o not in tried]
-                if not anchors:
-                    break
-                anchor = anchors[0]
-                tried.add(anchor)
-                reason = dot_anchor(anchor, target)
-                if reason is not None:
-                    left.add("dot_general(s)", anchor, reason)
-                    n_unsupported += 1
-                    continue
-                graph = BlockGraph(ops)
-                result = anchor.results[0]
-                domain = value_info(result).shape
-                view = View.of(domain)
-                prologue: set = set()
-                state = {"classes": {result: FULL}, "pending": {}, "pending_prologue": set()}
-
-                def feeds_operands(c):
-                    return any(u == anchor or u in prologue for u in graph.users(c))
-
-                def admit(c, members, direction):
-                    if direction == "producer" and feeds_operands(c):
-                        scalar_bcast = (c.name == "stablehlo.broadcast_in_dim"
-                                        and value_info(c.operands[0]).size == 1)
-                        why = None if scalar_bcast else prologue_member(c, target)
-                        if why is not None:
-                            return f"prologue: {why}"
-                        others = [u for u in graph.users(c) if u != anchor and u not in prologue]
-                        if any(u in members for u in others):
-                            return "prologue value also used by the epilogue"
-                        if others:
-                            if any(p in members for p in graph.producers(c)):
-                                return "shared prologue op with computed operands"
-                            choice, why = cost_model.remat_choice(c, others, target)
-                            if choice != "recompute":
-                                return f"shared prologue op left outside ({why})"
-                        state["pending_prologue"].add(c)
-                        return None
-                    if direction == "producer":
-                        if rule_for(c.name).cls is not OpClass.BROADCAST:
-                            return "only broadcasts join as epilogue producers"
-                    else:
-                        why = epilogue_member(c, target)
-                        if why is not None:
-                            return f"epilogue: {why}"
-                        if rule_for(c.name).cls is not OpClass.ELEMENTWISE or value_info(c.results[0]).shape != domain:
-                            return "not elementwise over the dot's result"
-                        if any(p in prologue for p in graph.producers(c)):
-                            return "reads a prologue value"
-                    try:
-                        state["pending"][c] = extend_classes(state["classes"], c, view)
-                    except ClassError as e:
-                        return f"leaves the dot's block view: {e}"
-                    return None
-
-                def on_admit(c, state=state):
-                    if c in state["pending_prologue"]:
-                        prologue.add(c)  # only once it joined (the convexity check may refuse it)
-                    elif c in state["pending"]:
-                        state["classes"] = state["pending"].pop(c)
-
-                members, refused = grow_region(graph, anchor, admit, on_admit=on_admit)
-                fused_ops = sum(1 for m in members if rule_for(m.name).cls is OpClass.ELEMENTWISE)
-                epilogue_ops = sum(1 for m in members if rule_for(m.name).cls is OpClass.ELEMENTWISE
-                                   and m not in prologue)
-                members, remat = rematerialize(graph, members, target, keep=[anchor])
-                ws, steps = working_set(anchor, members, target)
-
-                def decision_for(cost, ws=ws, steps=steps, fused_ops=fused_ops):
-                    cost.working_set_bytes = ws
-                    return cost_model.decide(KIND, cost, target, grid_steps=steps if target == "cpu" else 1,
-                                             fused_ops=fused_ops)
-
-                region, decision = commit_region(
-                    module, ctx, KIND, members, decision_for=decision_for,
-                    prologue=sorted(o.name for o in prologue if rule_for(o.name).cls is OpClass.ELEMENTWISE),
-                    epilogue_ops=epilogue_ops,
-                    conv1x1=any(anchor == d for d in conv_dots),
-                    tolerance="reassociate", remat=remat,
-                    refused={n.name: r for n, r in list(refused.items())[:4]})
-                if decision.fuse:
-                    n_kernels += 1
-                else:
-                    n_left += 1
+        counts = fuse_anchored(module, ctx, kind=KIND, anchor_name="stablehlo.dot_general",
+                               check_anchor=dot_anchor, left=left, what="dot_general(s)",
+                               grow=lambda graph, anchor, tried: grow(graph, anchor, ctx.target, conv_dots))
         left.flush(ctx)
-        return {"regions": n_kernels, "left_to_xla": n_left, "unsupported": n_unsupported}
+        return counts
