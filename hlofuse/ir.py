@@ -262,7 +262,8 @@ def all_ops(root) -> list:
 
 
 def users(value: ir.Value) -> list:
-    return [u.owner for u in value.uses]
+    """The ops using ``value`` (as ``ir.Operation``, once per use)."""
+    return [as_op(u.owner) for u in value.uses]
 
 
 def has_uses(op) -> bool:

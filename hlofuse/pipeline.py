@@ -273,6 +273,7 @@ PIPELINES: dict[str, list[tuple[str, str]]] = {
                           "constants); without it a second run of the pipeline still changes the module"),
         ("algebraic-simplify", "again: identities exposed by the second fold (idempotence, fuzz-found)"),
         ("fuse-attention", "outline QK^T-softmax-PV subgraphs for flash kernels before other fusions claim their ops"),
+        ("conv1x1-to-dot", "1x1 NHWC convolutions are matmuls (gpu/tpu; cpu with conv1x1_as_dot): their epilogue fuses as a dot's"),
         ("fuse-matmul-epilogue", "dot_general + operand prologues + epilogue (bias, activations, residual) as one tiled kernel"),
         ("fuse-reduction", "row reductions with their producers and epilogue (softmax, layernorm, rmsnorm) kept on chip"),
         ("fuse-horizontal", "merge sibling dots sharing an lhs (QKV) and sibling elementwise chains"),

@@ -1,7 +1,7 @@
 """Evaluate a region's StableHLO ops on kernel blocks (shared by the reduction, matmul-epilogue
 and horizontal families) or on whole arrays (their plain-jnp references).
 
-In a kernel every value has a view class (:mod:`hlofuse.passes.fusion.predicates`): ``full``
+In a kernel every value has a view class (:mod:`hlofuse.kernels.support`): ``full``
 blocks are ``(br, bc)``, ``row`` blocks ``(br, 1)``, ``col`` blocks ``(1, bc)``, ``scalar``
 values ``(1, 1)`` (or ``()`` for rank-0 values), optionally with a leading batch dim. So:
 
@@ -27,7 +27,7 @@ from jax import lax
 
 from hlofuse.ops import EmitError, const_value, emit_op
 from hlofuse.kernels.elementwise import splat_scalar
-from hlofuse.passes.fusion.predicates import REDUCERS, ROW, SCALAR, reduce_info
+from hlofuse.kernels.support import REDUCERS, ROW, SCALAR, reduce_info
 
 __all__ = ["eval_block", "eval_reference", "reduce_rows"]
 
@@ -89,7 +89,7 @@ def eval_block(ops, env: dict, classes: dict, shapes: dict, *, valid=None, f32_m
     Args:
       ops: region ops (``func.return`` and ops already in ``env`` are skipped).
       env: values known so far (updated in place and returned).
-      classes: view class of every value (:func:`~hlofuse.passes.fusion.predicates.view_classes`).
+      classes: view class of every value (:func:`~hlofuse.kernels.support.view_classes`).
       shapes: block shape per class, e.g. ``{'full': (br, bc), 'row': (br, 1), ...}``.
       valid: optional boolean block of the ``full`` shape marking real (unpadded) lanes.
       f32_math: run 16-bit transcendental ops in f32.

@@ -34,6 +34,9 @@ from jaxlib.mlir import ir
 
 from hlofuse import ir as hir
 from hlofuse.ops import EmitError, const_value, emit_op, splat_scalar
+from hlofuse.kernels.common import (boundary, call_options, check_tpu_dtypes, from_kernel, int32_bools,
+                                    kernel_dtypes, max_itemsize, to_kernel)
+from hlofuse.kernels.support import broadcast_class
 from hlofuse.kernels.tiling import Blocks2D, elementwise_blocks
 
 __all__ = ["ElementwiseSpec", "spec_from_func", "elementwise_kernel", "build_elementwise",
@@ -41,7 +44,6 @@ __all__ = ["ElementwiseSpec", "spec_from_func", "elementwise_kernel", "build_ele
 
 
 def _broadcast_class(op) -> str:
-    from hlofuse.passes.fusion.predicates import broadcast_class
     c = broadcast_class(op)
     if c is None:
         raise EmitError("broadcast pattern not expressible in the kernel's block view")
@@ -88,7 +90,7 @@ def _class_of_value(arg: ir.Value, domain: tuple) -> str:
 
 def spec_from_func(fn_op) -> ElementwiseSpec:
     """Read an outlined elementwise region (``func.func``) into an :class:`ElementwiseSpec`."""
-    ftype = ir.FunctionType(ir.TypeAttr(fn_op.attributes["function_type"]).value)
+    ftype = hir.function_type(fn_op)
     outs = [hir.tensor_type_info(t) for t in ftype.results]
     ins = [hir.tensor_type_info(t) for t in ftype.inputs]
     if any(i is None for i in outs + ins):
@@ -146,15 +148,10 @@ def evaluate_region(fn_op, args: Sequence, *, block_shape: tuple | None = None) 
 def elementwise_kernel(*refs, fn_op, n_in: int, bool_in: tuple, bool_out: tuple, block_shape: tuple):
     """Kernel body: load every block, evaluate the region, store every output block."""
     in_refs, out_refs = refs[:n_in], refs[n_in:]
-    vals = []
-    for r, is_bool in zip(in_refs, bool_in):
-        v = r[...]
-        vals.append(v != 0 if is_bool else v)
+    vals = [from_kernel(r[...], b) for r, b in zip(in_refs, bool_in)]
     outs = evaluate_region(fn_op, vals, block_shape=block_shape)
-    for r, v, is_bool in zip(out_refs, outs, bool_out):
-        if is_bool:
-            v = v.astype(jnp.int32)
-        r[...] = jnp.broadcast_to(v, block_shape).astype(r.dtype)
+    for r, v, b in zip(out_refs, outs, bool_out):
+        r[...] = jnp.broadcast_to(to_kernel(v, b), block_shape).astype(r.dtype)
 
 
 def _view_shape(cls: str, rows: int, cols: int) -> tuple:
@@ -172,37 +169,22 @@ def _in_spec(cls: str, blocks: Blocks2D) -> pl.BlockSpec:
     return pl.BlockSpec((1, 1), lambda i, j: (0, 0))
 
 
-def compiler_params(target: str, blocks: Blocks2D):
-    if target == "gpu":
-        from jax.experimental.pallas import triton as pltriton
-        return pltriton.CompilerParams(num_warps=blocks.num_warps, num_stages=blocks.num_stages)
-    if target == "tpu":
-        from jax.experimental.pallas import tpu as pltpu
-        return pltpu.CompilerParams(dimension_semantics=("parallel", "parallel"))
-    return None
-
-
 def build_elementwise(spec: ElementwiseSpec, target: str, *, interpret=None,
                       blocks: Blocks2D | None = None, name: str | None = None):
     """The region as a JAX function ``f(*inputs) -> outputs`` around one ``pallas_call``.
 
-    ``interpret``: None lowers for the target (cpu always interprets); True runs the kernel in
-    Pallas interpret mode; a ``pltpu.InterpretParams`` runs TPU interpret mode (use with
-    ``target='tpu'`` so the kernel uses TPU blocks).
+    ``interpret``: see :func:`~hlofuse.kernels.common.call_options`.
     """
     rows, cols = spec.rows, spec.cols
-    boolean = target != "cpu" or (interpret is not None and interpret is not True)
-    bool_in = tuple(boolean and dt == np.bool_ for dt in spec.in_dtypes)
-    bool_out = tuple(boolean and dt == np.bool_ for dt in spec.out_dtypes)
-    itemsize = max([np.dtype(d).itemsize for d in spec.in_dtypes + spec.out_dtypes] or [4])
-    blocks = blocks or elementwise_blocks(rows, cols, target=target, itemsize=itemsize,
+    bool_in = int32_bools(spec.in_dtypes, target, interpret)
+    bool_out = int32_bools(spec.out_dtypes, target, interpret)
+    blocks = blocks or elementwise_blocks(rows, cols, target=target,
+                                          itemsize=max_itemsize(spec.in_dtypes + spec.out_dtypes),
                                           n_arrays=len(spec.in_dtypes) + len(spec.out_dtypes))
-    if target == "tpu" and any(np.dtype(d).itemsize < 4 and d != np.bool_ and d != jnp.bfloat16
-                               for d in spec.in_dtypes + spec.out_dtypes):
-        raise EmitError("8/16-bit integer blocks are not supported by the TPU kernel")
+    check_tpu_dtypes(spec.in_dtypes + spec.out_dtypes, target)
     name = name or f"hlofuse_elementwise_{spec.digest}"
     block_shape = (blocks.br, blocks.bc)
-    out_dtypes = [np.int32 if b else d for d, b in zip(spec.out_dtypes, bool_out)]
+    out_dtypes = kernel_dtypes(spec.out_dtypes, bool_out)
     kernel = functools.partial(elementwise_kernel, fn_op=spec.func_op, n_in=len(spec.in_dtypes),
                                bool_in=bool_in, bool_out=bool_out, block_shape=block_shape)
     call = pl.pallas_call(
@@ -211,26 +193,12 @@ def build_elementwise(spec: ElementwiseSpec, target: str, *, interpret=None,
         grid=blocks.grid,
         in_specs=[_in_spec(c, blocks) for c in spec.in_classes],
         out_specs=[pl.BlockSpec(block_shape, lambda i, j: (i, j)) for _ in out_dtypes],
-        compiler_params=None if interpret is not None else compiler_params(target, blocks),
-        interpret=(True if target == "cpu" and interpret is None else interpret) or False,
+        **call_options(target, blocks, interpret),
         name=name,
     )
-
-    def fused(*inputs):
-        views = []
-        for x, cls, b in zip(inputs, spec.in_classes, bool_in):
-            x = jnp.reshape(x, _view_shape(cls, rows, cols))
-            views.append(x.astype(jnp.int32) if b else x)
-        outs = call(*views)
-        res = []
-        for o, b in zip(outs, bool_out):
-            o = jnp.reshape(o, spec.domain)
-            res.append(o != 0 if b else o)
-        return tuple(res)
-
-    fused.blocks = blocks
-    fused.kernel_name = name
-    return fused
+    return boundary(call, blocks, name,
+                    in_views=[(i, _view_shape(c, rows, cols)) for i, c in enumerate(spec.in_classes)],
+                    out_shapes=[spec.domain] * len(out_dtypes), bool_in=bool_in, bool_out=bool_out)
 
 
 def elementwise_reference(spec: ElementwiseSpec):

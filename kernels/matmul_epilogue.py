@@ -40,9 +40,10 @@ from jax.experimental import pallas as pl
 from hlofuse import ir as hir
 from hlofuse.ops import EmitError
 from hlofuse.kernels.blockeval import eval_block, eval_reference
+from hlofuse.kernels.common import boundary, call_options
 from hlofuse.kernels.tiling import MatmulBlocks, matmul_blocks
-from hlofuse.passes.fusion.predicates import (COL, FULL, ROW, SCALAR, ClassError, View, dot_layout,
-                                               op_of, prologue_member, view_classes)
+from hlofuse.kernels.support import (COL, FULL, ROW, SCALAR, ClassError, View, dot_layout,
+                                     is_scalar_operand, prologue_member, view_classes)
 
 __all__ = ["MatmulSpec", "DotSpec", "spec_from_func", "matmul_epilogue_kernel", "build_matmul_epilogue",
            "matmul_epilogue_reference"]
@@ -96,7 +97,6 @@ def _entry(fn_op):
 
 def _data_operand(op):
     """The operand of a prologue op that carries the matrix (the other one is a scalar)."""
-    from hlofuse.passes.fusion.predicates import is_scalar_operand
     if op.name in ("stablehlo.convert", "stablehlo.negate", "stablehlo.divide"):
         return op.operands[0]
     a, b = op.operands
@@ -109,7 +109,7 @@ def _trace_prologue(v, ops_in_fn) -> tuple:
     Returns (argument, prologue ops incl. the scalar ops they read, in program order)."""
     chain = []
     while True:
-        p = op_of(v)
+        p = hir.defining_op(v)
         if p is None:
             break
         why = prologue_member(p, "cpu")
@@ -121,7 +121,7 @@ def _trace_prologue(v, ops_in_fn) -> tuple:
     stack = [o for p in chain for o in p.operands]
     while stack:
         u = stack.pop()
-        p = op_of(u)
+        p = hir.defining_op(u)
         if p is None or p in chain or p in support:
             continue
         support.append(p)
@@ -371,16 +371,6 @@ def _rhs_view(spec: MatmulSpec, ds: DotSpec) -> tuple:
     return (spec.batch,) + core if ds.rhs_batched else core
 
 
-def compiler_params(target: str, blocks: MatmulBlocks):
-    if target == "gpu":
-        from jax.experimental.pallas import triton as pltriton
-        return pltriton.CompilerParams(num_warps=blocks.num_warps, num_stages=blocks.num_stages)
-    if target == "tpu":
-        from jax.experimental.pallas import tpu as pltpu
-        return pltpu.CompilerParams(dimension_semantics=blocks.dimension_semantics)
-    return None
-
-
 def _specs(spec: MatmulSpec, blocks: MatmulBlocks, target: str):
     """BlockSpecs for (lhs, rhs..., extras..., outs...) and the kernel's block shapes per class."""
     bm, bn, bk = blocks.bm, blocks.bn, blocks.bk
@@ -443,9 +433,7 @@ def build_matmul_epilogue(spec: MatmulSpec, target: str, *, interpret=None, bloc
                           name: str | None = None, _family: str = "matmul_epilogue", _body=None):
     """The region as ``f(*inputs) -> outputs`` around one ``pallas_call``.
 
-    ``interpret``: None lowers for the target (cpu always interprets); True runs the target's
-    tiles in Pallas interpret mode; a ``pltpu.InterpretParams`` runs TPU interpret mode (with
-    ``target='tpu'``).
+    ``interpret``: see :func:`~hlofuse.kernels.common.call_options`.
     """
     if any(np.dtype(d) == np.bool_ for d in spec.out_dtypes) and target != "cpu":
         raise EmitError("boolean matmul-region outputs are not supported on gpu/tpu")
@@ -479,21 +467,12 @@ def build_matmul_epilogue(spec: MatmulSpec, target: str, *, interpret=None, bloc
         in_specs=ins,
         out_specs=outs,
         scratch_shapes=scratch,
-        compiler_params=None if interpret is not None else compiler_params(target, blocks),
-        interpret=(True if target == "cpu" and interpret is None else interpret) or False,
+        **call_options(target, blocks, interpret),
         name=name,
     )
-
-    def fused(*inputs):
-        views = [jnp.reshape(inputs[spec.lhs_arg], v["lhs"])]
-        views += [jnp.reshape(inputs[d.rhs_arg], _rhs_view(spec, d)) for d in spec.dots]
-        views += [jnp.reshape(inputs[i], v[c]) for i, c in spec.extra_args]
-        outs_ = call(*views)
-        return tuple(jnp.reshape(o, s) for o, s in zip(outs_, spec.out_shapes))
-
-    fused.blocks = blocks
-    fused.kernel_name = name
-    return fused
+    in_views = [(spec.lhs_arg, v["lhs"])] + [(d.rhs_arg, _rhs_view(spec, d)) for d in spec.dots]
+    in_views += [(i, v[c]) for i, c in spec.extra_args]
+    return boundary(call, blocks, name, in_views=in_views, out_shapes=spec.out_shapes)
 
 
 def matmul_epilogue_reference(spec: MatmulSpec):

@@ -31,9 +31,11 @@ from jax.experimental import pallas as pl
 from hlofuse import ir as hir
 from hlofuse.ops import EmitError
 from hlofuse.kernels.blockeval import eval_block, eval_reference
+from hlofuse.kernels.common import (boundary, call_options, check_tpu_dtypes, from_kernel, int32_bools,
+                                    kernel_dtypes, max_itemsize, to_kernel)
 from hlofuse.kernels.tiling import RowBlocks, row_blocks
-from hlofuse.passes.fusion.predicates import (COL, FULL, ROW, SCALAR, ClassError, View,
-                                               reduce_info, view_classes)
+from hlofuse.kernels.support import (COL, FULL, ROW, SCALAR, ClassError, View, reduce_info,
+                                     view_classes)
 
 __all__ = ["ReductionSpec", "spec_from_func", "reduction_kernel", "build_reduction",
            "reduction_reference", "pattern_name"]
@@ -134,10 +136,7 @@ def reduction_kernel(*refs, spec: ReductionSpec, n_in: int, shapes: dict, bool_i
     """Kernel body: load the row blocks, evaluate the region, store full/row outputs."""
     in_refs, out_refs = refs[:n_in], refs[n_in:]
     entry = _entry(spec.func_op)
-    env = {}
-    for a, r, b in zip(entry.arguments, in_refs, bool_in):
-        v = r[...]
-        env[a] = v != 0 if b else v
+    env = {a: from_kernel(r[...], b) for a, r, b in zip(entry.arguments, in_refs, bool_in)}
     valid = None
     if padded:
         valid = lax.broadcasted_iota(jnp.int32, shapes[FULL], 1) < cols
@@ -145,46 +144,28 @@ def reduction_kernel(*refs, spec: ReductionSpec, n_in: int, shapes: dict, bool_i
     eval_block(ops, env, spec.classes, shapes, valid=valid, f32_math=f32_math)
     ret = ops[-1]
     for r, v, cls, b in zip(out_refs, ret.operands, spec.out_classes, bool_out):
-        val = env[v]
-        if b:
-            val = val.astype(jnp.int32)
-        r[...] = jnp.broadcast_to(val, shapes[cls]).astype(r.dtype)
-
-
-def compiler_params(target: str, blocks: RowBlocks):
-    if target == "gpu":
-        from jax.experimental.pallas import triton as pltriton
-        return pltriton.CompilerParams(num_warps=blocks.num_warps, num_stages=blocks.num_stages)
-    if target == "tpu":
-        from jax.experimental.pallas import tpu as pltpu
-        return pltpu.CompilerParams(dimension_semantics=("parallel",))
-    return None
+        r[...] = jnp.broadcast_to(to_kernel(env[v], b), shapes[cls]).astype(r.dtype)
 
 
 def build_reduction(spec: ReductionSpec, target: str, *, interpret=None, blocks: RowBlocks | None = None,
                     name: str | None = None):
     """The region as ``f(*inputs) -> outputs`` around one ``pallas_call``.
 
-    ``interpret``: None lowers for the target (cpu always interprets); True runs the target's
-    blocks in Pallas interpret mode; a ``pltpu.InterpretParams`` runs TPU interpret mode (with
-    ``target='tpu'``).
+    ``interpret``: see :func:`~hlofuse.kernels.common.call_options`.
     """
-    boolean = target != "cpu" or (interpret is not None and interpret is not True)
-    bool_in = tuple(boolean and np.dtype(d) == np.bool_ for d in spec.in_dtypes)
-    bool_out = tuple(boolean and np.dtype(d) == np.bool_ for d in spec.out_dtypes)
-    itemsize = max([np.dtype(d).itemsize for d in spec.in_dtypes + spec.out_dtypes] or [4])
+    bool_in = int32_bools(spec.in_dtypes, target, interpret)
+    bool_out = int32_bools(spec.out_dtypes, target, interpret)
     n_full = sum(c == FULL for c in spec.in_classes + spec.out_classes)
     try:
-        blocks = blocks or row_blocks(spec.rows, spec.cols, target=target, itemsize=itemsize,
+        blocks = blocks or row_blocks(spec.rows, spec.cols, target=target,
+                                      itemsize=max_itemsize(spec.in_dtypes + spec.out_dtypes),
                                       n_arrays=max(2, n_full + 2))
     except ValueError as e:
         raise EmitError(str(e)) from None
-    if target == "tpu" and any(np.dtype(d).itemsize < 4 and np.dtype(d) != np.bool_ and d != jnp.bfloat16
-                               for d in spec.in_dtypes + spec.out_dtypes):
-        raise EmitError("8/16-bit integer blocks are not supported by the TPU kernel")
+    check_tpu_dtypes(spec.in_dtypes + spec.out_dtypes, target)
     shapes = {c: _block_shape(c, blocks) for c in (FULL, ROW, COL, SCALAR)}
     name = name or f"hlofuse_reduction_{spec.pattern.replace('-', '_')}_{spec.digest}"
-    out_dtypes = [np.int32 if b else d for d, b in zip(spec.out_dtypes, bool_out)]
+    out_dtypes = kernel_dtypes(spec.out_dtypes, bool_out)
     kernel = functools.partial(reduction_kernel, spec=spec, n_in=len(spec.in_dtypes), shapes=shapes,
                                bool_in=bool_in, bool_out=bool_out, cols=spec.cols, padded=blocks.padded,
                                f32_math=target != "cpu")
@@ -195,26 +176,12 @@ def build_reduction(spec: ReductionSpec, target: str, *, interpret=None, blocks:
         grid=blocks.grid,
         in_specs=[_spec_for(c, blocks) for c in spec.in_classes],
         out_specs=[_spec_for(c, blocks) for c in spec.out_classes],
-        compiler_params=None if interpret is not None else compiler_params(target, blocks),
-        interpret=(True if target == "cpu" and interpret is None else interpret) or False,
+        **call_options(target, blocks, interpret),
         name=name,
     )
-
-    def fused(*inputs):
-        views = []
-        for x, cls, b in zip(inputs, spec.in_classes, bool_in):
-            x = jnp.reshape(x, _view_shape(cls, spec.rows, spec.cols))
-            views.append(x.astype(jnp.int32) if b else x)
-        outs = call(*views)
-        res = []
-        for o, shape, b in zip(outs, spec.out_shapes, bool_out):
-            o = jnp.reshape(o, shape)
-            res.append(o != 0 if b else o)
-        return tuple(res)
-
-    fused.blocks = blocks
-    fused.kernel_name = name
-    return fused
+    return boundary(call, blocks, name,
+                    in_views=[(i, _view_shape(c, spec.rows, spec.cols)) for i, c in enumerate(spec.in_classes)],
+                    out_shapes=spec.out_shapes, bool_in=bool_in, bool_out=bool_out)
 
 
 def reduction_reference(spec: ReductionSpec):

@@ -84,25 +84,90 @@ def max_row_elems(target: str, chip=None) -> int:
     return 1 << 30
 
 
-def __getattr__(name: str):
-    # per-chip figures of the chip in force, under their historical names
-    if name == "MAX_GPU_ROW":
-        return max_row_elems("gpu")
-    if name == "MAX_GPU_ROW_BLOCK_ELEMS":
-        return gpu_row_block_elems()
-    if name == "GPU_SMEM_BUDGET":
-        return smem_budget()
-    if name == "TPU_VMEM_BUDGET":
-        return vmem_budget()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 # (target, rows_bucket, cols_bucket) -> (br, bc); buckets are powers of two.
 TUNED: dict[tuple, tuple[int, int]] = {}
 
 
 def next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def is_pow2(n: int) -> bool:
+    return n >= 1 and not (n & (n - 1))
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-target block rules: what the compilers require of any block of a (rows, cols) view.
+#
+# A rule reads ``br, bc`` (the block), ``rows, cols`` (the array) and ``sublane`` from a block
+# object (:class:`Blocks2D`, :class:`RowBlocks`, or a :class:`Tile` built by another family)
+# and returns why the block is illegal, or None. :func:`check_block` applies the target's row
+# of :data:`BLOCK_RULES`, then the family's own extra rules.
+# ---------------------------------------------------------------------------------------------
+
+TPU_LANES = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class Tile:
+    """The last two dims of a block and of the array it tiles, for families whose block class
+    names them differently (e.g. attention's ``bq``/``bk``)."""
+    br: int
+    bc: int
+    rows: int
+    cols: int
+    sublane: int = 8
+
+
+def _covers_whole_array(b) -> str | None:
+    if (b.br, b.bc) != (b.rows, b.cols):
+        return "cpu interpret blocks must cover the whole array"
+    return None
+
+
+def _powers_of_two(b) -> str | None:
+    if not (is_pow2(b.br) and is_pow2(b.bc)):
+        return f"Triton blocks must be powers of two, got {b.br}x{b.bc}"
+    return None
+
+
+def _within_triton_tensor(b) -> str | None:
+    if b.br * b.bc > TRITON_MAX_ELEMS:
+        return f"Triton block {b.br}x{b.bc} exceeds {TRITON_MAX_ELEMS} elements"
+    return None
+
+
+def _lane_aligned(b) -> str | None:
+    if b.bc != b.cols and b.bc % TPU_LANES:
+        return f"TPU lane block {b.bc} must be a multiple of {TPU_LANES} or {b.cols}"
+    return None
+
+
+def _sublane_aligned(b) -> str | None:
+    if b.br != b.rows and b.br % b.sublane:
+        return f"TPU sublane block {b.br} must be a multiple of {b.sublane} or {b.rows}"
+    return None
+
+
+# target -> rules every block obeys (cpu: Pallas interpret; gpu: Triton; tpu: Mosaic)
+BLOCK_RULES: dict[str, tuple] = {
+    "cpu": (_covers_whole_array,),
+    "gpu": (_powers_of_two, _within_triton_tensor),
+    "tpu": (_lane_aligned, _sublane_aligned),
+}
+
+
+def check_block(target: str, block, extra: dict | None = None) -> None:
+    """Raise ``ValueError`` naming the first rule ``block`` breaks: positive sizes, the
+    target's :data:`BLOCK_RULES`, then ``extra[target]`` (a family's own rules)."""
+    if block.br < 1 or block.bc < 1:
+        raise ValueError(f"blocks must be positive, got {block.br}x{block.bc}")
+    if target not in BLOCK_RULES:
+        raise ValueError(f"unknown target {target!r}")
+    for rule in BLOCK_RULES[target] + tuple((extra or {}).get(target, ())):
+        why = rule(block)
+        if why is not None:
+            raise ValueError(why)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,27 +183,15 @@ class Blocks2D:
     chip: str = ""                # chip whose limits were applied ('' on cpu)
 
     def __post_init__(self):
-        if self.br < 1 or self.bc < 1:
-            raise ValueError(f"blocks must be positive, got {self.br}x{self.bc}")
-        if self.target == "cpu":
-            if (self.br, self.bc) != (self.rows, self.cols):
-                raise ValueError("cpu interpret blocks must cover the whole array")
-        elif self.target == "gpu":
-            if self.br & (self.br - 1) or self.bc & (self.bc - 1):
-                raise ValueError(f"Triton blocks must be powers of two, got {self.br}x{self.bc}")
-            if self.br * self.bc > TRITON_MAX_ELEMS:
-                raise ValueError(f"Triton block {self.br}x{self.bc} exceeds {TRITON_MAX_ELEMS} elements")
-        elif self.target == "tpu":
-            if self.bc != self.cols and self.bc % 128:
-                raise ValueError(f"TPU lane block {self.bc} must be a multiple of 128 or {self.cols}")
-            if self.br != self.rows and self.br % self.sublane:
-                raise ValueError(f"TPU sublane block {self.br} must be a multiple of {self.sublane} or {self.rows}")
-        else:
-            raise ValueError(f"unknown target {self.target!r}")
+        check_block(self.target, self)
 
     @property
     def grid(self) -> tuple[int, int]:
         return (math.ceil(self.rows / self.br), math.ceil(self.cols / self.bc))
+
+    @property
+    def dimension_semantics(self) -> tuple:
+        return ("parallel", "parallel")
 
     def __str__(self) -> str:
         g = self.grid
@@ -185,10 +238,6 @@ TUNED_ROWS: dict[tuple, int] = {}               # (target, rows_b, cols_b) -> br
 TUNED_MATMUL: dict[tuple, tuple] = {}           # (target, m_b, n_b, k_b) -> (bm, bn, bk)
 
 
-def _pow2(n: int) -> bool:
-    return n >= 1 and not (n & (n - 1))
-
-
 def _warps(elems: int) -> int:
     return 8 if elems >= 4096 else 4 if elems >= 1024 else 2 if elems >= 256 else 1
 
@@ -219,35 +268,16 @@ class RowBlocks:
     chip: str = ""
 
     def __post_init__(self):
-        if self.br < 1 or self.bc < 1:
-            raise ValueError(f"row blocks must be positive, got {self.br}x{self.bc}")
-        if self.target == "cpu":
-            if (self.br, self.bc) != (self.rows, self.cols):
-                raise ValueError("cpu interpret blocks must cover the whole array")
-        elif self.target == "gpu":
-            if not (_pow2(self.br) and _pow2(self.bc)):
-                raise ValueError(f"Triton blocks must be powers of two, got {self.br}x{self.bc}")
-            if self.bc < self.cols:
-                raise ValueError(f"row block {self.bc} shorter than the row ({self.cols})")
-            limit = gpu_row_block_elems(self.chip)
-            if self.br * self.bc > limit and self.br > 1:
-                raise ValueError(f"row block {self.br}x{self.bc} exceeds {limit} elements "
-                                 f"(registers of {chip_for('gpu', self.chip).name})")
-        elif self.target == "tpu":
-            if self.bc != self.cols:
-                raise ValueError("TPU row blocks must span the whole row")
-            if self.br != self.rows and self.br % self.sublane:
-                raise ValueError(f"TPU sublane block {self.br} must be a multiple of {self.sublane} or {self.rows}")
-            budget = vmem_budget(self.chip)
-            if self.vmem_bytes > budget:
-                raise ValueError(f"TPU row blocks need {self.vmem_bytes} B of VMEM > {budget} "
-                                 f"({chip_for('tpu', self.chip).name})")
-        else:
-            raise ValueError(f"unknown target {self.target!r}")
+        check_block(self.target, self, {"gpu": (_whole_row_block, _within_registers),
+                                         "tpu": (_whole_row_lanes, _within_vmem)})
 
     @property
     def grid(self) -> tuple[int]:
         return (math.ceil(self.rows / self.br),)
+
+    @property
+    def dimension_semantics(self) -> tuple:
+        return ("parallel",)
 
     @property
     def padded(self) -> bool:
@@ -255,6 +285,30 @@ class RowBlocks:
 
     def __str__(self) -> str:
         return f"{self.br}x{self.bc} row blocks, grid {self.grid[0]}"
+
+
+def _whole_row_block(b: RowBlocks) -> str | None:
+    if b.bc < b.cols:
+        return f"row block {b.bc} shorter than the row ({b.cols})"
+    return None
+
+
+def _within_registers(b: RowBlocks) -> str | None:
+    limit = gpu_row_block_elems(b.chip)
+    if b.br * b.bc > limit and b.br > 1:
+        return f"row block {b.br}x{b.bc} exceeds {limit} elements (registers of {chip_for('gpu', b.chip).name})"
+    return None
+
+
+def _whole_row_lanes(b: RowBlocks) -> str | None:
+    return "TPU row blocks must span the whole row" if b.bc != b.cols else None
+
+
+def _within_vmem(b: RowBlocks) -> str | None:
+    budget = vmem_budget(b.chip)
+    if b.vmem_bytes > budget:
+        return f"TPU row blocks need {b.vmem_bytes} B of VMEM > {budget} ({chip_for('tpu', b.chip).name})"
+    return None
 
 
 def row_blocks(rows: int, cols: int, *, target: str, itemsize: int = 4, n_arrays: int = 2,
@@ -317,7 +371,7 @@ class MatmulBlocks:
             if (self.bm, self.bn, self.bk) != (self.m, self.n, self.k):
                 raise ValueError("cpu interpret tiles must cover the whole arrays")
         elif self.target == "gpu":
-            if not all(_pow2(b) and b >= 16 for b in (self.bm, self.bn, self.bk)):
+            if not all(is_pow2(b) and b >= 16 for b in (self.bm, self.bn, self.bk)):
                 raise ValueError(f"Triton tiles must be powers of two >= 16, got {self.bm}x{self.bn}x{self.bk}")
             budget = smem_budget(self.chip)
             if self.smem_bytes > budget:

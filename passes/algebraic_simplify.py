@@ -23,6 +23,7 @@ from jaxlib.mlir import ir
 from hlofuse import ir as hir
 from hlofuse.pipeline import Pass, register_pass
 from hlofuse.passes import graph_util as gu
+from hlofuse.passes.fusion.outline import program_blocks
 
 MAX_SWEEPS = 8
 
@@ -320,21 +321,6 @@ for _p in PATTERNS:
     _BY_OP.setdefault(_p.op, []).append(_p)
 
 
-def _all_blocks(module) -> list:
-    out = []
-
-    def visit(op):
-        for region in op.regions:
-            for block in region.blocks:
-                out.append(block)
-                for inner in block.operations:
-                    visit(gu.as_op(inner))
-    from hlofuse.passes.fusion.outline import program_funcs
-    for f in program_funcs(module):  # never hlofuse's own regions and kernels (idempotence)
-        visit(gu.as_op(f))
-    return out
-
-
 def simplify(module, counts: dict | None = None) -> int:
     """Apply :data:`PATTERNS` to a fixed point; returns the number of rewrites."""
     counts = counts if counts is not None else {}
@@ -343,7 +329,7 @@ def simplify(module, counts: dict | None = None) -> int:
     with module.context, ir.Location.unknown():
         for _ in range(MAX_SWEEPS):
             changed = 0
-            for block in _all_blocks(module):
+            for block in program_blocks(module, scalar_bodies=True):
                 for op in hir.block_ops(block):
                     if not gu.alive(op):
                         continue
@@ -363,7 +349,7 @@ def simplify(module, counts: dict | None = None) -> int:
             total += changed
             if not changed:
                 break
-        gu.erase_dead_in(_all_blocks(module))
+        gu.erase_dead_in(program_blocks(module, scalar_bodies=True))
     return total
 
 

@@ -33,6 +33,7 @@ from jaxlib.mlir.dialects import stablehlo as shlo
 from hlofuse import ir as hir
 from hlofuse.pipeline import Pass, register_pass
 from hlofuse.passes import graph_util as gu
+from hlofuse.passes.fusion.outline import program_blocks
 
 CHAIN_OPS = ("stablehlo.add", "stablehlo.subtract", "stablehlo.multiply", "stablehlo.divide")
 FLOAT_TYPES = ("f16", "bf16", "f32", "f64")
@@ -45,7 +46,7 @@ def channel_vector(v: ir.Value, dim: int, channels: int) -> np.ndarray | None:
     if out is None:
         return None
     rank = len(out.shape)
-    op = gu.defining_op(v)
+    op = hir.defining_op(v)
     if op is None:
         return None
     if op.name == "stablehlo.constant":
@@ -106,7 +107,7 @@ def _follow_chain(y: ir.Value, dim: int, channels: int):
     ops, n_scale, n_shift = [], 0, 0
     cur = y
     while True:
-        us = gu.users(cur)
+        us = hir.users(cur)
         if len(us) != 1 or us[0].name not in CHAIN_OPS or len(list(cur.uses)) != 1:
             break
         u = us[0]
@@ -162,7 +163,7 @@ def fold_one(op) -> bool:
     w_new = (w.astype(np.float64) * s.reshape(shape)).astype(w.dtype)
     last = chain[-1]
     new_w = gu.make_constant(w_new, op.operands[w_index].type, before=op)
-    old_w = gu.defining_op(op.operands[w_index])
+    old_w = hir.defining_op(op.operands[w_index])
     op.operands[w_index] = new_w
     gu.erase_if_dead([old_w])
     result = op.results[0]
@@ -187,7 +188,7 @@ class BatchNormFold(Pass):
         folded = 0
         gu.reset_tracking()
         with module.context, ir.Location.unknown():
-            for block in gu.code_blocks(module):
+            for block in program_blocks(module):
                 for op in hir.block_ops(block):
                     if gu.alive(op) and op.name in ("stablehlo.convolution", "stablehlo.dot_general"):
                         folded += bool(fold_one(op))

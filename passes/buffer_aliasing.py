@@ -97,7 +97,7 @@ def arg_name(arg: ir.Value, index: int) -> str:
 
 def _top_level(op, block):
     while op.block != block:
-        op = gu.as_op(op.parent)
+        op = hir.as_op(op.parent)
     return op
 
 
@@ -128,7 +128,7 @@ def memory_plan(func, aliases: dict[int, int], in_place: frozenset = frozenset()
             if t is None:
                 continue
             end = i
-            for u in gu.users(r):
+            for u in hir.users(r):
                 end = max(end, pos.get(gu.op_key(_top_level(u, block)), i))
             size = t.nbytes
             returned = [j for j, v in enumerate(outs) if v == r]
@@ -189,12 +189,12 @@ def in_place_kernels(module, func) -> tuple[list[str], list[int]]:
                 or len(cc.results) != 1 or not _kernel_name_matches(cc):
             continue
         for k, v in enumerate(call.operands):
-            if gu.defining_op(v) is None or gu.n_uses(v) != 1:
+            if hir.defining_op(v) is None or gu.n_uses(v) != 1:
                 continue  # arguments are caller-owned; live values are still needed
             cur = body.arguments[k]
-            while gu.n_uses(cur) == 1 and gu.users(cur)[0].name == "stablehlo.reshape":
-                cur = gu.users(cur)[0].results[0]
-            if gu.n_uses(cur) != 1 or gu.users(cur)[0] != cc or cur.type != cc.results[0].type:
+            while gu.n_uses(cur) == 1 and hir.users(cur)[0].name == "stablehlo.reshape":
+                cur = hir.users(cur)[0].results[0]
+            if gu.n_uses(cur) != 1 or hir.users(cur)[0] != cc or cur.type != cc.results[0].type:
                 continue
             m = [i for i, o in enumerate(cc.operands) if o == cur][0]
             cc.attributes["output_operand_aliases"] = ir.ArrayAttr.get([ir.Attribute.parse(
@@ -210,7 +210,7 @@ def _prefer(outs, arg) -> list[int]:
     """Output indices computed in place from ``arg`` (returned as-is or via an in-place op)."""
     out = []
     for j, v in enumerate(outs):
-        d = gu.defining_op(v)
+        d = hir.defining_op(v)
         if v == arg or (d is not None and d.name in IN_PLACE_OPS and len(d.operands) and
                         any(o == arg for o in d.operands)):
             out.append(j)

@@ -31,9 +31,10 @@ import numpy as np
 from jaxlib.mlir import ir
 
 from hlofuse import ir as hir
-from hlofuse.ops import OpClass, emit_op, rule_for
+from hlofuse.ops import OpClass, emit_op, rule_for, splat_scalar
 from hlofuse.pipeline import Pass, register_pass
 from hlofuse.passes import graph_util as gu
+from hlofuse.passes.fusion.outline import program_blocks
 
 DEFAULT_MAX_BYTES = 1 << 20
 SMALL_BYTES = 256
@@ -136,7 +137,6 @@ def _evaluate(op, args: list) -> np.ndarray:
 def _constant_value(op) -> np.ndarray | None:
     """The value of a ``stablehlo.constant``; a splat is a read-only broadcast view of its one
     element (no memory at any shape: a 279-byte module can hold a 1 GiB splat, issue 11)."""
-    from hlofuse.kernels.elementwise import splat_scalar
     try:
         s = splat_scalar(op)
     except Exception:
@@ -206,7 +206,7 @@ def _xla_folding_traps(user, folder) -> bool:
     t = gu.info(user.results[0])
     if t is None or hir.np_dtype(t.dtype).kind not in "iu":
         return False
-    prods = [gu.defining_op(v) for v in user.operands]
+    prods = [hir.defining_op(v) for v in user.operands]
     if not all(folder.is_const(p) for p in prods):
         return False
     try:
@@ -236,7 +236,7 @@ class _Folder:
                 continue
             if not foldable(op):
                 continue
-            prods = [gu.defining_op(v) for v in op.operands]
+            prods = [hir.defining_op(v) for v in op.operands]
             if not all(p is not None and self.const.get(gu.op_key(p), False) for p in prods):
                 continue
             if gu.info(op.results[0]).nbytes > 4 * self.max_bytes:
@@ -258,7 +258,7 @@ class _Folder:
             if v is None:
                 raise ValueError("unreadable constant")
         else:
-            args = [self.value(gu.defining_op(x)) for x in op.operands]
+            args = [self.value(hir.defining_op(x)) for x in op.operands]
             if _unsafe_values(op, args):
                 raise ValueError("integer division by zero")
             if _subnormal_risk(op, args):
@@ -309,7 +309,7 @@ class ConstantFold(Pass):
     def run(self, module, ctx):
         max_bytes = self.options.max_bytes
         gu.reset_tracking()
-        blocks = gu.code_blocks(module)
+        blocks = program_blocks(module)
         folder = _Folder(max_bytes)
         ops = folder.analyze(blocks)
         # frontier: constant-valued non-constant ops with a non-constant user
@@ -327,12 +327,12 @@ class ConstantFold(Pass):
                 return
             refused += 1
             for v in op.operands:
-                want(gu.defining_op(v))
+                want(hir.defining_op(v))
 
         for op in ops:
             if op.name == "stablehlo.constant" or not folder.is_const(op):
                 continue
-            if any(not folder.is_const(u) for u in gu.users(op.results[0])):
+            if any(not folder.is_const(u) for u in hir.users(op.results[0])):
                 want(op)
         folded = failed = 0
         with module.context, ir.Location.unknown():

@@ -53,8 +53,8 @@ from hlofuse.ops import EmitError, OpClass, rule_for, splat_scalar
 from hlofuse.pipeline import Pass, register_pass
 from hlofuse.kernels.attention import (SPEC_ATTR, AttentionSpec, LogitStep, Repeat, Splat,
                                        mask_select)
-from hlofuse.passes.fuse_elementwise import fusible_blocks, record_region
-from hlofuse.passes.fusion.outline import outline_region, region_boundary
+from hlofuse.passes.fusion.commit import record_region
+from hlofuse.passes.fusion.outline import outline_region, program_blocks, region_boundary
 
 __all__ = ["NoMatch", "Attention", "analyze", "find_attention", "region_spec", "FuseAttention"]
 
@@ -897,7 +897,7 @@ class FuseAttention(Pass):
 
     def run(self, module, ctx):
         n = 0
-        for block in fusible_blocks(module):
+        for block in program_blocks(module):
             ops = hir.block_ops(block)
             if not any(o.name == "stablehlo.exponential" for o in ops) or \
                     sum(o.name == "stablehlo.dot_general" for o in ops) < 2:

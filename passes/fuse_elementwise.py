@@ -12,56 +12,13 @@ than two compute ops are not formed. The ``kernelize`` pass turns regions into k
 from hlofuse import ir as hir
 from hlofuse.ops import OpClass, rule_for
 from hlofuse.pipeline import Pass, register_pass
-from hlofuse.passes.fusion import cost as cost_model
-from hlofuse.passes.fusion.outline import KIND_ATTR, outline_region
-from hlofuse.passes.fusion.predicates import domain_shape, elementwise_member
+from hlofuse.passes.fusion.commit import record_region
+from hlofuse.passes.fusion.outline import outline_region, program_blocks, region_boundary
+from hlofuse.kernels.support import domain_shape
+from hlofuse.passes.fusion.predicates import elementwise_member
 from hlofuse.passes.fusion.regions import form_regions
 
 MIN_COMPUTE_OPS = 2
-
-
-# Ops whose regions hold program code (loop bodies, branches). Regions of other ops are
-# scalar computations applied per element (reduce/sort/scatter bodies): never fused.
-CODE_REGION_OPS = ("func.func", "stablehlo.while", "stablehlo.case", "stablehlo.if")
-
-
-def fusible_blocks(module) -> list:
-    """Blocks of every function body and nested while/case bodies, outlined regions and
-    kernel functions excluded."""
-    blocks = []
-    for f in hir.funcs(module):
-        if KIND_ATTR in f.operation.attributes or hir.func_name(f).startswith("hlofuse_k"):
-            continue
-        stack = [f.operation]
-        while stack:
-            op = stack.pop()
-            if op.name not in CODE_REGION_OPS:
-                continue
-            for region in op.regions:
-                for block in region.blocks:
-                    blocks.append(block)
-                    stack.extend(o.operation for o in block.operations)
-    return blocks
-
-
-def type_str(v) -> str:
-    info = hir.tensor_type_info(v.type)
-    if info is None:
-        return str(v.type)
-    return f"{info.dtype}[{','.join(map(str, info.shape))}]"
-
-
-def record_region(ctx, kind: str, members: list, boundary, **extra):
-    c = cost_model.region_cost(members, boundary.inputs, boundary.outputs)
-    locs = []
-    for m in members:
-        s = hir.op_location(m)
-        if s != "unknown" and s not in locs:
-            locs.append(s)
-    return ctx.report.new_region(
-        kind, [m.name for m in members], locations=locs,
-        inputs=[type_str(v) for v in boundary.inputs], outputs=[type_str(v) for v in boundary.outputs],
-        bytes_unfused=c.bytes_unfused, bytes_fused=c.bytes_fused, flops=c.flops, extra=extra)
 
 
 @register_pass
@@ -69,9 +26,8 @@ class FuseElementwise(Pass):
     name = "fuse-elementwise"
 
     def run(self, module, ctx):
-        from hlofuse.passes.fusion.outline import region_boundary
         n_regions = 0
-        for block in fusible_blocks(module):
+        for block in program_blocks(module):
             ops = [o for o in hir.block_ops(block) if not o.name.endswith("return")]
             regions = form_regions(
                 ops, lambda op: elementwise_member(op, ctx.target) is None, domain_shape)

@@ -26,11 +26,11 @@ from jaxlib.mlir import ir
 from hlofuse import ir as hir
 from hlofuse.ops import OpClass, rule_for
 from hlofuse.pipeline import Pass, register_pass
-from hlofuse.passes.fuse_elementwise import fusible_blocks
 from hlofuse.passes.fusion.commit import commit_region
 from hlofuse.passes.fusion import cost as cost_model
-from hlofuse.passes.fusion.outline import KIND_ATTR, REGION_ATTR
-from hlofuse.passes.fusion.predicates import domain_shape, elementwise_member
+from hlofuse.passes.fusion.outline import KIND_ATTR, REGION_ATTR, program_blocks
+from hlofuse.kernels.support import domain_shape
+from hlofuse.passes.fusion.predicates import elementwise_member
 from hlofuse.passes.fusion.regions import BlockGraph, form_regions, merge_siblings
 
 KIND = "horizontal"
@@ -166,8 +166,8 @@ class FuseHorizontal(Pass):
 
     def run(self, module, ctx):
         dots = elementwise = 0
-        for block in fusible_blocks(module):
+        for block in program_blocks(module):
             dots += merge_sibling_dots(module, ctx, block)
-        for block in fusible_blocks(module):
+        for block in program_blocks(module):
             elementwise += merge_sibling_elementwise(module, ctx, block)
         return {"dot_groups": dots, "elementwise_groups": elementwise}

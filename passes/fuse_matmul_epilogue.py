@@ -17,14 +17,8 @@ still outlined (so ``fuse-horizontal`` can merge it with siblings) but left to X
 library GEMM is at least as fast. The cost model may leave any region to XLA (outlined, marked
 ``hlofuse.xla``) and says why.
 
-Convolutions (gpu/tpu): a 1x1, stride-1, unpadded, ungrouped NHWC/HWIO convolution *is* a
-matmul over the channel dim; it is rewritten to ``reshape(kernel)`` + ``dot_general`` (same
-sums) so its BatchNorm scale/shift, activation and residual fuse as the dot's epilogue. Other
-convolutions stay with XLA (its conv emitters / cuDNN); their elementwise epilogue is left to
-``fuse-elementwise``. On cpu 1x1 convolutions stay too: as a dot XLA:CPU measured 0.73x at
-256->64 channels but 1.13x-1.7x at 64->256 (8x28x28 / 8x56x56 NHWC, f32), so no rule pays.
-Every convolution left alone gets a report note saying why. The pass option
-``conv1x1_as_dot=True`` applies the rewrite on cpu too (for shapes where it measured faster).
+1x1 convolutions become dots before this pass (``conv1x1-to-dot``); a region anchored on such a
+dot says so in the report (``extra['conv1x1']``).
 
 Preconditions: calls inlined; after ``fuse-attention`` (which claims attention's two dots).
 Invariant: the module verifies; kernels accumulate in f32 (results within ``reassociate``).
@@ -32,98 +26,37 @@ Invariant: the module verifies; kernels accumulate in f32 (results within ``reas
 
 from __future__ import annotations
 
-import dataclasses
 import math
-
-from jaxlib.mlir import ir
 
 from hlofuse import ir as hir
 from hlofuse.ops import OpClass, rule_for
 from hlofuse.pipeline import Pass, register_pass
-from hlofuse.passes.fuse_elementwise import fusible_blocks
-from hlofuse.passes.fusion.commit import LeftToXla, commit_region
+from hlofuse.kernels.support import (FULL, ClassError, View, dot_layout, extend_classes, prologue_member,
+                                     value_info)
+from hlofuse.kernels.tiling import matmul_blocks
+from hlofuse.passes.conv1x1_to_dot import CONV1X1_ATTR
 from hlofuse.passes.fusion import cost as cost_model
-from hlofuse.passes.fusion.predicates import (FULL, ClassError, View, dot_anchor, dot_layout, epilogue_member,
-                                               extend_classes, prologue_member, value_info)
-from hlofuse.passes.fusion.regions import BlockGraph, grow_region, rematerialize
+from hlofuse.passes.fusion.anchored import Grown, fuse_anchored
+from hlofuse.passes.fusion.commit import LeftToXla
+from hlofuse.passes.fusion.outline import program_blocks
+from hlofuse.passes.fusion.predicates import dot_anchor, epilogue_member
+from hlofuse.passes.fusion.regions import grow_region, rematerialize
 
 KIND = "matmul_epilogue"
 
 
-def conv1x1_as_dot_reason(op) -> str | None:
-    """None when ``op`` is a convolution that is exactly a matmul over channels (1x1 kernel,
-    stride 1, no padding/dilation, one group, NHWC input/output and HWIO kernel)."""
-    from jaxlib.mlir.dialects import stablehlo
-    x, w = value_info(op.operands[0]), value_info(op.operands[1])
-    if x is None or w is None:
-        return "dynamic shape"
-    dn = stablehlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
-    rank = len(x.shape)
-    spatial = list(range(1, rank - 1))
-    if not (dn.input_batch_dimension == 0 and dn.input_feature_dimension == rank - 1
-            and list(dn.input_spatial_dimensions) == spatial and dn.output_batch_dimension == 0
-            and dn.output_feature_dimension == rank - 1 and list(dn.output_spatial_dimensions) == spatial
-            and list(dn.kernel_spatial_dimensions) == list(range(rank - 2))
-            and dn.kernel_input_feature_dimension == rank - 2 and dn.kernel_output_feature_dimension == rank - 1):
-        return "layout is not NHWC/HWIO"
-    if any(d != 1 for d in w.shape[:rank - 2]):
-        return f"{'x'.join(map(str, w.shape[:rank - 2]))} kernel (only 1x1 convolutions are matmuls)"
-    attrs = op.attributes
-    for key in ("window_strides", "lhs_dilation", "rhs_dilation"):
-        if key in attrs and any(v != 1 for v in ir.DenseI64ArrayAttr(attrs[key])):
-            return f"{key} != 1"
-    if "padding" in attrs and any(int(v) != 0 for v in ir.DenseIntElementsAttr(attrs["padding"])):
-        return "padded"
-    for key in ("feature_group_count", "batch_group_count"):
-        if key in attrs and ir.IntegerAttr(attrs[key]).value != 1:
-            return f"{key} != 1"
-    if "window_reversal" in attrs and any(bool(v) for v in ir.DenseBoolArrayAttr(attrs["window_reversal"])):
-        return "window reversal"
-    return None
-
-
-def conv1x1_to_dot(op):
-    """Replace a 1x1 convolution by ``dot_general(x, reshape(w, [Ci, Co]))``; returns the dot."""
-    from jaxlib.mlir.dialects import stablehlo
-    x, w = op.operands[0], op.operands[1]
-    wi = value_info(w)
-    rank = len(value_info(x).shape)
-    ci, co = wi.shape[-2], wi.shape[-1]
-    with op.context, op.location, ir.InsertionPoint(op):
-        wt = ir.RankedTensorType.get([ci, co], ir.RankedTensorType(w.type).element_type)
-        w2 = stablehlo.ReshapeOp(wt, w).result
-        dn = stablehlo.DotDimensionNumbers.get(lhs_batching_dimensions=[], rhs_batching_dimensions=[],
-                                               lhs_contracting_dimensions=[rank - 1],
-                                               rhs_contracting_dimensions=[0])
-        kw = {}
-        if "precision_config" in op.attributes:
-            kw["precision_config"] = op.attributes["precision_config"]
-        dot = stablehlo.DotGeneralOp(op.results[0].type, x, w2, dn, **kw)
-    op.results[0].replace_all_uses_with(dot.result)
-    hir.safe_erase(op)
-    return dot.operation
-
-
-def handle_convolutions(module, ctx, block, left, as_dot_on_cpu: bool) -> tuple[int, list]:
-    """Rewrite 1x1 convolutions to dots on gpu/tpu; note every other convolution's fate."""
-    rewritten, new_dots = 0, []
-    for op in [o for o in hir.block_ops(block) if o.name == "stablehlo.convolution"]:
-        why = conv1x1_as_dot_reason(op)
-        if why is None and (ctx.target != "cpu" or as_dot_on_cpu):
-            new_dots.append(conv1x1_to_dot(op))
-            rewritten += 1
-            continue
-        if why is None:
-            left.add("1x1 convolution(s)", op, "cost model: on cpu XLA's convolution is kept (as a dot "
-                                               "measured 0.73x at 256->64 channels but 1.13x-1.7x at 64->256)")
-        else:
-            left.add("convolution(s)", op, f"{why}; the elementwise epilogue is fused separately")
-    return rewritten, new_dots
+def take_conv1x1_dots(block) -> list:
+    """The dots ``conv1x1-to-dot`` made in ``block``; their marker attribute is dropped (it
+    must not reach the outlined region or the output)."""
+    dots = [op for op in hir.block_ops(block)
+            if op.name == "stablehlo.dot_general" and CONV1X1_ATTR in op.attributes]
+    for op in dots:
+        del op.attributes[CONV1X1_ATTR]
+    return dots
 
 
 def working_set(anchor, members, target: str) -> tuple[int, int]:
     """(on-chip bytes per kernel instance, grid steps) of the tiles the family would pick."""
-    from hlofuse.kernels.tiling import matmul_blocks
     lay = dot_layout(anchor)
     lhs = value_info(anchor.operands[0])
     out = value_info(anchor.results[0])
@@ -142,110 +75,87 @@ def working_set(anchor, members, target: str) -> tuple[int, int]:
     return 0, b.grid_steps
 
 
+def grow(graph, anchor, target: str, conv_dots: list) -> Grown:
+    """The matmul region around ``anchor``: epilogue users and operand prologues."""
+    result = anchor.results[0]
+    domain = value_info(result).shape
+    view = View.of(domain)
+    prologue: set = set()
+    state = {"classes": {result: FULL}, "pending": {}, "pending_prologue": set()}
+
+    def feeds_operands(c):
+        return any(u == anchor or u in prologue for u in graph.users(c))
+
+    def admit(c, members, direction):
+        if direction == "producer" and feeds_operands(c):
+            scalar_bcast = (c.name == "stablehlo.broadcast_in_dim"
+                            and value_info(c.operands[0]).size == 1)
+            why = None if scalar_bcast else prologue_member(c, target)
+            if why is not None:
+                return f"prologue: {why}"
+            others = [u for u in graph.users(c) if u != anchor and u not in prologue]
+            if any(u in members for u in others):
+                return "prologue value also used by the epilogue"
+            if others:
+                if any(p in members for p in graph.producers(c)):
+                    return "shared prologue op with computed operands"
+                choice, why = cost_model.remat_choice(c, others, target)
+                if choice != "recompute":
+                    return f"shared prologue op left outside ({why})"
+            state["pending_prologue"].add(c)
+            return None
+        if direction == "producer":
+            if rule_for(c.name).cls is not OpClass.BROADCAST:
+                return "only broadcasts join as epilogue producers"
+        else:
+            why = epilogue_member(c, target)
+            if why is not None:
+                return f"epilogue: {why}"
+            if rule_for(c.name).cls is not OpClass.ELEMENTWISE or value_info(c.results[0]).shape != domain:
+                return "not elementwise over the dot's result"
+            if any(p in prologue for p in graph.producers(c)):
+                return "reads a prologue value"
+        try:
+            state["pending"][c] = extend_classes(state["classes"], c, view)
+        except ClassError as e:
+            return f"leaves the dot's block view: {e}"
+        return None
+
+    def on_admit(c):
+        if c in state["pending_prologue"]:
+            prologue.add(c)  # only once it joined (the convexity check may refuse it)
+        elif c in state["pending"]:
+            state["classes"] = state["pending"].pop(c)
+
+    members, refused = grow_region(graph, anchor, admit, on_admit=on_admit)
+    fused_ops = sum(1 for m in members if rule_for(m.name).cls is OpClass.ELEMENTWISE)
+    epilogue_ops = sum(1 for m in members if rule_for(m.name).cls is OpClass.ELEMENTWISE
+                       and m not in prologue)
+    members, remat = rematerialize(graph, members, target, keep=[anchor])
+    ws, steps = working_set(anchor, members, target)
+
+    def decision_for(cost):
+        cost.working_set_bytes = ws
+        return cost_model.decide(KIND, cost, target, grid_steps=steps if target == "cpu" else 1,
+                                 fused_ops=fused_ops)
+
+    return Grown(members, decision_for, dict(
+        prologue=sorted(o.name for o in prologue if rule_for(o.name).cls is OpClass.ELEMENTWISE),
+        epilogue_ops=epilogue_ops,
+        conv1x1=any(anchor == d for d in conv_dots),
+        tolerance="reassociate", remat=remat,
+        refused={n.name: r for n, r in list(refused.items())[:4]}))
+
+
 @register_pass
 class FuseMatmulEpilogue(Pass):
     name = "fuse-matmul-epilogue"
 
-    @dataclasses.dataclass(frozen=True)
-    class Options:
-        conv1x1_as_dot: bool = False  # also on cpu (always on gpu/tpu): 1x1 convolutions as dots
-
     def run(self, module, ctx):
-        target = ctx.target
-        n_kernels = n_left = n_unsupported = 0
-        n_conv = 0
+        conv_dots = [d for block in program_blocks(module) for d in take_conv1x1_dots(block)]
         left = LeftToXla(self.name)
-        for block in fusible_blocks(module):
-            rewritten, conv_dots = handle_convolutions(module, ctx, block, left,
-                                                        self.options.conv1x1_as_dot)
-            n_conv += rewritten
-            tried: set = set()
-            while True:
-                ops = [o for o in hir.block_ops(block) if not o.name.endswith("return")]
-                anchors = [o for o in ops if o.name == "stablehlo.dot_general" and o not in tried]
-                if not anchors:
-                    break
-                anchor = anchors[0]
-                tried.add(anchor)
-                reason = dot_anchor(anchor, target)
-                if reason is not None:
-                    left.add("dot_general(s)", anchor, reason)
-                    n_unsupported += 1
-                    continue
-                graph = BlockGraph(ops)
-                result = anchor.results[0]
-                domain = value_info(result).shape
-                view = View.of(domain)
-                prologue: set = set()
-                state = {"classes": {result: FULL}, "pending": {}, "pending_prologue": set()}
-
-                def feeds_operands(c):
-                    return any(u == anchor or u in prologue for u in graph.users(c))
-
-                def admit(c, members, direction):
-                    if direction == "producer" and feeds_operands(c):
-                        scalar_bcast = (c.name == "stablehlo.broadcast_in_dim"
-                                        and value_info(c.operands[0]).size == 1)
-                        why = None if scalar_bcast else prologue_member(c, target)
-                        if why is not None:
-                            return f"prologue: {why}"
-                        others = [u for u in graph.users(c) if u != anchor and u not in prologue]
-                        if any(u in members for u in others):
-                            return "prologue value also used by the epilogue"
-                        if others:
-                            if any(p in members for p in graph.producers(c)):
-                                return "shared prologue op with computed operands"
-                            choice, why = cost_model.remat_choice(c, others, target)
-                            if choice != "recompute":
-                                return f"shared prologue op left outside ({why})"
-                        state["pending_prologue"].add(c)
-                        return None
-                    if direction == "producer":
-                        if rule_for(c.name).cls is not OpClass.BROADCAST:
-                            return "only broadcasts join as epilogue producers"
-                    else:
-                        why = epilogue_member(c, target)
-                        if why is not None:
-                            return f"epilogue: {why}"
-                        if rule_for(c.name).cls is not OpClass.ELEMENTWISE or value_info(c.results[0]).shape != domain:
-                            return "not elementwise over the dot's result"
-                        if any(p in prologue for p in graph.producers(c)):
-                            return "reads a prologue value"
-                    try:
-                        state["pending"][c] = extend_classes(state["classes"], c, view)
-                    except ClassError as e:
-                        return f"leaves the dot's block view: {e}"
-                    return None
-
-                def on_admit(c, state=state):
-                    if c in state["pending_prologue"]:
-                        prologue.add(c)  # only once it joined (the convexity check may refuse it)
-                    elif c in state["pending"]:
-                        state["classes"] = state["pending"].pop(c)
-
-                members, refused = grow_region(graph, anchor, admit, on_admit=on_admit)
-                fused_ops = sum(1 for m in members if rule_for(m.name).cls is OpClass.ELEMENTWISE)
-                epilogue_ops = sum(1 for m in members if rule_for(m.name).cls is OpClass.ELEMENTWISE
-                                   and m not in prologue)
-                members, remat = rematerialize(graph, members, target, keep=[anchor])
-                ws, steps = working_set(anchor, members, target)
-
-                def decision_for(cost, ws=ws, steps=steps, fused_ops=fused_ops):
-                    cost.working_set_bytes = ws
-                    return cost_model.decide(KIND, cost, target, grid_steps=steps if target == "cpu" else 1,
-                                             fused_ops=fused_ops)
-
-                region, decision = commit_region(
-                    module, ctx, KIND, members, decision_for=decision_for,
-                    prologue=sorted(o.name for o in prologue if rule_for(o.name).cls is OpClass.ELEMENTWISE),
-                    epilogue_ops=epilogue_ops,
-                    conv1x1=any(anchor == d for d in conv_dots),
-                    tolerance="reassociate", remat=remat,
-                    refused={n.name: r for n, r in list(refused.items())[:4]})
-                if decision.fuse:
-                    n_kernels += 1
-                else:
-                    n_left += 1
+        counts = fuse_anchored(module, ctx, kind=KIND, anchor_name="stablehlo.dot_general",
+                               check_anchor=dot_anchor, left=left, what="dot_general(s)",
+                               grow=lambda graph, anchor, tried: grow(graph, anchor, ctx.target, conv_dots))
         left.flush(ctx)
-        return {"regions": n_kernels, "left_to_xla": n_left, "unsupported": n_unsupported,
-                "conv1x1_as_dot": n_conv}
+        return counts

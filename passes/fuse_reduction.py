@@ -21,12 +21,14 @@ from __future__ import annotations
 from hlofuse import ir as hir
 from hlofuse.ops import OpClass, rule_for
 from hlofuse.pipeline import Pass, register_pass
-from hlofuse.passes.fuse_elementwise import fusible_blocks
 from hlofuse.passes.fusion import cost as cost_model
-from hlofuse.passes.fusion.commit import LeftToXla, commit_region
-from hlofuse.passes.fusion.predicates import (ClassError, View, extend_classes, reduction_anchor,
-                                               reduction_member, view_classes)
-from hlofuse.passes.fusion.regions import BlockGraph, grow_region, rematerialize
+from hlofuse.kernels.reduction import pattern_name
+from hlofuse.kernels.tiling import row_blocks
+from hlofuse.passes.fusion.anchored import Grown, fuse_anchored
+from hlofuse.passes.fusion.commit import LeftToXla
+from hlofuse.kernels.support import ClassError, View, extend_classes, view_classes
+from hlofuse.passes.fusion.predicates import reduction_anchor, reduction_member
+from hlofuse.passes.fusion.regions import grow_region, rematerialize
 
 KIND = "reduction"
 
@@ -38,7 +40,6 @@ def _working_set(view: View, members: list, target: str) -> tuple[int, int]:
     intermediate, the result) -- Triton reuses registers across the chain. tpu: the
     double-buffered VMEM blocks :func:`~hlofuse.kernels.tiling.row_blocks` picked.
     """
-    from hlofuse.kernels.tiling import row_blocks
     n_full = 1 + sum(1 for m in members if m.name != "stablehlo.reduce")
     try:
         b = row_blocks(view.rows, view.cols, target=target, itemsize=4, n_arrays=min(n_full, 4))
@@ -51,70 +52,50 @@ def _working_set(view: View, members: list, target: str) -> tuple[int, int]:
     return 0, b.grid[0]
 
 
+def grow(graph, anchor, tried: set, target: str):
+    """The reduction region around ``anchor`` (see the module docstring), or why none."""
+    view = View.of(hir.tensor_type_info(anchor.operands[0].type).shape)
+    state = {"classes": view_classes([anchor], view), "pending": {}}
+
+    def admit(c, members, direction):
+        why = reduction_member(c, target)
+        if why is not None:
+            return why
+        try:
+            state["pending"][c] = extend_classes(state["classes"], c, view)
+        except ClassError as e:
+            return f"leaves the row view: {e}"
+        return None
+
+    def on_admit(c):
+        state["classes"] = state["pending"].pop(c)
+
+    members, refused = grow_region(graph, anchor, admit, on_admit=on_admit)
+    compute = [m for m in members if rule_for(m.name).cls in (OpClass.ELEMENTWISE, OpClass.REDUCTION)]
+    tried.update(m for m in members if m.name == "stablehlo.reduce")
+    if len(compute) < 2:
+        return "nothing to fuse around it (XLA's own reduction moves the same bytes)"
+    members, remat = rematerialize(graph, members, target,
+                                   keep=[m for m in members if m.name == "stablehlo.reduce"])
+    ws, steps = _working_set(view, members, target)
+
+    def decision_for(cost):
+        cost.working_set_bytes = ws
+        return cost_model.decide(KIND, cost, target, grid_steps=steps if target == "cpu" else 1)
+
+    return Grown(members, decision_for, dict(
+        pattern=pattern_name(members), view=f"{view.rows}x{view.cols}", tolerance="reassociate",
+        remat=remat, refused={n.name: r for n, r in list(refused.items())[:4]}))
+
+
 @register_pass
 class FuseReduction(Pass):
     name = "fuse-reduction"
 
     def run(self, module, ctx):
-        target = ctx.target
-        n_kernels = n_left = 0
         left = LeftToXla(self.name)
-        for block in fusible_blocks(module):
-            tried: set = set()
-            while True:
-                ops = [o for o in hir.block_ops(block) if not o.name.endswith("return")]
-                anchors = [o for o in ops if o.name == "stablehlo.reduce" and o not in tried]
-                if not anchors:
-                    break
-                anchor = anchors[0]
-                tried.add(anchor)
-                reason = reduction_anchor(anchor, target)
-                if reason is not None:
-                    left.add("reduction(s)", anchor, reason)
-                    continue
-                graph = BlockGraph(ops)
-                src_shape = hir.tensor_type_info(anchor.operands[0].type).shape
-                view = View.of(src_shape)
-
-                state = {"classes": view_classes([anchor], view), "pending": {}}
-
-                def admit(c, members, direction, view=view, state=state):
-                    why = reduction_member(c, target)
-                    if why is not None:
-                        return why
-                    try:
-                        state["pending"][c] = extend_classes(state["classes"], c, view)
-                    except ClassError as e:
-                        return f"leaves the row view: {e}"
-                    return None
-
-                def on_admit(c, state=state):
-                    state["classes"] = state["pending"].pop(c)
-
-                members, refused = grow_region(graph, anchor, admit, on_admit=on_admit)
-                compute = [m for m in members if rule_for(m.name).cls in (OpClass.ELEMENTWISE, OpClass.REDUCTION)]
-                tried.update(m for m in members if m.name == "stablehlo.reduce")
-                if len(compute) < 2:
-                    left.add("reduction(s)", anchor, "nothing to fuse around it (XLA's own reduction "
-                                                     "moves the same bytes)")
-                    continue
-                members, remat = rematerialize(graph, members, target,
-                                               keep=[m for m in members if m.name == "stablehlo.reduce"])
-                from hlofuse.kernels.reduction import pattern_name
-                ws, steps = _working_set(view, members, target)
-
-                def decision_for(cost, ws=ws, steps=steps):
-                    cost.working_set_bytes = ws
-                    return cost_model.decide(KIND, cost, target, grid_steps=steps if target == "cpu" else 1)
-
-                region, decision = commit_region(
-                    module, ctx, KIND, members, decision_for=decision_for,
-                    pattern=pattern_name(members), view=f"{view.rows}x{view.cols}",
-                    tolerance="reassociate", remat=remat,
-                    refused={n.name: r for n, r in list(refused.items())[:4]})
-                if decision.fuse:
-                    n_kernels += 1
-                else:
-                    n_left += 1
+        counts = fuse_anchored(module, ctx, kind=KIND, anchor_name="stablehlo.reduce",
+                               check_anchor=reduction_anchor, left=left, what="reduction(s)",
+                               grow=lambda graph, anchor, tried: grow(graph, anchor, tried, ctx.target))
         unfused = left.flush(ctx)
-        return {"regions": n_kernels, "left_to_xla": n_left, "not_fused": unfused}
+        return {"regions": counts["regions"], "left_to_xla": counts["left_to_xla"], "not_fused": unfused}

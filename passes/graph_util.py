@@ -15,6 +15,7 @@ import numpy as np
 from jaxlib.mlir import ir
 
 from hlofuse import ir as hir
+from hlofuse.ir import as_op, defining_op
 from hlofuse.ops import OpClass, const_value, rule_for
 
 # Op classes whose ops have no side effects: erasable once their results are unused.
@@ -22,8 +23,6 @@ _PURE_CLASSES = {OpClass.ELEMENTWISE, OpClass.BROADCAST, OpClass.CONSTANT, OpCla
                  OpClass.DATA_MOVEMENT, OpClass.REDUCTION, OpClass.DOT, OpClass.CONVOLUTION}
 _PURE_EXTRA = {"stablehlo.gather", "stablehlo.sort"}
 
-# Ops whose regions are ordinary code (as opposed to the scalar bodies of reduce/sort/scatter).
-CONTROL_OPS = {"stablehlo.while", "stablehlo.case", "stablehlo.if"}
 
 
 # Python handles of MLIR ops are not unique: erasing an op through one handle leaves other
@@ -71,18 +70,6 @@ def alive(op) -> bool:
     return True
 
 
-def as_op(op) -> ir.Operation:
-    return op.operation if hasattr(op, "operation") else op
-
-
-def defining_op(v: ir.Value) -> ir.Operation | None:
-    """The op producing ``v``, or None for a block argument."""
-    owner = v.owner
-    if isinstance(owner, ir.Block):
-        return None
-    return as_op(owner)
-
-
 def is_op(v: ir.Value, name: str) -> ir.Operation | None:
     op = defining_op(v)
     return op if op is not None and op.name == name else None
@@ -90,10 +77,6 @@ def is_op(v: ir.Value, name: str) -> ir.Operation | None:
 
 def info(v: ir.Value) -> hir.TensorInfo | None:
     return hir.tensor_type_info(v.type)
-
-
-def users(v: ir.Value) -> list[ir.Operation]:
-    return [as_op(u.owner) for u in v.uses]
 
 
 def n_uses(v: ir.Value) -> int:
@@ -107,24 +90,6 @@ def is_pure(op) -> bool:
     if len(op.regions):
         return False
     return rule_for(op.name).cls in _PURE_CLASSES or op.name in _PURE_EXTRA
-
-
-def code_blocks(module: ir.Module) -> list[ir.Block]:
-    """Function bodies and the bodies of while/case/if, outer blocks first (hlofuse's own
-    outlined regions and kernels excluded: passes never rewrite them, for idempotence)."""
-    from hlofuse.passes.fusion.outline import program_funcs
-    out = []
-    stack = [as_op(f) for f in program_funcs(module)]
-    while stack:
-        op = stack.pop(0)
-        for region in op.regions:
-            for block in region.blocks:
-                out.append(block)
-                for inner in block.operations:
-                    inner = as_op(inner)
-                    if inner.name in CONTROL_OPS:
-                        stack.append(inner)
-    return out
 
 
 def count_ops(module: ir.Module, name: str) -> int:

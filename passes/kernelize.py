@@ -19,26 +19,17 @@ import hashlib
 import threading
 import warnings
 
-import jax
 from jaxlib.mlir import ir
 
 from hlofuse import ir as hir
 from hlofuse.pipeline import Pass, register_pass
+from hlofuse.kernels.common import func_avals
 from hlofuse.passes.fusion.outline import KERNEL_PREFIX, KIND_ATTR, REGION_ATTR, XLA_ATTR
 from hlofuse.report import HlofuseWarning
 
 _CACHE: dict[tuple, tuple[str, str, str]] = {}
 KERNEL_INFO_ATTR = "hlofuse.kernel"   # on a kernel's entry function: "kind|region|name|blocks"
 _CACHE_LOCK = threading.Lock()
-
-
-def _avals(fn_op) -> list:
-    ftype = ir.FunctionType(ir.TypeAttr(fn_op.attributes["function_type"]).value)
-    out = []
-    for t in ftype.inputs:
-        info = hir.tensor_type_info(t)
-        out.append(jax.ShapeDtypeStruct(info.shape, hir.np_dtype(info.dtype)))
-    return out
 
 
 def lower_region(fn_op, kind: str, target: str) -> tuple[str, str, str]:
@@ -58,7 +49,7 @@ def lower_region(fn_op, kind: str, target: str) -> tuple[str, str, str]:
             return _CACHE[key]
     spec = family.spec_from_func(fn_op)
     fn = family.build(spec, target)
-    text = lower_to_text(fn, _avals(fn_op), target)
+    text = lower_to_text(fn, func_avals(fn_op), target)
     result = (text, fn.kernel_name, str(fn.blocks))
     with _CACHE_LOCK:
         _CACHE[key] = result

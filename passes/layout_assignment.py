@@ -44,6 +44,7 @@ from hlofuse import ir as hir
 from hlofuse.ops import OpClass, rule_for
 from hlofuse.pipeline import Pass, register_pass
 from hlofuse.passes import graph_util as gu
+from hlofuse.passes.fusion.outline import program_blocks
 from hlofuse.passes.algebraic_simplify import _transpose as compose_transpose
 
 PREFERRED_CONV_LAYOUT = {"cpu": None, "gpu": "channels_last", "tpu": "channels_last"}
@@ -81,7 +82,7 @@ def count_transposes(module) -> tuple[int, int]:
 
 
 def _block_of(v: ir.Value):
-    op = gu.defining_op(v)
+    op = hir.defining_op(v)
     return v.owner if op is None else op.block
 
 
@@ -107,19 +108,19 @@ class _Layout:
             return existing
         where = gu.after_def(v) if _block_of(v) == anchor.block else {"before": anchor}
         t = gu.make_transpose(v, perm, **where)
-        self.worklist.append(gu.defining_op(t))
+        self.worklist.append(hir.defining_op(t))
         return t
 
     def find_transpose(self, v: ir.Value, perm, anchor) -> ir.Value | None:
-        for u in gu.users(v):
+        for u in hir.users(v):
             if u.name != T_OP or perm_of(u) != list(perm) or u.block != anchor.block:
                 continue
             if u.is_before_in_block(anchor):
                 return u.results[0]
             if _block_of(v) == anchor.block:  # hoist it next to v: it only needs v
-                d = gu.defining_op(v)
+                d = hir.defining_op(v)
                 if d is None:
-                    first = gu.as_op(list(anchor.block.operations)[0])
+                    first = hir.as_op(list(anchor.block.operations)[0])
                     if first != u:
                         u.move_before(first)
                 else:
@@ -150,7 +151,7 @@ class _Layout:
             kernel_spatial_dimensions=list(range(n - 2)), output_batch_dimension=0,
             output_feature_dimension=n - 1, output_spatial_dimensions=sp)
         for old in (x, w):
-            d = gu.defining_op(old)
+            d = hir.defining_op(old)
             if d is not None:
                 gu.erase_if_dead([d])
         if not is_identity(out_layout):
@@ -168,7 +169,7 @@ class _Layout:
             if not any(True for _ in r.uses):
                 continue
             t = gu.make_transpose(r, restore_perm, after=last)
-            last = gu.defining_op(t)
+            last = hir.defining_op(t)
             r.replace_all_uses_except(t, last)
             self.worklist.append(last)
 
@@ -184,13 +185,13 @@ class _Layout:
             return False
         plan, dying, cost = [], set(), 1
         for o in e.operands:
-            d = gu.defining_op(o)
+            d = hir.defining_op(o)
             oi = gu.info(o)
             if oi is None:
                 return False
             if d is not None and d.name == T_OP and perm_of(d) == p:
                 plan.append(("use", d.operands[0]))
-                if all(u == e for u in gu.users(o)):
+                if all(u == e for u in hir.users(o)):
                     dying.add(d)
             elif len(oi.shape) == 0:
                 plan.append(("keep", o))
@@ -218,7 +219,7 @@ class _Layout:
                     and not self._has_transpose(step[1], pinv, e, exclude=dying))
         if len(dying) < cost:
             return False
-        old_producers = [gu.defining_op(o) for o in e.operands]
+        old_producers = [hir.defining_op(o) for o in e.operands]
         for i, step in enumerate(plan):
             kind = step[0]
             et = gu.element_type(e.operands[i])
@@ -244,17 +245,17 @@ class _Layout:
         return any(u.name == T_OP and perm_of(u) == list(perm) and u.block == anchor.block
                    and u not in exclude
                    and (u.is_before_in_block(anchor) or _block_of(v) == anchor.block)
-                   for u in gu.users(v))
+                   for u in hir.users(v))
 
     def try_sink_reduce(self, r, t) -> bool:
         n = len(r.results)
         ins = list(r.operands)[:n]
         p = perm_of(t)
-        if any(gu.defining_op(v) is None or gu.defining_op(v).name != T_OP
-               or perm_of(gu.defining_op(v)) != p for v in ins):
+        if any(hir.defining_op(v) is None or hir.defining_op(v).name != T_OP
+               or perm_of(hir.defining_op(v)) != p for v in ins):
             return False
-        ts = [gu.defining_op(v) for v in ins]
-        dying = {x for x in ts if all(u == r for u in gu.users(x.results[0]))}
+        ts = [hir.defining_op(v) for v in ins]
+        dying = {x for x in ts if all(u == r for u in hir.users(x.results[0]))}
         dims = gu.i64_array(r, "dimensions")
         kept = [p[j] for j in range(len(p)) if j not in dims]
         order = sorted(kept)
@@ -309,14 +310,14 @@ class _Layout:
             t.results[0].replace_all_uses_with(new)
             gu.erase_if_dead([t])
             self.stats["cancelled"] += 1
-            d = gu.defining_op(new)
+            d = hir.defining_op(new)
             if d is not None and d.name == T_OP:
                 self.worklist.append(d)
-            for u in gu.users(new):
+            for u in hir.users(new):
                 if u.name == T_OP:
                     self.worklist.append(u)
             return
-        for u in gu.users(t.results[0]):
+        for u in hir.users(t.results[0]):
             if not gu.alive(t):
                 return
             if u.block != t.block:
@@ -348,7 +349,7 @@ class LayoutAssignment(Pass):
         unaligned = 0
         gu.reset_tracking()
         with module.context, ir.Location.unknown():
-            blocks = gu.code_blocks(module)
+            blocks = program_blocks(module)
             for block in blocks:
                 for op in hir.block_ops(block):
                     if not gu.alive(op) or op.name != "stablehlo.convolution":
@@ -366,7 +367,7 @@ class LayoutAssignment(Pass):
                 steps += 1
                 if gu.alive(t) and t.name == T_OP:
                     lay.visit(t)
-            gu.erase_dead_in(gu.code_blocks(module))
+            gu.erase_dead_in(program_blocks(module))
         t_after, c_after = count_transposes(module)
         stats = {"transposes_before": t_before, "transposes_after": t_after,
                  "copies_before": c_before, "copies_after": c_after, **lay.stats}

@@ -13,11 +13,12 @@ from jaxlib.mlir import ir
 
 import hlofuse
 from hlofuse import ir as hir
+from hlofuse.kernels.common import func_avals
 from hlofuse.passes.fusion.outline import KIND_ATTR, XLA_ATTR
 from hlofuse.testing import random_inputs
 
 PREFIX = "inline-calls,canonicalize,cse"
-FUSION = "fuse-matmul-epilogue,fuse-reduction,fuse-horizontal"
+FUSION = "conv1x1-to-dot,fuse-matmul-epilogue,fuse-reduction,fuse-horizontal"
 FULL_PIPE = f"{PREFIX},{FUSION},fuse-elementwise,kernelize,symbol-dce,canonicalize"
 
 
@@ -58,15 +59,6 @@ def outline(fn, args, passes: str, target: str = "cpu") -> Outlined:
     exp = jax.export.export(jax.jit(fn), platforms=[{"gpu": "cuda"}.get(target, target)])(*args)
     opt = hlofuse.optimize(exp.mlir_module(), target=target, pipeline=f"{PREFIX},{passes}")
     return Outlined(opt, opt.report)
-
-
-def func_avals(fn_op) -> list:
-    ftype = ir.FunctionType(ir.TypeAttr(fn_op.attributes["function_type"]).value)
-    out = []
-    for t in ftype.inputs:
-        info = hir.tensor_type_info(t)
-        out.append(jax.ShapeDtypeStruct(info.shape, hir.np_dtype(info.dtype)))
-    return out
 
 
 def func_inputs(fn_op, seed: int = 0) -> list[np.ndarray]:

@@ -220,7 +220,7 @@ def test_planted_mosaic_block_over_the_vmem_limit(monkeypatch):
 @needs("v5e")
 def test_planted_mosaic_int32_matmul(monkeypatch):
     import hlofuse.passes.fuse_matmul_epilogue as fme
-    from hlofuse.passes.fusion import predicates as P
+    from hlofuse.kernels import support as P
     monkeypatch.setitem(P.KERNEL_DTYPES, "tpu", P.KERNEL_DTYPES["tpu"] | {"i32"})
     monkeypatch.setattr(fme, "dot_anchor",
                         lambda op, target: None if op.name == "stablehlo.dot_general" else "not a dot")

@@ -15,7 +15,7 @@ from hlofuse import ir as hir
 from hlofuse.passes.fusion import cost as cost_model
 from hlofuse.passes.fusion.outline import XLA_ATTR, outline_region, region_boundary
 
-__all__ = ["commit_region", "LeftToXla"]
+__all__ = ["record_region", "commit_region", "LeftToXla"]
 
 
 class LeftToXla:
@@ -41,6 +41,26 @@ class LeftToXla:
         return sum(len(v) for v in self.by_reason.values())
 
 
+def type_str(v) -> str:
+    info = hir.tensor_type_info(v.type)
+    if info is None:
+        return str(v.type)
+    return f"{info.dtype}[{','.join(map(str, info.shape))}]"
+
+
+def record_region(ctx, kind: str, members: list, boundary, **extra):
+    c = cost_model.region_cost(members, boundary.inputs, boundary.outputs)
+    locs = []
+    for m in members:
+        s = hir.op_location(m)
+        if s != "unknown" and s not in locs:
+            locs.append(s)
+    return ctx.report.new_region(
+        kind, [m.name for m in members], locations=locs,
+        inputs=[type_str(v) for v in boundary.inputs], outputs=[type_str(v) for v in boundary.outputs],
+        bytes_unfused=c.bytes_unfused, bytes_fused=c.bytes_fused, flops=c.flops, extra=extra)
+
+
 def commit_region(module, ctx, kind: str, members: list, *, decision_for, name_prefix: str = "hlofuse_region",
                   **extra):
     """Record the region in the report, outline it, and mark it for XLA when the cost model
@@ -49,7 +69,6 @@ def commit_region(module, ctx, kind: str, members: list, *, decision_for, name_p
     cost = cost_model.region_cost(members, boundary.inputs, boundary.outputs)
     decision = decision_for(cost)
     extra.update(cost.as_extra(cost_model.TARGETS[ctx.target]))
-    from hlofuse.passes.fuse_elementwise import record_region
     region = record_region(ctx, kind, members, boundary, **extra)
     _, fn, _ = outline_region(module, members, f"{name_prefix}_{region.id}", region_id=region.id, kind=kind)
     region.extra["func"] = hir.func_name(fn)

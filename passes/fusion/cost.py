@@ -29,6 +29,7 @@ import math
 
 from hlofuse import ir as hir
 from hlofuse.ops import OpClass, rule_for
+from hlofuse.kernels.support import is_splat_constant
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,12 +160,10 @@ def _read_bytes(v) -> int:
     consumers -- and a splat constant costs nothing."""
     seen = 0
     while True:
-        owner = v.owner
-        op = getattr(owner, "operation", None)
+        op = hir.defining_op(v)
         if op is None or seen > 16:
             return _nbytes(v)
         if op.name == "stablehlo.constant":
-            from hlofuse.passes.fusion.predicates import is_splat_constant
             return 0 if is_splat_constant(op) else _nbytes(v)
         if op.name != "stablehlo.broadcast_in_dim":
             return _nbytes(v)

@@ -15,7 +15,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import func as func_d
 
 from hlofuse import ir as hir
-from hlofuse.passes.fusion.predicates import is_splat_constant
+from hlofuse.kernels.support import is_splat_constant
 
 REGION_ATTR = "hlofuse.region"
 KIND_ATTR = "hlofuse.kind"
@@ -37,6 +37,30 @@ def program_funcs(module: ir.Module) -> list:
     return [f for f in hir.funcs(module) if not is_hlofuse_func(f)]
 
 
+# Ops whose regions hold program code (loop bodies, branches). Regions of other ops are
+# scalar computations applied per element (reduce/sort/scatter bodies).
+CODE_REGION_OPS = ("func.func", "stablehlo.while", "stablehlo.case", "stablehlo.if")
+
+
+def program_blocks(module: ir.Module, *, scalar_bodies: bool = False) -> list:
+    """The blocks of the user's program: function bodies and the bodies of while/case/if, each
+    block before the blocks nested in it; with ``scalar_bodies`` also the bodies of
+    reduce/sort/scatter/... Outlined regions and kernels are excluded (:func:`program_funcs`):
+    passes never rewrite them, so a second run over the output changes nothing."""
+    blocks = []
+    for f in program_funcs(module):
+        stack = [hir.as_op(f)]
+        while stack:
+            op = stack.pop()
+            if not scalar_bodies and op.name not in CODE_REGION_OPS:
+                continue
+            for region in op.regions:
+                for block in region.blocks:
+                    blocks.append(block)
+                    stack.extend(hir.as_op(o) for o in block.operations)
+    return blocks
+
+
 @dataclasses.dataclass
 class Boundary:
     inputs: list        # ir.Values defined outside, in first-use order
@@ -44,16 +68,12 @@ class Boundary:
     constants: list     # splat constant ops cloned into the region
 
 
-def _as_op(owner):
-    return None if isinstance(owner, ir.Block) else getattr(owner, "operation", owner)
-
-
 def region_boundary(members: list) -> Boundary:
     mset = set(members)
     inputs, constants, seen = [], [], set()
     for op in members:
         for v in op.operands:
-            prod = _as_op(v.owner)
+            prod = hir.defining_op(v)
             if prod is not None and prod in mset:
                 continue
             if prod is not None and is_splat_constant(prod):
@@ -61,24 +81,16 @@ def region_boundary(members: list) -> Boundary:
                     seen.add(prod)
                     constants.append(prod)
                 continue
-            key = _value_key(v)
+            key = hir.value_key(v)
             if key not in seen:
                 seen.add(key)
                 inputs.append(v)
     outputs = []
     for op in members:
         for r in op.results:
-            if any(_as_op(u.owner) not in mset for u in r.uses):
+            if any(u not in mset for u in hir.users(r)):
                 outputs.append(r)
     return Boundary(inputs, outputs, constants)
-
-
-def _value_key(v: ir.Value):
-    # ir.Value objects are not uniqued; compare by owner and position
-    owner = v.owner
-    if isinstance(owner, ir.Block):
-        return ("arg", owner, ir.BlockArgument(v).arg_number)
-    return ("res", _as_op(owner), ir.OpResult(v).result_number)
 
 
 def outline_region(module: ir.Module, members: list, name: str, *, region_id: int, kind: str):
@@ -104,20 +116,20 @@ def outline_region(module: ir.Module, members: list, name: str, *, region_id: in
             fn.operation.attributes[REGION_ATTR] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), region_id)
             fn.operation.attributes[KIND_ATTR] = ir.StringAttr.get(kind)
             entry = fn.add_entry_block()
-        mapping = {_value_key(v): entry.arguments[i] for i, v in enumerate(b.inputs)}
+        mapping = {hir.value_key(v): entry.arguments[i] for i, v in enumerate(b.inputs)}
         with ir.InsertionPoint(entry), loc:
             for c in b.constants:
                 new = c.clone()
-                mapping[("res", c, 0)] = new.results[0]
+                mapping[hir.value_key(c.results[0])] = new.results[0]
             for op in members:
                 new = op.clone()
                 for i, v in enumerate(op.operands):
-                    k = _value_key(v)
+                    k = hir.value_key(v)
                     if k in mapping:
                         new.operands[i] = mapping[k]
                 for j, r in enumerate(op.results):
-                    mapping[("res", op, j)] = new.results[j]
-            func_d.ReturnOp([mapping[_value_key(v)] for v in b.outputs])
+                    mapping[hir.value_key(r)] = new.results[j]
+            func_d.ReturnOp([mapping[hir.value_key(v)] for v in b.outputs])
 
         last = members[-1]
         with ir.InsertionPoint(last), loc:
@@ -128,7 +140,7 @@ def outline_region(module: ir.Module, members: list, name: str, *, region_id: in
         mset = set(members)
         for old, new in zip(b.outputs, call.results):
             for u in list(old.uses):
-                if _as_op(u.owner) not in mset:
+                if hir.as_op(u.owner) not in mset:
                     u.owner.operands[u.operand_number] = new
         for op in reversed(members):
             hir.safe_erase(op)
@@ -143,16 +155,16 @@ def _sink_dependents(members: list, call, outputs: list) -> None:
     pos = {op: i for i, op in enumerate(ops)}
     first, at = pos[members[0]], pos[call]
     mset = set(members)
-    tainted_vals = {_value_key(v) for v in outputs}
+    tainted_vals = {hir.value_key(v) for v in outputs}
     moving = []
     for op in ops[first:at]:
         if op in mset:
             continue
-        uses_region = any(_value_key(v) in tainted_vals for v in _all_operands(op))
+        uses_region = any(hir.value_key(v) in tainted_vals for v in _all_operands(op))
         if uses_region:
             moving.append(op)
             for r in op.results:
-                tainted_vals.add(_value_key(r))
+                tainted_vals.add(hir.value_key(r))
     anchor = call
     for op in moving:
         op.move_after(anchor)

@@ -13,19 +13,9 @@ from typing import Callable, Hashable
 
 from jaxlib.mlir import ir
 
+from hlofuse import ir as hir
 from hlofuse.ops import OpClass, rule_for
 from hlofuse.passes.fusion.cost import remat_choice
-
-
-def _as_op(owner):
-    """Normalize a value's owner: an ``ir.Operation`` for op results, None for block args."""
-    if isinstance(owner, ir.Block):
-        return None
-    return getattr(owner, "operation", owner)
-
-
-def _block_index(ops) -> dict:
-    return {op: i for i, op in enumerate(ops)}
 
 
 def _top_level_user(op, index: dict):
@@ -38,32 +28,19 @@ def _top_level_user(op, index: dict):
 
 
 class Partition:
-    """Union-find over block ops with cycle-checked merges."""
+    """Union-find over block ops with cycle-checked merges (def-use from a :class:`BlockGraph`)."""
 
-    def __init__(self, ops: list, index: dict):
-        self.ops = ops
-        self.index = index
+    def __init__(self, graph: "BlockGraph"):
+        self.graph = graph
+        self.index = graph.index
+        self.users = graph.users
         self.group: dict = {}        # op -> group id
         self.members: dict[int, list] = {}
-        self._users: dict = {}
 
     def add(self, op) -> None:
         gid = len(self.members)
         self.group[op] = gid
         self.members[gid] = [op]
-
-    def users(self, op) -> list:
-        cached = self._users.get(op)
-        if cached is not None:
-            return cached
-        out = []
-        for r in op.results:
-            for u in r.uses:
-                top = _top_level_user(_as_op(u.owner), self.index)
-                if top is not None and top is not op:
-                    out.append(top)
-        self._users[op] = out
-        return out
 
     def creates_cycle(self, ga: int, gb: int) -> bool:
         """Would merging groups ga and gb make the graph of regions cyclic?
@@ -119,8 +96,7 @@ def form_regions(ops: list, can_join: Callable[[object], bool],
     Returns:
       regions as lists of ops in program order (singletons included).
     """
-    index = _block_index(ops)
-    part = Partition(ops, index)
+    part = Partition(BlockGraph(ops))
     for op in ops:
         if can_join(op):
             part.add(op)
@@ -128,7 +104,7 @@ def form_regions(ops: list, can_join: Callable[[object], bool],
         if op not in part.group:
             continue
         for v in op.operands:
-            prod = _as_op(v.owner)
+            prod = hir.defining_op(v)
             if prod is None or prod not in part.group:
                 continue  # block argument or non-member producer
             ga, gb = part.group[prod], part.group[op]
@@ -157,7 +133,7 @@ class BlockGraph:
 
     def __init__(self, ops: list):
         self.ops = list(ops)
-        self.index = _block_index(self.ops)
+        self.index = {op: i for i, op in enumerate(self.ops)}
         self._users: dict = {}
 
     def users(self, op) -> list:
@@ -167,7 +143,7 @@ class BlockGraph:
         out = []
         for r in op.results:
             for u in r.uses:
-                top = _top_level_user(_as_op(u.owner), self.index)
+                top = _top_level_user(hir.as_op(u.owner), self.index)
                 if top is not None and top != op and top not in out:
                     out.append(top)
         self._users[op] = out
@@ -176,7 +152,7 @@ class BlockGraph:
     def producers(self, op) -> list:
         out = []
         for v in op.operands:
-            p = _as_op(v.owner)
+            p = hir.defining_op(v)
             if p is not None and p in self.index and p not in out:
                 out.append(p)
         return out
@@ -258,7 +234,7 @@ def merge_siblings(graph: BlockGraph, groups: list[list], key: Callable[[list], 
         vals = set()
         for op in g:
             for v in op.operands:
-                p = _as_op(v.owner)
+                p = hir.defining_op(v)
                 if p is not None and (p in gs or p.name == "stablehlo.constant"):
                     continue  # internal, or a constant (sharing one is no reason to merge)
                 vals.add(v)
@@ -326,9 +302,8 @@ def rematerialize(graph: BlockGraph, members: list, target: str, *, keep=()) -> 
                 mapping[p.results[0]] = clone.results[0]
         res = op.results[0]
         for use in list(res.uses):
-            owner = use.owner
-            owner_op = getattr(owner, "operation", owner)
-            if _top(owner_op, graph) in mset:
+            owner_op = hir.as_op(use.owner)
+            if _top_level_user(owner_op, graph.index) in mset:
                 continue
             owner_op.operands[use.operand_number] = mapping[res]
     return members, decisions
@@ -339,7 +314,7 @@ def _cheap_member_producers(op, mset) -> list | None:
     (program order: producers first); None when it reads a computed region value."""
     out = []
     for v in op.operands:
-        p = _producers_of(v)
+        p = hir.defining_op(v)
         if p is None or p not in mset:
             continue
         if rule_for(p.name).cls not in (OpClass.BROADCAST, OpClass.CONSTANT):
@@ -352,15 +327,3 @@ def _cheap_member_producers(op, mset) -> list | None:
                 out.append(q)
     return out
 
-
-def _producers_of(v):
-    owner = v.owner
-    return None if isinstance(owner, ir.Block) else getattr(owner, "operation", owner)
-
-
-def _top(op, graph: "BlockGraph"):
-    cur = op
-    while cur is not None and cur not in graph.index:
-        parent = cur.parent
-        cur = parent if parent is not None and parent.name != "func.func" else None
-    return cur

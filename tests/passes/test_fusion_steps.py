@@ -11,6 +11,7 @@ from jaxlib.mlir import ir
 from hlofuse import ir as hir
 from hlofuse.ops import OpClass
 from hlofuse.passes.fusion import cost
+from hlofuse.kernels import support as S
 from hlofuse.passes.fusion import predicates as P
 from hlofuse.passes.fusion.outline import KIND_ATTR, XLA_ATTR
 from hlofuse.passes.fusion.regions import BlockGraph, grow_region, merge_siblings
@@ -51,16 +52,20 @@ def test_reduction_anchor_rules():
     assert "on-chip row limit" in P.reduction_anchor(first(ops2, "stablehlo.reduce"), "gpu")
     assert P.reduction_anchor(first(ops2, "stablehlo.reduce"), "cpu") is None
     from hlofuse.kernels import tiling
-    assert P.MAX_ROW_ELEMS["gpu"] == tiling.MAX_GPU_ROW  # the predicate and the tiling agree
+    n = tiling.max_row_elems("gpu")  # one limit: the predicate asks the tiling
+    m3, ops3 = module_of(lambda x: x.sum(-1), (2, n))
+    assert P.reduction_anchor(first(ops3, "stablehlo.reduce"), "gpu") is None
+    m4, ops4 = module_of(lambda x: x.sum(-1), (2, 2 * n))
+    assert "on-chip row limit" in P.reduction_anchor(first(ops4, "stablehlo.reduce"), "gpu")
 
 
 def test_dot_layout_and_anchor():
     m, ops = module_of(lambda x, w: (x @ w, x @ w.T[:, :16].T.T), (2, 8, 16), (16, 16))
     d = first(ops, "stablehlo.dot_general")
-    assert P.dot_layout(d) == {"nb": 0, "lhs_t": False, "rhs_t": False}
+    assert S.dot_layout(d) == {"nb": 0, "lhs_t": False, "rhs_t": False}
     assert P.dot_anchor(d, "tpu") is None
     m, ops = module_of(lambda q, k: jnp.einsum("bqd,bkd->bqk", q, k), (2, 8, 4), (2, 8, 4))
-    assert P.dot_layout(first(ops, "stablehlo.dot_general")) == {"nb": 1, "lhs_t": False, "rhs_t": True}
+    assert S.dot_layout(first(ops, "stablehlo.dot_general")) == {"nb": 1, "lhs_t": False, "rhs_t": True}
     m, ops = module_of(lambda a, b: jnp.einsum("ijk,jkl->il", a, b), (3, 4, 5), (4, 5, 6))
     assert "not canonical" in P.dot_anchor(first(ops, "stablehlo.dot_general"), "gpu")
 
@@ -69,12 +74,12 @@ def test_prologue_and_epilogue_members():
     m, ops = module_of(lambda x, w, y: (x.astype(jnp.bfloat16) * 2 @ w.astype(jnp.bfloat16), x * y),
                        (4, 8), (8, 8), (4, 8))
     conv = first(ops, "stablehlo.convert")
-    assert P.prologue_member(conv, "gpu") is None
+    assert S.prologue_member(conv, "gpu") is None
     muls = [o for o in ops if o.name == "stablehlo.multiply"]
-    by_scalar = [o for o in muls if any(P.is_scalar_operand(v) for v in o.operands)][0]
-    by_tensor = [o for o in muls if not any(P.is_scalar_operand(v) for v in o.operands)][0]
-    assert P.prologue_member(by_scalar, "gpu") is None
-    assert "non-scalar" in P.prologue_member(by_tensor, "gpu")
+    by_scalar = [o for o in muls if any(S.is_scalar_operand(v) for v in o.operands)][0]
+    by_tensor = [o for o in muls if not any(S.is_scalar_operand(v) for v in o.operands)][0]
+    assert S.prologue_member(by_scalar, "gpu") is None
+    assert "non-scalar" in S.prologue_member(by_tensor, "gpu")
     assert P.epilogue_member(by_tensor, "gpu") is None
     assert P.epilogue_member(first(ops, "stablehlo.dot_general"), "gpu") is not None
 
@@ -82,22 +87,22 @@ def test_prologue_and_epilogue_members():
 def test_view_classes_disambiguate_rows_equal_cols():
     # rows == cols == 8: a bias (col) and a per-row statistic (row) have the same shape (8,)
     m, ops = module_of(lambda x, b: (x - x.mean(-1, keepdims=True)) + b, (8, 8), (8,))
-    cls = P.view_classes(ops, P.View(8, 8))
+    cls = S.view_classes(ops, S.View(8, 8))
     entry = hir.main_func(m).regions[0].blocks[0]
-    assert cls[entry.arguments[0]] == P.FULL
-    assert cls[entry.arguments[1]] == P.COL
-    assert cls[first(ops, "stablehlo.reduce").results[0]] == P.ROW
+    assert cls[entry.arguments[0]] == S.FULL
+    assert cls[entry.arguments[1]] == S.COL
+    assert cls[first(ops, "stablehlo.reduce").results[0]] == S.ROW
 
 
 def test_view_classes_refuse_transposed_use():
     m, ops = module_of(lambda x, r: x - r[None, :], (8, 4), (4,))  # broadcast over rows: a col
-    P.view_classes(ops, P.View(8, 4))
+    S.view_classes(ops, S.View(8, 4))
     m, ops = module_of(lambda x, r: x - r[:, None], (8, 4), (8,))  # per-row: a row
-    cls = P.view_classes(ops, P.View(8, 4))
-    assert cls[hir.main_func(m).regions[0].blocks[0].arguments[1]] == P.ROW
+    cls = S.view_classes(ops, S.View(8, 4))
+    assert cls[hir.main_func(m).regions[0].blocks[0].arguments[1]] == S.ROW
     m, ops = module_of(lambda x: x.T * 2.0, (8, 4))
-    with pytest.raises(P.ClassError):
-        P.view_classes(ops, P.View(4, 8))
+    with pytest.raises(S.ClassError):
+        S.view_classes(ops, S.View(4, 8))
 
 
 # -- step 2: region formation ------------------------------------------------------------------
@@ -124,7 +129,7 @@ def test_merge_siblings_needs_shared_input_and_no_path():
     g = BlockGraph(ops)
     groups = [[o] for o in ops if o.name in ("stablehlo.exponential", "stablehlo.sine", "stablehlo.cosine",
                                              "stablehlo.tanh")]
-    merged = merge_siblings(g, groups, key=lambda grp: P.domain_shape(grp[0]))
+    merged = merge_siblings(g, groups, key=lambda grp: S.domain_shape(grp[0]))
     names = [sorted(o.name for o in grp) for grp in merged]
     assert names == [["stablehlo.exponential", "stablehlo.sine"]]   # cos reads y only; tanh reads exp
 
