@@ -26,7 +26,7 @@ class FuseElementwise(Pass):
     name = "fuse-elementwise"
 
     def run(self, module, ctx):
-        n_regions = 0
+        n_regions = n_small = 0
         for block in program_blocks(module):
             ops = [o for o in hir.block_ops(block) if not o.name.endswith("return")]
             regions = form_regions(
@@ -34,10 +34,11 @@ class FuseElementwise(Pass):
             for members in regions:
                 compute = [m for m in members if rule_for(m.name).cls is OpClass.ELEMENTWISE]
                 if len(compute) < MIN_COMPUTE_OPS or domain_shape(members[0]) == ():
+                    n_small += 1  # why a group was not outlined, for no-match tests
                     continue  # a lone op or a scalar chain (loop counters): nothing to fuse
                 boundary = region_boundary(members)
                 region = record_region(ctx, "elementwise", members, boundary)
                 outline_region(module, members, f"hlofuse_region_{region.id}",
                                region_id=region.id, kind="elementwise")
                 n_regions += 1
-        return {"regions": n_regions}
+        return {"regions": n_regions, "too_small": n_small}

@@ -403,4 +403,18 @@ def test_cache_options_come_only_from_the_variant_table(cache_dir, entry, match)
 def test_foreign_load_probe():
     with at.ForeignLoad() as p:
         sum(range(20000))
-    assert p.wall > 0 and p.foreign >= 0
+    assert p.wall > 0 and p.self_cpu >= 0 and isinstance(p.foreign, float)
+
+
+def test_foreign_load_is_other_processes_share_of_all_cpus(monkeypatch):
+    # ``foreign`` is clipped at 0, so a live probe cannot show a wrong value: check the formula
+    # on a scripted clock. 2 CPUs, 1 s wall, 1.0 busy CPU-s of which 0.2 were ours: 0.4.
+    clock = {"perf": iter([5.0, 6.0]), "cpu": iter([1.0, 1.2]), "stat": iter([(10.0, 2), (11.0, 2)])}
+    fake_time = type("T", (), {"perf_counter": staticmethod(lambda: next(clock["perf"])),
+                               "process_time": staticmethod(lambda: next(clock["cpu"]))})
+    monkeypatch.setattr(at, "time", fake_time)
+    monkeypatch.setattr(at, "_proc_stat_busy", lambda: next(clock["stat"]))
+    with at.ForeignLoad() as p:
+        pass
+    assert p.wall == 1.0 and abs(p.self_cpu - 0.2) < 1e-12
+    assert abs(p.foreign - 0.4) < 1e-12

@@ -24,6 +24,7 @@ from hlofuse import ir as hir
 from hlofuse.execute import run_module
 from hlofuse.report import HlofuseWarning
 from hlofuse.testing import assert_same
+from tests.bad_inputs import ARITH_ONLY, MHLO
 
 
 def _good_text() -> str:
@@ -106,15 +107,6 @@ def test_foreign_but_valid_modules_pass_through(text):
         hir.verify(opt.module)
         assert not opt.report.regions
         assert opt.text == hlofuse.optimize(text, pipeline="cleanup").text
-
-
-ARITH_ONLY = ("module { func.func @main(%a: tensor<4xf32>, %b: tensor<4xf32>) -> tensor<4xf32> { "
-              "%0 = arith.addf %a, %b : tensor<4xf32>\n %1 = arith.mulf %0, %a : tensor<4xf32>\n"
-              " return %1 : tensor<4xf32> } }")
-MHLO = ("module { func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> {\n"
-        "  %0 = mhlo.add %a, %a : tensor<4xf32>\n"
-        "  %1 = \"mhlo.tanh\"(%0) : (tensor<4xf32>) -> tensor<4xf32>\n"
-        "  return %1 : tensor<4xf32> } }")
 
 
 def test_modules_without_stablehlo_ops_pass_through_and_say_so():

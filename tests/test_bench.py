@@ -42,7 +42,8 @@ def test_json_structure(quick_run):
         assert math.isfinite(lat[key]) and lat[key] > 0, key
     for rnd in lat["per_round"]:
         assert math.isfinite(rnd["ratio"]) and rnd["ratio"] > 0
-        assert isinstance(rnd["flagged"], bool) and rnd["foreign_load"] >= 0
+        # the foreign-load value itself: tests/test_autotune.py (a live one is clipped at 0)
+        assert isinstance(rnd["flagged"], bool) and isinstance(rnd["foreign_load"], float)
     assert r["first_call_jax_s"] > 0 and r["first_call_hlofuse_s"] > 0
     assert r["numerics"]["max_rel_diff"] < 1e-4
     # compiled-executable analyses of both, hlofuse report, modeled (labelled) figures
@@ -50,7 +51,10 @@ def test_json_structure(quick_run):
         assert r[side]["flops"] > 0 and r[side]["bytes_accessed"] > 0
         assert "temp_bytes" in r[side]["memory_analysis"]
         assert r[side]["hlo"]["fusions_total"] >= 1
-    assert r["hlofuse_report"]["kernels"] + r["hlofuse_report"]["regions_left_to_xla"] >= 0
+    # tanh(x @ w + b): one matmul-epilogue kernel on cpu, nothing left to XLA
+    rep = r["hlofuse_report"]
+    assert rep["kernels"] == 1 and rep["regions_left_to_xla"] == 0, rep
+    assert rep["kernel_names"][0].startswith("hlofuse_matmul_epilogue_"), rep
     assert r["modeled"]["gpu"]["label"] == "modeled"
     assert "modeled_bytes_fused" in r["modeled"]["gpu"], r["modeled"]["gpu"]
     # fresh-process peak RSS of one call, both sides

@@ -328,7 +328,7 @@ def test_bad_inputs_give_one_clear_line(files, tmp_path):
 def test_non_stablehlo_files_say_what_they_are(tmp_path, capsys):
     """Issue 11 #8: func+arith and MHLO files were optimized with exit 0 and described as
     StableHLO text. MHLO is refused; a file without StableHLO ops is copied unchanged, saying so."""
-    from tests.test_bad_input import ARITH_ONLY, MHLO
+    from tests.bad_inputs import ARITH_ONLY, MHLO
     (tmp_path / "arith.mlir").write_text(ARITH_ONLY)
     (tmp_path / "mhlo.mlir").write_text(MHLO)
     p = hlofuse_inprocess(capsys, "optimize", "arith.mlir", "-o", "out.mlir", cwd=tmp_path)

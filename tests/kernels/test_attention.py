@@ -1,7 +1,7 @@
 """Attention kernel family: every execution of the flash algorithm against the region itself.
 
 A region is produced by the ``fuse-attention`` pass from a function in
-``tests/passes/test_fuse_attention.py``; the outlined function, compiled by XLA on its own, is
+``tests/attention_programs.py``; the outlined function, compiled by XLA on its own, is
 the ground truth. Each build (cpu loops with several block shapes, the Triton kernel in Pallas
 interpret mode, the Mosaic kernel in TPU interpret mode) and :func:`attention_reference` must
 match it within the ``reassociate`` tolerance.
@@ -26,7 +26,7 @@ from hlofuse import ir as hir
 from hlofuse.kernels import attention as A
 from hlofuse.ops import EmitError
 from hlofuse.testing import assert_same, random_inputs
-from tests.passes.test_fuse_attention import BF16, make_args, make_attention
+from tests.attention_programs import BF16, make_args, make_attention
 
 _KEEP = []  # modules whose ops a spec refers to
 

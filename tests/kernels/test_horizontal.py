@@ -37,5 +37,5 @@ def test_single_dot_is_not_horizontal():
     w = R.standard_normal((8, 8)).astype(F32)
     out = outline(lambda x, w: jnp.tanh(x @ w), (x, w), "fuse-matmul-epilogue")
     (f,) = out.funcs("matmul_epilogue")
-    with pytest.raises(EmitError):
+    with pytest.raises(EmitError, match="needs at least two dots"):
         hz.spec_from_func(f)

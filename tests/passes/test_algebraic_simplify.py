@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 
 import hlofuse
-from hlofuse import ir as hir
 from hlofuse.passes.algebraic_simplify import PATTERNS, exact_conversion
-from hlofuse.testing import edge_values
 from hlofuse.execute import run_module
+from tests.module_args import edge_args
 
 PASS = ["algebraic-simplify"]
 F = "tensor<13xf32>"   # 13 = len(edge_values(f32)): every edge value appears once
@@ -92,22 +91,6 @@ NO_MATCH = {
     "select(non-constant p)": fx(f"  %p = stablehlo.compare LT, %x, %y : ({F}, {F}) -> tensor<13xi1>\n"
                                  f"  %r = stablehlo.select %p, %x, %y : tensor<13xi1>, {F}"),
 }
-
-
-def edge_args(text: str) -> list[np.ndarray]:
-    ctx = hir.new_context()
-    mod = hir.parse(text, ctx)  # keep the module alive while its ops are used
-    main = hir.main_func(mod)
-    out = []
-    for k, a in enumerate(main.regions[0].blocks[0].arguments):
-        info = hir.tensor_type_info(a.type)
-        dt = hir.np_dtype(info.dtype)
-        if dt.kind == "c":
-            vals = np.array([complex(np.inf, 1.0), complex(2.0, np.inf)], dt)
-        else:
-            vals = np.roll(edge_values(dt), k)  # different edge value pairings per argument
-        out.append(np.resize(vals, info.shape).astype(dt))
-    return out
 
 
 def bits(a: np.ndarray) -> np.ndarray:

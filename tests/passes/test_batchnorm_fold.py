@@ -90,7 +90,7 @@ def stats(o):
 
 
 def inputs(text):
-    from tests.passes.test_algebraic_simplify import edge_args  # shapes from the module
+    from tests.module_args import edge_args  # shapes from the module
     return [RNG.standard_normal(a.shape).astype(np.float32) for a in edge_args(text)]
 
 

@@ -117,6 +117,9 @@ def test_cycle_is_never_created():
 def test_no_match_leaves_module_alone():
     opt = hlofuse.optimize(NO_MATCH, pipeline=FUSE)
     assert not opt.report.regions and _calls(opt.text) == 0
+    # why: the only elementwise group is the lone tanh, too small to be worth a region
+    (stats,) = [p.stats for p in opt.report.passes if p.name == "fuse-elementwise"]
+    assert stats == {"regions": 0, "too_small": 1}, stats
     assert opt.text == hlofuse.optimize(NO_MATCH, pipeline="none").text
 
 

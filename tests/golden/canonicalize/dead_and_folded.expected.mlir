@@ -1,0 +1,9 @@
+module {
+  func.func @main(%arg0: tensor<4xf32>) -> tensor<4xf32> {
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<4xf32>
+    %cst_0 = stablehlo.constant dense<2.000000e+00> : tensor<4xf32>
+    %0 = stablehlo.add %cst, %cst_0 : tensor<4xf32>
+    %1 = stablehlo.multiply %arg0, %0 : tensor<4xf32>
+    return %1 : tensor<4xf32>
+  }
+}

@@ -1,0 +1,7 @@
+// tanh(x * y) + x: one cycle-free elementwise region, outlined into a private function.
+func.func @main(%x: tensor<8x16xf32>, %y: tensor<8x16xf32>) -> tensor<8x16xf32> {
+  %0 = stablehlo.multiply %x, %y : tensor<8x16xf32>
+  %1 = stablehlo.tanh %0 : tensor<8x16xf32>
+  %2 = stablehlo.add %1, %x : tensor<8x16xf32>
+  return %2 : tensor<8x16xf32>
+}
