@@ -13,20 +13,9 @@ from hlofuse import ir as hir
 from hlofuse.ops import OpClass, rule_for
 from hlofuse.pipeline import PassContext, PassManager
 from hlofuse.report import Report
+from hlofuse.target import Target
 from hlofuse.tools import argspec, formats
 
-TARGETS = ("cpu", "gpu", "tpu")
-
-
-def normalize_target(target: str | None) -> str:
-    """None -> the current default backend; 'cuda'/'rocm' -> 'gpu'."""
-    if target is None:
-        import jax
-        target = jax.default_backend()
-    t = {"cuda": "gpu", "rocm": "gpu", "host": "cpu"}.get(target, target)
-    if t not in TARGETS:
-        raise ValueError(f"target must be one of {TARGETS} or None, got {target!r}")
-    return t
 
 
 @dataclasses.dataclass
@@ -102,7 +91,7 @@ def check_dialects(module: ir.Module, *, source: str = "<module>") -> str | None
             f"through unchanged")
 
 
-def optimize(module, *, target: str | None = "cpu", pipeline: str | Sequence[str] | None = None,
+def optimize(module, *, target: str | Target | None = "cpu", pipeline: str | Sequence[str] | None = None,
              disable: Sequence[str] = (), dump_dir: str | None = None, options: dict | None = None,
              source: str = "<module>", donated_args: Sequence[int] = ()) -> Optimized:
     """Optimize StableHLO for ``target``.
@@ -110,7 +99,8 @@ def optimize(module, *, target: str | None = "cpu", pipeline: str | Sequence[str
     Args:
       module: StableHLO text, MLIR bytecode, a portable artifact, ``Exported.serialize()`` bytes,
         or an ``ir.Module`` (re-parsed into a private context; the argument is never mutated).
-      target: 'cpu', 'gpu', 'tpu' or None (the current backend).
+      target: a :class:`~hlofuse.target.Target`, 'cpu', 'gpu', 'tpu' or None (the current
+        backend); the pass option ``chip`` picks the gpu/tpu chip (default h100, v5e).
       pipeline: a pipeline name ('default', 'cleanup', 'none'), comma-separated pass names or a list.
       disable: pass names to skip (also ``HLOFUSE_DISABLE_PASSES``).
       dump_dir: write the module after every pass as ``NNN_<pass>.mlir``.
@@ -120,14 +110,14 @@ def optimize(module, *, target: str | None = "cpu", pipeline: str | Sequence[str
     without any StableHLO op (only ``func``, ``arith``, ...) are returned unchanged with a note
     (see :func:`check_dialects`).
     """
-    target = normalize_target(target)
+    target = Target.of(target)
     ctx = hir.new_context()
     mod = hir.parse(module, ctx, source=source)
     if mod is module:  # caller's module in our context cannot happen (fresh ctx); be explicit
         mod = hir.clone_module(module)
     hir.main_func(mod, source=source)
     passthrough = check_dialects(mod, source=source)
-    report = Report(target=target, source=source)
+    report = Report(target=target.kind, source=source)
     report.ops_before = count_main_ops(mod)
     if passthrough:
         report.ops_after = report.ops_before
@@ -222,7 +212,7 @@ class OptimizeResult:
     """What :func:`optimize_loaded` made of a file: the module to write and the report."""
     module: ir.Module
     report: Report
-    target: str
+    target: Target
     changed: bool              # False when the module was passed through unchanged
 
     @property
@@ -230,19 +220,20 @@ class OptimizeResult:
         return self.report.notes
 
 
-def resolve_target(loaded: formats.Loaded, target: str | None) -> str:
+def resolve_target(loaded: formats.Loaded, target: str | Target | None) -> Target:
     """The optimization target: ``target``, else the exported platform, else jax's backend."""
     plats = loaded.platforms
     if target is not None:
-        target = normalize_target(target)
-        if len(plats) == 1 and formats.TARGET_OF_PLATFORM.get(plats[0]) != target:
+        target = Target.of(target)
+        exported_for = Target.from_platform(plats[0]) if len(plats) == 1 else None
+        if len(plats) == 1 and (exported_for is None or exported_for.kind != target.kind):
             raise formats.FileError(f"{loaded.source}: was exported for platform {plats[0]}, but "
                                     f"--target is {target}; its kernels could not run there "
-                                    f"(re-export for {formats.PLATFORM_OF_TARGET[target]})")
+                                    f"(re-export for {target.platform})")
         return target
-    if len(plats) == 1 and plats[0] in formats.TARGET_OF_PLATFORM:
-        return formats.TARGET_OF_PLATFORM[plats[0]]
-    return normalize_target(None)
+    if len(plats) == 1 and Target.from_platform(plats[0]) is not None:
+        return Target.from_platform(plats[0])
+    return Target.of(None)
 
 
 def optimize_loaded(loaded: formats.Loaded, *, target: str | None = None, pipeline=None,
@@ -286,8 +277,8 @@ def optimize_loaded(loaded: formats.Loaded, *, target: str | None = None, pipeli
     return OptimizeResult(opt.module, opt.report, target, True)
 
 
-def _passthrough(loaded: formats.Loaded, target: str, note: str) -> OptimizeResult:
-    report = Report(target=target, source=loaded.source)
+def _passthrough(loaded: formats.Loaded, target: Target, note: str) -> OptimizeResult:
+    report = Report(target=target.kind, source=loaded.source)
     report.ops_before = report.ops_after = count_main_ops(loaded.module)
     report.note(note)
     return OptimizeResult(loaded.module, report, target, False)

@@ -21,16 +21,14 @@ import jax.extend as jex
 from jaxlib.mlir import ir
 
 from hlofuse import ir as hir
+from hlofuse.target import Target
 
 __all__ = ["backend_for", "compile_module", "run_compiled", "run_module"]
 
-_BACKEND_NAMES = {"cpu": "cpu", "gpu": "gpu", "tpu": "tpu"}
-
-
-def backend_for(target: str):
+def backend_for(target: Target | str):
     """The XLA client that runs ``target`` in this process, or None when it is absent."""
     try:
-        return jex.backend.get_backend(_BACKEND_NAMES[target])
+        return jex.backend.get_backend(Target.of(target).backend)
     except Exception:
         return None
 

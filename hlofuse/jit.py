@@ -33,11 +33,10 @@ from jax._src import api_util
 from jax._src import core as jcore
 
 from hlofuse import ir as hir
-from hlofuse.api import normalize_target
-from hlofuse.kernels.lowering import platform_for
 from hlofuse.passes import graph_util as gu
 from hlofuse.passes.buffer_aliasing import memory_plan
 from hlofuse.report import Report
+from hlofuse.target import Target
 from hlofuse.runtime import Options, Program, call, find_calls, signature_of
 from hlofuse.tools import autotune as at
 
@@ -202,7 +201,7 @@ class HlofuseFunction:
                  autotune=None, freeze_argnums=(), **jit_kwargs):
         functools.update_wrapper(self, fun)
         self._fun = fun
-        self._target = None if target is None else normalize_target(target)
+        self._target = None if target is None else Target.of(target)
         self._opts = Options(target=self._target, pipeline=pipeline, disable=tuple(disable),
                              pass_options=dict(options or {}), dump_dir=dump_dir, check=check)
         self._name = getattr(fun, "__name__", "fun")
@@ -511,7 +510,7 @@ class HlofuseFunction:
     def lower(self, *args, **kwargs) -> Lowered:
         """Trace and lower for the function's target (default: the current backend)."""
         args = self._wrap_frozen(args)
-        platform = platform_for(self._target or normalize_target(None))
+        platform = (self._target or Target.of(None)).platform
         traced = self._jit.trace(*args, **kwargs)
         lowered = traced.lower(lowering_platforms=(platform,))
         calls = find_calls(traced.jaxpr)
@@ -520,7 +519,7 @@ class HlofuseFunction:
             program, sig = calls[0]
             entry = program.entry(sig, program.target_for(platform))
         else:
-            report = Report(target=self._target or normalize_target(None), source=self._name)
+            report = Report(target=(self._target or Target.of(None)).kind, source=self._name)
             report.note("left to XLA whole: the function has side effects (Python host "
                         "callbacks such as jax.debug.print, pure_callback or io_callback), "
                         "which jax.export cannot serialize, so hlofuse runs it as traced with "
@@ -541,7 +540,7 @@ class HlofuseFunction:
         lowered = self.lower(*args, **kwargs)
         rep = lowered.report
         if lowered._entry is not None and self._donating and (
-                self._target is None or self._target == normalize_target(None)):
+                self._target is None or self._target.kind == Target.of(None).kind):
             try:
                 aliases = lowered.compile().aliases()
             except Exception as e:  # noqa: BLE001 - the report stays the module's own plan
@@ -587,7 +586,7 @@ class HlofuseFunction:
 
     def __repr__(self):
         return (f"<hlofuse.jit {getattr(self._fun, '__qualname__', self._fun)} "
-                f"target={self._target or 'auto'}>")
+                f"target={self._target.kind if self._target else 'auto'}>")
 
     def __get__(self, obj, objtype=None):
         if obj is None:

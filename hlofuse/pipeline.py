@@ -30,6 +30,7 @@ from jaxlib.mlir import ir
 from hlofuse import chips
 from hlofuse import ir as hir
 from hlofuse.report import Report
+from hlofuse.target import Target
 
 __all__ = ["Pass", "PassContext", "PassFailure", "PassManager", "register_pass", "get_pass",
            "all_passes", "PIPELINES", "resolve_pipeline", "parse_pipeline", "Step",
@@ -218,7 +219,7 @@ class PassContext:
     ``options`` is the user's options dict (see :func:`split_options`); it is checked when the
     context is made, and each pass receives its own typed ``Options`` from the pass manager.
     """
-    target: str = "cpu"  # 'cpu' | 'gpu' | 'tpu'
+    target: Target | str = "cpu"  # a Target after construction (names are normalized here)
     report: Report = dataclasses.field(default_factory=Report)
     options: dict = dataclasses.field(default_factory=dict)
     donated_args: tuple = ()  # indices of @main arguments the caller donates
@@ -226,6 +227,7 @@ class PassContext:
 
     def __post_init__(self):
         self.globals, self.pass_options = split_options(self.options)
+        self.target = Target.of(self.target, self.globals.chip)
 
     @property
     def strict(self) -> bool:
@@ -394,7 +396,7 @@ class PassManager:
 
     def run(self, module: ir.Module, ctx: PassContext) -> ir.Module:
         # the pass option 'chip' (e.g. 'a100', 'v4') is the chip tiling and the cost model read
-        with chips.use(ctx.globals.chip):
+        with chips.use(ctx.target.chip):
             return self._run(module, ctx)
 
     def _run(self, module: ir.Module, ctx: PassContext) -> ir.Module:

@@ -56,14 +56,13 @@ from jax._src.interpreters import partial_eval as pe
 from jax.extend import core as jex_core
 
 from hlofuse import ir as hir
-from hlofuse.api import Optimized, normalize_target, optimize
-from hlofuse.kernels.lowering import platform_for
+from hlofuse.api import Optimized, optimize
 from hlofuse.report import Report
+from hlofuse.target import CPU, Target
 from hlofuse.verify import unoptimized, verify_regions
 
 Signature = tuple  # tuple of (shape, dtype, weak_type) per flat input
 
-_TARGET_OF_PLATFORM = {"cpu": "cpu", "cuda": "gpu", "rocm": "gpu", "tpu": "tpu"}
 
 
 def signature_of(avals: Sequence) -> Signature:
@@ -84,7 +83,7 @@ def _inexact(dtype) -> bool:
 @dataclasses.dataclass
 class Options:
     """How a program is optimized. ``target`` None: the platform it is lowered for."""
-    target: str | None
+    target: Target | None
     pipeline: object = None
     disable: tuple = ()
     pass_options: dict = dataclasses.field(default_factory=dict)
@@ -99,7 +98,7 @@ class Entry:
     optimized: Optimized
     out_avals: tuple
     in_avals: tuple = ()
-    target: str = "cpu"
+    target: Target = CPU
 
     @property
     def report(self):
@@ -107,11 +106,11 @@ class Entry:
 
 
 def export_optimized(fun: Callable, sig: Signature, opts: Options, *, name: str = "fun",
-                     donated: Sequence[int] = (), target: str | None = None
+                     donated: Sequence[int] = (), target: Target | None = None
                      ) -> tuple[jexport.Exported, Optimized]:
     """Export ``fun`` (flat arrays -> flat arrays) for the target and optimize its module."""
-    target = target or normalize_target(opts.target)
-    platform = platform_for(target)
+    target = target or Target.of(opts.target)
+    platform = target.platform
     exp0 = jexport.export(jax.jit(fun), platforms=[platform])(*sds(sig))
     try:  # an optimization never makes a program fail (options={'strict': True} re-raises)
         opt = optimize(exp0.mlir_module(), target=target, pipeline=opts.pipeline,
@@ -122,7 +121,7 @@ def export_optimized(fun: Callable, sig: Signature, opts: Options, *, name: str 
     except Exception as e:
         opt = unoptimized(exp0, dataclasses.replace(opts, target=target), name=name, error=e)
     checks = tuple(exp0.disabled_safety_checks)
-    if target == "gpu":
+    if target.is_gpu:
         checks += (jexport.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton"),)
     exp = dataclasses.replace(exp0, mlir_module_serialized=hir.to_bytecode(opt.module),
                               disabled_safety_checks=checks, _get_vjp=None)
@@ -198,21 +197,21 @@ class Program:
         return out
 
     # -- entries -----------------------------------------------------------------------------
-    def target_for(self, platform: str) -> str:
+    def target_for(self, platform: str) -> Target:
         """The hlofuse target when lowering for ``platform`` ('cpu', 'cuda', 'tpu', ...)."""
-        here = _TARGET_OF_PLATFORM.get(platform, platform)
+        here = Target.from_platform(platform)
         if self.opts.target is None:
-            return normalize_target(here)
-        if self.opts.target != here:
+            return here if here is not None else Target.of(platform)  # the error names it
+        if here is None or self.opts.target.kind != here.kind:
             raise RuntimeError(
-                f"{self.name} was optimized for target={self.opts.target!r} "
-                f"({platform_for(self.opts.target)}) but is being lowered for {platform!r}. "
+                f"{self.name} was optimized for target={self.opts.target.kind!r} "
+                f"({self.opts.target.platform}) but is being lowered for {platform!r}. "
                 f"Use .lower(...).as_text() to inspect the {self.opts.target} module, or "
                 f"target=None to run here.")
         return self.opts.target
 
-    def entry(self, sig: Signature, target: str | None = None) -> Entry:
-        target = target or normalize_target(self.opts.target)
+    def entry(self, sig: Signature, target: Target | None = None) -> Entry:
+        target = target or Target.of(self.opts.target)
         key = (sig, target)
         e = self._entries.get(key)
         if e is not None:
@@ -229,7 +228,7 @@ class Program:
     def entries(self) -> list[Entry]:
         return list(self._entries.values())
 
-    def _build(self, sig: Signature, target: str) -> Entry:
+    def _build(self, sig: Signature, target: Target) -> Entry:
         if self.has_effects(sig):
             return self.plain_entry(sig, target)
         fun = _named(functools.partial(_call_jaxpr, self.jaxpr(sig)), self.name)
@@ -237,14 +236,14 @@ class Program:
                                     target=target)
         return Entry(exp, opt, tuple(exp.out_avals), tuple(sds(sig)), target)
 
-    def plain_entry(self, sig: Signature, target: str) -> Entry:
+    def plain_entry(self, sig: Signature, target: Target) -> Entry:
         """Functions with side effects (Python host callbacks: jax.debug.print, pure_callback,
         io_callback) cannot go through jax.export (it cannot serialize them): they run as
         traced, with plain XLA, and the report says so."""
         lowered = jax.jit(functools.partial(_call_jaxpr, self.jaxpr(sig))).trace(
-            *sds(sig)).lower(lowering_platforms=(platform_for(target),))
+            *sds(sig)).lower(lowering_platforms=(target.platform,))
         module = hir.parse(lowered.as_text(debug_info=True), source=self.name)
-        report = Report(target=target, source=self.name)
+        report = Report(target=target.kind, source=self.name)
         report.note("left to XLA whole: the function has side effects (Python host callbacks "
                     "such as jax.debug.print, pure_callback or io_callback), which jax.export "
                     "cannot serialize, so hlofuse runs it as traced with plain XLA")

@@ -10,7 +10,8 @@ these figures from here, so no per-chip constant is written twice.
 :meth:`Target.of` is the one normalizer: it accepts a :class:`Target`, a target name, a jax
 platform name (``cuda``, ``rocm``, ``host``) or ``None`` (jax's default backend), and a chip
 (name or :class:`~hlofuse.chips.Chip`; default: the chip in force via
-:func:`hlofuse.chips.use`, else the platform's default chip).
+:func:`hlofuse.chips.use`, else the platform's default chip; ignored for cpu, an error when it
+is a chip of the other accelerator).
 """
 
 from __future__ import annotations
@@ -31,9 +32,14 @@ TPU_VMEM_HEADROOM = 0.75
 _CPU_ROW_LIMIT = 1 << 30
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class Target:
-    """Where a program runs: platform kind plus, on gpu/tpu, the chip its kernels fit."""
+    """Where a program runs: platform kind plus, on gpu/tpu, the chip its kernels fit.
+
+    Equal to another Target of the same kind and chip. Comparing it with a string raises
+    TypeError (so does looking it up in a dict keyed by strings): a leftover ``target == "gpu"``
+    would otherwise be silently False; ask ``target.is_gpu`` or ``target.kind``.
+    """
     kind: str                         # 'cpu' | 'gpu' | 'tpu'
     chip: _chips.Chip | None = None   # None on cpu
 
@@ -47,13 +53,26 @@ class Target:
             raise ValueError(f"chip {self.chip.name} is a {self.chip.target} chip, not a "
                              f"{self.kind} one")
 
+    def __eq__(self, other):
+        if isinstance(other, Target):
+            return self.kind == other.kind and self.chip_name == other.chip_name
+        if isinstance(other, str):
+            raise TypeError(f"Target({self.describe()}) compared with the string {other!r}: "
+                            f"use target.kind or target.is_{other if other in KINDS else 'gpu'}")
+        return NotImplemented
+
+    def __hash__(self):
+        return hash(self.kind)  # as a str's would: a lookup among string keys meets __eq__
+
     # -- construction ---------------------------------------------------------------------------
     @classmethod
     def of(cls, target: "Target | str | None" = None, chip=None) -> "Target":
         """The target for a name (``cpu``/``gpu``/``tpu``, or a jax platform name), a Target
         (returned as is unless ``chip`` re-tiles it), or None (jax's default backend)."""
         if isinstance(target, Target):
-            return target if chip is None else cls(target.kind, _chips.resolve(target.kind, chip))
+            if chip is None or target.is_cpu:
+                return target
+            return cls(target.kind, _chips.resolve(target.kind, chip))
         if target is None:
             import jax  # only when asked for the default backend
             target = jax.default_backend()
@@ -62,10 +81,14 @@ class Target:
             raise ValueError(f"target must be one of {KINDS} (or a jax platform: cuda, rocm, "
                              f"host) or None, got {target!r}")
         if kind == "cpu":
-            if chip is not None:
-                raise ValueError(f"chip {chip!r} given for a cpu target; chips are for gpu/tpu")
-            return CPU
+            return CPU  # a chip names a gpu/tpu; the cpu path has no tiles to fit to one
         return cls(kind, _chips.resolve(kind, chip))
+
+    @classmethod
+    def from_platform(cls, platform: str) -> "Target | None":
+        """The target of a jax platform name (``cpu``, ``cuda``, ``rocm``, ``tpu``), or None."""
+        kind = _ALIASES.get(platform, platform)
+        return cls.of(kind) if kind in KINDS else None
 
     # -- what it is -----------------------------------------------------------------------------
     @property

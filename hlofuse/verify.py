@@ -54,6 +54,7 @@ from hlofuse.kernels import FAMILIES, lowering
 from hlofuse.passes.fusion.outline import XLA_ATTR
 from hlofuse.pipeline import PassFailure
 from hlofuse.report import HlofuseWarning, Region, Report
+from hlofuse.target import Target
 from hlofuse.testing import GraphSpec, assert_same, compare, edge_bound, edge_inputs, random_inputs
 
 __all__ = ["verify_module", "verify_regions", "unoptimized", "RegionCheck", "KIND_CATEGORY",
@@ -301,7 +302,7 @@ def rollback(optimized, region: Region, reason: str) -> None:
     region.extra.pop("kernel_func", None)
 
 
-def verify_module(optimized, *, target: str | None = None, seed: int = 0,
+def verify_module(optimized, *, target: Target | str | None = None, seed: int = 0,
                   trials: Sequence[str] = TRIALS, category: str | None = None,
                   warn: bool = True) -> "Optimized":
     """Check every kernelized region of ``optimized`` (an :class:`hlofuse.Optimized`) against
@@ -326,7 +327,7 @@ def verify_module(optimized, *, target: str | None = None, seed: int = 0,
     ``reason='verification failed: ...'``.
     """
     report = optimized.report
-    target = target or report.target
+    target = Target.of(target or report.target)
     regions = [r for r in report.kernels if r.extra.get("kernel_func")]
     checkable = [r for r in regions if r.id in report.xla_funcs]
     for r in regions:
@@ -379,7 +380,7 @@ def unoptimized(exp0, opts, *, name: str, error: BaseException):
            f"{_short(error)} (options={{'strict': True}} raises instead)")
     warnings.warn(msg, HlofuseWarning, stacklevel=3)
     mod = hir.parse(exp0.mlir_module(), hir.new_context(), source=name)
-    report = Report(target=opts.target, source=name)
+    report = Report(target=Target.of(opts.target).kind, source=name)
     report.note(msg)
     report.ops_before = report.ops_after = count_main_ops(mod)
     return Optimized(mod, report)
@@ -407,7 +408,7 @@ def check_graph(spec: GraphSpec, *, target: str = "cpu", category: str | None = 
     ``verify=True`` also runs :func:`verify_module` and asserts no region is rolled back.
     ``spec`` comes from :func:`hlofuse.testing.stablehlo_graphs`.
     """
-    exp = jax.export.export(jax.jit(spec.build()), platforms=[lowering.platform_for(target)])(*spec.avals())
+    exp = jax.export.export(jax.jit(spec.build()), platforms=[Target.of(target).platform])(*spec.avals())
     text = exp.mlir_module()
     opt = optimize(text, target=target, pipeline=pipeline, source="fuzz")
     hir.verify(opt.module)

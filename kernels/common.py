@@ -19,6 +19,7 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
+from hlofuse.target import Target
 from hlofuse import ir as hir
 from hlofuse.ops import EmitError
 
@@ -29,10 +30,11 @@ __all__ = ["call_options", "compiler_params", "int32_bools", "to_kernel", "from_
 def compiler_params(target: str, blocks):
     """Triton's ``num_warps``/``num_stages`` or Mosaic's ``dimension_semantics`` from ``blocks``
     (every block class of :mod:`hlofuse.kernels.tiling` carries them); None on cpu."""
-    if target == "gpu":
+    target = Target.of(target)
+    if target.is_gpu:
         from jax.experimental.pallas import triton as pltriton
         return pltriton.CompilerParams(num_warps=blocks.num_warps, num_stages=blocks.num_stages)
-    if target == "tpu":
+    if target.is_tpu:
         from jax.experimental.pallas import tpu as pltpu
         return pltpu.CompilerParams(dimension_semantics=blocks.dimension_semantics)
     return None
@@ -45,14 +47,16 @@ def call_options(target: str, blocks, interpret) -> dict:
     blocks in Pallas interpret mode; a ``pltpu.InterpretParams`` runs TPU interpret mode (with
     ``target='tpu'``). Interpret mode takes no compiler params.
     """
+    target = Target.of(target)
     return {"compiler_params": None if interpret is not None else compiler_params(target, blocks),
-            "interpret": (True if target == "cpu" and interpret is None else interpret) or False}
+            "interpret": (True if target.is_cpu and interpret is None else interpret) or False}
 
 
 def int32_bools(dtypes: Sequence, target: str, interpret) -> tuple:
     """Per array: does it cross the kernel boundary as int32 (a boolean on gpu/tpu, or in TPU
     interpret mode)? Pallas interpret mode on cpu keeps ``i1``."""
-    boolean = target != "cpu" or (interpret is not None and interpret is not True)
+    target = Target.of(target)
+    boolean = not target.is_cpu or (interpret is not None and interpret is not True)
     return tuple(boolean and np.dtype(d) == np.bool_ for d in dtypes)
 
 
@@ -78,7 +82,8 @@ def max_itemsize(dtypes: Sequence) -> int:
 def check_tpu_dtypes(dtypes: Sequence, target: str) -> None:
     """Mosaic blocks of 8/16-bit values other than bf16 (and booleans, which cross as int32)
     are not supported: raise :class:`~hlofuse.ops.EmitError` (the region goes to XLA)."""
-    if target == "tpu" and any(np.dtype(d).itemsize < 4 and np.dtype(d) != np.bool_ and d != jnp.bfloat16
+    target = Target.of(target)
+    if target.is_tpu and any(np.dtype(d).itemsize < 4 and np.dtype(d) != np.bool_ and d != jnp.bfloat16
                                for d in dtypes):
         raise EmitError("8/16-bit integer blocks are not supported by the TPU kernel")
 

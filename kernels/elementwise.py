@@ -38,6 +38,7 @@ from hlofuse.kernels.common import (boundary, call_options, check_tpu_dtypes, fr
                                     kernel_dtypes, max_itemsize, to_kernel)
 from hlofuse.kernels.support import broadcast_class
 from hlofuse.kernels.tiling import Blocks2D, elementwise_blocks
+from hlofuse.target import Target
 
 __all__ = ["ElementwiseSpec", "spec_from_func", "elementwise_kernel", "build_elementwise",
            "elementwise_reference", "splat_scalar"]
@@ -169,12 +170,13 @@ def _in_spec(cls: str, blocks: Blocks2D) -> pl.BlockSpec:
     return pl.BlockSpec((1, 1), lambda i, j: (0, 0))
 
 
-def build_elementwise(spec: ElementwiseSpec, target: str, *, interpret=None,
+def build_elementwise(spec: ElementwiseSpec, target: Target | str, *, interpret=None,
                       blocks: Blocks2D | None = None, name: str | None = None):
     """The region as a JAX function ``f(*inputs) -> outputs`` around one ``pallas_call``.
 
     ``interpret``: see :func:`~hlofuse.kernels.common.call_options`.
     """
+    target = Target.of(target)
     rows, cols = spec.rows, spec.cols
     bool_in = int32_bools(spec.in_dtypes, target, interpret)
     bool_out = int32_bools(spec.out_dtypes, target, interpret)

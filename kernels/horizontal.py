@@ -21,6 +21,7 @@ from __future__ import annotations
 from hlofuse.ops import EmitError
 from hlofuse.kernels import matmul_epilogue as _mm
 from hlofuse.kernels.tiling import MatmulBlocks
+from hlofuse.target import Target
 
 __all__ = ["spec_from_func", "horizontal_kernel", "build_horizontal", "horizontal_reference"]
 
@@ -39,10 +40,11 @@ def horizontal_kernel(*refs, spec: _mm.MatmulSpec, plan: dict):
     return _mm.matmul_epilogue_kernel(*refs, spec=spec, plan=plan)
 
 
-def build_horizontal(spec: _mm.MatmulSpec, target: str, *, interpret=None, blocks: MatmulBlocks | None = None,
+def build_horizontal(spec: _mm.MatmulSpec, target: Target | str, *, interpret=None, blocks: MatmulBlocks | None = None,
                      name: str | None = None):
     """The region as ``f(*inputs) -> outputs`` around one ``pallas_call`` (see the matmul
     family's builder for ``interpret``)."""
+    target = Target.of(target)
     if len(spec.dots) < 2:
         raise EmitError("a horizontal region needs at least two dots")
     return _mm.build_matmul_epilogue(spec, target, interpret=interpret, blocks=blocks,

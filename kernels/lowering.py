@@ -14,33 +14,27 @@ from typing import Callable, Sequence
 
 import jax
 
-PLATFORMS = {"cpu": "cpu", "gpu": "cuda", "tpu": "tpu"}
-
-
-def platform_for(target: str) -> str:
-    try:
-        return PLATFORMS[target]
-    except KeyError:
-        raise ValueError(f"unknown target {target!r}; expected one of {sorted(PLATFORMS)}") from None
+from hlofuse.target import Target
 
 
 @contextlib.contextmanager
-def target_context(target: str):
+def target_context(target: Target):
     """TPU kernels that query hardware info need an abstract TPU device to lower from CPU:
-    the device kind of the chip in force (:mod:`hlofuse.chips`, default v5e)."""
-    if target != "tpu":
+    the device kind of the target's chip."""
+    target = Target.of(target)
+    if not target.is_tpu:
         yield
         return
-    from hlofuse import chips
-    kind = chips.resolve("tpu").device_kind
-    ad = jax.sharding.AbstractDevice(device_kind=kind, num_cores=1, platform="tpu")
+    ad = jax.sharding.AbstractDevice(device_kind=target.chip.device_kind, num_cores=1,
+                                     platform="tpu")
     mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=ad)
     with jax.sharding.use_abstract_mesh(mesh):
         yield
 
 
-def lower_to_text(fn: Callable, in_avals: Sequence[jax.ShapeDtypeStruct], target: str) -> str:
+def lower_to_text(fn: Callable, in_avals: Sequence[jax.ShapeDtypeStruct], target) -> str:
     """StableHLO text (with locations) of ``jax.jit(fn)`` lowered for ``target``."""
+    target = Target.of(target)
     with target_context(target):
-        lowered = jax.jit(fn).trace(*in_avals).lower(lowering_platforms=(platform_for(target),))
+        lowered = jax.jit(fn).trace(*in_avals).lower(lowering_platforms=(target.platform,))
     return lowered.as_text(debug_info=True)

@@ -37,6 +37,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from hlofuse.target import Target
 from hlofuse import ir as hir
 from hlofuse.ops import EmitError
 from hlofuse.kernels.blockeval import eval_block, eval_reference
@@ -373,8 +374,9 @@ def _rhs_view(spec: MatmulSpec, ds: DotSpec) -> tuple:
 
 def _specs(spec: MatmulSpec, blocks: MatmulBlocks, target: str):
     """BlockSpecs for (lhs, rhs..., extras..., outs...) and the kernel's block shapes per class."""
+    target = Target.of(target)
     bm, bn, bk = blocks.bm, blocks.bn, blocks.bk
-    if target == "cpu":
+    if target.is_cpu:
         v = _views(spec)
         whole = lambda shape: pl.BlockSpec(shape, lambda i, n=len(shape): (0,) * n)  # noqa: E731
         ins = [whole(v["lhs"])] + [whole(_rhs_view(spec, d)) for d in spec.dots]
@@ -382,7 +384,7 @@ def _specs(spec: MatmulSpec, blocks: MatmulBlocks, target: str):
         outs = [whole(v[FULL]) for _ in spec.out_shapes]
         shapes = {FULL: v[FULL], ROW: v[ROW], COL: v[COL], SCALAR: v[SCALAR]}
         return ins, outs, shapes
-    tpu = target == "tpu"
+    tpu = target.is_tpu
     kblk = bk if tpu else bk * blocks.k_steps
     if tpu:
         lhs = pl.BlockSpec((None, bk, bm) if spec.lhs_t else (None, bm, bk),
@@ -429,13 +431,14 @@ def _specs(spec: MatmulSpec, blocks: MatmulBlocks, target: str):
     return ins, outs, shapes
 
 
-def build_matmul_epilogue(spec: MatmulSpec, target: str, *, interpret=None, blocks: MatmulBlocks | None = None,
+def build_matmul_epilogue(spec: MatmulSpec, target: Target | str, *, interpret=None, blocks: MatmulBlocks | None = None,
                           name: str | None = None, _family: str = "matmul_epilogue", _body=None):
     """The region as ``f(*inputs) -> outputs`` around one ``pallas_call``.
 
     ``interpret``: see :func:`~hlofuse.kernels.common.call_options`.
     """
-    if any(np.dtype(d) == np.bool_ for d in spec.out_dtypes) and target != "cpu":
+    target = Target.of(target)
+    if any(np.dtype(d) == np.bool_ for d in spec.out_dtypes) and not target.is_cpu:
         raise EmitError("boolean matmul-region outputs are not supported on gpu/tpu")
     itemsize = max(np.dtype(spec.in_dtypes[spec.lhs_arg]).itemsize, 2)
     n_full_extra = sum(1 for _, c in spec.extra_args if c == FULL)
@@ -446,13 +449,13 @@ def build_matmul_epilogue(spec: MatmulSpec, target: str, *, interpret=None, bloc
     except ValueError as e:
         raise EmitError(str(e)) from None
     ins, outs, shapes = _specs(spec, blocks, target)
-    tpu = target == "tpu"
-    plan = {"shapes": shapes, "k_in_grid": tpu and target != "cpu", "bk": blocks.bk, "nk": blocks.k_steps,
-            "k": spec.k, "mask_k": target == "gpu" and spec.k % blocks.bk != 0, "grid": blocks.grid,
-            "f32_math": target != "cpu",
+    tpu = target.is_tpu
+    plan = {"shapes": shapes, "k_in_grid": tpu and not target.is_cpu, "bk": blocks.bk, "nk": blocks.k_steps,
+            "k": spec.k, "mask_k": target.is_gpu and spec.k % blocks.bk != 0, "grid": blocks.grid,
+            "f32_math": not target.is_cpu,
             # cpu keeps each dot's own result type (XLA:CPU then sees the program's dot unchanged);
             # gpu/tpu tiles accumulate in f32
-            "acc": tuple(np.dtype(d.out_dtype) if target == "cpu" else np.dtype(np.float32) for d in spec.dots)}
+            "acc": tuple(np.dtype(d.out_dtype) if target.is_cpu else np.dtype(np.float32) for d in spec.dots)}
     name = name or f"hlofuse_{_family}_{spec.digest}"
     scratch = []
     if tpu:

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from hlofuse.target import Target
 from hlofuse import ir as hir
 from hlofuse.ops import EmitError
 from hlofuse.kernels.blockeval import eval_block, eval_reference
@@ -147,12 +148,13 @@ def reduction_kernel(*refs, spec: ReductionSpec, n_in: int, shapes: dict, bool_i
         r[...] = jnp.broadcast_to(to_kernel(env[v], b), shapes[cls]).astype(r.dtype)
 
 
-def build_reduction(spec: ReductionSpec, target: str, *, interpret=None, blocks: RowBlocks | None = None,
+def build_reduction(spec: ReductionSpec, target: Target | str, *, interpret=None, blocks: RowBlocks | None = None,
                     name: str | None = None):
     """The region as ``f(*inputs) -> outputs`` around one ``pallas_call``.
 
     ``interpret``: see :func:`~hlofuse.kernels.common.call_options`.
     """
+    target = Target.of(target)
     bool_in = int32_bools(spec.in_dtypes, target, interpret)
     bool_out = int32_bools(spec.out_dtypes, target, interpret)
     n_full = sum(c == FULL for c in spec.in_classes + spec.out_classes)
@@ -168,7 +170,7 @@ def build_reduction(spec: ReductionSpec, target: str, *, interpret=None, blocks:
     out_dtypes = kernel_dtypes(spec.out_dtypes, bool_out)
     kernel = functools.partial(reduction_kernel, spec=spec, n_in=len(spec.in_dtypes), shapes=shapes,
                                bool_in=bool_in, bool_out=bool_out, cols=spec.cols, padded=blocks.padded,
-                               f32_math=target != "cpu")
+                               f32_math=not target.is_cpu)
     call = pl.pallas_call(
         kernel,
         out_shape=[jax.ShapeDtypeStruct(_view_shape(c, spec.rows, spec.cols), d)

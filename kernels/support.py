@@ -29,6 +29,7 @@ from jaxlib.mlir.dialects import stablehlo
 
 from hlofuse import ir as hir
 from hlofuse.ops import OpClass, rule_for
+from hlofuse.target import Target
 
 __all__ = ["KERNEL_DTYPES", "FULL", "ROW", "COL", "SCALAR", "REDUCERS", "PROLOGUE_OPS", "View",
            "ClassError", "value_info", "types_ok", "domain_shape", "broadcast_class",
@@ -70,7 +71,7 @@ def value_info(v: ir.Value) -> hir.TensorInfo | None:
 
 
 def types_ok(op, target: str) -> str | None:
-    allowed = KERNEL_DTYPES[target]
+    allowed = KERNEL_DTYPES[Target.of(target).kind]
     for v in list(op.operands) + list(op.results):
         info = value_info(v)
         if info is None:

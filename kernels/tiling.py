@@ -29,59 +29,44 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from hlofuse import chips as _chips
+from hlofuse.target import Target
 
 MAX_GPU_BLOCK_ELEMS = 4096      # heuristic: elements of one elementwise program
 TRITON_MAX_ELEMS = 1 << 20      # Triton: "Maximum allowed number of elements is 1048576"
 TPU_MAX_BLOCK_BYTES = 1024 * 1024
 
 
-def chip_for(target: str, chip=None):
+def chip_for(target, chip=None):
     """The :class:`~hlofuse.chips.Chip` whose limits apply (None for cpu)."""
-    return None if target == "cpu" else _chips.resolve(target, chip or None)
+    return Target.of(target, chip).chip
 
 
-def _name(c) -> str:
-    return c.name if c is not None else ""
-
-
-TPU_VMEM_HEADROOM = 0.75   # Mosaic keeps temporaries (a dot's f32 result, epilogue values) in VMEM too
-
-
+# The budgets are the Target's (hlofuse.target): these name them for one chip (default: in force)
 def vmem_budget(chip=None) -> int:
-    """VMEM the blocks of one TPU kernel may plan for: the chip's scoped limit (what XLA:TPU
-    enforces without ``vmem_limit_bytes``) less room for Mosaic's own temporaries. Measured:
-    512x512x1024 f32 matmul tiles modeled at 13 MiB did not fit v5e's 16 MiB."""
-    return int(chip_for("tpu", chip).scoped_vmem_bytes * TPU_VMEM_HEADROOM)
+    return Target.of("tpu", chip).vmem_budget
 
 
 def lane_padded(cols: int, chip=None) -> int:
-    """Columns as VMEM holds them: the minor dim padded to a multiple of the lanes (128)."""
-    lanes = chip_for("tpu", chip).lanes
-    return -(-cols // lanes) * lanes
+    return Target.of("tpu", chip).lane_padded(cols)
 
 
 def smem_budget(chip=None) -> int:
-    """Shared memory one Triton program may use (the chip's opt-in maximum per block)."""
-    return chip_for("gpu", chip).smem_per_block
+    return Target.of("gpu", chip).smem_budget
 
 
 def gpu_row_block_elems(chip=None) -> int:
-    """Elements of one (br, bc) row block held in registers: about eight live 32-bit values
-    per element (loaded rows, intermediates, result) share the block's register file."""
-    return chip_for("gpu", chip).registers_per_block // 8
+    return Target.of("gpu", chip).gpu_row_block_elems
 
 
-def max_row_elems(target: str, chip=None) -> int:
-    """Longest row a reduction kernel keeps on chip. gpu: one row in registers (four live
-    values per element); tpu: a sublane tile of f32 rows, in and out double-buffered, with
-    room for as much again in intermediates; cpu: no limit."""
-    c = chip_for(target, chip)
-    if target == "gpu":
-        return c.registers_per_block // 4
-    if target == "tpu":
-        return c.scoped_vmem_bytes // (2 * 2 * 2 * 4 * c.sublanes)
-    return 1 << 30
+def max_row_elems(target, chip=None) -> int:
+    return Target.of(target, chip).max_row_elems
+
+
+def _with_target(blocks) -> None:
+    """Blocks' ``target`` as a Target (a name is accepted) and ``chip`` as its chip's name."""
+    t = Target.of(blocks.target, blocks.chip or None)
+    object.__setattr__(blocks, "target", t)
+    object.__setattr__(blocks, "chip", t.chip_name)
 
 
 # (target, rows_bucket, cols_bucket) -> (br, bc); buckets are powers of two.
@@ -157,14 +142,13 @@ BLOCK_RULES: dict[str, tuple] = {
 }
 
 
-def check_block(target: str, block, extra: dict | None = None) -> None:
+def check_block(target, block, extra: dict | None = None) -> None:
     """Raise ``ValueError`` naming the first rule ``block`` breaks: positive sizes, the
     target's :data:`BLOCK_RULES`, then ``extra[target]`` (a family's own rules)."""
     if block.br < 1 or block.bc < 1:
         raise ValueError(f"blocks must be positive, got {block.br}x{block.bc}")
-    if target not in BLOCK_RULES:
-        raise ValueError(f"unknown target {target!r}")
-    for rule in BLOCK_RULES[target] + tuple((extra or {}).get(target, ())):
+    kind = Target.of(target).kind
+    for rule in BLOCK_RULES[kind] + tuple((extra or {}).get(kind, ())):
         why = rule(block)
         if why is not None:
             raise ValueError(why)
@@ -172,7 +156,7 @@ def check_block(target: str, block, extra: dict | None = None) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Blocks2D:
-    target: str
+    target: Target
     rows: int
     cols: int
     br: int
@@ -183,6 +167,7 @@ class Blocks2D:
     chip: str = ""                # chip whose limits were applied ('' on cpu)
 
     def __post_init__(self):
+        _with_target(self)
         check_block(self.target, self)
 
     @property
@@ -198,32 +183,32 @@ class Blocks2D:
         return f"{self.br}x{self.bc} blocks, grid {g[0]}x{g[1]}"
 
 
-def elementwise_blocks(rows: int, cols: int, *, target: str, itemsize: int = 4,
+def elementwise_blocks(rows: int, cols: int, *, target: Target | str, itemsize: int = 4,
                        n_arrays: int = 2, chip=None) -> Blocks2D:
-    c = chip_for(target, chip)
-    key = (target, next_pow2(rows), next_pow2(cols))
+    target = Target.of(target, chip)
+    c = target.chip
+    key = (target.kind, next_pow2(rows), next_pow2(cols))
     if key in TUNED:
         br, bc = TUNED[key]
-        return Blocks2D(target, rows, cols, min(br, rows) if target != "gpu" else br, bc,
-                        sublane=c.sublane_tile(itemsize) if target == "tpu" else 8, chip=_name(c))
-    if target == "cpu":
-        return Blocks2D("cpu", rows, cols, rows, cols)
-    if target == "gpu":
+        return Blocks2D(target, rows, cols, min(br, rows) if not target.is_gpu else br, bc,
+                        sublane=c.sublane_tile(itemsize) if target.is_tpu else 8)
+    if target.is_cpu:
+        return Blocks2D(target, rows, cols, rows, cols)
+    if target.is_gpu:
         bc = min(next_pow2(cols), 1024)
         br = min(next_pow2(rows), max(1, MAX_GPU_BLOCK_ELEMS // bc))
         warps = 8 if br * bc >= 4096 else 4 if br * bc >= 1024 else 2 if br * bc >= 256 else 1
-        return Blocks2D("gpu", rows, cols, br, bc, num_warps=warps, chip=c.name)
-    if target == "tpu":
+        return Blocks2D(target, rows, cols, br, bc, num_warps=warps)
+    if target.is_tpu:
         sub = c.sublane_tile(itemsize)
         bc = cols if (cols <= 2048 or cols % c.lanes) else 2048
-        per_row = lane_padded(bc, c) * max(itemsize, 4)
+        per_row = target.lane_padded(bc) * max(itemsize, 4)
         br_cap = max(sub, (TPU_MAX_BLOCK_BYTES // per_row) // sub * sub)
         # all arrays double-buffered must fit the chip's VMEM budget
-        while br_cap > sub and 2 * n_arrays * br_cap * per_row > vmem_budget(c):
+        while br_cap > sub and 2 * n_arrays * br_cap * per_row > target.vmem_budget:
             br_cap -= sub
         br = rows if rows <= br_cap else br_cap
-        return Blocks2D("tpu", rows, cols, br, bc, sublane=sub, chip=c.name)
-    raise ValueError(f"unknown target {target!r}")
+        return Blocks2D(target, rows, cols, br, bc, sublane=sub)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -256,7 +241,7 @@ class RowBlocks:
     ``bc == cols`` (the full dim is always a legal lane block), ``br`` a multiple of the
     sublane tile or all rows, within the chip's scoped VMEM.
     """
-    target: str
+    target: Target
     rows: int
     cols: int
     br: int
@@ -268,6 +253,7 @@ class RowBlocks:
     chip: str = ""
 
     def __post_init__(self):
+        _with_target(self)
         check_block(self.target, self, {"gpu": (_whole_row_block, _within_registers),
                                          "tpu": (_whole_row_lanes, _within_vmem)})
 
@@ -294,9 +280,9 @@ def _whole_row_block(b: RowBlocks) -> str | None:
 
 
 def _within_registers(b: RowBlocks) -> str | None:
-    limit = gpu_row_block_elems(b.chip)
+    limit = b.target.gpu_row_block_elems
     if b.br * b.bc > limit and b.br > 1:
-        return f"row block {b.br}x{b.bc} exceeds {limit} elements (registers of {chip_for('gpu', b.chip).name})"
+        return f"row block {b.br}x{b.bc} exceeds {limit} elements (registers of {b.chip})"
     return None
 
 
@@ -305,35 +291,35 @@ def _whole_row_lanes(b: RowBlocks) -> str | None:
 
 
 def _within_vmem(b: RowBlocks) -> str | None:
-    budget = vmem_budget(b.chip)
+    budget = b.target.vmem_budget
     if b.vmem_bytes > budget:
-        return f"TPU row blocks need {b.vmem_bytes} B of VMEM > {budget} ({chip_for('tpu', b.chip).name})"
+        return f"TPU row blocks need {b.vmem_bytes} B of VMEM > {budget} ({b.chip})"
     return None
 
 
-def row_blocks(rows: int, cols: int, *, target: str, itemsize: int = 4, n_arrays: int = 2,
+def row_blocks(rows: int, cols: int, *, target: Target | str, itemsize: int = 4, n_arrays: int = 2,
                chip=None) -> RowBlocks:
     """Whole-row blocks for a reduction region (tuning table first, heuristic fallback)."""
-    if target == "cpu":
-        return RowBlocks("cpu", rows, cols, rows, cols)
-    c = chip_for(target, chip)
-    key = (target, next_pow2(rows), next_pow2(cols))
-    if target == "gpu":
-        if cols > max_row_elems("gpu", c):
+    target = Target.of(target, chip)
+    c = target.chip
+    if target.is_cpu:
+        return RowBlocks(target, rows, cols, rows, cols)
+    key = (target.kind, next_pow2(rows), next_pow2(cols))
+    if target.is_gpu:
+        if cols > target.max_row_elems:
             raise ValueError(f"row of {cols} elements does not fit one Triton block on {c.name}")
         bc = next_pow2(cols)
-        br = TUNED_ROWS.get(key) or max(1, min(next_pow2(rows), gpu_row_block_elems(c) // bc))
-        return RowBlocks("gpu", rows, cols, br, bc, num_warps=_warps(br * bc), chip=c.name)
-    if target == "tpu":
+        br = TUNED_ROWS.get(key) or max(1, min(next_pow2(rows), target.gpu_row_block_elems // bc))
+        return RowBlocks(target, rows, cols, br, bc, num_warps=_warps(br * bc))
+    if target.is_tpu:
         sub = c.sublane_tile(itemsize)
-        per_row = lane_padded(cols, c) * max(itemsize, 4)
+        per_row = target.lane_padded(cols) * max(itemsize, 4)
         br = TUNED_ROWS.get(key) or max(sub, (TPU_MAX_BLOCK_BYTES // per_row) // sub * sub)
-        while br > sub and 2 * n_arrays * br * per_row > vmem_budget(c):
+        while br > sub and 2 * n_arrays * br * per_row > target.vmem_budget:
             br -= sub
         br = rows if rows <= br else br
-        return RowBlocks("tpu", rows, cols, br, cols, sublane=sub,
-                         vmem_bytes=2 * n_arrays * min(br, rows) * per_row, chip=c.name)
-    raise ValueError(f"unknown target {target!r}")
+        return RowBlocks(target, rows, cols, br, cols, sublane=sub,
+                         vmem_bytes=2 * n_arrays * min(br, rows) * per_row)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -348,7 +334,7 @@ class MatmulBlocks:
     multiples of 128 or the full dim, ``bk`` dividing K (padded K would add garbage to the
     sum), all double-buffered tiles within the chip's scoped VMEM.
     """
-    target: str
+    target: Target
     batch: int
     m: int
     n: int
@@ -365,20 +351,21 @@ class MatmulBlocks:
     chip: str = ""
 
     def __post_init__(self):
+        _with_target(self)
         if min(self.bm, self.bn, self.bk) < 1:
             raise ValueError("matmul tiles must be positive")
-        if self.target == "cpu":
+        if self.target.is_cpu:
             if (self.bm, self.bn, self.bk) != (self.m, self.n, self.k):
                 raise ValueError("cpu interpret tiles must cover the whole arrays")
-        elif self.target == "gpu":
+        elif self.target.is_gpu:
             if not all(is_pow2(b) and b >= 16 for b in (self.bm, self.bn, self.bk)):
                 raise ValueError(f"Triton tiles must be powers of two >= 16, got {self.bm}x{self.bn}x{self.bk}")
-            budget = smem_budget(self.chip)
+            budget = self.target.smem_budget
             if self.smem_bytes > budget:
                 raise ValueError(f"tiles need {self.smem_bytes} B of shared memory > {budget} "
-                                 f"({chip_for('gpu', self.chip).name})")
-        elif self.target == "tpu":
-            lanes = chip_for("tpu", self.chip).lanes
+                                 f"({self.chip})")
+        elif self.target.is_tpu:
+            lanes = self.target.chip.lanes
             if self.bm != self.m and self.bm % self.sublane:
                 raise ValueError(f"TPU bm {self.bm} must be a multiple of {self.sublane} or {self.m}")
             for b, full, what in ((self.bn, self.n, "bn"), (self.bk, self.k, "bk")):
@@ -386,12 +373,10 @@ class MatmulBlocks:
                     raise ValueError(f"TPU {what} {b} must be a multiple of {lanes} or {full}")
             if self.k % self.bk:
                 raise ValueError(f"TPU bk {self.bk} must divide K={self.k}")
-            budget = vmem_budget(self.chip)
+            budget = self.target.vmem_budget
             if self.vmem_bytes > budget:
                 raise ValueError(f"TPU tiles need {self.vmem_bytes} B of VMEM > {budget} "
-                                 f"({chip_for('tpu', self.chip).name})")
-        else:
-            raise ValueError(f"unknown target {self.target!r}")
+                                 f"({self.chip})")
 
     @property
     def k_steps(self) -> int:
@@ -407,10 +392,10 @@ class MatmulBlocks:
 
     @property
     def grid(self) -> tuple:
-        if self.target == "cpu":
+        if self.target.is_cpu:
             return (1,)
         g = (self.batch, math.ceil(self.m / self.bm), math.ceil(self.n / self.bn))
-        return g + (self.k_steps,) if self.target == "tpu" else g
+        return g + (self.k_steps,) if self.target.is_tpu else g
 
     @property
     def grid_steps(self) -> int:
@@ -422,7 +407,7 @@ class MatmulBlocks:
 
     def __str__(self) -> str:
         g = "x".join(map(str, self.grid))
-        extra = f", {self.num_warps} warps, {self.num_stages} stages" if self.target == "gpu" else ""
+        extra = f", {self.num_warps} warps, {self.num_stages} stages" if self.target.is_gpu else ""
         return f"{self.bm}x{self.bn}x{self.bk} tiles, grid {g}{extra}"
 
 
@@ -453,14 +438,15 @@ def _tpu_tile(full: int, cap: int, align: int) -> int:
     return cap - cap % align
 
 
-def matmul_blocks(batch: int, m: int, n: int, k: int, *, target: str, itemsize: int = 4,
+def matmul_blocks(batch: int, m: int, n: int, k: int, *, target: Target | str, itemsize: int = 4,
                   members: int = 1, extra_bytes: int = 0, chip=None) -> MatmulBlocks:
     """Tiles for a (batch, M, N, K) matmul (tuning table first, heuristic fallback)."""
-    if target == "cpu":
-        return MatmulBlocks("cpu", batch, m, n, k, m, n, k, members=members, itemsize=itemsize)
-    c = chip_for(target, chip)
-    key = (target, next_pow2(m), next_pow2(n), next_pow2(k))
-    if target == "gpu":
+    target = Target.of(target, chip)
+    c = target.chip
+    if target.is_cpu:
+        return MatmulBlocks(target, batch, m, n, k, m, n, k, members=members, itemsize=itemsize)
+    key = (target.kind, next_pow2(m), next_pow2(n), next_pow2(k))
+    if target.is_gpu:
         if key in TUNED_MATMUL:
             bm, bn, bk = TUNED_MATMUL[key]
         else:
@@ -470,9 +456,9 @@ def matmul_blocks(batch: int, m: int, n: int, k: int, *, target: str, itemsize: 
         stages = 3 if math.ceil(k / bk) > 2 else 2
         while stages > 1 and gpu_smem_bytes(bm, bn, bk, stages, members, itemsize) > c.smem_per_block:
             stages -= 1
-        return MatmulBlocks("gpu", batch, m, n, k, bm, bn, bk, members=members, itemsize=itemsize,
-                            num_warps=4 if bm * bn <= 4096 else 8, num_stages=stages, chip=c.name)
-    if target == "tpu":
+        return MatmulBlocks(target, batch, m, n, k, bm, bn, bk, members=members, itemsize=itemsize,
+                            num_warps=4 if bm * bn <= 4096 else 8, num_stages=stages)
+    if target.is_tpu:
         sub = c.sublane_tile(itemsize)
         lanes = c.lanes
         if key in TUNED_MATMUL:
@@ -481,12 +467,11 @@ def matmul_blocks(batch: int, m: int, n: int, k: int, *, target: str, itemsize: 
             bm = m if m <= 512 else 512
             bn = _tpu_tile(n, 512, lanes) if n % lanes == 0 or n <= 512 else 512
             bk = k if k <= 1024 or k % lanes else _tpu_tile(k, 1024, lanes)
-        while (tpu_vmem_bytes(bm, bn, bk, members, itemsize, extra_bytes) > vmem_budget(c)
+        while (tpu_vmem_bytes(bm, bn, bk, members, itemsize, extra_bytes) > target.vmem_budget
                and (bm > sub or bn > lanes)):
             if bm > sub and (bm >= bn or bn <= lanes):
                 bm = max(sub, (bm // 2) // sub * sub)
             else:
                 bn = max(lanes, (bn // 2) // lanes * lanes)
-        return MatmulBlocks("tpu", batch, m, n, k, bm, bn, bk, members=members, itemsize=itemsize,
-                            sublane=sub, extra_bytes=extra_bytes, num_stages=1, chip=c.name)
-    raise ValueError(f"unknown target {target!r}")
+        return MatmulBlocks(target, batch, m, n, k, bm, bn, bk, members=members, itemsize=itemsize,
+                            sublane=sub, extra_bytes=extra_bytes, num_stages=1)

@@ -91,7 +91,7 @@ def handle_convolutions(ctx, block, left, as_dot_on_cpu: bool) -> int:
     rewritten = 0
     for op in [o for o in hir.block_ops(block) if o.name == "stablehlo.convolution"]:
         why = conv1x1_as_dot_reason(op)
-        if why is None and (ctx.target != "cpu" or as_dot_on_cpu):
+        if why is None and (not ctx.target.is_cpu or as_dot_on_cpu):
             dot = conv1x1_to_dot(op)
             with dot.context:
                 dot.attributes[CONV1X1_ATTR] = ir.UnitAttr.get()

@@ -31,6 +31,7 @@ import math
 from hlofuse import ir as hir
 from hlofuse.ops import OpClass, rule_for
 from hlofuse.pipeline import Pass, register_pass
+from hlofuse.target import Target
 from hlofuse.kernels.support import (FULL, ClassError, View, dot_layout, extend_classes, prologue_member,
                                      value_info)
 from hlofuse.kernels.tiling import matmul_blocks
@@ -55,8 +56,9 @@ def take_conv1x1_dots(block) -> list:
     return dots
 
 
-def working_set(anchor, members, target: str) -> tuple[int, int]:
+def working_set(anchor, members, target: Target) -> tuple[int, int]:
     """(on-chip bytes per kernel instance, grid steps) of the tiles the family would pick."""
+    target = Target.of(target)
     lay = dot_layout(anchor)
     lhs = value_info(anchor.operands[0])
     out = value_info(anchor.results[0])
@@ -68,15 +70,16 @@ def working_set(anchor, members, target: str) -> tuple[int, int]:
         b = matmul_blocks(batch, m, out.shape[-1], k, target=target, itemsize=hir.dtype_bytes(lhs.dtype))
     except ValueError:
         return 0, 1
-    if target == "gpu":
+    if target.is_gpu:
         return b.smem_bytes, b.grid_steps
-    if target == "tpu":
+    if target.is_tpu:
         return b.vmem_bytes, b.grid_steps
     return 0, b.grid_steps
 
 
-def grow(graph, anchor, target: str, conv_dots: list) -> Grown:
+def grow(graph, anchor, target: Target, conv_dots: list) -> Grown:
     """The matmul region around ``anchor``: epilogue users and operand prologues."""
+    target = Target.of(target)
     result = anchor.results[0]
     domain = value_info(result).shape
     view = View.of(domain)
@@ -136,7 +139,7 @@ def grow(graph, anchor, target: str, conv_dots: list) -> Grown:
 
     def decision_for(cost):
         cost.working_set_bytes = ws
-        return cost_model.decide(KIND, cost, target, grid_steps=steps if target == "cpu" else 1,
+        return cost_model.decide(KIND, cost, target, grid_steps=steps if target.is_cpu else 1,
                                  fused_ops=fused_ops)
 
     return Grown(members, decision_for, dict(

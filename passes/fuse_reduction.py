@@ -21,6 +21,7 @@ from __future__ import annotations
 from hlofuse import ir as hir
 from hlofuse.ops import OpClass, rule_for
 from hlofuse.pipeline import Pass, register_pass
+from hlofuse.target import Target
 from hlofuse.passes.fusion import cost as cost_model
 from hlofuse.kernels.reduction import pattern_name
 from hlofuse.kernels.tiling import row_blocks
@@ -33,27 +34,29 @@ from hlofuse.passes.fusion.regions import grow_region, rematerialize
 KIND = "reduction"
 
 
-def _working_set(view: View, members: list, target: str) -> tuple[int, int]:
+def _working_set(view: View, members: list, target: Target) -> tuple[int, int]:
     """(bytes one kernel instance keeps on chip, grid steps) for the region's row blocks.
 
     gpu: a row block lives in registers; modeled as three live f32 blocks (the loaded rows, one
     intermediate, the result) -- Triton reuses registers across the chain. tpu: the
     double-buffered VMEM blocks :func:`~hlofuse.kernels.tiling.row_blocks` picked.
     """
+    target = Target.of(target)
     n_full = 1 + sum(1 for m in members if m.name != "stablehlo.reduce")
     try:
         b = row_blocks(view.rows, view.cols, target=target, itemsize=4, n_arrays=min(n_full, 4))
     except ValueError:
         return view.cols * 4 * 3 * 8, 1
-    if target == "tpu":
+    if target.is_tpu:
         return b.vmem_bytes, b.grid[0]
-    if target == "gpu":
+    if target.is_gpu:
         return b.br * b.bc * 4 * 3, b.grid[0]
     return 0, b.grid[0]
 
 
-def grow(graph, anchor, tried: set, target: str):
+def grow(graph, anchor, tried: set, target: Target):
     """The reduction region around ``anchor`` (see the module docstring), or why none."""
+    target = Target.of(target)
     view = View.of(hir.tensor_type_info(anchor.operands[0].type).shape)
     state = {"classes": view_classes([anchor], view), "pending": {}}
 
@@ -81,7 +84,7 @@ def grow(graph, anchor, tried: set, target: str):
 
     def decision_for(cost):
         cost.working_set_bytes = ws
-        return cost_model.decide(KIND, cost, target, grid_steps=steps if target == "cpu" else 1)
+        return cost_model.decide(KIND, cost, target, grid_steps=steps if target.is_cpu else 1)
 
     return Grown(members, decision_for, dict(
         pattern=pattern_name(members), view=f"{view.rows}x{view.cols}", tolerance="reassociate",

@@ -23,7 +23,10 @@ from jaxlib.mlir import ir
 
 from hlofuse import ir as hir
 from hlofuse.pipeline import Pass, register_pass
+from hlofuse.kernels import FAMILIES
 from hlofuse.kernels.common import func_avals
+from hlofuse.kernels.lowering import lower_to_text
+from hlofuse.target import Target
 from hlofuse.passes.fusion.outline import KERNEL_PREFIX, KIND_ATTR, REGION_ATTR, XLA_ATTR
 from hlofuse.report import HlofuseWarning
 
@@ -32,18 +35,16 @@ KERNEL_INFO_ATTR = "hlofuse.kernel"   # on a kernel's entry function: "kind|regi
 _CACHE_LOCK = threading.Lock()
 
 
-def lower_region(fn_op, kind: str, target: str) -> tuple[str, str, str]:
+def lower_region(fn_op, kind: str, target: Target) -> tuple[str, str, str]:
     """(kernel module text, kernel name, block description), cached by region body + target."""
-    from hlofuse.kernels import FAMILIES
-    from hlofuse.kernels.lowering import lower_to_text
+    target = Target.of(target)
     family = FAMILIES.get(kind)
     if family is None:
         raise NotImplementedError(f"no kernel family for region kind '{kind}'")
     body = "\n".join(str(op) for op in fn_op.regions[0].blocks[0].operations)
     sig = str(fn_op.attributes["function_type"])
-    from hlofuse import chips
-    chip = chips.resolve(target).name if target != "cpu" else ""   # tiles are per chip
-    key = (target, chip, kind, hashlib.sha1((sig + body).encode()).hexdigest())
+    # tiles are per chip: the key holds the target's chip
+    key = (target.kind, target.chip_name, kind, hashlib.sha1((sig + body).encode()).hexdigest())
     with _CACHE_LOCK:
         if key in _CACHE:
             return _CACHE[key]

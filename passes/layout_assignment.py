@@ -343,7 +343,7 @@ class LayoutAssignment(Pass):
         conv_layout: Literal["channels_last", "keep"] | None = None
 
     def run(self, module, ctx):
-        prefer = self.options.conv_layout or PREFERRED_CONV_LAYOUT.get(ctx.target)
+        prefer = self.options.conv_layout or PREFERRED_CONV_LAYOUT[ctx.target.kind]
         t_before, c_before = count_transposes(module)
         lay = _Layout()
         unaligned = 0
@@ -356,7 +356,7 @@ class LayoutAssignment(Pass):
                         continue
                     if prefer == "channels_last":
                         lay.convert_conv(op)
-                    if ctx.target == "tpu":
+                    if ctx.target.is_tpu:
                         dn = shlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
                         if gu.info(op.results[0]).shape[dn.output_feature_dimension] % 128:
                             unaligned += 1
@@ -371,7 +371,7 @@ class LayoutAssignment(Pass):
         t_after, c_after = count_transposes(module)
         stats = {"transposes_before": t_before, "transposes_after": t_after,
                  "copies_before": c_before, "copies_after": c_after, **lay.stats}
-        if ctx.target == "tpu":
+        if ctx.target.is_tpu:
             stats["tpu_lane_unaligned"] = unaligned
         if t_before != t_after or lay.stats["convs_to_channels_last"]:
             ctx.report.note(f"layout-assignment ({ctx.target}): {lay.stats['convs_to_channels_last']} "

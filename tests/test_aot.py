@@ -81,12 +81,12 @@ def test_tiling_and_cost_model_read_the_same_chip():
     assert tiling.matmul_blocks(**big, chip="a100").smem_bytes <= chips.get("a100").smem_per_block
     with chips.use("a100"):
         assert tiling.smem_budget() == 166912
-        assert cost.TARGETS["gpu"].on_chip_bytes == 166912
-        assert cost.TARGETS["gpu"].hbm_bytes_per_s == chips.get("a100").hbm_bytes_per_s
-    assert cost.TARGETS["gpu"].on_chip_bytes == 232448           # default chip: h100
+        assert cost.model_for("gpu").on_chip_bytes == 166912
+        assert cost.model_for("gpu").hbm_bytes_per_s == chips.get("a100").hbm_bytes_per_s
+    assert cost.model_for("gpu").on_chip_bytes == 232448           # default chip: h100
     with chips.use("v6e"):
         assert tiling.max_row_elems("tpu") == 2 * tiling.max_row_elems("tpu", "v5e")
-        assert cost.TARGETS["tpu"].on_chip_bytes == 32 << 20
+        assert cost.model_for("tpu").on_chip_bytes == 32 << 20
     # a tile over the chip's shared memory is refused by validation
     with pytest.raises(ValueError, match="shared memory"):
         tiling.MatmulBlocks("gpu", 1, 512, 512, 512, 256, 256, 128, num_stages=4, chip="a100")

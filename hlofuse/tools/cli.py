@@ -56,8 +56,9 @@ from hlofuse import __version__
 from hlofuse import aot
 from hlofuse import ir as hir
 from hlofuse.api import STABLEHLO_DIALECTS, STRUCTURAL_DIALECTS, DumpError, module_dialects, \
-    normalize_target, optimize_loaded
+    optimize_loaded
 from hlofuse.ir import IRError
+from hlofuse.target import Target
 from hlofuse.pipeline import PassFailure, all_passes, resolve_pipeline
 from hlofuse.testing import compare
 from hlofuse.tools import argspec, formats
@@ -606,8 +607,7 @@ def cmd_export(fv, pos) -> int:
     fn = _import_function(spec)
     import jax
     from jax import export as jexport
-    target = normalize_target(fv["target"].value)
-    platform = formats.PLATFORM_OF_TARGET[target]
+    platform = Target.of(fv["target"].value).platform
     _stage(f"exporting {spec} for {platform}")
     try:
         scope = jexport.SymbolicScope()

@@ -47,6 +47,7 @@ from jaxlib.mlir import ir
 
 from hlofuse import ir as hir
 from hlofuse.report import Report
+from hlofuse.target import Target
 from hlofuse.tools import html
 
 __all__ = [
@@ -63,9 +64,6 @@ EXTENSIONS = {".mlir": "text", ".txt": "text", ".mlirbc": "bytecode", ".bc": "by
               ".vhlo": "portable", ".stablehlo": "portable", ".shlo": "portable",
               ".exported": "exported", ".jax": "exported", ".jaxexport": "exported",
               ".bin": "exported"}
-# target -> the jax.export platform a module for that target was exported for
-PLATFORM_OF_TARGET = {"cpu": "cpu", "gpu": "cuda", "tpu": "tpu"}
-TARGET_OF_PLATFORM = {"cpu": "cpu", "cuda": "gpu", "rocm": "gpu", "tpu": "tpu"}
 
 
 class FileError(hir.IRError):
@@ -237,7 +235,7 @@ def check_target_version(version: str) -> str:
 
 
 def serialize(module: ir.Module, fmt: str, *, target_version: str | None = None,
-              exported=None, target: str | None = None, source: str = "<output>") -> bytes | str:
+              exported=None, target: Target | str | None = None, source: str = "<output>") -> bytes | str:
     """Serialize ``module`` as ``fmt`` (text is returned as ``str``, the rest as ``bytes``).
 
     For ``exported``, ``exported`` is the original :class:`jax.export.Exported`; its payload is
@@ -263,7 +261,7 @@ def serialize(module: ir.Module, fmt: str, *, target_version: str | None = None,
                         f"convention is not in a plain module); use `hlofuse export` to make one")
     from jax import export as jexport
     checks = tuple(exported.disabled_safety_checks)
-    if target == "gpu":
+    if target is not None and Target.of(target).is_gpu:
         triton = jexport.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")
         if triton not in checks:
             checks += (triton,)

@@ -36,9 +36,10 @@ from hlofuse.kernels.attention.spec import (SPEC_ATTR as SPEC_ATTR, AttentionSpe
                                             Splat as Splat, spec_from_func as spec_from_func)
 from hlofuse.kernels.attention.triton import attention_kernel_gpu as attention_kernel_gpu
 from hlofuse.kernels.attention.triton import build_gpu as build_gpu
+from hlofuse.target import Target
 
 
-def build_attention(spec: AttentionSpec, target: str, *, interpret=None,
+def build_attention(spec: AttentionSpec, target: Target | str, *, interpret=None,
                     blocks: AttentionBlocks | None = None, name: str | None = None):
     """The region as a JAX function ``f(*inputs) -> (output,)``.
 
@@ -46,13 +47,14 @@ def build_attention(spec: AttentionSpec, target: str, *, interpret=None,
     target; with ``interpret=True`` (gpu) or a ``pltpu.InterpretParams`` (tpu) it runs on CPU
     in Pallas interpret mode for verification.
     """
-    if target == "cpu":
+    target = Target.of(target)
+    if target.is_cpu:
         if interpret is not None:
             raise ValueError("the cpu attention path is plain JAX; interpret the gpu/tpu kernels")
         return build_cpu(spec, blocks)
-    if target == "gpu":
+    if target.is_gpu:
         return build_gpu(spec, blocks, interpret=interpret, name=name)
-    if target == "tpu":
+    if target.is_tpu:
         if spec.x_dtype == "f16" or any(np.dtype(d) == np.float16 for d in spec.in_dtypes):
             raise EmitError("f16 is not supported by the TPU kernel")
         return build_tpu(spec, blocks, interpret=interpret, name=name)

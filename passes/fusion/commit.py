@@ -68,7 +68,7 @@ def commit_region(module, ctx, kind: str, members: list, *, decision_for, name_p
     boundary = region_boundary(members)
     cost = cost_model.region_cost(members, boundary.inputs, boundary.outputs)
     decision = decision_for(cost)
-    extra.update(cost.as_extra(cost_model.TARGETS[ctx.target]))
+    extra.update(cost.as_extra(cost_model.model_for(ctx.target)))
     region = record_region(ctx, kind, members, boundary, **extra)
     _, fn, _ = outline_region(module, members, f"{name_prefix}_{region.id}", region_id=region.id, kind=kind)
     region.extra["func"] = hir.func_name(fn)

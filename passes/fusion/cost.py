@@ -30,6 +30,7 @@ import math
 from hlofuse import ir as hir
 from hlofuse.ops import OpClass, rule_for
 from hlofuse.kernels.support import is_splat_constant
+from hlofuse.target import Target
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,29 +49,14 @@ class TargetModel:
 CPU_MODEL = TargetModel("cpu", 50e9, 200e9, 1e-6, 32 * 1024 * 1024)
 
 
-def model_for(target: str, chip=None) -> TargetModel:
-    """The cost model of ``target`` on ``chip`` (default: the chip in force, see hlofuse.chips)."""
-    if target == "cpu":
+def model_for(target: Target | str) -> TargetModel:
+    """The cost model of ``target``: the figures of its chip (:mod:`hlofuse.chips`)."""
+    target = Target.of(target)
+    if target.is_cpu:
         return CPU_MODEL
-    from hlofuse import chips
-    c = chips.resolve(target, chip)
+    c = target.chip
     return TargetModel(c.name, c.hbm_bytes_per_s, c.flops_per_s, c.launch_s, c.on_chip_bytes,
                        c.flops_per_s_lowp)
-
-
-class _Targets:
-    """``TARGETS[target]``: :func:`model_for` the chip in force."""
-
-    def __getitem__(self, target: str) -> TargetModel:
-        if target not in ("cpu", "gpu", "tpu"):
-            raise KeyError(target)
-        return model_for(target)
-
-    def __contains__(self, target) -> bool:
-        return target in ("cpu", "gpu", "tpu")
-
-
-TARGETS = _Targets()
 
 
 @dataclasses.dataclass
@@ -210,9 +196,9 @@ def _user_op(use):
     return getattr(owner, "operation", owner)
 
 
-def fusion_pays(cost: RegionCost, target: str) -> bool:
+def fusion_pays(cost: RegionCost, target: Target) -> bool:
     """Does running the region as one kernel beat running its ops one by one on ``target``?"""
-    model = TARGETS[target]
+    model = model_for(target)
     return cost.seconds(model, fused=True) <= cost.seconds(model, fused=False)
 
 
@@ -253,11 +239,12 @@ def decide(kind: str, cost: RegionCost, target: str, *, grid_steps: int = 1,
       grid_steps: grid size of the kernel the family would emit for this target.
       fused_ops: ops fused around the anchor (0 for a bare dot).
     """
-    model = TARGETS[target]
+    target = Target.of(target)
+    model = model_for(target)
     if kind == "matmul_epilogue" and fused_ops == 0:
         return Decision(False, "cost model: bare dot_general, nothing to fuse around it; XLA's "
                                "library GEMM is at least as fast")
-    if target == "cpu":
+    if target.is_cpu:
         ok, why = CPU_RULES.get(kind, (False, f"no measured CPU rule for '{kind}' regions"))
         if not ok:
             return Decision(False, f"cost model: {why}")
@@ -298,7 +285,7 @@ def remat_choice(op, outside_users: list, target: str) -> tuple[str, str]:
     bytes it saves.
     Returns: ('recompute' | 'materialize', why).
     """
-    model = TARGETS[target]
+    model = model_for(target)
     n = len(outside_users)
     out_b = sum(_nbytes(r) for r in op.results)
     in_b = sum(_read_bytes(v) for v in op.operands)
