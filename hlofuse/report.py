@@ -185,6 +185,47 @@ class Report:
         return "\n".join(out)
 
 
+class Refusals:
+    """Candidates a pass looked at and did not rewrite, counted by reason.
+
+    The one way a pass says why it did not fire: :meth:`stats` gives one pass statistic per
+    reason (``refused[<reason>]``: count) for tests and tools, :meth:`flush` one report note per
+    reason for users (``"<pass>: 2 attention candidates not attention: <reason>"``, with up to
+    three source lines). Add only candidates (a block that could hold attention, two sibling
+    dots, a group with a refused member), never every op of a program: a note is aggregated,
+    not a log. ``fusion.commit.LeftToXla`` is the same record for ops left to XLA.
+    """
+
+    def __init__(self, pass_name: str, outcome: str = "left to XLA"):
+        self.pass_name = pass_name
+        self.outcome = outcome
+        self.by_reason: dict = {}          # (what, reason) -> [location, ...]
+
+    def add(self, what: str, reason: str, where: str = "unknown") -> None:
+        """One ``what`` (e.g. ``"attention candidate"``) refused for ``reason``, found at
+        ``where`` (a ``file:line``, or ``"unknown"``)."""
+        self.by_reason.setdefault((what, reason), []).append(where)
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self.by_reason.values())
+
+    def stats(self) -> dict:
+        """``{"refused[<reason>]": count}``, one entry per reason (empty when none)."""
+        out: dict = {}
+        for (_, reason), locs in self.by_reason.items():
+            key = f"refused[{reason}]"
+            out[key] = out.get(key, 0) + len(locs)
+        return out
+
+    def flush(self, ctx) -> int:
+        """One note per (what, reason) on ``ctx.report``; returns how many were refused."""
+        for (what, reason), locs in self.by_reason.items():
+            shown = sorted({l for l in locs if l != "unknown"})[:3]
+            where = f" at {', '.join(shown)}" if shown else ""
+            ctx.report.note(f"{self.pass_name}: {len(locs)} {what} {self.outcome}{where}: {reason}")
+        return len(self)
+
+
 def outcome(r: Region) -> str:
     """What became of a region, in one phrase: its kernel, a merge, or XLA and why."""
     if r.kernel:

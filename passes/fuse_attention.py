@@ -26,11 +26,14 @@ structurally, never by op order or names. Side values (masks, biases, iotas) are
 region while they are cheap generators used only inside it, so the region's inputs are the
 small pre-broadcast tensors, never a materialized ``[B, H, Sq, Sk]`` mask.
 
-Not matched (left alone, with the reason available from :func:`analyze`): intermediates used
+Not matched (left alone, with the reason in the pass statistics, ``refused[<reason>]``, and a
+report note per reason): intermediates used
 outside the region (returned attention weights; the residuals a backward program keeps, so
 attention inside ``jax.grad``'s backward program stays with XLA), dropout (the probabilities
 feed a multiply by a random mask, not the P·V product), softmax over a non-key dim, two
-candidate QKᵀ products, dynamic shapes.
+candidate QKᵀ products, dynamic shapes. Candidates are the ``dot_general`` ops with a softmax
+(exp normalized by its sum) as an operand, in blocks with an exp and two dot_generals; a block
+with neither gets one reason (:data:`NO_SOFTMAX_DOT`), other dots none.
 
 Preconditions: calls inlined (``inline-calls``); runs after ``cse`` and before the other fusion
 passes so it claims its ops first. Invariant: the module verifies; results equal the original
@@ -53,7 +56,7 @@ from hlofuse.ops import EmitError, OpClass, rule_for, splat_scalar
 from hlofuse.pipeline import Pass, register_pass
 from hlofuse.kernels.attention import (SPEC_ATTR, AttentionSpec, LogitStep, Repeat, Splat,
                                        mask_select)
-from hlofuse.passes.fusion.commit import record_region
+from hlofuse.passes.fusion.commit import LeftToXla, record_region
 from hlofuse.passes.fusion.outline import outline_region, program_blocks, region_boundary
 
 __all__ = ["NoMatch", "Attention", "analyze", "find_attention", "region_spec", "FuseAttention"]
@@ -72,6 +75,14 @@ _LAYOUT_OPS = ("stablehlo.transpose", "stablehlo.reshape", "stablehlo.broadcast_
 
 class NoMatch(Exception):
     """The subgraph is not attention the kernel can take; the message says why."""
+
+
+# Why a dot_general is no P·V candidate at all (its operand is no softmax): not reported per dot,
+# most dots of a program are not P·V products.
+NOT_SOFTMAX = "P·V operand is not a softmax (no normalizing divide)"
+# Why a block with an exp and two dot_generals holds no candidate: reported once per block.
+NO_SOFTMAX_DOT = "no dot_general reads a softmax (exp normalized by its sum) of a QKᵀ product"
+WHAT = "attention candidate(s)"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -427,15 +438,23 @@ def analyze(pv, index: dict | None = None) -> Attention:
     """Match attention ending at the P·V ``dot_general`` ``pv``; raises :class:`NoMatch`.
 
     ``index``: :func:`block_index` of ``pv``'s block, when the caller analyzes many dots."""
+    att, reasons = _try_analyze(pv, index)
+    if att is None:
+        raise NoMatch("; ".join(reasons))
+    return att
+
+
+def _try_analyze(pv, index: dict | None) -> tuple:
+    """(the match, []) or (None, the distinct reasons, one per P·V operand tried)."""
     if pv.name != "stablehlo.dot_general":
-        raise NoMatch("not a dot_general")
+        return None, ["not a dot_general"]
     reasons = []
     for p_idx in (0, 1):
         try:
-            return _analyze(pv, p_idx, index)
+            return _analyze(pv, p_idx, index), []
         except NoMatch as e:
             reasons.append(str(e))
-    raise NoMatch("; ".join(dict.fromkeys(reasons)))
+    return None, list(dict.fromkeys(reasons))
 
 
 def _analyze(pv, p_idx: int, index: dict | None) -> Attention:
@@ -790,18 +809,25 @@ def _merge(dl: list) -> tuple:
 
 
 
-def find_attention(block) -> list[Attention]:
-    """Every non-overlapping attention match in ``block``, program order of the P·V products."""
+def find_attention(block, refused: list | None = None) -> list[Attention]:
+    """Every non-overlapping attention match in ``block``, program order of the P·V products.
+
+    ``refused``: gets ``(dot, reason)`` for each candidate that did not match, a dot_general
+    with a softmax operand (dots whose operands are no softmax are not candidates)."""
     found, taken = [], set()
     index = block_index(block)
     for op in hir.block_ops(block):
         if op.name != "stablehlo.dot_general":
             continue
-        try:
-            att = analyze(op, index)
-        except NoMatch:
+        att, reasons = _try_analyze(op, index)
+        if att is None:
+            reasons = [r for r in reasons if r != NOT_SOFTMAX]
+            if refused is not None and reasons and op not in taken:
+                refused.append((op, "; ".join(reasons)))
             continue
         if any(m in taken for m in att.members):
+            if refused is not None:
+                refused.append((op, "overlaps an attention matched before it"))
             continue
         taken.update(att.members)
         found.append(att)
@@ -897,6 +923,7 @@ class FuseAttention(Pass):
 
     def run(self, module, ctx):
         n = 0
+        left = LeftToXla(self.name)
         for block in program_blocks(module):
             ops = hir.block_ops(block)
             if not any(o.name == "stablehlo.exponential" for o in ops) or \
@@ -905,12 +932,18 @@ class FuseAttention(Pass):
             with module.context:
                 _unshare_generators(block)
             # every match as data first: outlining one replaces values the next may read
-            matches = []
-            for att in find_attention(block):
+            matches, refused = [], []
+            found = find_attention(block, refused)
+            for att in found:
                 try:
                     matches.append((att, region_spec(att, region_boundary(att.members))))
-                except NoMatch:
-                    continue
+                except NoMatch as e:
+                    refused.append((att.members[-1], str(e)))
+            for op, reason in refused:
+                left.add(WHAT, op, reason)
+            if not found and not refused:
+                left.add(WHAT, next(o for o in ops if o.name == "stablehlo.dot_general"),
+                         NO_SOFTMAX_DOT)
             for att, spec in matches:
                 boundary = region_boundary(att.members)
                 region = record_region(
@@ -922,7 +955,8 @@ class FuseAttention(Pass):
                 with module.context:
                     fn.operation.attributes[SPEC_ATTR] = ir.StringAttr.get(spec.to_attr())
                 n += 1
-        return {"attention_regions": n}
+        left.flush(ctx)
+        return {"attention_regions": n, **left.stats()}
 
 
 def _mask_kind(spec: AttentionSpec) -> str:

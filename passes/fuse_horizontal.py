@@ -13,6 +13,11 @@ convex, :meth:`~hlofuse.passes.fusion.regions.BlockGraph.is_convex`):
    ``elementwise`` region (``extra['horizontal']``), read once instead of once per chain.
    Groups that merge with nothing are left for ``fuse-elementwise``.
 
+Refused candidates are counted by reason in the statistics (``refused[<reason>]``) and noted
+once per reason in the report: sibling dots (calls reading a common value) with a different lhs,
+shape, layout, prologue or dtype, or with a path between them; sibling elementwise groups over
+different domains, with a path between them, or sharing only a constant.
+
 Each merged region gets its own cost-model decision (:func:`~hlofuse.passes.fusion.cost.decide`).
 Preconditions: after ``fuse-matmul-epilogue`` and ``fuse-reduction``, before
 ``fuse-elementwise``. Invariant: the module verifies; the same ops run (results within
@@ -31,7 +36,8 @@ from hlofuse.passes.fusion import cost as cost_model
 from hlofuse.passes.fusion.outline import KIND_ATTR, REGION_ATTR, program_blocks
 from hlofuse.kernels.support import domain_shape
 from hlofuse.passes.fusion.predicates import elementwise_member
-from hlofuse.passes.fusion.regions import BlockGraph, form_regions, merge_siblings
+from hlofuse.passes.fusion.regions import NOT_CONVEX, BlockGraph, form_regions, merge_siblings
+from hlofuse.report import Refusals
 
 KIND = "horizontal"
 MATMUL_KIND = "matmul_epilogue"
@@ -95,12 +101,46 @@ def _group_key(call, spec) -> tuple:
             tuple(str(d.out_dtype) for d in spec.dots))
 
 
-def merge_sibling_dots(module, ctx, block) -> int:
+DOTS = "sibling dot(s)"
+ELEMENTWISE = "sibling elementwise group(s)"
+DIFFERENT_LHS = "sibling dots share an operand but not the lhs"
+# _group_key parts after the lhs value -> why two dots reading the same lhs cannot merge
+_KEY_PARTS = ("lhs layout differs", "different shapes", "different shapes", "different shapes",
+              "different shapes", "different lhs prologues", "different result dtypes")
+
+
+def _why_apart(key, other) -> str:
+    """Why two matmul calls with these group keys are not merged (they differ)."""
+    if key[0] != other[0]:
+        return DIFFERENT_LHS
+    return "sibling dots with " + next(
+        why for why, a, b in zip(_KEY_PARTS, key[1:], other[1:]) if a != b)
+
+
+def _note_dot_siblings(calls: list, refused: Refusals) -> None:
+    """Refusals for calls in different groups that read a common value: each call that shares
+    a value with a call of an earlier group, once, with the first difference of their keys."""
+    seen: list = []                               # (operand keys, group key) of earlier groups
+    by_key: dict = {}
+    for call, key in calls:
+        by_key.setdefault(key, []).append(call)
+    for key, members in by_key.items():
+        reads = {hir.value_key(v) for c in members for v in c.operands}
+        other = next((k for r, k in seen if r & reads), None)
+        if other is not None:
+            refused.add(DOTS, _why_apart(key, other), hir.op_location(members[0]))
+        seen.append((reads, key))
+
+
+def merge_sibling_dots(module, ctx, block, refused: Refusals) -> int:
     table = ir.SymbolTable(module.operation)
     ops = [o for o in hir.block_ops(block) if not o.name.endswith("return")]
     groups: dict = {}
+    keyed = []
     for call, callee, spec in _matmul_calls(ops, table, ctx):
         groups.setdefault(_group_key(call, spec), []).append((call, callee))
+        keyed.append((call, _group_key(call, spec)))
+    _note_dot_siblings(keyed, refused)
     merged = 0
     for members in groups.values():
         if len(members) < 2:
@@ -111,6 +151,8 @@ def merge_sibling_dots(module, ctx, block) -> int:
         for call, callee in members:  # greedily keep the calls whose union stays convex
             if graph.is_convex({c for c, _ in chosen} | {call}):
                 chosen.append((call, callee))
+            else:
+                refused.add(DOTS, NOT_CONVEX, hir.op_location(call))
         if len(chosen) < 2:
             continue
         old_ids = [ir.IntegerAttr(callee.attributes[REGION_ATTR]).value for _, callee in chosen]
@@ -138,19 +180,23 @@ def merge_sibling_dots(module, ctx, block) -> int:
     return merged
 
 
-def merge_sibling_elementwise(module, ctx, block) -> int:
+def merge_sibling_elementwise(module, ctx, block, refused: Refusals) -> int:
     ops = [o for o in hir.block_ops(block) if not o.name.endswith("return")]
     groups = form_regions(ops, lambda op: elementwise_member(op, ctx.target) is None, domain_shape)
     groups = [g for g in groups if any(rule_for(m.name).cls is OpClass.ELEMENTWISE for m in g)
               and domain_shape(g[0]) not in ((), None)]
     graph = BlockGraph(ops)
-    merged = merge_siblings(graph, groups, key=lambda g: domain_shape(g[-1]))
+    merged = merge_siblings(graph, groups, key=lambda g: domain_shape(g[-1]),
+                            refused=lambda gi, why: refused.add(ELEMENTWISE, why,
+                                                               hir.op_location(groups[gi][0])))
     done = 0
     for members in merged:
         # an earlier group is one call now: re-check on the current block (two groups, each
         # convex, may still feed each other both ways, which one kernel each cannot express)
         now = BlockGraph([o for o in hir.block_ops(block) if not o.name.endswith("return")])
         if not now.is_convex(members):
+            refused.add(ELEMENTWISE, "sibling groups feed each other both ways through merged regions",
+                        hir.op_location(members[0]))
             continue
 
         def decision_for(cost):
@@ -166,8 +212,10 @@ class FuseHorizontal(Pass):
 
     def run(self, module, ctx):
         dots = elementwise = 0
+        refused = Refusals(self.name, outcome="not merged")
         for block in program_blocks(module):
-            dots += merge_sibling_dots(module, ctx, block)
+            dots += merge_sibling_dots(module, ctx, block, refused)
         for block in program_blocks(module):
-            elementwise += merge_sibling_elementwise(module, ctx, block)
-        return {"dot_groups": dots, "elementwise_groups": elementwise}
+            elementwise += merge_sibling_elementwise(module, ctx, block, refused)
+        refused.flush(ctx)
+        return {"dot_groups": dots, "elementwise_groups": elementwise, **refused.stats()}

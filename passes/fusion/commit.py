@@ -12,33 +12,22 @@ from __future__ import annotations
 from jaxlib.mlir import ir
 
 from hlofuse import ir as hir
+from hlofuse.report import Refusals
 from hlofuse.passes.fusion import cost as cost_model
 from hlofuse.passes.fusion.outline import XLA_ATTR, outline_region, region_boundary
 
 __all__ = ["record_region", "commit_region", "LeftToXla"]
 
 
-class LeftToXla:
+class LeftToXla(Refusals):
     """Ops a fusion pass looked at and left to XLA without outlining (an unsupported anchor, a
     lone reduction, a convolution). They go to the report as notes, one per reason with a
     count and the first source lines, not as regions: a second run over the optimized module
-    finds the same ops and must not report new regions (idempotence)."""
-
-    def __init__(self, pass_name: str):
-        self.pass_name = pass_name
-        self.by_reason: dict = {}
+    finds the same ops and must not report new regions (idempotence). A
+    :class:`~hlofuse.report.Refusals` that takes the op and reads its location."""
 
     def add(self, what: str, op, reason: str) -> None:
-        locs = self.by_reason.setdefault((what, reason), [])
-        loc = hir.op_location(op)
-        locs.append(loc)
-
-    def flush(self, ctx) -> int:
-        for (what, reason), locs in self.by_reason.items():
-            shown = sorted({l for l in locs if l != "unknown"})[:3]
-            where = f" at {', '.join(shown)}" if shown else ""
-            ctx.report.note(f"{self.pass_name}: {len(locs)} {what} left to XLA{where}: {reason}")
-        return sum(len(v) for v in self.by_reason.values())
+        super().add(what, reason, hir.op_location(op) if op is not None else "unknown")
 
 
 def type_str(v) -> str:

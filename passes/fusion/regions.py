@@ -218,7 +218,13 @@ def grow_region(graph: BlockGraph, anchor, admit: Callable, *, claimed=frozenset
     return sorted(members, key=graph.index.__getitem__), refused
 
 
-def merge_siblings(graph: BlockGraph, groups: list[list], key: Callable[[list], Hashable]) -> list[list]:
+NOT_CONVEX = "a path between the siblings through other ops (one depends on the other)"
+OTHER_DOMAIN = "siblings over different iteration domains"
+ONLY_CONSTANT = "siblings share only a constant"
+
+
+def merge_siblings(graph: BlockGraph, groups: list[list], key: Callable[[list], Hashable],
+                   refused: Callable[[int, str], None] | None = None) -> list[list]:
     """Horizontal merging: groups that read a common input value and share ``key`` merge when
     the union stays convex (no path between them through outside ops or each other).
 
@@ -226,6 +232,9 @@ def merge_siblings(graph: BlockGraph, groups: list[list], key: Callable[[list], 
       graph: the block's :class:`BlockGraph`.
       groups: disjoint op groups (e.g. elementwise regions), each convex.
       key: groups merge only with equal keys (e.g. iteration domain).
+      refused: called ``(group index, reason)`` for each group that merged with nothing
+        although it had a sibling: one reading a common input (:data:`NOT_CONVEX`,
+        :data:`OTHER_DOMAIN`) or, with an equal key, a common constant (:data:`ONLY_CONSTANT`).
     Returns:
       the merged groups (only those made of two or more input groups), each in program order.
     """
@@ -240,25 +249,46 @@ def merge_siblings(graph: BlockGraph, groups: list[list], key: Callable[[list], 
                 vals.add(v)
         return vals
 
+    def constants(g):
+        return {v for op in g for v in op.operands
+                if (p := hir.defining_op(v)) is not None and p.name == "stablehlo.constant"}
+
     reads = [inputs(g) for g in groups]
     merged: list[set] = []
     origin: list[int] = []
+    where: list[int] = []                 # group index -> index of its merged set
+    why: dict[int, str] = {}              # group index -> why it joined no earlier set
+    rank = {NOT_CONVEX: 0, OTHER_DOMAIN: 1, ONLY_CONSTANT: 2}
     for gi, g in enumerate(groups):
         placed = False
         for mi, m in enumerate(merged):
-            if key(g) != key(sorted(m, key=graph.index.__getitem__)):
-                continue
-            shared = reads[gi] & set().union(*(reads[j] for j in range(len(groups)) if groups[j][0] in m))
-            if not shared:
-                continue
-            if graph.is_convex(m | set(g)):
+            in_m = [j for j in range(len(groups)) if groups[j][0] in m]
+            shared = reads[gi] & set().union(*(reads[j] for j in in_m))
+            same_key = key(g) == key(sorted(m, key=graph.index.__getitem__))
+            reason = None
+            if not same_key:
+                reason = OTHER_DOMAIN if shared else None
+            elif not shared:
+                if refused is not None and constants(g) & set().union(*(constants(groups[j]) for j in in_m)):
+                    reason = ONLY_CONSTANT
+            elif graph.is_convex(m | set(g)):
                 m.update(g)
                 origin[mi] += 1
+                where.append(mi)
                 placed = True
                 break
+            else:
+                reason = NOT_CONVEX
+            if reason is not None and rank[reason] < rank.get(why.get(gi), 3):
+                why[gi] = reason
         if not placed:
             merged.append(set(g))
             origin.append(1)
+            where.append(len(merged) - 1)
+    if refused is not None:
+        for gi, reason in why.items():
+            if origin[where[gi]] == 1:  # a later group may still have joined it
+                refused(gi, reason)
     return [sorted(m, key=graph.index.__getitem__) for m, n in zip(merged, origin) if n > 1]
 
 

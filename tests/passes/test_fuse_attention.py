@@ -271,12 +271,29 @@ def _dropout(q, k, v):
     return (jnp.where(keep, p / 0.9, 0.0)) @ v
 
 
-@pytest.mark.parametrize("f", [_softmax_alone, _weights_returned, _softmax_over_queries, _dropout],
-                         ids=lambda f: f.__name__.strip("_"))
-def test_not_attention_is_left_alone(f):
+def attention_refusals(report) -> dict:
+    """fuse-attention's ``refused[<reason>]`` statistics of ``report`` (reason -> count)."""
+    (stats,) = [p.stats for p in report.passes if p.name == "fuse-attention"]
+    return {k[len("refused["):-1]: v for k, v in stats.items() if k.startswith("refused[")}
+
+
+@pytest.mark.parametrize("f,reason", [
+    (_softmax_alone, None),  # one dot_general: not even a candidate
+    (_weights_returned, "softmax probabilities are used outside the P·V product"),
+    (_softmax_over_queries, "P·V does not contract the key dim"),
+    (_dropout, "no dot_general reads a softmax (exp normalized by its sum) of a QKᵀ product"),
+], ids=lambda f: f.__name__.strip("_") if callable(f) else "")
+def test_not_attention_is_left_alone(f, reason):
     args = make_args("bhsd", "none", 1, np.float32, 16, 16)
     g = hlofuse.jit(f, autotune=False)
-    assert attention_regions(g.report(*args)) == []
+    report = g.report(*args)
+    assert attention_regions(report) == []
+    notes = [n for n in report.notes if n.startswith("fuse-attention:")]
+    if reason is None:
+        assert attention_refusals(report) == {} and notes == []
+    else:
+        assert attention_refusals(report) == {reason: 1}
+        assert len(notes) == 1 and notes[0].endswith(": " + reason), notes
     assert_same(g(*args), jax.jit(f)(*args), "grad")
 
 
@@ -287,8 +304,24 @@ def test_backward_program_is_correct_and_left_to_xla():
     args = make_args("bhsd", "causal", 1, np.float32, 16, 16)
     loss = lambda q, k, v: jnp.sum(f(q, k, v) ** 2)
     gl = hlofuse.jit(jax.grad(loss, argnums=(0, 1, 2)), autotune=False)
-    assert attention_regions(gl.report(*args)) == []
+    report = gl.report(*args)
+    assert attention_regions(report) == []
+    # every dot that reads the probabilities is a candidate refused for the same reason, and
+    # the report says so once
+    refused = attention_refusals(report)
+    assert list(refused) == ["softmax probabilities are used outside the P·V product"]
+    assert refused["softmax probabilities are used outside the P·V product"] >= 1
+    notes = [n for n in report.notes if n.startswith("fuse-attention:")]
+    assert len(notes) == 1 and "used outside the P·V product" in notes[0]
     assert_same(gl(*args), jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(*args), "grad")
+
+
+def test_matched_attention_reports_no_refusal():
+    """A fused attention adds no statistics and no notes beyond its region."""
+    f = make_attention("bhsd", "causal", 1, "nn", "div", "-inf")
+    report = hlofuse.jit(f, autotune=False).report(*make_args("bhsd", "causal", 1, np.float32, 16, 16))
+    assert len(attention_regions(report)) == 1 and attention_refusals(report) == {}
+    assert not [n for n in report.notes if n.startswith("fuse-attention:")]
 
 
 # ---------------------------------------------------------------------------------------------

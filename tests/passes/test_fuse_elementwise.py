@@ -169,3 +169,9 @@ func.func @main(%x: tensor<4xcomplex<f32>>) -> tensor<4xcomplex<f32>> {
 }"""
     opt = hlofuse.optimize(text, pipeline=FUSE)
     assert not opt.report.regions
+    (stats,) = [p.stats for p in opt.report.passes if p.name == "fuse-elementwise"]
+    refused = {k: v for k, v in stats.items() if k.startswith("refused[")}
+    assert len(refused) == 1 and list(refused.values()) == [2], stats  # add and multiply
+    assert "complex" in next(iter(refused)), refused
+    (note,) = [n for n in opt.report.notes if n.startswith("fuse-elementwise:")]
+    assert note.startswith("fuse-elementwise: 2 elementwise op(s) left to XLA"), note

@@ -10,6 +10,16 @@ import hlofuse
 from hlofuse.testing import assert_same
 from tests.fusion_util import kernels, outline, pipe
 
+def refusals(report) -> dict:
+    """fuse-horizontal's ``refused[<reason>]`` statistics (reason -> count)."""
+    (stats,) = [p.stats for p in report.passes if p.name == "fuse-horizontal"]
+    return {k[len("refused["):-1]: v for k, v in stats.items() if k.startswith("refused[")}
+
+
+def notes(report) -> list:
+    return [n for n in report.notes if n.startswith("fuse-horizontal:")]
+
+
 PIPE = pipe("fuse-matmul-epilogue", "fuse-horizontal")
 R = np.random.default_rng(2)
 F32 = np.float32
@@ -32,6 +42,7 @@ def test_qkv_projections_become_one_kernel():
     assert len(merged) == 3 and all(r.bytes_unfused == 0 and r.kernel is None for r in merged)
     # the shared lhs is read once instead of three times
     assert sum(1 for t in h.inputs if t == "f32[2,10,32]") == 1
+    assert refusals(rep) == {} and notes(rep) == []  # a merge adds no refusal
     assert_same(f(X, *WS, *BS), jax.jit(qkv)(X, *WS, *BS), "reassociate")
 
 
@@ -53,6 +64,9 @@ def test_dependent_dots_do_not_merge():
     f = hlofuse.jit(fn, target="cpu", pipeline=PIPE)
     rep = f.report(X, a, WS[1])
     assert kernels(rep, "horizontal") == []
+    # a is 32x64, b 32x48: the shapes already keep them apart, before the path is looked at
+    assert refusals(rep) == {"sibling dots with different shapes": 1}
+    assert len(notes(rep)) == 1 and "1 sibling dot(s) not merged" in notes(rep)[0]
     assert_same(f(X, a, WS[1]), jax.jit(fn)(X, a, WS[1]), "reassociate")
 
 
@@ -60,7 +74,12 @@ def test_different_shapes_do_not_merge():
     w2 = (R.standard_normal((32, 16)) * 0.2).astype(F32)
     fn = lambda x, a, b: (jnp.tanh(x @ a), jnp.tanh(x @ b))  # noqa: E731
     f = hlofuse.jit(fn, target="cpu", pipeline=PIPE)
-    assert kernels(f.report(X, WS[0], w2), "horizontal") == []
+    rep = f.report(X, WS[0], w2)
+    assert kernels(rep, "horizontal") == []
+    assert refusals(rep) == {"sibling dots with different shapes": 1}
+    (note,) = notes(rep)
+    assert note.startswith("fuse-horizontal: 1 sibling dot(s) not merged at test_fuse_horizontal.py:")
+    assert note.endswith(": sibling dots with different shapes")
 
 
 def test_sibling_elementwise_chains_merge():
@@ -73,10 +92,36 @@ def test_sibling_elementwise_chains_merge():
     assert_same(f(X, X), jax.jit(fn)(X, X), "kernel")
 
 
+SHARED_CONSTANT = """
+func.func @main(%x: tensor<4x8xf32>, %y: tensor<4x8xf32>) -> (tensor<4x8xf32>, tensor<4x8xf32>) {
+  %c = stablehlo.constant dense<3.0> : tensor<f32>
+  %b0 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<f32>) -> tensor<4x8xf32>
+  %e0 = stablehlo.exponential %x : tensor<4x8xf32>
+  %m0 = stablehlo.multiply %e0, %b0 : tensor<4x8xf32>
+  %b1 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<f32>) -> tensor<4x8xf32>
+  %e1 = stablehlo.exponential %y : tensor<4x8xf32>
+  %m1 = stablehlo.multiply %e1, %b1 : tensor<4x8xf32>
+  return %m0, %m1 : tensor<4x8xf32>, tensor<4x8xf32>
+}
+"""
+
+
 def test_sharing_only_a_constant_does_not_merge():
+    out = hlofuse.optimize(SHARED_CONSTANT, pipeline=["fuse-horizontal"])
+    assert [r for r in out.report.regions if r.extra.get("horizontal")] == []
+    assert refusals(out.report) == {"siblings share only a constant": 1}
+    (note,) = notes(out.report)
+    assert note.startswith("fuse-horizontal: 1 sibling elementwise group(s) not merged")
+    assert note.endswith(": siblings share only a constant")
+
+
+def test_chains_joined_by_a_shared_broadcast_are_one_group_not_siblings():
+    # after cse both chains read the same broadcast of 0.0 and of 3.0: one elementwise group
+    # (fuse-elementwise's business), so there is no sibling to merge or to refuse
     fn = lambda x, y: (jnp.maximum(x, 0.0) * 3.0, jnp.maximum(y, 0.0) * 3.0)  # noqa: E731
     out = outline(fn, (X, X), "fuse-horizontal")
     assert [r for r in out.report.regions if r.extra.get("horizontal")] == []
+    assert refusals(out.report) == {} and notes(out.report) == []
 
 
 @settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
