@@ -20,6 +20,7 @@ import pytest
 import jax
 import jax.numpy as jnp
 
+from hlofuse.target import Target
 from hlofuse import aot, chips
 from hlofuse.kernels import tiling
 from hlofuse.passes.fusion import cost
@@ -39,6 +40,7 @@ def needs(chip: str):
 def unchecked(cls, **kw):
     """A blocks object built without its validation: blocks tiling would never choose."""
     obj = object.__new__(cls)
+    kw["target"] = Target.of(kw["target"], kw.get("chip") or None)  # as __post_init__ would
     for f in dataclasses.fields(cls):
         object.__setattr__(obj, f.name, kw.get(f.name, f.default))
     return obj
