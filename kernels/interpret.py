@@ -32,8 +32,8 @@ from hlofuse.ir import value_key
 from hlofuse.ops import EmitError, const_value, emit_op, splat_scalar
 from hlofuse.kernels.support import REDUCERS, reduce_info
 
-__all__ = ["RETURNS", "Rule", "bind", "interpret", "run_region", "eval_reference", "REFERENCE_RULES", "reduce_init",
-           "reduce_with_init"]
+__all__ = ["RETURNS", "Rule", "bind", "interpret", "run_region", "eval_reference", "REFERENCE_RULES",
+           "reduce_init", "reduce_with_init"]
 
 RETURNS = ("func.return", "stablehlo.return")
 
