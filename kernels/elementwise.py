@@ -23,7 +23,6 @@ import dataclasses
 import functools
 import hashlib
 import math
-from typing import Sequence
 
 import numpy as np
 
@@ -33,7 +32,8 @@ from jax.experimental import pallas as pl
 from jaxlib.mlir import ir
 
 from hlofuse import ir as hir
-from hlofuse.ops import EmitError, const_value, emit_op, splat_scalar
+from hlofuse.ops import EmitError, const_value, splat_scalar
+from hlofuse.kernels.interpret import eval_reference, run_region
 from hlofuse.kernels.common import (boundary, call_options, check_tpu_dtypes, from_kernel, int32_bools,
                                     kernel_dtypes, max_itemsize, to_kernel)
 from hlofuse.kernels.support import broadcast_class
@@ -106,51 +106,34 @@ def spec_from_func(fn_op) -> ElementwiseSpec:
                            classes, tuple(hir.np_dtype(o.dtype) for o in outs), body, fn_op)
 
 
-def _value_key(v):
-    owner = v.owner
-    if isinstance(owner, ir.Block):
-        return ("arg", ir.BlockArgument(v).arg_number)
-    return ("res", getattr(owner, "operation", owner), ir.OpResult(v).result_number)
+def block_rules(block_shape: tuple) -> dict:
+    """The elementwise block view for the region interpreter (:mod:`hlofuse.kernels.interpret`):
+    broadcasts produce the block shape and splat constants become literals of it (rank-0 ones
+    stay scalars); every other op is emitted as it is."""
+    def broadcast(op, args):
+        return [jnp.broadcast_to(args[0], block_shape)]
+
+    def constant(op, args):
+        s = splat_scalar(op)   # one scalar, never materialized at its IR shape on the host
+        if s is not None:
+            return [jnp.asarray(s) if not _shape(op.results[0]) else jnp.full(block_shape, s)]
+        c = const_value(op)    # not a splat: only rank-0 ones are inlined into a kernel region
+        if c.ndim:
+            raise EmitError(f"non-splat constant {c.dtype}{list(c.shape)} inside an elementwise kernel")
+        return [jnp.asarray(c)]
+
+    return {"stablehlo.broadcast_in_dim": broadcast, "stablehlo.constant": constant}
 
 
-def evaluate_region(fn_op, args: Sequence, *, block_shape: tuple | None = None) -> list:
-    """Evaluate the region body with jax on ``args``.
-
-    With ``block_shape`` (kernel mode), broadcasts produce that shape and splat constants become
-    literals; without it (reference mode), ops keep their IR shapes. Splat constants are read as
-    one scalar (:func:`splat_scalar`), never materialized at their IR shape on the host.
-    """
-    entry = fn_op.regions[0].blocks[0]
-    env = {("arg", i): a for i, a in enumerate(args)}
-    for op in entry.operations:
-        op = op.operation
-        if op.name == "func.return":
-            return [env[_value_key(v)] for v in op.operands]
-        vals = [env[_value_key(v)] for v in op.operands]
-        if block_shape is not None and op.name == "stablehlo.broadcast_in_dim":
-            res = [jnp.broadcast_to(vals[0], block_shape)]
-        elif op.name == "stablehlo.constant" and (s := splat_scalar(op)) is not None:
-            shape = tuple(ir.RankedTensorType(op.results[0].type).shape)
-            if shape and block_shape is not None:
-                shape = block_shape
-            res = [jnp.asarray(s) if not shape else jnp.full(shape, s)]
-        elif block_shape is not None and op.name == "stablehlo.constant":
-            c = const_value(op)  # not a splat: only rank-0 ones are inlined into a kernel region
-            if c.ndim:
-                raise EmitError(f"non-splat constant {c.dtype}{list(c.shape)} inside an elementwise kernel")
-            res = [jnp.asarray(c)]
-        else:
-            res = emit_op(op, vals)
-        for j, r in enumerate(res):
-            env[("res", op, j)] = r
-    raise EmitError("region has no return")
+def _shape(v) -> tuple:
+    return tuple(ir.RankedTensorType(v.type).shape)
 
 
 def elementwise_kernel(*refs, fn_op, n_in: int, bool_in: tuple, bool_out: tuple, block_shape: tuple):
     """Kernel body: load every block, evaluate the region, store every output block."""
     in_refs, out_refs = refs[:n_in], refs[n_in:]
     vals = [from_kernel(r[...], b) for r, b in zip(in_refs, bool_in)]
-    outs = evaluate_region(fn_op, vals, block_shape=block_shape)
+    outs = run_region(fn_op, vals, rules=block_rules(block_shape))
     for r, v, b in zip(out_refs, outs, bool_out):
         r[...] = jnp.broadcast_to(to_kernel(v, b), block_shape).astype(r.dtype)
 
@@ -206,5 +189,5 @@ def build_elementwise(spec: ElementwiseSpec, target: Target | str, *, interpret=
 def elementwise_reference(spec: ElementwiseSpec):
     """Plain-jnp reference: the region evaluated op by op, no Pallas."""
     def ref(*inputs):
-        return tuple(evaluate_region(spec.func_op, [jnp.asarray(x) for x in inputs]))
+        return tuple(eval_reference(spec.func_op, inputs))
     return ref

@@ -39,8 +39,10 @@ from jax.experimental import pallas as pl
 
 from hlofuse.target import Target
 from hlofuse import ir as hir
+from hlofuse.ir import value_key
 from hlofuse.ops import EmitError
-from hlofuse.kernels.blockeval import eval_block, eval_reference
+from hlofuse.kernels.blockeval import eval_block
+from hlofuse.kernels.interpret import eval_reference
 from hlofuse.kernels.common import boundary, call_options
 from hlofuse.kernels.tiling import MatmulBlocks, matmul_blocks
 from hlofuse.kernels.support import (COL, FULL, ROW, SCALAR, ClassError, View, dot_layout,
@@ -256,11 +258,11 @@ def _prologue(ops, src_arg, block, env_scalars, f32_math: bool = False):
     if not ops:
         return block
     env = dict(env_scalars)
-    env[src_arg] = block
+    env[value_key(src_arg)] = block
     classes = {r: (SCALAR if hir.tensor_type_info(r.type).size == 1 else FULL) for o in ops for r in o.results}
     shapes = {FULL: tuple(block.shape), SCALAR: (1,) * block.ndim, ROW: None, COL: None}
     eval_block(ops, env, classes, shapes, f32_math=f32_math)
-    return env[ops[-1].results[0]]
+    return env[value_key(ops[-1].results[0])]
 
 
 def matmul_epilogue_kernel(*refs, spec: MatmulSpec, plan: dict):
@@ -281,9 +283,9 @@ def matmul_epilogue_kernel(*refs, spec: MatmulSpec, plan: dict):
     extra_vals = {}
     scalars = {}
     for (i, cls), r in zip(spec.extra_args, extra_refs):
-        extra_vals.setdefault(args[i], r[...])
+        extra_vals.setdefault(value_key(args[i]), r[...])
         if cls == SCALAR:
-            scalars[args[i]] = r[...]
+            scalars[value_key(args[i])] = r[...]
     lhs_arg = args[spec.lhs_arg]
     lhs_t = spec.lhs_t
 
@@ -324,11 +326,11 @@ def matmul_epilogue_kernel(*refs, spec: MatmulSpec, plan: dict):
     def epilogue(accs):
         env = dict(extra_vals)
         for ds, acc in zip(spec.dots, accs):
-            env[ds.op.results[0]] = acc.astype(ds.out_dtype)
+            env[value_key(ds.op.results[0])] = acc.astype(ds.out_dtype)
         eval_block(list(spec.epilogue), env, spec.classes, plan["shapes"], f32_math=plan["f32_math"])
         ret = [o for o in _entry(spec.func_op).operations][-1]
         for r, v in zip(out_refs, ret.operands):
-            r[...] = jnp.broadcast_to(env[v], plan["shapes"][FULL]).astype(r.dtype)
+            r[...] = jnp.broadcast_to(env[value_key(v)], plan["shapes"][FULL]).astype(r.dtype)
 
     if plan["k_in_grid"]:
         kid = pl.program_id(len(plan["grid"]) - 1)

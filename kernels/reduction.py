@@ -30,8 +30,10 @@ from jax.experimental import pallas as pl
 
 from hlofuse.target import Target
 from hlofuse import ir as hir
+from hlofuse.ir import value_key
 from hlofuse.ops import EmitError
-from hlofuse.kernels.blockeval import eval_block, eval_reference
+from hlofuse.kernels.blockeval import eval_block
+from hlofuse.kernels.interpret import bind, eval_reference
 from hlofuse.kernels.common import (boundary, call_options, check_tpu_dtypes, from_kernel, int32_bools,
                                     kernel_dtypes, max_itemsize, to_kernel)
 from hlofuse.kernels.tiling import RowBlocks, row_blocks
@@ -137,7 +139,7 @@ def reduction_kernel(*refs, spec: ReductionSpec, n_in: int, shapes: dict, bool_i
     """Kernel body: load the row blocks, evaluate the region, store full/row outputs."""
     in_refs, out_refs = refs[:n_in], refs[n_in:]
     entry = _entry(spec.func_op)
-    env = {a: from_kernel(r[...], b) for a, r, b in zip(entry.arguments, in_refs, bool_in)}
+    env = bind(entry, [from_kernel(r[...], b) for r, b in zip(in_refs, bool_in)])
     valid = None
     if padded:
         valid = lax.broadcasted_iota(jnp.int32, shapes[FULL], 1) < cols
@@ -145,7 +147,7 @@ def reduction_kernel(*refs, spec: ReductionSpec, n_in: int, shapes: dict, bool_i
     eval_block(ops, env, spec.classes, shapes, valid=valid, f32_math=f32_math)
     ret = ops[-1]
     for r, v, cls, b in zip(out_refs, ret.operands, spec.out_classes, bool_out):
-        r[...] = jnp.broadcast_to(to_kernel(env[v], b), shapes[cls]).astype(r.dtype)
+        r[...] = jnp.broadcast_to(to_kernel(env[value_key(v)], b), shapes[cls]).astype(r.dtype)
 
 
 def build_reduction(spec: ReductionSpec, target: Target | str, *, interpret=None, blocks: RowBlocks | None = None,

@@ -96,16 +96,20 @@ TPU_LANES = 128
 @dataclasses.dataclass(frozen=True)
 class Tile:
     """The last two dims of a block and of the array it tiles, for families whose block class
-    names them differently (e.g. attention's ``bq``/``bk``)."""
+    names them differently (e.g. attention's ``bq``/``bk``).
+
+    ``rows``/``cols`` None: the block is checked before the array is known (attention blocks
+    are validated on their own), so no whole-dimension exception applies (tpu blocks must be
+    aligned) and nothing has to cover the array (cpu: the family loops over the blocks)."""
     br: int
     bc: int
-    rows: int
-    cols: int
+    rows: int | None = None
+    cols: int | None = None
     sublane: int = 8
 
 
 def _covers_whole_array(b) -> str | None:
-    if (b.br, b.bc) != (b.rows, b.cols):
+    if b.rows is not None and (b.br, b.bc) != (b.rows, b.cols):
         return "cpu interpret blocks must cover the whole array"
     return None
 
@@ -124,14 +128,18 @@ def _within_triton_tensor(b) -> str | None:
 
 def _lane_aligned(b) -> str | None:
     if b.bc != b.cols and b.bc % TPU_LANES:
-        return f"TPU lane block {b.bc} must be a multiple of {TPU_LANES} or {b.cols}"
+        return f"TPU lane block {b.bc} must be a multiple of {TPU_LANES}" + _or_whole(b.cols)
     return None
 
 
 def _sublane_aligned(b) -> str | None:
     if b.br != b.rows and b.br % b.sublane:
-        return f"TPU sublane block {b.br} must be a multiple of {b.sublane} or {b.rows}"
+        return f"TPU sublane block {b.br} must be a multiple of {b.sublane}" + _or_whole(b.rows)
     return None
+
+
+def _or_whole(n: int | None) -> str:
+    return "" if n is None else f" or {n}"
 
 
 # target -> rules every block obeys (cpu: Pallas interpret; gpu: Triton; tpu: Mosaic)

@@ -8,7 +8,7 @@ import numpy as np
 
 from hlofuse.kernels.attention.skip import skip_info
 from hlofuse.kernels.attention.spec import AttentionSpec
-from hlofuse.kernels.tiling import next_pow2
+from hlofuse.kernels.tiling import Tile, check_block, next_pow2
 
 __all__ = ["AttentionBlocks", "cpu_plan", "gpu_blocks", "tpu_blocks", "CPU_STEP_BUDGET",
            "CPU_MAX_BLOCK_K", "CPU_SKIP_BLOCK"]
@@ -24,6 +24,15 @@ CPU_MAX_BLOCK_K = 512
 CPU_SKIP_BLOCK = 256          # blocks when a position mask lets whole blocks be skipped
 
 
+def _dot_operands(b: Tile) -> str | None:
+    if min(b.br, b.bc) < 16:
+        return f"Triton attention blocks must be at least 16 (tl.dot), got {b.br}x{b.bc}"
+    return None
+
+
+_RULES = {"gpu": (_dot_operands,)}   # beyond the per-target block rules (tiling.BLOCK_RULES)
+
+
 @dataclasses.dataclass(frozen=True)
 class AttentionBlocks:
     """Query block (rows per program / chunk) and key block, validated per target."""
@@ -34,17 +43,8 @@ class AttentionBlocks:
     num_stages: int = 2
 
     def __post_init__(self):
-        if self.bq < 1 or self.bk < 1:
-            raise ValueError(f"blocks must be positive, got bq={self.bq} bk={self.bk}")
-        if self.target == "gpu":
-            for n in (self.bq, self.bk):
-                if n & (n - 1) or n < 16:
-                    raise ValueError(f"Triton blocks must be powers of two >= 16, got {self.bq}x{self.bk}")
-        elif self.target == "tpu":
-            if self.bq % 8 or self.bk % 128:
-                raise ValueError(f"TPU blocks must be (8,128)-aligned, got bq={self.bq} bk={self.bk}")
-        elif self.target != "cpu":
-            raise ValueError(f"unknown target {self.target!r}")
+        # the (bq, bk) logits tile, checked before the sequence lengths are known
+        check_block(self.target, Tile(self.bq, self.bk), _RULES)
 
     def __str__(self) -> str:
         return f"bq={self.bq} bk={self.bk}"
