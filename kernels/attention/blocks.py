@@ -6,6 +6,7 @@ import dataclasses
 
 import numpy as np
 
+from hlofuse.target import Target
 from hlofuse.kernels.attention.skip import skip_info
 from hlofuse.kernels.attention.spec import AttentionSpec
 from hlofuse.kernels.tiling import Tile, check_block, next_pow2
@@ -36,13 +37,14 @@ _RULES = {"gpu": (_dot_operands,)}   # beyond the per-target block rules (tiling
 @dataclasses.dataclass(frozen=True)
 class AttentionBlocks:
     """Query block (rows per program / chunk) and key block, validated per target."""
-    target: str
+    target: Target
     bq: int
     bk: int
     num_warps: int = 4
     num_stages: int = 2
 
     def __post_init__(self):
+        object.__setattr__(self, "target", Target.of(self.target))  # a name is accepted
         # the (bq, bk) logits tile, checked before the sequence lengths are known
         check_block(self.target, Tile(self.bq, self.bk), _RULES)
 
