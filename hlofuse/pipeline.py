@@ -33,7 +33,7 @@ from hlofuse.report import Report
 from hlofuse.target import Target
 
 __all__ = ["Pass", "PassContext", "PassFailure", "PassManager", "register_pass", "get_pass",
-           "all_passes", "PIPELINES", "resolve_pipeline", "parse_pipeline", "Step",
+           "all_passes", "UpstreamPass", "PIPELINES", "resolve_pipeline", "parse_pipeline", "Step",
            "GlobalOptions", "NoOptions", "OptionError", "split_options", "DISABLE_ENV"]
 
 DISABLE_ENV = "HLOFUSE_DISABLE_PASSES"
@@ -210,6 +210,22 @@ class Pass:
 
     def run(self, module: ir.Module, ctx: "PassContext") -> dict | None:  # pragma: no cover
         raise NotImplementedError
+
+
+class UpstreamPass(Pass):
+    """A pass that runs one of jaxlib's upstream MLIR passes (``upstream``, e.g. ``cse``) over
+    the module and reports how much it removed, counted by ``count`` (ops by default)."""
+    upstream: str = ""
+    stat: str = "ops_removed"
+
+    @staticmethod
+    def count(module) -> int:
+        return len(hir.all_ops(module))
+
+    def run(self, module, ctx):
+        before = self.count(module)
+        hir.run_upstream_passes(module, f"builtin.module({self.upstream})")
+        return {self.stat: before - self.count(module)}
 
 
 @dataclasses.dataclass

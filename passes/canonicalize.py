@@ -5,15 +5,10 @@ fold ``x+0`` or constants; see the algebraic-simplification pass for that).
 Preconditions: none. Invariant: results unchanged, module verifies.
 """
 
-from hlofuse import ir as hir
-from hlofuse.pipeline import Pass, register_pass
+from hlofuse.pipeline import UpstreamPass, register_pass
 
 
 @register_pass
-class Canonicalize(Pass):
+class Canonicalize(UpstreamPass):
     name = "canonicalize"
-
-    def run(self, module, ctx):
-        before = len(hir.all_ops(module))
-        hir.run_upstream_passes(module, "builtin.module(canonicalize)")
-        return {"ops_removed": before - len(hir.all_ops(module))}
+    upstream = "canonicalize"

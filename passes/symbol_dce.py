@@ -5,14 +5,12 @@ callees left after inlining). Invariant: ``@main`` and public symbols are kept.
 """
 
 from hlofuse import ir as hir
-from hlofuse.pipeline import Pass, register_pass
+from hlofuse.pipeline import UpstreamPass, register_pass
 
 
 @register_pass
-class SymbolDCE(Pass):
+class SymbolDCE(UpstreamPass):
     name = "symbol-dce"
-
-    def run(self, module, ctx):
-        before = len(hir.funcs(module))
-        hir.run_upstream_passes(module, "builtin.module(symbol-dce)")
-        return {"funcs_removed": before - len(hir.funcs(module))}
+    upstream = "symbol-dce"
+    stat = "funcs_removed"
+    count = staticmethod(lambda module: len(hir.funcs(module)))
