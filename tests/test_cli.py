@@ -766,3 +766,17 @@ def test_arg_spec_parsing():
     for bad in ("f32[8", "x32[3]", "f32", "f32[1-2]"):
         with pytest.raises(formats.FileError):
             argspec.parse_arg_specs(bad)
+
+
+@pytest.mark.parametrize("pipeline, needles", [
+    ("cse,constant-fold{max_byte=3}", ("--pipeline", "unknown option(s) 'max_byte'",
+                                       "known: max_bytes")),
+    ("cse,constant-fold{max_bytes=lots}", ("--pipeline", "expected int, got 'lots'")),
+    ("cse,nope", ("--pipeline", "unknown pass 'nope'")),
+])
+def test_bad_pipeline_text_is_a_usage_error_naming_the_flag(tmp_path, capsys, pipeline, needles):
+    (tmp_path / "m.mlir").write_text(DYNAMIC)
+    p = hlofuse_inprocess(capsys, "optimize", "m.mlir", "-o", "o.mlir", "--pipeline", pipeline,
+                          cwd=tmp_path)
+    one_error_line(p, *needles)
+    assert not (tmp_path / "o.mlir").exists()

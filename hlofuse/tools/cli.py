@@ -59,7 +59,7 @@ from hlofuse.api import STABLEHLO_DIALECTS, STRUCTURAL_DIALECTS, DumpError, modu
     optimize_loaded
 from hlofuse.ir import IRError
 from hlofuse.target import Target
-from hlofuse.pipeline import PassFailure, all_passes, resolve_pipeline
+from hlofuse.pipeline import OptionError, PassFailure, all_passes, resolve_pipeline
 from hlofuse.testing import compare
 from hlofuse.tools import argspec, formats
 
@@ -299,7 +299,7 @@ def _disabled(fv) -> list[str]:
 def _check_pipeline_flags(fv) -> None:
     try:
         resolve_pipeline(fv["pipeline"].value)
-    except KeyError as e:
+    except (KeyError, OptionError) as e:
         raise UsageError(f"--pipeline: {e.args[0]}") from None
     known = all_passes()
     for name in _disabled(fv):
