@@ -25,7 +25,7 @@ from hlofuse import ir as hir
 from hlofuse.pipeline import Pass, register_pass
 from hlofuse.kernels import FAMILIES
 from hlofuse.kernels.common import func_avals
-from hlofuse.kernels.lowering import lower_to_text
+from hlofuse.kernels import lowering
 from hlofuse.target import Target
 from hlofuse.passes.fusion.outline import KERNEL_PREFIX, KIND_ATTR, REGION_ATTR, XLA_ATTR
 from hlofuse.report import HlofuseWarning
@@ -50,7 +50,7 @@ def lower_region(fn_op, kind: str, target: Target) -> tuple[str, str, str]:
             return _CACHE[key]
     spec = family.spec_from_func(fn_op)
     fn = family.build(spec, target)
-    text = lower_to_text(fn, func_avals(fn_op), target)
+    text = lowering.lower_to_text(fn, func_avals(fn_op), target)
     result = (text, fn.kernel_name, str(fn.blocks))
     with _CACHE_LOCK:
         _CACHE[key] = result
