@@ -7,7 +7,9 @@ pass applies the table to a fixed point (bounded) over every code block and eras
 Every pattern is *exact* for all inputs, NaN, infinities and signed zeros included; nothing
 reassociates floating point. Hence what is deliberately absent: ``x*0 -> 0`` (NaN, inf),
 ``x-x -> 0``, ``x + (+0.0) -> x`` (``-0.0 + +0.0`` is ``+0.0``; only ``x + (-0.0)`` is an
-identity, and ``x - (+0.0)``), and convert chains that narrow before widening.
+identity, and ``x - (+0.0)``), and convert chains that narrow before widening. Those near
+misses (:data:`NEAR_MISSES`: ops that match a row's shape but not its exactness condition) are
+counted by reason in the statistics (``refused[<reason>]``), once, on the simplified module.
 Preconditions: none. Invariant: bit-exact results, module verifies, rerunning changes nothing.
 """
 
@@ -22,6 +24,7 @@ from jaxlib.mlir import ir
 
 from hlofuse import ir as hir
 from hlofuse.pipeline import Pass, register_pass
+from hlofuse.report import Refusals
 from hlofuse.passes import graph_util as gu
 from hlofuse.passes.fusion.outline import program_blocks
 
@@ -321,6 +324,57 @@ for _p in PATTERNS:
     _BY_OP.setdefault(_p.op, []).append(_p)
 
 
+# ---------------------------------------------------------------------------------------------
+# Near misses: the shape of an identity that is not exact for these values or this dtype
+# ---------------------------------------------------------------------------------------------
+
+def _near_add(op):
+    if _is_float(op.results[0]) and _other(op, lambda v: _is_zero(v, negative=False)) is not None:
+        return "x + (+0.0) is not x for x = -0.0"
+    return None
+
+
+def _near_sub(op):
+    a, b = op.operands[0], op.operands[1]
+    if _is_float(b) and _is_zero(b, negative=True):
+        return "x - (-0.0) is not x for x = -0.0"
+    if _is_float(a) and _same(a, b):
+        return "x - x is not 0 for NaN or infinite x"
+    return None
+
+
+def _near_mul(op):
+    if _is_float(op.results[0]) and _other(op, _is_zero) is not None:
+        return "x * 0 is not 0 for NaN or infinite x"
+    return None
+
+
+def _near_convert(op):
+    inner = gu.is_op(op.operands[0], "stablehlo.convert")
+    if inner is None:
+        return None
+    a, b = gu.info(inner.operands[0]), gu.info(op.operands[0])
+    if a is not None and b is not None and not exact_conversion(a.dtype, b.dtype):
+        return "convert chain narrows before widening"
+    return None
+
+
+NEAR_MISSES = {S + "add": _near_add, S + "subtract": _near_sub, S + "multiply": _near_mul,
+               S + "convert": _near_convert}
+
+
+def near_misses(module, refused: Refusals) -> None:
+    """Add each op left in ``module`` that looks like an identity but is not exact."""
+    for block in program_blocks(module, scalar_bodies=True):
+        for op in hir.block_ops(block):
+            check = NEAR_MISSES.get(op.name)
+            if check is None or len(op.results) != 1 or gu.info(op.results[0]) is None:
+                continue
+            why = check(op)
+            if why is not None:
+                refused.add("near identity", why, hir.op_location(op))
+
+
 def simplify(module, counts: dict | None = None) -> int:
     """Apply :data:`PATTERNS` to a fixed point; returns the number of rewrites."""
     counts = counts if counts is not None else {}
@@ -362,4 +416,7 @@ class AlgebraicSimplify(Pass):
     def run(self, module, ctx):
         counts: dict = {}
         n = simplify(module, counts)
-        return {"rewrites": n, **{k: v for k, v in sorted(counts.items())}}
+        refused = Refusals(self.name, outcome="not simplified")
+        with module.context:
+            near_misses(module, refused)
+        return {"rewrites": n, **{k: v for k, v in sorted(counts.items())}, **refused.stats()}

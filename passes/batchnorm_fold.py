@@ -17,7 +17,9 @@ JAX/flax emit BatchNorm with ``use_running_average=True`` once ``constant-fold``
 
 Not folded: weights that are runtime arguments, producers with other users, chains without a
 scale that have fewer than two shifts, ``batch_group_count != 1``, non-float types, scales that
-are not finite or a division by zero.
+are not finite or a division by zero. Each conv/dot_general whose result feeds such a chain
+and is not folded is counted by reason in the statistics (``refused[<reason>]``); a lone bias
+add (one shift, no scale) is already the folded form and is not counted.
 Preconditions: ``constant-fold`` has run (the per-channel vectors and weights are constants).
 Invariant: results within the ``reassociate`` tolerance (the scale is applied to the weights
 instead of the output, and shifts are summed). The module verifies; rerunning changes nothing.
@@ -32,6 +34,7 @@ from jaxlib.mlir.dialects import stablehlo as shlo
 
 from hlofuse import ir as hir
 from hlofuse.pipeline import Pass, register_pass
+from hlofuse.report import Refusals
 from hlofuse.passes import graph_util as gu
 from hlofuse.passes.fusion.outline import program_blocks
 
@@ -79,10 +82,11 @@ def channel_vector(v: ir.Value, dim: int, channels: int) -> np.ndarray | None:
 
 
 def _producer_weight(op):
-    """(weight operand index, weight dim carrying the channel, output channel dim) or None."""
+    """(weight operand index, weight dim carrying the channel, output channel dim), or a
+    string saying why there is none."""
     if op.name == "stablehlo.convolution":
         if "batch_group_count" in op.attributes and ir.IntegerAttr(op.attributes["batch_group_count"]).value != 1:
-            return None
+            return "batch_group_count != 1"
         dn = shlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
         return 1, dn.kernel_output_feature_dimension, dn.output_feature_dimension
     if op.name == "stablehlo.dot_general":
@@ -94,10 +98,10 @@ def _producer_weight(op):
         lhs_free = [d for d in range(lhs_rank) if d not in lb + lc]
         rhs_free = [d for d in range(rhs_rank) if d not in rb + rc]
         if len(rhs_free) != 1:
-            return None  # one channel dim; several rhs free dims would need a reshape
+            return "weight has several output dimensions"  # would need a reshape
         out_dim = len(lb) + len(lhs_free)
         return 1, rhs_free[0], out_dim
-    return None
+    return "not a convolution or dot_general"
 
 
 def _follow_chain(y: ir.Value, dim: int, channels: int):
@@ -139,25 +143,66 @@ def _follow_chain(y: ir.Value, dim: int, channels: int):
     return ops, s, t, n_scale, n_shift
 
 
-def fold_one(op) -> bool:
-    spec = _producer_weight(op)
-    if spec is None:
+def _looks_affine(u, y) -> bool:
+    """Is ``u`` a chain op whose other operand (not ``y``) is a constant or a broadcast: the
+    shape of a per-channel scale or shift, whatever its values?"""
+    if u.name not in CHAIN_OPS:
         return False
+    other = u.operands[1] if u.operands[0] == y else u.operands[0]
+    d = hir.defining_op(other)
+    return d is not None and d.name in ("stablehlo.constant", "stablehlo.broadcast_in_dim")
+
+
+def _why_no_chain(y: ir.Value, dim: int, channels: int) -> str | None:
+    """Why the chain after ``y`` is empty, or None when nothing after ``y`` looks like one."""
+    us = hir.users(y)
+    affine = [u for u in us if _looks_affine(u, y)]
+    if not affine:
+        return None
+    if len(us) != 1 or len(list(y.uses)) != 1:
+        return "result has other users"
+    u = affine[0]
+    other = u.operands[1] if u.operands[0] == y else u.operands[0]
+    kind = "scale" if u.name in ("stablehlo.multiply", "stablehlo.divide") else "shift"
+    vec = channel_vector(other, dim, channels)
+    if vec is None:
+        return f"{kind} is not a per-channel constant"
+    if u.name == "stablehlo.divide":
+        return "divides by the result" if u.operands[0] != y else "divides by zero"
+    return None
+
+
+def fold_one(op, refused: Refusals | None = None) -> bool:
+    """Fold the affine chain after ``op``; a candidate (a chain follows) that is not folded is
+    added to ``refused`` with why."""
+    def refuse(why):
+        if refused is not None and why is not None:
+            refused.add("conv/dot affine chain", why, hir.op_location(op))
+        return False
+
+    def chain_follows():
+        return any(_looks_affine(u, op.results[0]) for u in hir.users(op.results[0]))
+
+    spec = _producer_weight(op)
+    if isinstance(spec, str):
+        return refuse(spec) if chain_follows() else False
     w_index, w_dim, out_dim = spec
     out = gu.info(op.results[0])
     if out is None or out.dtype not in FLOAT_TYPES:
-        return False
+        return refuse("not a float type") if chain_follows() else False
+    channels = out.shape[out_dim]
+    chain, s, t, n_scale, n_shift = _follow_chain(op.results[0], out_dim, channels)
+    if not chain:
+        return refuse(_why_no_chain(op.results[0], out_dim, channels))
+    if n_scale == 0 and n_shift < 2:
+        return False  # one bias add: already the folded form
     w = gu.constant_array(op.operands[w_index])
     if w is None:
-        return False
-    channels = out.shape[out_dim]
+        return refuse("weight is not a constant")
     if w.shape[w_dim] != channels:
-        return False
-    chain, s, t, n_scale, n_shift = _follow_chain(op.results[0], out_dim, channels)
-    if not chain or (n_scale == 0 and n_shift < 2):
-        return False
+        return refuse("weight channels differ from the result's")
     if not (np.all(np.isfinite(s)) and np.all(np.isfinite(t))):
-        return False
+        return refuse("folded scale or shift is not finite")
     shape = [1] * w.ndim
     shape[w_dim] = channels
     w_new = (w.astype(np.float64) * s.reshape(shape)).astype(w.dtype)
@@ -186,10 +231,11 @@ class BatchNormFold(Pass):
 
     def run(self, module, ctx):
         folded = 0
+        refused = Refusals(self.name, outcome="not folded")
         gu.reset_tracking()
         with module.context, ir.Location.unknown():
             for block in program_blocks(module):
                 for op in hir.block_ops(block):
                     if gu.alive(op) and op.name in ("stablehlo.convolution", "stablehlo.dot_general"):
-                        folded += bool(fold_one(op))
-        return {"folded": folded}
+                        folded += bool(fold_one(op, refused))
+        return {"folded": folded, **refused.stats()}

@@ -15,7 +15,10 @@ when a frontier op is refused, its operands are folded instead. Intermediates la
 
 Not folded: ops with side effects or regions, integer divide/remainder by zero, results whose
 emitter gives another dtype or shape than the IR type, 64-bit or complex inputs the emitter
-rejects (the op is simply left alone).
+rejects (the op is simply left alone). Refused candidates are counted by reason in the
+statistics (``refused[<reason>]``): a frontier op whose result is too large to materialize
+(also counted in ``refused_size``), one whose evaluation failed (``eval_failed``), and an op
+that combines a constant with a function argument (freezing that argument would fold it).
 Preconditions: none (run after ``inline-calls``; frozen parameters make most of the work).
 Invariant: results unchanged — the folded value is what XLA's CPU backend computes for the op;
 transcendental ops may differ from a GPU/TPU run in the last ulp, as with XLA's own folding.
@@ -33,6 +36,7 @@ from jaxlib.mlir import ir
 from hlofuse import ir as hir
 from hlofuse.ops import OpClass, emit_op, rule_for, splat_scalar
 from hlofuse.pipeline import Pass, register_pass
+from hlofuse.report import Refusals
 from hlofuse.passes import graph_util as gu
 from hlofuse.passes.fusion.outline import program_blocks
 
@@ -269,20 +273,29 @@ class _Folder:
         return v
 
     def acceptable(self, op) -> bool:
+        return self.refusal(op) is None
+
+    def refusal(self, op) -> str | None:
+        """Why ``op``'s value is not materialized (None: it is); ``""`` when it is already in
+        canonical form (a boolean splat broadcast), which is no refusal to report."""
         t = gu.info(op.results[0])
         if t.size <= 1:
-            return True
+            return None
         if t.dtype == "i1" and op.name == "stablehlo.broadcast_in_dim" and \
                 gu.is_op(op.operands[0], "stablehlo.constant") and gu.info(op.operands[0]).size == 1:
-            return False  # already the canonical form of a boolean splat (see _materialize)
+            return ""  # already the canonical form of a boolean splat (see _materialize)
         if op.name in EXPANSION_OPS or t.nbytes > self.max_bytes or \
                 t.nbytes > self.source[gu.op_key(op)] + SMALL_BYTES:
             # only a splat result is worth it; decide without evaluating large values
-            if op.name == "stablehlo.broadcast_in_dim":
-                return gu.splat_value(op.operands[0]) is not None or \
-                    gu.info(op.operands[0]).size == 1
-            return False
-        return True
+            if op.name == "stablehlo.broadcast_in_dim" and (
+                    gu.splat_value(op.operands[0]) is not None or gu.info(op.operands[0]).size == 1):
+                return None
+            if t.nbytes > self.max_bytes:
+                return "result larger than max_bytes"
+            if op.name in EXPANSION_OPS:
+                return f"{op.name.split('.')[-1]} result is not a splat"
+            return "result larger than the constants it is computed from"
+        return None
 
 
 def _materialize(val: np.ndarray, op) -> ir.Value:
@@ -295,6 +308,17 @@ def _materialize(val: np.ndarray, op) -> ir.Value:
                                   gu.tensor_type([], gu.element_type(op.results[0])), before=op)
         return gu.make_broadcast(scalar, [], t, before=op)
     return gu.make_constant(val, t, before=op)
+
+
+def _eval_reason(e: Exception) -> str:
+    """A short, aggregatable reason for a failed evaluation (the message of the ValueErrors
+    :meth:`_Folder.value` raises; other errors by type only, their text varies per op)."""
+    msg = str(e)
+    if isinstance(e, ValueError) and msg.startswith(("integer division", "subnormal", "unreadable")):
+        return "evaluation refused: " + msg.split(":")[0]
+    if isinstance(e, ValueError) and msg.startswith("emitter gave"):
+        return "evaluation refused: emitter gave another dtype or shape"
+    return f"evaluation failed: {type(e).__name__}"
 
 
 @register_pass
@@ -316,16 +340,20 @@ class ConstantFold(Pass):
         targets: list = []
         chosen: set = set()
         refused = 0
+        why = Refusals(self.name, outcome="not folded")
 
         def want(op):
             nonlocal refused
             if gu.op_key(op) in chosen or op.name == "stablehlo.constant":
                 return
-            if folder.acceptable(op):
+            reason = folder.refusal(op)
+            if reason is None:
                 chosen.add(gu.op_key(op))
                 targets.append(op)
                 return
             refused += 1
+            if reason:
+                why.add("constant subgraph", reason, hir.op_location(op))
             for v in op.operands:
                 want(hir.defining_op(v))
 
@@ -334,13 +362,20 @@ class ConstantFold(Pass):
                 continue
             if any(not folder.is_const(u) for u in hir.users(op.results[0])):
                 want(op)
+        for op in ops:  # a constant meets a function argument: freezing it would fold the op
+            if folder.is_const(op) or not foldable(op):
+                continue
+            prods = [hir.defining_op(v) for v in op.operands]
+            if any(folder.is_const(p) for p in prods) and any(p is None for p in prods):
+                why.add("constant subgraph", "operand is a function argument", hir.op_location(op))
         folded = failed = 0
         with module.context, ir.Location.unknown():
             for op in targets:
                 try:
                     val = folder.value(op)
-                except Exception:
+                except Exception as e:
                     failed += 1
+                    why.add("constant subgraph", _eval_reason(e), hir.op_location(op))
                     continue
                 new = _materialize(val, op)
                 uses = [(u.owner, u.operand_number) for u in op.results[0].uses]
@@ -353,4 +388,4 @@ class ConstantFold(Pass):
                 folded += 1
             removed = gu.erase_dead_in(blocks)
         return {"folded": folded, "ops_removed": removed, "refused_size": refused,
-                "eval_failed": failed}
+                "eval_failed": failed, **why.stats()}

@@ -23,7 +23,11 @@ Steps 2-4 run on every target (they never increase the number of transposes); st
 where preferred.
 Statistics: transposes and copies (transposes that are not bitcasts) before/after, plus a
 report note. TPU: convolutions whose channel count is not a multiple of 128 (the lane width)
-are counted in ``tpu_lane_unaligned``. Not done: transposes into Pallas kernel index maps.
+are counted in ``tpu_lane_unaligned``. Refusals are counted by reason (``refused[<reason>]``):
+each transpose left with a user it could not move through (other users keep it alive, another
+operand would need a new transpose, a non-elementwise user, ...), and each convolution not in
+channels-last layout that is kept (the target prefers none, or ``conv_layout='keep'``).
+Not done: transposes into Pallas kernel index maps.
 Preconditions: calls inlined. Invariant: the same arithmetic on the same values (only data
 movement changes), so results are bit-exact except that a backend may pick another convolution
 or reduction algorithm for the new layout (summation order: ``kernel`` tolerance); the module
@@ -43,6 +47,7 @@ from jaxlib.mlir.dialects import stablehlo as shlo
 from hlofuse import ir as hir
 from hlofuse.ops import OpClass, rule_for
 from hlofuse.pipeline import Pass, register_pass
+from hlofuse.report import Refusals
 from hlofuse.passes import graph_util as gu
 from hlofuse.passes.fusion.outline import program_blocks
 from hlofuse.passes.algebraic_simplify import _transpose as compose_transpose
@@ -91,6 +96,17 @@ class _Layout:
         self.worklist: list = []
         self.stats = {"convs_to_channels_last": 0, "sunk_elementwise": 0, "sunk_reduce": 0,
                       "folded_into_dot": 0, "cancelled": 0}
+        self.why: dict = {}  # transpose key -> (transpose, why its last attempted move failed)
+
+    def refuse(self, t, why: str) -> bool:
+        self.why[gu.op_key(t)] = (t, why)
+        return False
+
+    def refusals(self, refused: Refusals) -> None:
+        """Add each transpose still alive with the reason its last move failed."""
+        for t, why in self.why.values():
+            if gu.alive(t) and t.name == T_OP:
+                refused.add("transpose", why, hir.op_location(t))
 
     # -- transposes of a value, reused when one exists ---------------------------------------
     def transpose_of(self, v: ir.Value, perm, anchor) -> ir.Value:
@@ -129,6 +145,16 @@ class _Layout:
         return None
 
     # -- 1. convolutions ---------------------------------------------------------------------
+    @staticmethod
+    def is_channels_last(op) -> bool:
+        dn = shlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
+        return is_identity([dn.input_batch_dimension, *dn.input_spatial_dimensions,
+                            dn.input_feature_dimension]) and \
+            is_identity([*dn.kernel_spatial_dimensions, dn.kernel_input_feature_dimension,
+                         dn.kernel_output_feature_dimension]) and \
+            is_identity([dn.output_batch_dimension, *dn.output_spatial_dimensions,
+                         dn.output_feature_dimension])
+
     def convert_conv(self, op) -> bool:
         dn = shlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
         out = gu.info(op.results[0])
@@ -182,7 +208,7 @@ class _Layout:
         post = gu.info(e.results[0])
         pre_shape = list(gu.info(t.operands[0]).shape)
         if post is None or list(post.shape) != [pre_shape[i] for i in p]:
-            return False
+            return self.refuse(t, "elementwise user changes the shape")
         plan, dying, cost = [], set(), 1
         for o in e.operands:
             d = hir.defining_op(o)
@@ -218,7 +244,9 @@ class _Layout:
         cost += sum(1 for step in plan if step[0] == "other"
                     and not self._has_transpose(step[1], pinv, e, exclude=dying))
         if len(dying) < cost:
-            return False
+            if t not in dying:
+                return self.refuse(t, "transpose has other users")
+            return self.refuse(t, "another operand of its elementwise user would need a new transpose")
         old_producers = [hir.defining_op(o) for o in e.operands]
         for i, step in enumerate(plan):
             kind = step[0]
@@ -253,7 +281,7 @@ class _Layout:
         p = perm_of(t)
         if any(hir.defining_op(v) is None or hir.defining_op(v).name != T_OP
                or perm_of(hir.defining_op(v)) != p for v in ins):
-            return False
+            return self.refuse(t, "reduce inputs are not transposed alike")
         ts = [hir.defining_op(v) for v in ins]
         dying = {x for x in ts if all(u == r for u in hir.users(x.results[0]))}
         dims = gu.i64_array(r, "dimensions")
@@ -261,7 +289,7 @@ class _Layout:
         order = sorted(kept)
         q = [order.index(s) for s in kept]
         if not dying:  # at least one transpose dies; at most one (smaller) is added
-            return False
+            return self.refuse(t, "transpose has other users")
         pre_shape = gu.info(ts[0].operands[0]).shape
         for i, x in enumerate(ts):
             r.operands[i] = x.operands[0]
@@ -295,7 +323,7 @@ class _Layout:
             dot.operands[side] = t.operands[0]
             done = True
         if not done:
-            return False
+            return self.refuse(t, "folding it into dot_general would change the result layout")
         dot.attributes["dot_dimension_numbers"] = shlo.DotDimensionNumbers.get(
             lhs_batching_dimensions=dims["lb"], rhs_batching_dimensions=dims["rb"],
             lhs_contracting_dimensions=dims["lc"], rhs_contracting_dimensions=dims["rc"])
@@ -330,6 +358,8 @@ class _Layout:
                 self.try_fold_dot(u, t)
             elif rule_for(u.name).cls is OpClass.ELEMENTWISE:
                 self.try_sink_elementwise(u, t)
+            elif u.name not in ("func.return", "stablehlo.return"):  # a boundary is no refusal
+                self.refuse(t, f"used by {u.name}, which it cannot move through")
 
 
 @register_pass
@@ -346,6 +376,7 @@ class LayoutAssignment(Pass):
         prefer = self.options.conv_layout or PREFERRED_CONV_LAYOUT[ctx.target.kind]
         t_before, c_before = count_transposes(module)
         lay = _Layout()
+        refused = Refusals(self.name, outcome="kept")
         unaligned = 0
         gu.reset_tracking()
         with module.context, ir.Location.unknown():
@@ -356,6 +387,11 @@ class LayoutAssignment(Pass):
                         continue
                     if prefer == "channels_last":
                         lay.convert_conv(op)
+                    elif not lay.is_channels_last(op):
+                        refused.add("convolution",
+                                    "conv_layout='keep'" if prefer == "keep" else
+                                    f"target {ctx.target.kind} has no preferred convolution layout",
+                                    hir.op_location(op))
                     if ctx.target.is_tpu:
                         dn = shlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
                         if gu.info(op.results[0]).shape[dn.output_feature_dimension] % 128:
@@ -368,9 +404,10 @@ class LayoutAssignment(Pass):
                 if gu.alive(t) and t.name == T_OP:
                     lay.visit(t)
             gu.erase_dead_in(program_blocks(module))
+            lay.refusals(refused)
         t_after, c_after = count_transposes(module)
         stats = {"transposes_before": t_before, "transposes_after": t_after,
-                 "copies_before": c_before, "copies_after": c_after, **lay.stats}
+                 "copies_before": c_before, "copies_after": c_after, **lay.stats, **refused.stats()}
         if ctx.target.is_tpu:
             stats["tpu_lane_unaligned"] = unaligned
         if t_before != t_after or lay.stats["convs_to_channels_last"]:

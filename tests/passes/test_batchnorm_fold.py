@@ -105,6 +105,7 @@ def test_folds_into_weights(text, n_add):
     assert_same(run_module(t, xs), run_module(text, xs), "reassociate")
     again = hlofuse.optimize(t, pipeline=PASS)
     assert stats(again)["folded"] == 0 and again.text == t
+    assert refusals(o) == {} and refusals(again) == {}
 
 
 def test_scale_only_needs_no_bias():
@@ -117,14 +118,21 @@ def test_scale_only_needs_no_bias():
     assert_same(run_module(o.text, xs), run_module(text, xs), "reassociate")
 
 
-@pytest.mark.parametrize("text", [conv_bn(weight_arg=True), conv_bn(extra_use=True),
-                                  conv_bn(runtime_shift=True), CONV_BIAS],
-                         ids=["weights-are-arguments", "conv-output-used-twice",
-                              "runtime-shift", "bias-only"])
-def test_no_match(text):
+def refusals(o) -> dict:
+    return {k: v for k, v in stats(o).items() if k.startswith("refused[")}
+
+
+@pytest.mark.parametrize("text,reason", [
+    (conv_bn(weight_arg=True), "weight is not a constant"),
+    (conv_bn(extra_use=True), "result has other users"),
+    (conv_bn(runtime_shift=True), "shift is not a per-channel constant"),
+    (CONV_BIAS, None),  # one bias add is already the folded form: nothing refused
+], ids=["weights-are-arguments", "conv-output-used-twice", "runtime-shift", "bias-only"])
+def test_no_match(text, reason):
     before = hlofuse.optimize(text, pipeline="none").text
     o = hlofuse.optimize(text, pipeline=PASS)
     assert stats(o)["folded"] == 0 and o.text == before
+    assert refusals(o) == ({} if reason is None else {f"refused[{reason}]": 1})
 
 
 def test_flax_style_batchnorm_with_frozen_params():

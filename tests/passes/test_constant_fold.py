@@ -99,6 +99,7 @@ def test_size_limit_keeps_broadcast():
     assert "stablehlo.exponential" not in text and "stablehlo.iota" not in text
     assert "stablehlo.broadcast_in_dim" in text and "tensor<256xf32>" in text
     assert "tensor<64x256xf32> = dense" not in text and s["refused_size"] >= 1
+    assert refusals(o)["refused[broadcast_in_dim result is not a splat]"] == 1, refusals(o)
     x = np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32)
     assert_same(run_module(text, [x]), run_module(EXPANSION, [x]), "kernel")
 
@@ -107,19 +108,36 @@ def test_max_bytes_option():
     # 48-byte results exceed a 16-byte limit: only the splat broadcast (always cheap) folds
     o = optimize(FOLD, options={"constant-fold": {"max_bytes": 16}})
     assert stats(o)["folded"] == 1 and stats(o)["refused_size"] >= 1
+    assert refusals(o)["refused[result larger than max_bytes]"] >= 1, refusals(o)
     assert "stablehlo.multiply" in o.text and o.text.count("stablehlo.transpose") == 2
+
+
+def refusals(o) -> dict:
+    return {k: v for k, v in stats(o).items() if k.startswith("refused[")}
 
 
 def test_no_match_leaves_module_alone():
     before = hlofuse.optimize(NO_MATCH, pipeline="none").text
     o = optimize(NO_MATCH)
     assert stats(o)["folded"] == 0 and o.text == before
+    assert refusals(o) == {}  # no constant at all: no candidate
+
+
+def test_constant_meeting_an_argument_says_so():
+    text = NO_MATCH.replace("%w: tensor<4x3xf32>) -> tensor<4x3xf32> {",
+                            "%u: tensor<4x3xf32>) -> tensor<4x3xf32> {\n"
+                            "  %w = stablehlo.constant dense<2.0> : tensor<4x3xf32>")
+    before = hlofuse.optimize(text, pipeline="none").text
+    o = optimize(text)
+    assert stats(o)["folded"] == 0 and o.text == before
+    assert refusals(o) == {"refused[operand is a function argument]": 1}
 
 
 def test_integer_division_by_zero_not_folded():
     # (not executed: XLA's own compile-time folding of this module dies with SIGFPE)
     o = optimize(INT_DIV_ZERO)
     assert "stablehlo.divide" in o.text and stats(o)["eval_failed"] == 1
+    assert refusals(o)["refused[evaluation refused: integer division by zero]"] == 1, refusals(o)
 
 
 @pytest.mark.parametrize("text,x", [

@@ -146,6 +146,7 @@ def test_nchw_net_becomes_nhwc_with_boundary_transposes(target):
 def test_cpu_keeps_convolution_layout_unless_asked():
     o = hlofuse.optimize(NET, pipeline=PASS, target="cpu")
     assert stats(o)["convs_to_channels_last"] == 0 and "[b, f, 0, 1]" in o.text
+    assert stats(o)["refused[target cpu has no preferred convolution layout]"] == 2
     forced = hlofuse.optimize(NET, pipeline=PASS, target="cpu", options={"conv_layout": "channels_last"})
     assert stats(forced)["convs_to_channels_last"] == 2
 
@@ -184,8 +185,12 @@ def test_transpose_folds_into_dot_general():
     check_same(o, DOT, ints((3, 8), (5, 8)))
 
 
-@pytest.mark.parametrize("text", [NO_SINK, MULTI_USE], ids=["other-operand", "multi-use"])
-def test_no_match(text):
+@pytest.mark.parametrize("text,reason", [
+    (NO_SINK, "another operand of its elementwise user would need a new transpose"),
+    (MULTI_USE, "transpose has other users"),
+], ids=["other-operand", "multi-use"])
+def test_no_match(text, reason):
     o = hlofuse.optimize(text, pipeline=PASS, target="gpu")
     assert stats(o)["sunk_elementwise"] == 0
     assert o.text == hlofuse.optimize(text, pipeline="none").text
+    assert {k: v for k, v in stats(o).items() if k.startswith("refused[")} == {f"refused[{reason}]": 1}

@@ -1,4 +1,5 @@
 // golden: unchanged
+// golden: reason=x + (+0.0) is not x for x = -0.0
 // No exact identity applies: x + (+0.0) is not x (-0.0 + +0.0 = +0.0), x * 0 is not 0 (NaN,
 // inf), x - x is not 0 (NaN): the table deliberately has no such rows.
 func.func @main(%x: tensor<4x8xf32>) -> (tensor<4x8xf32>, tensor<4x8xf32>, tensor<4x8xf32>) {
