@@ -435,14 +435,19 @@ def _verify(fv, loaded, original, data, fmt, out) -> int:
     got = argspec.execute(after, inputs)
     problems = compare(got, want, "kernel")
     if problems:
-        print(f"{PROG} optimize: --verify: optimized {loaded.source} differs from the original "
-              f"(nothing written): {problems[0]}", file=sys.stderr)
-        for p in problems[1:]:
-            print(f"  {p}", file=sys.stderr)
-        return EXIT_MISMATCH
+        return _mismatch(f"{PROG} optimize: --verify: optimized {loaded.source} differs from the "
+                         f"original (nothing written)", problems)
     print(f"{PROG}: --verify: {len(got)} output(s) match the original (category kernel, seed "
           f"{fv['seed'].value})")
     return EXIT_OK
+
+
+def _mismatch(headline: str, problems: list[str]) -> int:
+    """Print ``headline: first problem`` and the others indented on stderr; the mismatch code."""
+    print(f"{headline}: {problems[0]}", file=sys.stderr)
+    for p in problems[1:]:
+        print(f"  {p}", file=sys.stderr)
+    return EXIT_MISMATCH
 
 
 def _check_outputs(outputs, *, inputs=(), in_place: bool = False, dump_dir: str | None = None) -> None:
@@ -550,11 +555,8 @@ def cmd_check(fv, pos) -> int:
     cat = fv["category"].value
     problems = compare(got, want, cat)
     if problems:
-        print(f"{PROG} check: MISMATCH: {b_path} differs from {a_path} (category {cat}): "
-              f"{problems[0]}", file=sys.stderr)
-        for p in problems[1:]:
-            print(f"  {p}", file=sys.stderr)
-        return EXIT_MISMATCH
+        return _mismatch(f"{PROG} check: MISMATCH: {b_path} differs from {a_path} (category {cat})",
+                         problems)
     print(f"{PROG}: OK: {len(got)} output(s) of {b_path} match {a_path} (category {cat}, "
           f"{'given inputs' if fv['inputs'].value else 'random inputs, seed %d' % fv['seed'].value})")
     return EXIT_OK
