@@ -1,4 +1,5 @@
-"""Matmul kernels with fused prologues and epilogues, tiled, accumulating in f32.
+"""Matmul kernels with fused prologues and epilogues, tiled, accumulating in f32 (int32 for
+int8 x int8 dots).
 
 One kernel per outlined ``matmul_epilogue`` region: a ``dot_general`` whose operands may pass
 through a *prologue* (convert, scaling by a scalar) and whose result flows through an
@@ -11,6 +12,12 @@ sum_k lhs[b, m, k] * rhs[b, k, n]`` with leading batch dims, the lhs possibly st
 and the rhs possibly (N, K) or without batch dims (shared weights). Outside the kernel every
 operand is reshaped (free) to a 3-D/2-D view: lhs (B, M, K), rhs (B, K, N) or (K, N), epilogue
 inputs by view class: full (B, M, N), row (B, M, 1), col (1, N), scalar (1, 1).
+
+Quantized matmuls (``quantize-matmul`` makes them from fake-quant code): an int8 x int8 -> int32
+dot accumulates in int32 on every target (exact: the same integers as XLA's dot), and its
+epilogue carries the dequant scale, bias, activation and requantization to int8 for the next
+layer (``round``, ``clamp``, ``convert``); weight-only int8 weights are converted tile by tile in
+the rhs prologue. Tiles are picked for a 1-byte operand (TPU: 32-row int8 sublane tiles).
 
 Tiling (:class:`~hlofuse.kernels.tiling.MatmulBlocks`):
 
@@ -63,6 +70,11 @@ class DotSpec:
     op: object = dataclasses.field(compare=False, hash=False, default=None)      # the dot_general
     precision: tuple | None = None   # the program's precision_config, kept in the kernel's dot
 
+    @property
+    def integer(self) -> bool:
+        """An int8 x int8 -> int32 dot: accumulated in int32, exactly, on every target."""
+        return np.dtype(self.out_dtype).kind == "i"
+
 
 @dataclasses.dataclass(frozen=True)
 class MatmulSpec:
@@ -88,6 +100,11 @@ class MatmulSpec:
     @property
     def digest(self) -> str:
         return hashlib.sha1(self.body_text.encode()).hexdigest()[:10]
+
+    @property
+    def integer(self) -> bool:
+        """Every dot is an integer (int8 x int8 -> int32) dot."""
+        return all(d.integer for d in self.dots)
 
     @property
     def n_epilogue_ops(self) -> int:
@@ -340,7 +357,7 @@ def matmul_epilogue_kernel(*refs, spec: MatmulSpec, plan: dict):
             for a in acc_refs:
                 a[...] = jnp.zeros_like(a)
 
-        part = step(0, tuple(jnp.zeros(a.shape, jnp.float32) for a in acc_refs))
+        part = step(0, tuple(jnp.zeros(a.shape, a.dtype) for a in acc_refs))
         for a, p in zip(acc_refs, part):
             a[...] += p
 
@@ -442,7 +459,8 @@ def build_matmul_epilogue(spec: MatmulSpec, target: Target | str, *, interpret=N
     target = Target.of(target)
     if any(np.dtype(d) == np.bool_ for d in spec.out_dtypes) and not target.is_cpu:
         raise EmitError("boolean matmul-region outputs are not supported on gpu/tpu")
-    itemsize = max(np.dtype(spec.in_dtypes[spec.lhs_arg]).itemsize, 2)
+    integer = spec.integer
+    itemsize = 1 if integer else max(np.dtype(spec.in_dtypes[spec.lhs_arg]).itemsize, 2)
     n_full_extra = sum(1 for _, c in spec.extra_args if c == FULL)
     try:
         blocks = blocks or matmul_blocks(spec.batch, spec.m, spec.n, spec.k, target=target, itemsize=itemsize,
@@ -456,13 +474,14 @@ def build_matmul_epilogue(spec: MatmulSpec, target: Target | str, *, interpret=N
             "k": spec.k, "mask_k": target.is_gpu and spec.k % blocks.bk != 0, "grid": blocks.grid,
             "f32_math": not target.is_cpu,
             # cpu keeps each dot's own result type (XLA:CPU then sees the program's dot unchanged);
-            # gpu/tpu tiles accumulate in f32
-            "acc": tuple(np.dtype(d.out_dtype) if target.is_cpu else np.dtype(np.float32) for d in spec.dots)}
+            # gpu/tpu tiles accumulate in f32, int8 x int8 dots in int32 (exact)
+            "acc": tuple(np.dtype(d.out_dtype) if target.is_cpu or d.integer else np.dtype(np.float32)
+                         for d in spec.dots)}
     name = name or f"hlofuse_{_family}_{spec.digest}"
     scratch = []
     if tpu:
         from jax.experimental.pallas import tpu as pltpu
-        scratch = [pltpu.VMEM((blocks.bm, blocks.bn), jnp.float32) for _ in spec.dots]
+        scratch = [pltpu.VMEM((blocks.bm, blocks.bn), a) for a in plan["acc"]]
     v = _views(spec)
     kernel = functools.partial(_body or matmul_epilogue_kernel, spec=spec, plan=plan)
     call = pl.pallas_call(

@@ -126,18 +126,22 @@ def dot_anchor(op, target: str) -> str | None:
     """May ``op`` anchor a matmul-epilogue region? None = yes, else the reason."""
     if op.name != "stablehlo.dot_general":
         return "not a dot_general"
-    bad = types_ok(op, target)
-    if bad:
-        return bad
     if dot_layout(op) is None:
         return "dot_general layout not canonical (batch dims leading, one contracting dim, one rhs free dim)"
     out = value_info(op.results[0])
     if 0 in out.shape:
         return "zero-size"
-    for v in op.operands:
-        info = value_info(v)
-        if info.dtype not in ("f32", "bf16", "f16"):
-            return f"integer or boolean matmul ({info.dtype})"
+    dts = [value_info(v).dtype for v in op.operands]
+    if dts == ["i8", "i8"]:
+        # a quantized matmul: int8 operands, exact int32 accumulation (every target's MXU/tensor
+        # cores take int8; the i8 operands are read by the dot only, so tpu needs no i8 vectors)
+        return None if out.dtype == "i32" else f"int8 matmul with a {out.dtype} result (only i32)"
+    bad = types_ok(op, target)
+    if bad:
+        return bad
+    for dt in dts:
+        if dt not in ("f32", "bf16", "f16"):
+            return f"integer or boolean matmul ({dt}; int8 x int8 -> int32 is supported)"
     return None
 
 
