@@ -162,6 +162,12 @@ def parse(data, ctx: ir.Context | None = None, *, source: str = "<input>",
         raise
     except Exception as e:  # MLIRError carries the diagnostics; keep them, name the source
         msg = str(e).strip().splitlines()
+        if '"quant"' in str(e):  # !quant.uniform types: uniform_quantize/uniform_dequantize
+            raise IRError(f"{source}: cannot parse StableHLO: quantized types (!quant.uniform, "
+                          "uniform_quantize/uniform_dequantize) need the MLIR quant dialect, which "
+                          "jaxlib's bindings do not register; write the quantization as integer math "
+                          "(convert to int8, int8 dot_general with an int32 result, scale multiplies), "
+                          "which hlofuse fuses (quantize-matmul)") from None
         raise IRError(f"{source}: cannot parse StableHLO: " + " | ".join(m.strip() for m in msg[:6])) from None
     if any(op.operation.name.startswith("vhlo.") for op in mod.body.operations):
         raise IRError(f"{source}: module is in the vhlo dialect; load it as a portable artifact")

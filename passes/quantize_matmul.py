@@ -26,7 +26,7 @@ Recognizes, on every ``dot_general`` of the user's program:
 
 Not rewritten (counted by reason, ``refused[<reason>]``, and noted in the report): scales that
 vary along the contracting dim (they do not factor out of the sum), asymmetric dequantization
-with a zero point (``(convert(q) - zp) * s``: not matched, the dot stays float), integer types
+with a zero point (``(convert(q) - zp) * s``: the dot stays float), integer types
 other than int8/int4, K >= 2^17 (int32 accumulation could overflow), and a dequantized value
 with other users (the float copy would stay live). Fake-quant written without a ``convert`` to
 an integer type (``clip(round(x / s)) * s`` in float) is not matched either: a NaN input would
@@ -101,6 +101,15 @@ def _scale_source(s: ir.Value):
     return src, tuple(d for d, _ in varying)
 
 
+def _is_zero_point(v: ir.Value) -> bool:
+    """``convert(q) - zp`` with ``q`` an integer: the asymmetric dequantization form."""
+    op = hir.defining_op(v)
+    if op is None or op.name != "stablehlo.subtract":
+        return False
+    c = hir.defining_op(op.operands[0])
+    return c is not None and c.name == "stablehlo.convert" and gu.info(c.operands[0]).dtype in INT_TYPES
+
+
 def match_dequant(v: ir.Value):
     """The :class:`Dequant` feeding ``v``, None when ``v`` is not a dequantized integer, or a
     reason string when it is one that cannot be rewritten."""
@@ -115,6 +124,8 @@ def match_dequant(v: ir.Value):
                 mul, scale, op = op, b, p
                 break
         else:
+            if any(_is_zero_point(x) for x in op.operands):
+                return "zero-point (asymmetric) dequantization"
             return None
     if op.name != "stablehlo.convert":
         return None
