@@ -12,6 +12,7 @@ from __future__ import annotations
 from jaxlib.mlir import ir
 
 from hlofuse.ops import OpClass, rule_for
+from hlofuse.target import Target
 from hlofuse.kernels.support import (broadcast_class, domain_shape, dot_layout, is_splat_constant,
                                      reduce_info, types_ok, value_info)
 from hlofuse.kernels.tiling import max_row_elems
@@ -133,8 +134,13 @@ def dot_anchor(op, target: str) -> str | None:
         return "zero-size"
     dts = [value_info(v).dtype for v in op.operands]
     if dts == ["i8", "i8"]:
-        # a quantized matmul: int8 operands, exact int32 accumulation (every target's MXU/tensor
-        # cores take int8; the i8 operands are read by the dot only, so tpu needs no i8 vectors)
+        # a quantized matmul: int8 operands, exact int32 accumulation (tensor cores and the
+        # v5e/v6e MXU take int8; the i8 operands are read by the dot only, so tpu needs no i8
+        # vectors)
+        t = Target.of(target)
+        if t.is_tpu and not t.chip.int8_matmul:
+            return (f"int8 matmul: the {t.chip.name} MXU has no int8 mode (Mosaic: unsupported "
+                    "matmul RHS type vector<..xi8>)")
         return None if out.dtype == "i32" else f"int8 matmul with a {out.dtype} result (only i32)"
     bad = types_ok(op, target)
     if bad:
