@@ -338,7 +338,8 @@ def np_dtype(dt: str):
              "ui8": np.uint8, "ui16": np.uint16, "ui32": np.uint32, "ui64": np.uint64,
              "f16": np.float16, "f32": np.float32, "f64": np.float64,
              "bf16": ml_dtypes.bfloat16, "complex<f32>": np.complex64, "complex<f64>": np.complex128,
-             "f8E4M3FN": ml_dtypes.float8_e4m3fn, "f8E5M2": ml_dtypes.float8_e5m2}
+             "f8E4M3FN": ml_dtypes.float8_e4m3fn, "f8E5M2": ml_dtypes.float8_e5m2,
+             "i4": ml_dtypes.int4, "ui4": ml_dtypes.uint4}
     if dt not in table:
         raise IRError(f"unsupported element type '{dt}'")
     return np.dtype(table[dt])

@@ -50,6 +50,15 @@ ZERO_POINT = FAKE.replace(
 OTHER_USE = FAKE.replace("-> tensor<4x8xf32> {", "-> (tensor<4x8xf32>, tensor<16x8xf32>) {") \
                 .replace("return %y : tensor<4x8xf32>", "return %y, %wd : tensor<4x8xf32>, tensor<16x8xf32>")
 
+# per-token activation scales (one per row of x, a (4,) vector along the lhs free dim)
+PER_TOKEN = FAKE.replace("%sw: tensor<8xf32>) ->", "%sw: tensor<8xf32>, %st: tensor<4xf32>) ->").replace(
+    "%sx = stablehlo.constant dense<0.05> : tensor<4x16xf32>",
+    "%sx = stablehlo.broadcast_in_dim %st, dims = [0] : (tensor<4xf32>) -> tensor<4x16xf32>")
+
+# int4 weights (widened to int8 exactly) against int8 activations
+INT4 = FAKE.replace("%wq: tensor<16x8xi8>", "%wq: tensor<16x8xi4>").replace(
+    "(tensor<16x8xi8>) -> tensor<16x8xf32>", "(tensor<16x8xi4>) -> tensor<16x8xf32>")
+
 WEIGHT_ONLY = """
 func.func @main(%x: tensor<4x16xf32>, %wq: tensor<16x8xi8>, %sw: tensor<8xf32>) -> tensor<4x8xf32> {
   %w = stablehlo.convert %wq : (tensor<16x8xi8>) -> tensor<16x8xf32>
@@ -65,17 +74,24 @@ def stats(o):
 
 
 def inputs(text):
-    from tests.module_args import edge_args
+    """Full-range int8 (int4) values and small signed scales, by the module's argument types."""
+    from hlofuse import ir as hir
+    mod = hir.parse(text, hir.new_context())
     out = []
-    for a in edge_args(text):
-        if np.dtype(a.dtype) == np.int8:
-            out.append(R.integers(-128, 128, a.shape).astype(np.int8))
+    for a in hir.main_func(mod).regions[0].blocks[0].arguments:
+        info = hir.tensor_type_info(a.type)
+        shape = tuple(info.shape)
+        if info.dtype in ("i8", "i4"):
+            lo = -128 if info.dtype == "i8" else -8
+            out.append(R.integers(lo, -lo, shape).astype(hir.np_dtype(info.dtype)))
         else:
-            out.append(R.uniform(0.001, 0.02, a.shape).astype(np.float32) * R.choice([-1, 1], a.shape))
+            out.append(R.uniform(0.001, 0.02, shape).astype(np.float32) * R.choice([-1, 1], shape))
     return out
 
 
-@pytest.mark.parametrize("text,pattern", [(FAKE, "fake-quant-dot"), (WEIGHT_ONLY, "weight-only-scale")])
+@pytest.mark.parametrize("text,pattern", [(FAKE, "fake-quant-dot"), (PER_TOKEN, "fake-quant-dot"),
+                                          (INT4, "fake-quant-dot"), (WEIGHT_ONLY, "weight-only-scale")],
+                         ids=["per-tensor-x-per-channel", "per-token", "int4-weights", "weight-only"])
 def test_rewrites_and_is_idempotent(text, pattern):
     o = hlofuse.optimize(text, pipeline=PASS)
     st = stats(o)
@@ -83,6 +99,8 @@ def test_rewrites_and_is_idempotent(text, pattern):
     t = o.text
     if pattern == "fake-quant-dot":
         assert "(tensor<4x16xi8>, tensor<16x8xi8>) -> tensor<4x8xi32>" in t
+        if text is PER_TOKEN:
+            assert "dims = [0] : (tensor<4xf32>) -> tensor<4x8xf32>" in t   # the row scale, after the dot
     else:
         assert "(tensor<4x16xf32>, tensor<16x8xf32>) -> tensor<4x8xf32>" in t and "stablehlo.convert" in t
     xs = inputs(text)
