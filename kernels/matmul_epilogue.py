@@ -483,6 +483,8 @@ def build_matmul_epilogue(spec: MatmulSpec, target: Target | str, *, interpret=N
     if any(np.dtype(d) == np.bool_ for d in spec.out_dtypes) and not target.is_cpu:
         raise EmitError("boolean matmul-region outputs are not supported on gpu/tpu")
     integer = spec.integer
+    if target.is_tpu and not integer and any(np.dtype(d) == np.int8 for d in spec.out_dtypes):
+        raise EmitError("int8 outputs of a float matmul on tpu (int8 tiles need the int8 dot's 32-row blocks)")
     itemsize = 1 if integer else max(np.dtype(spec.in_dtypes[spec.lhs_arg]).itemsize, 2)
     n_full_extra = sum(1 for _, c in spec.extra_args if c == FULL)
     try:

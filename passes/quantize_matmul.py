@@ -209,6 +209,9 @@ def rewrite_dot(dot, refused: Refusals, counts: dict) -> bool:
     dqs = [match_dequant(v) for v in dot.operands]
     if all(d is None for d in dqs):
         return False
+    if "algorithm" in dot.attributes:
+        refused.add("quantized dot_general", "dot algorithm set (precision contract of a float dot)", where)
+        return False
     for d in dqs:
         if isinstance(d, str):
             refused.add("quantized dot_general", d, where)

@@ -156,5 +156,11 @@ def epilogue_member(op, target: str) -> str | None:
     role = role_in("matmul_epilogue", op)
     if role != Role.EPILOGUE:
         return f"{rule_for(op.name).cls.value} op"
+    t = Target.of(target)
+    if t.is_tpu and t.chip.int8_matmul and op.name == "stablehlo.convert" \
+            and value_info(op.results[0]).dtype == "i8" and value_info(op.operands[0]).dtype in ("f32", "i32"):
+        # requantization for the next int8 layer: the kernel stores int8 tiles (32-row int8
+        # blocks; the matmul family refuses it unless the dot is an int8 dot)
+        return None
     return elementwise_member(op, target)
 

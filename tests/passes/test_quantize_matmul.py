@@ -160,7 +160,7 @@ def mlp_args(m=16, k=64, h=128):
             R.standard_normal(k).astype(np.float32))
 
 
-@pytest.mark.parametrize("target", ["cpu", "gpu"])
+@pytest.mark.parametrize("target", ["cpu", "gpu", "tpu"])
 def test_quantized_linear_gelu_linear_is_three_kernels(target):
     args = mlp_args()
     for fn in (int8_mlp, fake_quant_mlp):
@@ -168,6 +168,8 @@ def test_quantized_linear_gelu_linear_is_three_kernels(target):
         rep = f.report(*args)
         assert len(kernels(rep)) <= 3 and len(kernels(rep, "matmul_epilogue")) == 2, str(rep)
         assert all(r.kernel for r in rep.regions), str(rep)
+        # the first int8 matmul's kernel writes the requantized int8 activations of the second
+        assert any(r.outputs == ["i8[16,128]"] for r in kernels(rep, "matmul_epilogue")), str(rep)
         if fn is fake_quant_mlp:
             assert next(p.stats for p in rep.passes if p.name == "quantize-matmul")["fake-quant-dot"] == 2
         if target == "cpu":
