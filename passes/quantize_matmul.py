@@ -17,8 +17,9 @@ Recognizes, on every ``dot_general`` of the user's program:
 * **weight-only** quantization (int8/int4 weights, bf16/f32 activations): one operand is
   ``convert(w_int) * scale`` with the scale along that operand's free dims; the scale moves past
   the dot (``dot(x, cvt(w) * s) -> dot(x, cvt(w)) * s'``), leaving ``convert`` as a dot prologue
-  the matmul kernel applies to each weight tile (the weights are read as int8, never
-  materialized in bf16).
+  the matmul kernel applies to each weight tile (cpu/gpu: the weights are read as int8, never
+  materialized in bf16; tpu kernels take no int8 vectors, so there XLA converts them; int4
+  weights are converted by XLA everywhere).
 * **int8 dots already in integer form** (``dot_general`` int8 x int8 -> int32, the way
   ``preferred_element_type=jnp.int32`` code and AQT's serving mode write them) are counted
   (``int8-dot``); ``fuse-matmul-epilogue`` takes them as anchors with their dequant-scale,
