@@ -265,7 +265,7 @@ def spec_from_func(fn_op) -> MatmulSpec:
 # f32, and an f32 sum of at most 1024 of them stays below 2^24, so each K chunk of 1024 is
 # exact; chunks are summed in int32: bit-identical). ``python -m bench.int8_cpu`` measures both
 # (2-core x86 host, jax 0.10.2, interleaved, under foreign load): f32 chunks 1.5-1.6x slower
-# than XLA's int8 dot, bf16 chunks 0.6-0.9x of it.
+# than XLA's int8 dot, bf16 chunks 0.6-0.94x of it (three runs).
 CPU_INT8_DOT = "bf16_chunks"
 CPU_INT8_CHUNK = 1024
 
