@@ -53,6 +53,7 @@ class Case:
     dtype: str
     build: object            # () -> (fn, avals)
     targets: tuple = ("gpu", "tpu")   # where the family supports this dtype
+    requires: str | None = None       # a hlofuse.chips.Chip flag the chip must have (int8_matmul)
 
 
 def _cases() -> list[Case]:
@@ -66,8 +67,8 @@ def _cases() -> list[Case]:
     S = jax.ShapeDtypeStruct
     cases: list[Case] = []
 
-    def add(name, family, dtype, build, targets=("gpu", "tpu")):
-        cases.append(Case(f"{family}/{dtype}/{name}", family, dtype, build, targets))
+    def add(name, family, dtype, build, targets=("gpu", "tpu"), requires=None):
+        cases.append(Case(f"{family}/{dtype}/{name}", family, dtype, build, targets, requires))
 
     for d in ("f32", "bf16", "f16"):
         t = dt[d]
@@ -118,6 +119,23 @@ def _cases() -> list[Case]:
     add("act_1024x4096", "elementwise", "int8", lambda: (
         lambda x, y: jnp.maximum(x, y) + jnp.minimum(x, y) * 2, [S((1024, 4096), jnp.int8)] * 2), ("gpu",))
 
+    # quantized matmuls: int8 x int8 -> int32 with the dequant scale, bias, GELU and the
+    # requantization to int8 in the epilogue; weight-only int8 with bf16 activations
+    for nm, (m, k, n) in (("qlinear_tiny", (32, 128, 128)), ("qlinear_bert_ffn_512x768x3072", (512, 768, 3072))):
+        add(nm, "matmul_epilogue", "int8", lambda m=m, k=k, n=n: (
+            lambda x, w, s, b: W.quant_int8(jax.nn.gelu(
+                jax.lax.dot_general(x, w, (((1,), (0,)), ((), ())), preferred_element_type=jnp.int32)
+                .astype(jnp.float32) * s + b), 0.02),
+            [S((m, k), jnp.int8), S((k, n), jnp.int8), S((n,), jnp.float32), S((n,), jnp.float32)]),
+            requires="int8_matmul")  # TPU v4's MXU has no int8 mode: the dot stays with XLA there
+    add("qweight_only_bf16_512x4096x4096", "matmul_epilogue", "int8", lambda: (
+        lambda x, w, s: jax.nn.silu(x @ (w.astype(jnp.bfloat16) * s)),
+        [S((512, 4096), jnp.bfloat16), S((4096, 4096), jnp.int8), S((4096,), jnp.bfloat16)]))
+    add("qmlp_256x1024x4096", "model", "int8", lambda: (
+        lambda p, x: W.int8_mlp(p, x), shapes_of(W._int8_mlp_args(), jnp.float32)))
+    add("qblock_gpt2_s512", "model", "int8", lambda: (
+        lambda p, x: W.int8_block(p, x), shapes_of(W._int8_block_args(), jnp.float32)))
+
     # real models (f32 and bf16), parameter shapes from bench.workloads without allocating them
     def shapes_of(make_args, t):
         real = W._normal
@@ -157,6 +175,8 @@ def run_chip(chip_name: str, only: str | None) -> dict:
     t0 = time.perf_counter()
     for c in cases:
         if chip.target not in c.targets:
+            continue
+        if c.requires and chip.target == "tpu" and not getattr(chip, c.requires):
             continue
         fn, avals = c.build()
         flat, tree = jax.tree_util.tree_flatten(avals)

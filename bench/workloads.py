@@ -22,6 +22,8 @@ attn_s2048         attention B=1, H=8, d=64, S=2048 (softmax(QK^T/sqrt(d)) V)
 attn_s4096         the same at S=4096
 layernorm          layernorm micro-benchmark, x[4096, 1024]
 softmax            softmax micro-benchmark, x[4096, 1024]
+int8_mlp           int8 MLP, weights and activations (int8 dots, int32 accumulation), batch 256
+int8_block         GPT-2-small block with int8 linear layers (weights and activations), S=512
 tiny               a tiny MLP (used by tests; not in the default list)
 =================  =====================================================================
 """
@@ -304,6 +306,64 @@ def tiny_mlp(params, x):
     return jnp.tanh(x @ params["w"] + params["b"]).sum(axis=0)
 
 
+# ------------------------------------------------------------------------------------------
+# int8-quantized models (weights and activations), as AQT / qwix serving code writes them
+# ------------------------------------------------------------------------------------------
+def quant_int8(x, scale):
+    """Symmetric int8 quantization with a per-tensor (static, calibrated) scale."""
+    return jnp.clip(jnp.round(x / scale), -127, 127).astype(jnp.int8)
+
+
+def int8_linear(x, p, sx):
+    """int8 x int8 -> int32 dot_general, then the dequant scale (activation scale times the
+    per-output-channel weight scale) and the bias in f32."""
+    acc = lax.dot_general(quant_int8(x, sx), p["wq"], (((x.ndim - 1,), (0,)), ((), ())),
+                          preferred_element_type=jnp.int32)
+    return acc.astype(jnp.float32) * (sx * p["s"]) + p["b"]
+
+
+def _int8_dense(rng, d_in, d_out):
+    w = _normal(rng, (d_in, d_out), 1.0 / math.sqrt(d_in))
+    s = (np.abs(w).max(axis=0) / 127.0).astype(np.float32)
+    return {"wq": np.clip(np.round(w / s), -127, 127).astype(np.int8), "s": s,
+            "b": _normal(rng, (d_out,), 0.02)}
+
+
+def int8_mlp(p, x):
+    """Quantized linear -> GELU -> linear (activation scales calibrated for N(0,1) inputs)."""
+    return int8_linear(jax.nn.gelu(int8_linear(x, p["ff1"], 0.03)), p["ff2"], 0.02)
+
+
+def _int8_mlp_args(d=1024, ff=4096, b=256):
+    return lambda rng: ({"ff1": _int8_dense(rng, d, ff), "ff2": _int8_dense(rng, ff, d)},
+                        _normal(rng, (b, d)))
+
+
+def int8_block(p, x, n_heads=12):
+    """GPT-2-small block with every linear layer int8 (attention scores and softmax in f32)."""
+    b, s, d = x.shape
+    h = n_heads
+    y = layer_norm(x, p["ln1_g"], p["ln1_b"], eps=1e-5)
+    q = int8_linear(y, p["q"], 0.03).reshape(b, s, h, d // h)
+    k = int8_linear(y, p["k"], 0.03).reshape(b, s, h, d // h)
+    v = int8_linear(y, p["v"], 0.03).reshape(b, s, h, d // h)
+    a = attention(q, k, v, causal=True).reshape(b, s, d)
+    x = x + int8_linear(a, p["o"], 0.01)
+    y = layer_norm(x, p["ln2_g"], p["ln2_b"], eps=1e-5)
+    f = jax.nn.gelu(int8_linear(y, p["ff1"], 0.03), approximate=True)
+    return x + int8_linear(f, p["ff2"], 0.02)
+
+
+def _int8_block_args(s=512, b=1, d=768, ff=3072):
+    def make(rng):
+        p = {n: _int8_dense(rng, d, d) for n in ("q", "k", "v", "o")}
+        p.update(ff1=_int8_dense(rng, d, ff), ff2=_int8_dense(rng, ff, d),
+                 ln1_g=np.ones((d,), np.float32), ln1_b=np.zeros((d,), np.float32),
+                 ln2_g=np.ones((d,), np.float32), ln2_b=np.zeros((d,), np.float32))
+        return (p, _normal(rng, (b, s, d)))
+    return make
+
+
 WORKLOADS: dict[str, Workload] = {w.name: w for w in [
     Workload("bert_s128", bert_layer, _bert_args(128), "BERT-base encoder layer, B=1 S=128",
              "transformer"),
@@ -330,6 +390,10 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in [
                           np.zeros((1024,), np.float32)), "layernorm x[4096,1024]", "micro"),
     Workload("softmax", softmax_micro, lambda rng: (_normal(rng, (4096, 1024)),),
              "softmax x[4096,1024]", "micro"),
+    Workload("int8_mlp", int8_mlp, _int8_mlp_args(),
+             "int8 MLP (weights+activations) 1024->4096 GELU ->1024, batch 256", "quantized"),
+    Workload("int8_block", int8_block, _int8_block_args(),
+             "GPT-2-small block, every linear int8 (weights+activations), B=1 S=512", "quantized"),
     Workload("tiny", tiny_mlp,
              lambda rng: ({"w": _normal(rng, (64, 64), 0.1), "b": _normal(rng, (64,), 0.1)},
                           _normal(rng, (32, 64))), "tiny MLP (tests)", "micro"),

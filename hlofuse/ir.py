@@ -162,6 +162,12 @@ def parse(data, ctx: ir.Context | None = None, *, source: str = "<input>",
         raise
     except Exception as e:  # MLIRError carries the diagnostics; keep them, name the source
         msg = str(e).strip().splitlines()
+        if '"quant"' in str(e):  # !quant.uniform types: uniform_quantize/uniform_dequantize
+            raise IRError(f"{source}: cannot parse StableHLO: quantized types (!quant.uniform, "
+                          "uniform_quantize/uniform_dequantize) need the MLIR quant dialect, which "
+                          "jaxlib's bindings do not register; write the quantization as integer math "
+                          "(convert to int8, int8 dot_general with an int32 result, scale multiplies), "
+                          "which hlofuse fuses (quantize-matmul)") from None
         raise IRError(f"{source}: cannot parse StableHLO: " + " | ".join(m.strip() for m in msg[:6])) from None
     if any(op.operation.name.startswith("vhlo.") for op in mod.body.operations):
         raise IRError(f"{source}: module is in the vhlo dialect; load it as a portable artifact")
@@ -332,7 +338,8 @@ def np_dtype(dt: str):
              "ui8": np.uint8, "ui16": np.uint16, "ui32": np.uint32, "ui64": np.uint64,
              "f16": np.float16, "f32": np.float32, "f64": np.float64,
              "bf16": ml_dtypes.bfloat16, "complex<f32>": np.complex64, "complex<f64>": np.complex128,
-             "f8E4M3FN": ml_dtypes.float8_e4m3fn, "f8E5M2": ml_dtypes.float8_e5m2}
+             "f8E4M3FN": ml_dtypes.float8_e4m3fn, "f8E5M2": ml_dtypes.float8_e5m2,
+             "i4": ml_dtypes.int4, "ui4": ml_dtypes.uint4}
     if dt not in table:
         raise IRError(f"unsupported element type '{dt}'")
     return np.dtype(table[dt])

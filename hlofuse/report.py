@@ -69,6 +69,9 @@ class Report:
     # ({'output': j, 'argument': i, 'bytes': n, 'type': 'f32[...]'} rows; peak live bytes)
     aliases: list[dict] = dataclasses.field(default_factory=list)
     memory: dict = dataclasses.field(default_factory=dict)
+    # kernelize: one row per matmul and convolution (GEMM view): shape, the target's native
+    # tile, the padding waste in percent, the region and its kernel's blocks (see tiling_lines)
+    tiling: list[dict] = dataclasses.field(default_factory=list)
 
     # -- recording -------------------------------------------------------------------------
     def record_pass(self, name: str, seconds: float, stats: dict, disabled: bool = False) -> None:
@@ -130,6 +133,7 @@ class Report:
             "passes": [dataclasses.asdict(p) for p in self.passes],
             "notes": list(self.notes),
             "aliases": list(self.aliases), "memory": dict(self.memory),
+            "tiling": list(self.tiling),
         }
 
     def to_json(self, **kw) -> str:
@@ -151,6 +155,8 @@ class Report:
                          f"{', '.join(r.locations[:3])} |")
         if self.notes:
             lines += ["", "## Notes", *[f"- {n}" for n in self.notes]]
+        if self.tiling:
+            lines += ["", "## Tiling", "", *[f"- {t}" for t in tiling_lines(self.tiling)]]
         lines += ["", "## Passes", "", "| pass | ms | stats |", "|---|---|---|"]
         for p in self.passes:
             lines.append(f"| {p.name} | {'disabled' if p.disabled else f'{p.seconds * 1e3:.1f}'} | "
@@ -176,6 +182,8 @@ class Report:
                 out.append("  " + "  ".join(c[:w].ljust(w) for c, w in zip(row, widths)).rstrip())
         for n in self.notes:
             out.append(f"  note: {n}")
+        for t in tiling_lines(self.tiling):
+            out.append(f"  tiling: {t}")
         timed = [p for p in self.passes if not p.disabled]
         if timed:
             out.append("  passes: " + ", ".join(f"{p.name} {p.seconds * 1e3:.0f}ms" for p in timed))
@@ -224,6 +232,23 @@ class Refusals:
             where = f" at {', '.join(shown)}" if shown else ""
             ctx.report.note(f"{self.pass_name}: {len(locs)} {what} {self.outcome}{where}: {reason}")
         return len(self)
+
+
+def tiling_lines(rows: list[dict]) -> list[str]:
+    """One line per matmul/convolution row of :attr:`Report.tiling`: its GEMM shape, the
+    native tile, the padding waste and the blocks of the kernel that computes it (or XLA)."""
+    out = []
+    for t in rows:
+        shape = (f"{t['batch']}x" if t.get("batch", 1) > 1 else "") + f"M{t['m']} N{t['n']} K{t['k']} {t['dtype']}"
+        tile = "x".join(map(str, t["tile"])) if t.get("tile") else None
+        native = f"native tile {tile}: {t['waste_pct']:g}% padding" if tile else "no native tile"
+        where = f" at {t['where']}" if t.get("where") not in (None, "unknown") else ""
+        if t.get("blocks"):
+            by = f"kernel blocks {t['blocks']}"
+        else:
+            by = "XLA" + (f" (region {t['region']})" if t.get("region") is not None else "")
+        out.append(f"{t['op']}{where}: {shape}; {native}; {by}")
+    return out
 
 
 def outcome(r: Region) -> str:

@@ -15,7 +15,8 @@ values ``(1, 1)`` (or ``()`` for rank-0 values), optionally with a leading batch
 
 Optionally (``f32_math``, gpu/tpu) arithmetic on 16-bit floats runs in f32 and rounds back
 after every op (Triton has no bf16/f16 divide/exp/log/...), and 16-bit row reductions
-accumulate in f32 -- within the ``kernel``/``reassociate`` tolerance for 16-bit types.
+accumulate in f32 -- within the ``kernel``/``reassociate`` tolerance for 16-bit types; the
+round ops are computed exactly from floor (:func:`round_by_floor`: Triton has no round).
 """
 
 from __future__ import annotations
@@ -45,6 +46,35 @@ def reduce_rows(op, x, *, valid=None, f32_math: bool = False):
 _NO_UPCAST = {"stablehlo.convert", "stablehlo.select", "stablehlo.bitcast_convert", "stablehlo.and",
               "stablehlo.or", "stablehlo.xor", "stablehlo.not"}
 _LOW = (jnp.bfloat16, jnp.float16)
+
+
+def round_by_floor(x, *, ties_even: bool = True):
+    """``round_nearest_even`` (or ``_afz``) from floor, compares and selects, exactly.
+
+    Triton has no ``round`` primitive (found lowering int8 requantization); these ops lower
+    everywhere. For finite ``|x| < 2^23`` (f32; every larger float is an integer) ``f =
+    floor(x)`` and ``d = x - f`` are exact, ties go to the even neighbour (or away from zero),
+    a zero result takes ``x``'s sign (``round(-0.3) == -0.0``); NaN and infinities pass
+    through. 16-bit floats round in f32 (the rounded integer is representable in their type).
+    """
+    dt = x.dtype
+    if dt in _LOW:
+        return round_by_floor(x.astype(jnp.float32), ties_even=ties_even).astype(dt)
+    if ties_even:
+        f = jnp.floor(x)
+        d = x - f
+        odd = (f - 2.0 * jnp.floor(f * 0.5)) == 1.0
+        r = jnp.where(d > 0.5, f + 1.0, jnp.where(d < 0.5, f, jnp.where(odd, f + 1.0, f)))
+    else:
+        a = jnp.abs(x)
+        t = jnp.floor(a)
+        t = jnp.where(a - t >= 0.5, t + 1.0, t)
+        r = jnp.where(x < 0, -t, t)
+    r = jnp.where(r == 0, x * 0.0, r)
+    return jnp.where(jnp.abs(x) < 2.0 ** 23, r, x)
+
+
+_ROUNDS = {"stablehlo.round_nearest_even": True, "stablehlo.round_nearest_afz": False}
 
 
 def _upcast_math(op, args):
@@ -100,6 +130,8 @@ def block_rules(classes: dict, shapes: dict, *, valid=None, f32_math: bool = Fal
         shape = shape_of(op)
         if op.name != "stablehlo.select":   # operands of a smaller class: to the result's block
             args = [_to_shape(a, shape) for a in args]
+        if f32_math and op.name in _ROUNDS:  # gpu/tpu kernels: Triton has no round primitive
+            return [round_by_floor(args[0], ties_even=_ROUNDS[op.name])]
         out = _upcast_math(op, args) if f32_math else None
         return out or emit_op(op, args)
 

@@ -33,6 +33,7 @@ from jaxlib.mlir import ir
 
 from hlofuse import ir as hir
 from hlofuse.ops import EmitError, const_value, splat_scalar
+from hlofuse.kernels.blockeval import round_by_floor
 from hlofuse.kernels.interpret import eval_reference, run_region
 from hlofuse.kernels.common import (boundary, call_options, check_tpu_dtypes, from_kernel, int32_bools,
                                     kernel_dtypes, max_itemsize, to_kernel)
@@ -106,10 +107,11 @@ def spec_from_func(fn_op) -> ElementwiseSpec:
                            classes, tuple(hir.np_dtype(o.dtype) for o in outs), body, fn_op)
 
 
-def block_rules(block_shape: tuple) -> dict:
+def block_rules(block_shape: tuple, *, floor_round: bool = False) -> dict:
     """The elementwise block view for the region interpreter (:mod:`hlofuse.kernels.interpret`):
     broadcasts produce the block shape and splat constants become literals of it (rank-0 ones
-    stay scalars); every other op is emitted as it is."""
+    stay scalars); every other op is emitted as it is, but with ``floor_round`` (gpu/tpu) the
+    round ops, which Triton cannot lower, come exactly from floor (:func:`round_by_floor`)."""
     def broadcast(op, args):
         return [jnp.broadcast_to(args[0], block_shape)]
 
@@ -122,18 +124,23 @@ def block_rules(block_shape: tuple) -> dict:
             raise EmitError(f"non-splat constant {c.dtype}{list(c.shape)} inside an elementwise kernel")
         return [jnp.asarray(c)]
 
-    return {"stablehlo.broadcast_in_dim": broadcast, "stablehlo.constant": constant}
+    rules = {"stablehlo.broadcast_in_dim": broadcast, "stablehlo.constant": constant}
+    if floor_round:
+        rules["stablehlo.round_nearest_even"] = lambda op, args: [round_by_floor(args[0])]
+        rules["stablehlo.round_nearest_afz"] = lambda op, args: [round_by_floor(args[0], ties_even=False)]
+    return rules
 
 
 def _shape(v) -> tuple:
     return tuple(ir.RankedTensorType(v.type).shape)
 
 
-def elementwise_kernel(*refs, fn_op, n_in: int, bool_in: tuple, bool_out: tuple, block_shape: tuple):
+def elementwise_kernel(*refs, fn_op, n_in: int, bool_in: tuple, bool_out: tuple, block_shape: tuple,
+                       floor_round: bool = False):
     """Kernel body: load every block, evaluate the region, store every output block."""
     in_refs, out_refs = refs[:n_in], refs[n_in:]
     vals = [from_kernel(r[...], b) for r, b in zip(in_refs, bool_in)]
-    outs = run_region(fn_op, vals, rules=block_rules(block_shape))
+    outs = run_region(fn_op, vals, rules=block_rules(block_shape, floor_round=floor_round))
     for r, v, b in zip(out_refs, outs, bool_out):
         r[...] = jnp.broadcast_to(to_kernel(v, b), block_shape).astype(r.dtype)
 
@@ -171,7 +178,8 @@ def build_elementwise(spec: ElementwiseSpec, target: Target | str, *, interpret=
     block_shape = (blocks.br, blocks.bc)
     out_dtypes = kernel_dtypes(spec.out_dtypes, bool_out)
     kernel = functools.partial(elementwise_kernel, fn_op=spec.func_op, n_in=len(spec.in_dtypes),
-                               bool_in=bool_in, bool_out=bool_out, block_shape=block_shape)
+                               bool_in=bool_in, bool_out=bool_out, block_shape=block_shape,
+                               floor_round=not target.is_cpu)
     call = pl.pallas_call(
         kernel,
         out_shape=[jax.ShapeDtypeStruct((rows, cols), d) for d in out_dtypes],

@@ -1,4 +1,5 @@
-"""Matmul kernels with fused prologues and epilogues, tiled, accumulating in f32.
+"""Matmul kernels with fused prologues and epilogues, tiled, accumulating in f32 (int32 for
+int8 x int8 dots).
 
 One kernel per outlined ``matmul_epilogue`` region: a ``dot_general`` whose operands may pass
 through a *prologue* (convert, scaling by a scalar) and whose result flows through an
@@ -11,6 +12,13 @@ sum_k lhs[b, m, k] * rhs[b, k, n]`` with leading batch dims, the lhs possibly st
 and the rhs possibly (N, K) or without batch dims (shared weights). Outside the kernel every
 operand is reshaped (free) to a 3-D/2-D view: lhs (B, M, K), rhs (B, K, N) or (K, N), epilogue
 inputs by view class: full (B, M, N), row (B, M, 1), col (1, N), scalar (1, 1).
+
+Quantized matmuls (``quantize-matmul`` makes them from fake-quant code): an int8 x int8 -> int32
+dot accumulates in int32 on every target (exact: the same integers as XLA's dot), and its
+epilogue carries the dequant scale, bias, activation and requantization to int8 for the next
+layer (``round``, ``clamp``, ``convert``); weight-only int8 weights are converted tile by tile in
+the rhs prologue. Tiles are picked for a 1-byte operand (TPU: 32-row int8 sublane tiles). On
+cpu the int8 product runs as exact bf16 dots over K chunks (:data:`CPU_INT8_DOT`, measured).
 
 Tiling (:class:`~hlofuse.kernels.tiling.MatmulBlocks`):
 
@@ -63,6 +71,11 @@ class DotSpec:
     op: object = dataclasses.field(compare=False, hash=False, default=None)      # the dot_general
     precision: tuple | None = None   # the program's precision_config, kept in the kernel's dot
 
+    @property
+    def integer(self) -> bool:
+        """An int8 x int8 -> int32 dot: accumulated in int32, exactly, on every target."""
+        return np.dtype(self.out_dtype).kind == "i"
+
 
 @dataclasses.dataclass(frozen=True)
 class MatmulSpec:
@@ -88,6 +101,11 @@ class MatmulSpec:
     @property
     def digest(self) -> str:
         return hashlib.sha1(self.body_text.encode()).hexdigest()[:10]
+
+    @property
+    def integer(self) -> bool:
+        """Every dot is an integer (int8 x int8 -> int32) dot."""
+        return all(d.integer for d in self.dots)
 
     @property
     def n_epilogue_ops(self) -> int:
@@ -242,14 +260,35 @@ def spec_from_func(fn_op) -> MatmulSpec:
 # Kernel body
 # ---------------------------------------------------------------------------------------------
 
-def _mm(x, w, *, lhs_t: bool, rhs_t: bool, acc=jnp.float32, precision=None):
+# How a cpu kernel computes an int8 x int8 -> int32 product: "xla" (XLA:CPU's integer dot, what
+# the program says) or "bf16_chunks" (int8 values are exact in bf16, their products exact in
+# f32, and an f32 sum of at most 1024 of them stays below 2^24, so each K chunk of 1024 is
+# exact; chunks are summed in int32: bit-identical). ``python -m bench.int8_cpu`` measures both
+# (2-core x86 host, jax 0.10.2, interleaved, under foreign load): f32 chunks 1.5-1.6x slower
+# than XLA's int8 dot, bf16 chunks 0.6-0.94x of it (three runs).
+CPU_INT8_DOT = "bf16_chunks"
+CPU_INT8_CHUNK = 1024
+
+
+def _mm(x, w, *, lhs_t: bool, rhs_t: bool, acc=jnp.float32, precision=None, int8_bf16: bool = False):
     """Product of an lhs block (.., M, K)/(.., K, M) and rhs block (.., K, N)/(.., N, K),
-    accumulated in ``acc`` (f32 on gpu/tpu); a rank-3 pair shares a leading batch dim."""
+    accumulated in ``acc`` (f32 on gpu/tpu); a rank-3 pair shares a leading batch dim.
+    ``int8_bf16``: an int8 x int8 -> int32 product computed exactly by bf16 dots over K chunks
+    (see :data:`CPU_INT8_DOT`)."""
     xb = x.ndim == 3
     wb = w.ndim == 3
     lc = x.ndim - 2 if lhs_t else x.ndim - 1
     rc = w.ndim - 1 if rhs_t else w.ndim - 2
     batch = ((0,), (0,)) if xb and wb else ((), ())
+    if int8_bf16 and x.shape[lc] > 0:
+        out = None
+        for s in range(0, x.shape[lc], CPU_INT8_CHUNK):
+            xs = lax.slice_in_dim(x, s, min(s + CPU_INT8_CHUNK, x.shape[lc]), axis=lc).astype(jnp.bfloat16)
+            ws = lax.slice_in_dim(w, s, min(s + CPU_INT8_CHUNK, w.shape[rc]), axis=rc).astype(jnp.bfloat16)
+            part = lax.dot_general(xs, ws, (((lc,), (rc,)), batch),
+                                   preferred_element_type=jnp.float32).astype(acc)
+            out = part if out is None else out + part
+        return out
     return lax.dot_general(x, w, (((lc,), (rc,)), batch), precision=precision, preferred_element_type=acc)
 
 
@@ -340,7 +379,7 @@ def matmul_epilogue_kernel(*refs, spec: MatmulSpec, plan: dict):
             for a in acc_refs:
                 a[...] = jnp.zeros_like(a)
 
-        part = step(0, tuple(jnp.zeros(a.shape, jnp.float32) for a in acc_refs))
+        part = step(0, tuple(jnp.zeros(a.shape, a.dtype) for a in acc_refs))
         for a, p in zip(acc_refs, part):
             a[...] += p
 
@@ -351,7 +390,8 @@ def matmul_epilogue_kernel(*refs, spec: MatmulSpec, plan: dict):
     zeros = tuple(jnp.zeros(plan["shapes"][FULL], a) for a in plan["acc"])
     if plan["nk"] == 1 and not plan["k_in_grid"]:
         x = lhs_chunk(0)  # one product, no accumulator: exactly the dot the program had
-        accs = tuple(_mm(x, rhs_chunk(j, 0), lhs_t=lhs_t, rhs_t=d.rhs_t, acc=plan["acc"][j], precision=d.precision)
+        accs = tuple(_mm(x, rhs_chunk(j, 0), lhs_t=lhs_t, rhs_t=d.rhs_t, acc=plan["acc"][j], precision=d.precision,
+                         int8_bf16=plan["int8_bf16"] and d.integer)
                      for j, d in enumerate(spec.dots))
     else:
         accs = lax.fori_loop(0, plan["nk"], step, zeros)
@@ -442,7 +482,10 @@ def build_matmul_epilogue(spec: MatmulSpec, target: Target | str, *, interpret=N
     target = Target.of(target)
     if any(np.dtype(d) == np.bool_ for d in spec.out_dtypes) and not target.is_cpu:
         raise EmitError("boolean matmul-region outputs are not supported on gpu/tpu")
-    itemsize = max(np.dtype(spec.in_dtypes[spec.lhs_arg]).itemsize, 2)
+    integer = spec.integer
+    if target.is_tpu and not integer and any(np.dtype(d) == np.int8 for d in spec.out_dtypes):
+        raise EmitError("int8 outputs of a float matmul on tpu (int8 tiles need the int8 dot's 32-row blocks)")
+    itemsize = 1 if integer else max(np.dtype(spec.in_dtypes[spec.lhs_arg]).itemsize, 2)
     n_full_extra = sum(1 for _, c in spec.extra_args if c == FULL)
     try:
         blocks = blocks or matmul_blocks(spec.batch, spec.m, spec.n, spec.k, target=target, itemsize=itemsize,
@@ -455,14 +498,16 @@ def build_matmul_epilogue(spec: MatmulSpec, target: Target | str, *, interpret=N
     plan = {"shapes": shapes, "k_in_grid": tpu and not target.is_cpu, "bk": blocks.bk, "nk": blocks.k_steps,
             "k": spec.k, "mask_k": target.is_gpu and spec.k % blocks.bk != 0, "grid": blocks.grid,
             "f32_math": not target.is_cpu,
+            "int8_bf16": target.is_cpu and CPU_INT8_DOT == "bf16_chunks",
             # cpu keeps each dot's own result type (XLA:CPU then sees the program's dot unchanged);
-            # gpu/tpu tiles accumulate in f32
-            "acc": tuple(np.dtype(d.out_dtype) if target.is_cpu else np.dtype(np.float32) for d in spec.dots)}
+            # gpu/tpu tiles accumulate in f32, int8 x int8 dots in int32 (exact)
+            "acc": tuple(np.dtype(d.out_dtype) if target.is_cpu or d.integer else np.dtype(np.float32)
+                         for d in spec.dots)}
     name = name or f"hlofuse_{_family}_{spec.digest}"
     scratch = []
     if tpu:
         from jax.experimental.pallas import tpu as pltpu
-        scratch = [pltpu.VMEM((blocks.bm, blocks.bn), jnp.float32) for _ in spec.dots]
+        scratch = [pltpu.VMEM((blocks.bm, blocks.bn), a) for a in plan["acc"]]
     v = _views(spec)
     kernel = functools.partial(_body or matmul_epilogue_kernel, spec=spec, plan=plan)
     call = pl.pallas_call(

@@ -34,7 +34,7 @@ from hlofuse.target import Target
 __all__ = ["KERNEL_DTYPES", "FULL", "ROW", "COL", "SCALAR", "REDUCERS", "PROLOGUE_OPS", "View",
            "ClassError", "value_info", "types_ok", "domain_shape", "broadcast_class",
            "is_splat_constant", "size_of", "reduce_info", "dot_layout", "is_scalar_operand",
-           "prologue_member", "view_classes", "extend_classes", "classify_op"]
+           "prologue_member", "view_classes", "extend_classes", "classify_op", "matmul_dims"]
 
 # Element types a kernel may read or write, per target. 64-bit types are absent because
 # TPU has none and jax disables them by default; complex and f8 have no portable kernel path.
@@ -238,6 +238,32 @@ def dot_layout(op) -> dict | None:
     else:
         return None
     return {"nb": nb, "lhs_t": lhs_t, "rhs_t": rhs_t}
+
+
+def matmul_dims(op) -> dict | None:
+    """A ``dot_general`` or ``convolution`` as a GEMM: ``dict(batch, m, n, k, dtype)`` (a
+    convolution in its im2col view: M = batch x output pixels, N = output features, K = input
+    features per group x window), or None for other ops and dynamic shapes."""
+    if op.name == "stablehlo.dot_general":
+        dn = stablehlo.DotDimensionNumbers(op.attributes["dot_dimension_numbers"])
+        lhs, rhs = value_info(op.operands[0]), value_info(op.operands[1])
+        if lhs is None or rhs is None:
+            return None
+        lb, lc = list(dn.lhs_batching_dimensions), list(dn.lhs_contracting_dimensions)
+        rb, rc = list(dn.rhs_batching_dimensions), list(dn.rhs_contracting_dimensions)
+        return {"batch": size_of([lhs.shape[d] for d in lb]),
+                "m": size_of([n for d, n in enumerate(lhs.shape) if d not in lb and d not in lc]),
+                "n": size_of([n for d, n in enumerate(rhs.shape) if d not in rb and d not in rc]),
+                "k": size_of([lhs.shape[d] for d in lc]), "dtype": lhs.dtype}
+    if op.name == "stablehlo.convolution":
+        out, ker = value_info(op.results[0]), value_info(op.operands[1])
+        if out is None or ker is None:
+            return None
+        dn = stablehlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
+        cout = ker.shape[dn.kernel_output_feature_dimension]
+        return {"batch": 1, "m": out.size // max(cout, 1), "n": cout, "k": ker.size // max(cout, 1),
+                "dtype": value_info(op.operands[0]).dtype}
+    return None
 
 
 def is_scalar_operand(v: ir.Value) -> bool:

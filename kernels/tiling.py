@@ -483,3 +483,33 @@ def matmul_blocks(batch: int, m: int, n: int, k: int, *, target: Target | str, i
                 bn = max(lanes, (bn // 2) // lanes * lanes)
         return MatmulBlocks(target, batch, m, n, k, bm, bn, bk, members=members, itemsize=itemsize,
                             sublane=sub, extra_bytes=extra_bytes, num_stages=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tiling report: a matmul's or convolution's shape against the target's native tile
+# ---------------------------------------------------------------------------------------------
+
+def native_tile(target: Target | str, itemsize: int) -> tuple[int, int, int] | None:
+    """The (M, N, K) tile the target's matrix unit works in, for ``itemsize``-byte operands:
+    TPU MXU: ``mxu`` x ``mxu`` weights (128x128 on v4/v5e, 256x256 on v6e) streaming rows in
+    sublane tiles (8 rows of f32, 16 of bf16, 32 of int8); GPU tensor cores: ``mma.sync``
+    m16n8 (A100) or ``wgmma`` m64n8 (H100) with K = 32 bytes (k8 tf32, k16 bf16, k32 int8).
+    None on cpu (no fixed tile)."""
+    target = Target.of(target)
+    if target.is_cpu:
+        return None
+    c = target.chip
+    if target.is_tpu:
+        return (c.sublane_tile(itemsize), c.mxu, c.mxu)
+    m = 64 if c.compute_capability >= (9, 0) else 16
+    return (m, 8, 32 // max(1, itemsize))
+
+
+def padding_waste(m: int, n: int, k: int, tile) -> float:
+    """Percent of the matrix unit's multiply-adds spent on padding when (M, N, K) is padded up
+    to multiples of ``tile``."""
+    if not tile:
+        return 0.0
+    tm, tn, tk = tile
+    padded = (-(-m // tm) * tm) * (-(-n // tn) * tn) * (-(-k // tk) * tk)
+    return round(100.0 * (1.0 - (m * n * k) / padded), 2) if padded else 0.0

@@ -18,5 +18,6 @@ from hlofuse.passes import kernelize as kernelize
 from hlofuse.passes import constant_fold as constant_fold
 from hlofuse.passes import algebraic_simplify as algebraic_simplify
 from hlofuse.passes import batchnorm_fold as batchnorm_fold
+from hlofuse.passes import quantize_matmul as quantize_matmul
 from hlofuse.passes import layout_assignment as layout_assignment
 from hlofuse.passes import buffer_aliasing as buffer_aliasing

@@ -174,6 +174,20 @@ def _transpose(op):
     return None
 
 
+def _transpose_unit_dims(op):
+    # a transpose that only moves size-1 dims keeps the element order: it is a reshape (a
+    # bitcast for XLA, and a reshape joins reshape chains and fusion regions)
+    x = op.operands[0]
+    t = gu.info(x)
+    if t is None:
+        return None
+    perm = gu.i64_array(op, "permutation")
+    moved = [p for p in perm if t.shape[p] != 1]
+    if moved != sorted(moved) or perm == list(range(len(perm))):
+        return None
+    return gu.create("stablehlo.reshape", [x], [op.results[0].type], before=op).results[0]
+
+
 def _reshape(op):
     x = op.operands[0]
     inner = gu.is_op(x, "stablehlo.reshape")
@@ -309,6 +323,8 @@ PATTERNS: list[Pattern] = [
     Pattern("not-not", S + "not", _involution, "~~x -> x"),
     Pattern("abs-abs", S + "abs", _abs_abs, "|(|x|)| -> |x|"),
     Pattern("transpose", S + "transpose", _transpose, "identity transpose -> x; T(T(x)) -> one T"),
+    Pattern("transpose-unit-dims", S + "transpose", _transpose_unit_dims,
+            "transpose moving only size-1 dims -> reshape (e.g. [1,S,D] -> [S,1,D])"),
     Pattern("reshape", S + "reshape", _reshape, "no-op reshape -> x; reshape(reshape(x)) -> reshape(x)"),
     Pattern("broadcast", S + "broadcast_in_dim", _broadcast, "no-op broadcast -> x; B(B(x)) -> B(x)"),
     Pattern("convert", S + "convert", _convert, "no-op convert -> x; exact widening chain -> one convert"),

@@ -15,6 +15,16 @@ the weight's output-channel dimension and ``t`` becomes one broadcast bias add. 
 JAX/flax emit BatchNorm with ``use_running_average=True`` once ``constant-fold`` has folded
 ``rsqrt(var + eps) * gamma`` of frozen parameters (``hlofuse.jit(..., freeze_argnums=...)``).
 
+Also (``folded_into_next``, option ``fold_into_next``) the other direction: a per-feature
+affine map *before* dots with constant weights, LayerNorm's ``* gamma + beta`` (or any chain of
+scales and shifts by constants along the last dim) feeding ``(.., K) x (K, N)`` dots::
+
+    z = (n * g + b) @ W          z = n @ (g[:, None] * W) + broadcast(b @ W)
+
+(folded into every dot that reads the value, e.g. the Q/K/V projections after one LayerNorm;
+``b @ W`` is computed on the host in float64). Not folded there: a value also read by a non-dot
+or as a dot's rhs, runtime weights, dots with batch dims or other contractions.
+
 Not folded: weights that are runtime arguments, producers with other users, chains without a
 scale that have fewer than two shifts, ``batch_group_count != 1``, non-float types, scales that
 are not finite or a division by zero. Each conv/dot_general whose result feeds such a chain
@@ -26,6 +36,8 @@ instead of the output, and shifts are summed). The module verifies; rerunning ch
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
@@ -224,13 +236,107 @@ def fold_one(op, refused: Refusals | None = None) -> bool:
     return True
 
 
+def _pre_chain(x: ir.Value, dim: int, channels: int):
+    """Walk the affine chain that produces ``x`` backwards (per-channel constants along
+    ``dim``): returns (source, ops, s, t) with ``x == source * s + t``; ``ops`` empty when
+    nothing folds. Every value inside the chain has one use (the next op)."""
+    s, t = np.ones(channels), np.zeros(channels)
+    ops, cur = [], x
+    while True:
+        p = hir.defining_op(cur)
+        if p is None or p.name not in CHAIN_OPS or (ops and len(list(cur.uses)) != 1):
+            break
+        a, b = p.operands[0], p.operands[1]
+        va, vb = channel_vector(a, dim, channels), channel_vector(b, dim, channels)
+        if (va is None) == (vb is None):
+            break  # both or neither per-channel constants: not a chain step
+        data, vec, data_first = (a, vb, True) if vb is not None else (b, va, False)
+        if p.name == "stablehlo.multiply":
+            s = s * vec
+        elif p.name == "stablehlo.add":
+            t = t + vec * s
+        elif p.name == "stablehlo.subtract":
+            if data_first:
+                t = t - vec * s
+            else:
+                t, s = t + vec * s, -s
+        else:  # divide: only data / vec, never by zero
+            if not data_first or np.any(vec == 0):
+                break
+            s = s / vec
+        ops.append(p)
+        cur = data
+    return cur, ops, s, t
+
+
+def _pre_dot(op) -> str | None:
+    """Why ``op`` cannot take a folded input affine map (None: it can)."""
+    if op.name != "stablehlo.dot_general":
+        return "used by a non-dot"
+    dn = shlo.DotDimensionNumbers(op.attributes["dot_dimension_numbers"])
+    lhs, rhs = gu.info(op.operands[0]), gu.info(op.operands[1])
+    if list(dn.lhs_batching_dimensions) or list(dn.lhs_contracting_dimensions) != [len(lhs.shape) - 1] \
+            or len(rhs.shape) != 2:
+        return "not a plain (.., K) x (K, N) dot"
+    if gu.info(op.results[0]).dtype not in FLOAT_TYPES:
+        return "not a float type"
+    if gu.constant_array(op.operands[1]) is None:
+        return "weight is not a constant"
+    return None
+
+
+def fold_into_next(x: ir.Value, refused: Refusals | None = None) -> int:
+    """Fold the per-feature affine map producing ``x`` (LayerNorm's ``* gamma + beta``, any
+    scale/shift by constants along the last dim) into the constant weights of the dots reading
+    ``x``: ``(n * g + b) @ W -> n @ (g[:, None] * W) + b @ W``. Returns the dots rewritten."""
+    info = gu.info(x)
+    if info is None or not info.shape or info.dtype not in FLOAT_TYPES:
+        return 0
+    k = info.shape[-1]
+    src, ops, s, t = _pre_chain(x, len(info.shape) - 1, k)
+    if not ops:
+        return 0
+    dots = hir.users(x)
+    whys = {_pre_dot(d) for d in dots} - {None}
+    if not dots or whys or any(d.operands[0] != x for d in dots):
+        if refused is not None and dots and any(d.name == "stablehlo.dot_general" for d in dots):
+            why = sorted(whys)[0] if whys else "value is also the dot's rhs"
+            refused.add("affine map before a dot", why, hir.op_location(ops[0]))
+        return 0
+    if not (np.all(np.isfinite(s)) and np.all(np.isfinite(t))):
+        if refused is not None:
+            refused.add("affine map before a dot", "folded scale or shift is not finite", hir.op_location(ops[0]))
+        return 0
+    for d in dots:
+        dn = shlo.DotDimensionNumbers(d.attributes["dot_dimension_numbers"])
+        rc = list(dn.rhs_contracting_dimensions)[0]
+        w = gu.constant_array(d.operands[1]).astype(np.float64)
+        wk = w if rc == 0 else w.T                      # (K, N)
+        w_new = (wk * s[:, None]) if rc == 0 else (wk * s[:, None]).T
+        out = gu.info(d.results[0])
+        old_w = hir.defining_op(d.operands[1])
+        d.operands[1] = gu.make_constant(w_new.astype(gu.constant_array(d.operands[1]).dtype),
+                                         d.operands[1].type, before=d)
+        d.operands[0] = src
+        gu.erase_if_dead([old_w])
+        if np.any(t != 0):
+            bias = t @ wk                                # (N,)
+            vt = gu.tensor_type([out.shape[-1]], gu.element_type(d.results[0]))
+            c = gu.make_constant(bias.astype(hir.np_dtype(out.dtype)), vt, after=d)
+            b = gu.make_broadcast(c, [len(out.shape) - 1], d.results[0].type, after=hir.defining_op(c))
+            add = gu.create("stablehlo.add", [d.results[0], b], [d.results[0].type], after=hir.defining_op(b))
+            d.results[0].replace_all_uses_except(add.results[0], add)
+    gu.erase_if_dead(ops[:1])
+    return len(dots)
+
+
 @register_pass
 class BatchNormFold(Pass):
     """See the module docstring."""
     name = "batchnorm-fold"
 
     def run(self, module, ctx):
-        folded = 0
+        folded = folded_next = 0
         refused = Refusals(self.name, outcome="not folded")
         gu.reset_tracking()
         with module.context, ir.Location.unknown():
@@ -238,4 +344,14 @@ class BatchNormFold(Pass):
                 for op in hir.block_ops(block):
                     if gu.alive(op) and op.name in ("stablehlo.convolution", "stablehlo.dot_general"):
                         folded += bool(fold_one(op, refused))
-        return {"folded": folded, **refused.stats()}
+            if self.options.fold_into_next:
+                for block in program_blocks(module):
+                    for op in hir.block_ops(block):
+                        if gu.alive(op) and op.name in CHAIN_OPS and len(op.results) == 1 and any(
+                                u.name == "stablehlo.dot_general" for u in hir.users(op.results[0])):
+                            folded_next += fold_into_next(op.results[0], refused)
+        return {"folded": folded, "folded_into_next": folded_next, **refused.stats()}
+
+    @dataclasses.dataclass(frozen=True)
+    class Options:
+        fold_into_next: bool = True  # also fold a per-feature scale/shift (LayerNorm gamma/beta) into the next dots

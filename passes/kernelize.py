@@ -8,6 +8,9 @@ the plain outlined function, which XLA inlines — and the report says why; fail
 ``NotImplementedError`` (unsupported-but-legal) also warn, naming the region and its source line.
 Region functions left to XLA are marked ``hlofuse.xla`` and kernel functions are named
 ``hlofuse_k<id>_*``, so running the pipeline again over its output changes nothing.
+It also records the tiling report (``Report.tiling``): per matmul and convolution, its GEMM
+shape against the target's native tile (:func:`~hlofuse.kernels.tiling.native_tile`), the
+padding waste in percent and the blocks of the kernel that computes it.
 Preconditions: regions outlined by a fusion pass. Invariant: results within the tolerance table
 (kernels compute the same ops; transcendental approximations can differ per backend).
 """
@@ -27,7 +30,9 @@ from hlofuse.kernels import FAMILIES
 from hlofuse.kernels.common import func_avals
 from hlofuse.kernels import lowering
 from hlofuse.target import Target
-from hlofuse.passes.fusion.outline import KERNEL_PREFIX, KIND_ATTR, REGION_ATTR, XLA_ATTR
+from hlofuse.kernels.support import matmul_dims
+from hlofuse.kernels.tiling import native_tile, padding_waste
+from hlofuse.passes.fusion.outline import KERNEL_PREFIX, KIND_ATTR, REGION_ATTR, XLA_ATTR, program_blocks
 from hlofuse.report import HlofuseWarning
 
 _CACHE: dict[tuple, tuple[str, str, str]] = {}
@@ -78,6 +83,34 @@ def _short(e: Exception) -> str:
     return f"{type(e).__name__}: {msg[0][:200] if msg else ''}"
 
 
+def tiling_rows(module, ctx, table, calls) -> list:
+    """(region id or None, row) per matmul/convolution of the program and of its regions (the
+    tiling report; blocks are filled in once the regions are kernelized)."""
+    found = [(None, op) for block in program_blocks(module) for op in hir.block_ops(block)]
+    for call in calls:
+        fn_op = table[ir.FlatSymbolRefAttr(call.attributes["callee"]).value]
+        if KIND_ATTR in fn_op.attributes and REGION_ATTR in fn_op.attributes:
+            rid = ir.IntegerAttr(fn_op.attributes[REGION_ATTR]).value
+            found += [(rid, op) for op in hir.block_ops(fn_op.regions[0].blocks[0])]
+    rows = []
+    for rid, op in found:
+        dims = matmul_dims(op)
+        if dims is None:
+            continue
+        tile = native_tile(ctx.target, max(1, hir.dtype_bytes(dims["dtype"])))
+        rows.append((rid, dict(op=op.name.split(".", 1)[-1], where=hir.op_location(op), region=rid,
+                               tile=list(tile) if tile else None,
+                               waste_pct=padding_waste(dims["m"], dims["n"], dims["k"], tile), **dims)))
+    return rows
+
+
+def _fill_tiling(ctx, rows) -> None:
+    for rid, row in rows:
+        if rid is not None and rid < len(ctx.report.regions) and ctx.report.region(rid).kernel:
+            row["blocks"] = ctx.report.region(rid).block
+        ctx.report.tiling.append(row)
+
+
 @register_pass
 class Kernelize(Pass):
     name = "kernelize"
@@ -89,6 +122,7 @@ class Kernelize(Pass):
     def run(self, module, ctx):
         table = ir.SymbolTable(module.operation)
         calls = [op for op in hir.all_ops(module) if op.name == "func.call"]
+        rows = tiling_rows(module, ctx, table, calls)
         n_kernels = n_failed = 0
         for call in calls:
             callee = ir.FlatSymbolRefAttr(call.attributes["callee"]).value
@@ -132,4 +166,5 @@ class Kernelize(Pass):
                     where = ", ".join(region.locations[:3]) or "unknown location"
                     warnings.warn(f"hlofuse: region {rid} ({kind}, at {where}) left to XLA: "
                                   f"{region.reason}", HlofuseWarning, stacklevel=2)
+        _fill_tiling(ctx, rows)
         return {"kernels": n_kernels, "left_to_xla": n_failed}

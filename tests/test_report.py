@@ -151,3 +151,26 @@ def test_written_html_report_uses_human_units(tmp_path):
     formats.write_report(_sized_report(), str(path))
     page = path.read_text()
     assert "12.0MiB" in page and "12582912" not in page
+
+
+def test_tiling_report_per_matmul_and_convolution():
+    """Each matmul/convolution: GEMM shape, the target's native tile, padding waste, blocks."""
+    import jax
+    import jax.numpy as jnp
+    import hlofuse
+    from hlofuse.kernels.tiling import native_tile, padding_waste
+    x = jnp.zeros((100, 320), jnp.bfloat16)
+    w = jnp.zeros((320, 200), jnp.bfloat16)
+    f = lambda x, w: jax.nn.gelu(x @ w)  # noqa: E731
+    rep = hlofuse.jit(f, target="tpu", options={"chip": "v5e"}).report(x, w)
+    (row,) = rep.tiling
+    assert (row["m"], row["n"], row["k"], row["tile"]) == (100, 200, 320, [16, 128, 128])
+    # padded to 112 x 256 x 384 on the 128x128 MXU with 16-row bf16 sublane tiles
+    assert row["waste_pct"] == round(100 * (1 - 100 * 200 * 320 / (112 * 256 * 384)), 2)
+    assert row["blocks"] and row["blocks"] == rep.kernels[0].block
+    assert any(l.startswith("  tiling: dot_general") and "% padding" in l for l in str(rep).splitlines())
+    assert "## Tiling" in rep.to_markdown() and rep.to_dict()["tiling"][0]["waste_pct"] == row["waste_pct"]
+    assert native_tile("gpu", 1) == (64, 8, 32) and native_tile("cpu", 4) is None
+    assert padding_waste(128, 128, 128, (8, 128, 128)) == 0.0
+    cpu = hlofuse.jit(f).report(x, w)
+    assert cpu.tiling[0]["tile"] is None and "no native tile" in str(cpu)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from jaxlib.mlir import ir
 
 from hlofuse.ops import OpClass, rule_for
+from hlofuse.target import Target
 from hlofuse.kernels.support import (broadcast_class, domain_shape, dot_layout, is_splat_constant,
                                      reduce_info, types_ok, value_info)
 from hlofuse.kernels.tiling import max_row_elems
@@ -126,18 +127,27 @@ def dot_anchor(op, target: str) -> str | None:
     """May ``op`` anchor a matmul-epilogue region? None = yes, else the reason."""
     if op.name != "stablehlo.dot_general":
         return "not a dot_general"
-    bad = types_ok(op, target)
-    if bad:
-        return bad
     if dot_layout(op) is None:
         return "dot_general layout not canonical (batch dims leading, one contracting dim, one rhs free dim)"
     out = value_info(op.results[0])
     if 0 in out.shape:
         return "zero-size"
-    for v in op.operands:
-        info = value_info(v)
-        if info.dtype not in ("f32", "bf16", "f16"):
-            return f"integer or boolean matmul ({info.dtype})"
+    dts = [value_info(v).dtype for v in op.operands]
+    if dts == ["i8", "i8"]:
+        # a quantized matmul: int8 operands, exact int32 accumulation (tensor cores and the
+        # v5e/v6e MXU take int8; the i8 operands are read by the dot only, so tpu needs no i8
+        # vectors)
+        t = Target.of(target)
+        if t.is_tpu and not t.chip.int8_matmul:
+            return (f"int8 matmul: the {t.chip.name} MXU has no int8 mode (Mosaic: unsupported "
+                    "matmul RHS type vector<..xi8>)")
+        return None if out.dtype == "i32" else f"int8 matmul with a {out.dtype} result (only i32)"
+    bad = types_ok(op, target)
+    if bad:
+        return bad
+    for dt in dts:
+        if dt not in ("f32", "bf16", "f16"):
+            return f"integer or boolean matmul ({dt}; int8 x int8 -> int32 is supported)"
     return None
 
 
@@ -146,5 +156,11 @@ def epilogue_member(op, target: str) -> str | None:
     role = role_in("matmul_epilogue", op)
     if role != Role.EPILOGUE:
         return f"{rule_for(op.name).cls.value} op"
+    t = Target.of(target)
+    if t.is_tpu and t.chip.int8_matmul and op.name == "stablehlo.convert" \
+            and value_info(op.results[0]).dtype == "i8" and value_info(op.operands[0]).dtype in ("f32", "i32"):
+        # requantization for the next int8 layer: the kernel stores int8 tiles (32-row int8
+        # blocks; the matmul family refuses it unless the dot is an int8 dot)
+        return None
     return elementwise_member(op, target)
 

@@ -56,6 +56,9 @@ CASES = [
     ("transpose", module("%x: tensor<2x3xf32>", "  %a = stablehlo.transpose %x, dims = [1, 0] : (tensor<2x3xf32>) -> tensor<3x2xf32>\n"
                          "  %r = stablehlo.transpose %a, dims = [1, 0] : (tensor<3x2xf32>) -> tensor<2x3xf32>", "%r", "tensor<2x3xf32>"),
      "stablehlo.transpose"),
+    ("transpose-unit-dims", module("%x: tensor<1x3x1x2xf32>",
+                                   "  %r = stablehlo.transpose %x, dims = [1, 2, 0, 3] : (tensor<1x3x1x2xf32>) -> tensor<3x1x1x2xf32>",
+                                   "%r", "tensor<3x1x1x2xf32>"), "stablehlo.transpose"),
     ("reshape", module("%x: tensor<2x6xf32>", "  %a = stablehlo.reshape %x : (tensor<2x6xf32>) -> tensor<3x4xf32>\n"
                        "  %r = stablehlo.reshape %a : (tensor<3x4xf32>) -> tensor<2x6xf32>", "%r", "tensor<2x6xf32>"),
      "stablehlo.reshape"),
@@ -166,3 +169,28 @@ def test_plus_zero_is_not_an_ieee_identity():
 ])
 def test_exact_conversion_table(src, dst, exact):
     assert exact_conversion(src, dst) is exact
+
+
+def test_inference_noops_dropout_reshape_transpose_convert():
+    """What inference leaves behind after export: dropout at rate 0 written by hand (JAX model
+    libraries skip deterministic dropout at trace time, so it leaves no op), a head-split
+    transpose of a unit dim, a reshape round trip and an identity convert round trip. All go,
+    counted per pattern (select/divide of constants already fold in constant-fold), bit-exact."""
+    import jax
+    import jax.numpy as jnp
+
+    def f(x):
+        keep = jnp.ones(x.shape, bool)                       # dropout, rate 0 / inference
+        y = jnp.where(keep, x / (1.0 - 0.0), 0.0)
+        y = jnp.transpose(y.reshape(1, 4, 8), (1, 0, 2))     # [1,S,D] -> [S,1,D]
+        y = y.reshape(4, 8).astype(jnp.float32)              # identity convert
+        return jnp.tanh(y)
+    x = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+    f_ = hlofuse.jit(f, pipeline=["inline-calls", "canonicalize", "cse", "constant-fold", "algebraic-simplify"])
+    low = f_.lower(x)
+    st = stats(low)
+    text = low.as_text()
+    for op in ("stablehlo.select", "stablehlo.divide", "stablehlo.transpose", "stablehlo.reshape"):
+        assert op not in text, (op, text)
+    assert st["transpose-unit-dims"] == 1 and st["reshape"] >= 1, st
+    assert_bitwise([np.asarray(f_(x))], [np.asarray(jax.jit(f)(x))])

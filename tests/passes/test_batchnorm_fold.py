@@ -164,3 +164,56 @@ def test_flax_style_batchnorm_with_frozen_params():
     assert text.count("stablehlo.add") == 1
     assert next(q.stats for q in low.report.passes if q.name == "batchnorm-fold")["folded"] == 1
     assert_same(f((w, p), x), jax.jit(layer)((w, p), x), "reassociate")
+
+
+def _layernorm_qkv(params, x):
+    """Pre-LN block head: LayerNorm (gamma, beta) feeding the Q/K/V projections, and the same
+    normalized value once more into an MLP dot: every reader is a dot with frozen weights."""
+    import jax.numpy as jnp
+    mu = jnp.mean(x, axis=-1, keepdims=True)
+    n = (x - mu) * jax_rsqrt(jnp.mean(jnp.square(x - mu), axis=-1, keepdims=True) + 1e-5)
+    y = n * params["g"] + params["b"]
+    return tuple(y @ params[k] for k in ("q", "k", "v"))
+
+
+def jax_rsqrt(v):
+    import jax
+    return jax.lax.rsqrt(v)
+
+
+def test_layernorm_scale_shift_folds_into_the_next_dots():
+    import jax
+    p = {"g": RNG.uniform(0.5, 1.5, 16).astype(np.float32), "b": RNG.standard_normal(16).astype(np.float32),
+         **{k: RNG.standard_normal((16, 8)).astype(np.float32) for k in ("q", "k", "v")}}
+    x = RNG.standard_normal((4, 16)).astype(np.float32)
+    f = hlofuse.jit(_layernorm_qkv, freeze_argnums=0, target="cpu",
+                    pipeline=["inline-calls", "canonicalize", "cse", "constant-fold", "algebraic-simplify",
+                              "batchnorm-fold", "cse", "canonicalize"])
+    low = f.lower(p, x)
+    st = next(q.stats for q in low.report.passes if q.name == "batchnorm-fold")
+    assert st["folded_into_next"] == 3
+    text = low.as_text()
+    plain = hlofuse.jit(_layernorm_qkv, freeze_argnums=0, target="cpu", disable=["batchnorm-fold"],
+                        pipeline=["inline-calls", "canonicalize", "cse", "constant-fold", "algebraic-simplify",
+                                  "batchnorm-fold", "cse", "canonicalize"]).lower(p, x).as_text()
+    # gamma's multiply and beta's add are gone from the (M, K) side; one (M, N) bias add per dot
+    assert text.count("stablehlo.multiply") == plain.count("stablehlo.multiply") - 1
+    assert text.count("stablehlo.add") == plain.count("stablehlo.add") - 1 + 3
+    assert_same(f(p, x), jax.jit(_layernorm_qkv)(p, x), "reassociate")
+    again = hlofuse.optimize(text, pipeline=PASS)
+    assert stats(again)["folded_into_next"] == 0 and again.text == hlofuse.optimize(text, pipeline="none").text
+
+
+def test_affine_before_a_runtime_weight_is_refused():
+    text = """
+func.func @main(%x: tensor<3x4xf32>, %w: tensor<4x2xf32>) -> tensor<3x2xf32> {
+  %g = stablehlo.constant dense<[1.5, 0.5, 2.0, 1.0]> : tensor<4xf32>
+  %gb = stablehlo.broadcast_in_dim %g, dims = [1] : (tensor<4xf32>) -> tensor<3x4xf32>
+  %y = stablehlo.multiply %x, %gb : tensor<3x4xf32>
+  %z = stablehlo.dot_general %y, %w, contracting_dims = [1] x [0] : (tensor<3x4xf32>, tensor<4x2xf32>) -> tensor<3x2xf32>
+  return %z : tensor<3x2xf32>
+}"""
+    before = hlofuse.optimize(text, pipeline="none").text
+    o = hlofuse.optimize(text, pipeline=PASS)
+    assert stats(o)["folded_into_next"] == 0 and o.text == before
+    assert refusals(o) == {"refused[weight is not a constant]": 1}

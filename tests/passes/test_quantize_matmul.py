@@ -1,0 +1,214 @@
+"""``quantize-matmul``: fake-quant dots become int8 x int8 -> int32 dots with the dequant scales
+after the sum, weight-only scales move past the dot (golden IR, no-match cases with their
+reasons, differential within the ``quantize`` tolerance, idempotence), and the quantized
+linear -> GELU -> linear chain as JAX users write it becomes at most 3 kernels with exact
+integer matmul results."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+import hlofuse
+from hlofuse.execute import run_module
+from hlofuse.testing import assert_same
+from tests.fusion_util import kernels
+
+PASS = ["quantize-matmul"]
+R = np.random.default_rng(3)
+F32 = jnp.float32
+
+# per-tensor activation scale, per-output-channel weight scale (the AQT / qwix fake-quant form)
+FAKE = """
+func.func @main(%xq: tensor<4x16xi8>, %wq: tensor<16x8xi8>, %sw: tensor<8xf32>) -> tensor<4x8xf32> {
+  %x = stablehlo.convert %xq : (tensor<4x16xi8>) -> tensor<4x16xf32>
+  %sx = stablehlo.constant dense<0.05> : tensor<4x16xf32>
+  %xd = stablehlo.multiply %x, %sx : tensor<4x16xf32>
+  %w = stablehlo.convert %wq : (tensor<16x8xi8>) -> tensor<16x8xf32>
+  %swb = stablehlo.broadcast_in_dim %sw, dims = [1] : (tensor<8xf32>) -> tensor<16x8xf32>
+  %wd = stablehlo.multiply %w, %swb : tensor<16x8xf32>
+  %y = stablehlo.dot_general %xd, %wd, contracting_dims = [1] x [0] : (tensor<4x16xf32>, tensor<16x8xf32>) -> tensor<4x8xf32>
+  return %y : tensor<4x8xf32>
+}"""
+
+# the weight scale varies along K (the contracting dim): it does not factor out of the sum
+ALONG_K = FAKE.replace("%sw: tensor<8xf32>", "%sw: tensor<16xf32>") \
+              .replace("dims = [1] : (tensor<8xf32>)", "dims = [0] : (tensor<16xf32>)")
+
+# asymmetric quantization: (convert(q) - zero_point) * s is refused (the dot stays float)
+ZERO_POINT = FAKE.replace(
+    "%xd = stablehlo.multiply %x, %sx : tensor<4x16xf32>",
+    "%zp = stablehlo.constant dense<3.0> : tensor<4x16xf32>\n"
+    "  %xz = stablehlo.subtract %x, %zp : tensor<4x16xf32>\n"
+    "  %xd = stablehlo.multiply %xz, %sx : tensor<4x16xf32>")
+
+# the dequantized weights are also returned: the float copy would stay live
+OTHER_USE = FAKE.replace("-> tensor<4x8xf32> {", "-> (tensor<4x8xf32>, tensor<16x8xf32>) {") \
+                .replace("return %y : tensor<4x8xf32>", "return %y, %wd : tensor<4x8xf32>, tensor<16x8xf32>")
+
+# per-token activation scales (one per row of x, a (4,) vector along the lhs free dim)
+PER_TOKEN = FAKE.replace("%sw: tensor<8xf32>) ->", "%sw: tensor<8xf32>, %st: tensor<4xf32>) ->").replace(
+    "%sx = stablehlo.constant dense<0.05> : tensor<4x16xf32>",
+    "%sx = stablehlo.broadcast_in_dim %st, dims = [0] : (tensor<4xf32>) -> tensor<4x16xf32>")
+
+# int4 weights (widened to int8 exactly) against int8 activations
+INT4 = FAKE.replace("%wq: tensor<16x8xi8>", "%wq: tensor<16x8xi4>").replace(
+    "(tensor<16x8xi8>) -> tensor<16x8xf32>", "(tensor<16x8xi4>) -> tensor<16x8xf32>")
+
+WEIGHT_ONLY = """
+func.func @main(%x: tensor<4x16xf32>, %wq: tensor<16x8xi8>, %sw: tensor<8xf32>) -> tensor<4x8xf32> {
+  %w = stablehlo.convert %wq : (tensor<16x8xi8>) -> tensor<16x8xf32>
+  %swb = stablehlo.broadcast_in_dim %sw, dims = [1] : (tensor<8xf32>) -> tensor<16x8xf32>
+  %wd = stablehlo.multiply %swb, %w : tensor<16x8xf32>
+  %y = stablehlo.dot_general %x, %wd, contracting_dims = [1] x [0] : (tensor<4x16xf32>, tensor<16x8xf32>) -> tensor<4x8xf32>
+  return %y : tensor<4x8xf32>
+}"""
+
+
+def stats(o):
+    return next(p.stats for p in o.report.passes if p.name == "quantize-matmul")
+
+
+def inputs(text):
+    """Full-range int8 (int4) values and small signed scales, by the module's argument types."""
+    from hlofuse import ir as hir
+    mod = hir.parse(text, hir.new_context())
+    out = []
+    for a in hir.main_func(mod).regions[0].blocks[0].arguments:
+        info = hir.tensor_type_info(a.type)
+        shape = tuple(info.shape)
+        if info.dtype in ("i8", "i4"):
+            lo = -128 if info.dtype == "i8" else -8
+            out.append(R.integers(lo, -lo, shape).astype(hir.np_dtype(info.dtype)))
+        else:
+            out.append(R.uniform(0.001, 0.02, shape).astype(np.float32) * R.choice([-1, 1], shape))
+    return out
+
+
+@pytest.mark.parametrize("text,pattern", [(FAKE, "fake-quant-dot"), (PER_TOKEN, "fake-quant-dot"),
+                                          (INT4, "fake-quant-dot"), (WEIGHT_ONLY, "weight-only-scale")],
+                         ids=["per-tensor-x-per-channel", "per-token", "int4-weights", "weight-only"])
+def test_rewrites_and_is_idempotent(text, pattern):
+    o = hlofuse.optimize(text, pipeline=PASS)
+    st = stats(o)
+    assert st[pattern] == 1 and st["rewrites"] == 1
+    t = o.text
+    if pattern == "fake-quant-dot":
+        assert "(tensor<4x16xi8>, tensor<16x8xi8>) -> tensor<4x8xi32>" in t
+        if text is PER_TOKEN:
+            assert "dims = [0] : (tensor<4xf32>) -> tensor<4x8xf32>" in t   # the row scale, after the dot
+    else:
+        assert "(tensor<4x16xf32>, tensor<16x8xf32>) -> tensor<4x8xf32>" in t and "stablehlo.convert" in t
+    xs = inputs(text)
+    assert_same(run_module(t, xs), run_module(text, xs), "quantize")
+    again = hlofuse.optimize(t, pipeline=PASS)
+    assert stats(again)["rewrites"] == 0 and again.text == t
+
+
+@pytest.mark.parametrize("text,reason", [
+    (ALONG_K, "refused[scale varies along the contracting dim]"),
+    (OTHER_USE, "refused[dequantized operand has other users]"),
+    (ZERO_POINT, "refused[zero-point (asymmetric) dequantization]"),
+], ids=["scale-along-k", "other-users", "zero-point"])
+def test_no_match(text, reason):
+    before = hlofuse.optimize(text, pipeline="none").text
+    o = hlofuse.optimize(text, pipeline=PASS)
+    st = stats(o)
+    assert st["rewrites"] == 0 and o.text == before
+    refused = {k: v for k, v in st.items() if k.startswith("refused[")}
+    assert refused == ({} if reason is None else {reason: 1})
+    if reason:
+        assert any("left in float" in n for n in o.report.notes)
+
+
+def test_options_disable_patterns():
+    o = hlofuse.optimize(FAKE, pipeline=PASS, options={"quantize-matmul": {"fake_quant": False}})
+    assert stats(o)["rewrites"] == 0 and stats(o)["refused[disabled by option]"] == 1
+
+
+# ---- the quantized MLP as JAX users write it, through the default pipeline ------------------
+
+SX1, SX2 = 0.05, 0.02
+
+
+def quant(x, s):
+    return jnp.clip(jnp.round(x / s), -127, 127).astype(jnp.int8)
+
+
+def idot(a, b):
+    return lax.dot_general(a, b, (((a.ndim - 1,), (0,)), ((), ())), preferred_element_type=jnp.int32)
+
+
+def int8_mlp(x, w1, s1, b1, w2, s2, b2):
+    h = jax.nn.gelu(idot(quant(x, SX1), w1).astype(F32) * (SX1 * s1) + b1)
+    return idot(quant(h, SX2), w2).astype(F32) * (SX2 * s2) + b2
+
+
+def fake_quant_mlp(x, w1, s1, b1, w2, s2, b2):
+    h = jax.nn.gelu((quant(x, SX1).astype(F32) * SX1) @ (w1.astype(F32) * s1) + b1)
+    return (quant(h, SX2).astype(F32) * SX2) @ (w2.astype(F32) * s2) + b2
+
+
+def mlp_args(m=16, k=64, h=128):
+    return (R.standard_normal((m, k)).astype(np.float32), R.integers(-127, 128, (k, h)).astype(np.int8),
+            R.uniform(1e-3, 1e-2, h).astype(np.float32), R.standard_normal(h).astype(np.float32),
+            R.integers(-127, 128, (h, k)).astype(np.int8), R.uniform(1e-3, 1e-2, k).astype(np.float32),
+            R.standard_normal(k).astype(np.float32))
+
+
+@pytest.mark.parametrize("target", ["cpu", "gpu", "tpu"])
+def test_quantized_linear_gelu_linear_is_three_kernels(target):
+    args = mlp_args()
+    for fn in (int8_mlp, fake_quant_mlp):
+        f = hlofuse.jit(fn, target=target, autotune=False)
+        rep = f.report(*args)
+        assert len(kernels(rep)) <= 3 and len(kernels(rep, "matmul_epilogue")) == 2, str(rep)
+        assert all(r.kernel for r in rep.regions), str(rep)
+        # the first int8 matmul's kernel writes the requantized int8 activations of the second
+        assert any(r.outputs == ["i8[16,128]"] for r in kernels(rep, "matmul_epilogue")), str(rep)
+        if fn is fake_quant_mlp:
+            assert next(p.stats for p in rep.passes if p.name == "quantize-matmul")["fake-quant-dot"] == 2
+        if target == "cpu":
+            # int8_mlp: the kernels run XLA's own int8 dots and the same epilogue ops: bit for bit
+            want = jax.jit(fn)(*args)
+            assert_same(f(*args), want, "exact" if fn is int8_mlp else "quantize")
+
+
+def test_first_layer_int32_accumulation_exact_end_to_end():
+    x, w1 = mlp_args()[:2]
+    fn = lambda x, w: idot(quant(x, SX1), w)  # noqa: E731   the int32 accumulator itself
+    g = lambda x, w: jax.nn.relu(fn(x, w))  # noqa: E731     with an integer epilogue
+    f = hlofuse.jit(g, autotune=False)
+    assert len(kernels(f.report(x, w1), "matmul_epilogue")) == 1
+    exact = np.maximum(np.asarray(quant(x, SX1)).astype(np.int64) @ w1.astype(np.int64), 0)
+    assert np.array_equal(np.asarray(f(x, w1)), exact)
+
+
+def test_quantized_types_are_refused_with_the_reason():
+    text = """
+func.func @main(%x: tensor<4x8xf32>) -> tensor<4x8xf32> {
+  %q = stablehlo.uniform_quantize %x : (tensor<4x8xf32>) -> tensor<4x8x!quant.uniform<i8:f32, 0.05>>
+  %d = stablehlo.uniform_dequantize %q : (tensor<4x8x!quant.uniform<i8:f32, 0.05>>) -> tensor<4x8xf32>
+  return %d : tensor<4x8xf32>
+}"""
+    with pytest.raises(hlofuse.ir.IRError, match="quant dialect"):
+        hlofuse.optimize(text)
+
+
+def test_int8_transformer_block_fuses_every_int8_linear():
+    """A GPT-2-style block with every linear int8 (Q/K/V share their quantized input and
+    become one horizontal int8 kernel): no int8 dot is left to XLA, and on cpu the result
+    is bit-identical to jax.jit of the same program."""
+    from bench import workloads as W
+    params, x = W._int8_block_args(s=16, d=64, ff=128)(np.random.default_rng(0))
+    fn = lambda p, x: W.int8_block(p, x, n_heads=2)  # noqa: E731
+    f = hlofuse.jit(fn, autotune=False)
+    rep = f.report(params, x)
+    assert not any("integer or boolean matmul" in n or "int8" in n for n in rep.notes), rep.notes
+    mm = [r for r in rep.kernels if r.kind in ("matmul_epilogue", "horizontal")]
+    assert len(mm) >= 4 and all(r.kernel for r in rep.regions if r.kind == "horizontal"), str(rep)
+    assert_same(f(params, x), jax.jit(fn)(params, x), "exact")
