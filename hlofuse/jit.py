@@ -43,6 +43,7 @@ from hlofuse.tools import autotune as at
 __all__ = ["jit", "Lowered", "Compiled", "HlofuseFunction"]
 
 log = logging.getLogger("hlofuse")
+_CALL = threading.local()   # .args: the concrete (args, kwargs) of the call being traced
 
 
 def _norm_tuple(x) -> tuple:
@@ -302,19 +303,57 @@ class HlofuseFunction:
         dyn = [isinstance(x, jcore.Tracer) for x in leaves]
         static = tuple(_static_key(x) for x, d in zip(leaves, dyn) if not d)
         donated = self._donated_leaves(args, kwargs, dyn)
-        key = (in_tree, tuple(dyn), static, donated)
+        shardings = self._leaf_shardings(args, kwargs, dyn)
+        key = (in_tree, tuple(dyn), static, donated, shardings)
         program = self._programs.get(key)
         if program is None:
             with self._lock:
                 program = self._programs.get(key)
                 if program is None:
                     program = self._make_program(leaves, in_tree, dyn, donated)
+                    program.shardings = shardings
                     self._programs[key] = program
         if self._mode() != "off":
             self._fast = False  # a new signature: the next concrete call decides its options
         out = call(program, [x for x, d in zip(leaves, dyn) if d])
         sig = signature_of([jax.typeof(x) for x, d in zip(leaves, dyn) if d])
         return tree_util.tree_unflatten(program.out_trees[sig], out)
+
+    def _leaf_shardings(self, args, kwargs, dyn) -> tuple | None:
+        """The ``NamedSharding`` of every dynamic leaf of this call, when all are known and on
+        one mesh of several devices: from ``in_shardings=``, else from the concrete arguments
+        of the call being traced (committed sharded arrays). None otherwise (then kernels are
+        built for the whole arrays; see :func:`hlofuse.runtime.export_optimized`)."""
+        spec = self._jit_kwargs.get("in_shardings")
+        concrete = getattr(_CALL, "args", None)
+        try:
+            if spec is not None and not kwargs:
+                if isinstance(spec, jax.sharding.Sharding):
+                    spec = (spec,) * len(args)
+                per = []
+                for a, sp in zip(args, tuple(spec)):
+                    per += tree_util.tree_leaves(
+                        tree_util.tree_map(lambda _, s=sp: s, a) if isinstance(
+                            sp, jax.sharding.Sharding) else sp,
+                        is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
+            elif concrete is not None and concrete[0] is not None:
+                c_args, c_kwargs = concrete
+                per = [getattr(x, "sharding", None)
+                       for x in tree_util.tree_leaves((c_args, c_kwargs))]
+            else:
+                return None
+        except Exception:  # noqa: BLE001 - an odd prefix: jax.jit reports it itself
+            return None
+        if len(per) != len(dyn):
+            return None
+        out = [p for p, d in zip(per, dyn) if d]
+        if not out or not all(isinstance(p, jax.sharding.NamedSharding) for p in out):
+            return None
+        mesh = out[0].mesh
+        if (mesh.size <= 1 or any(p.mesh != mesh for p in out)
+                or any(t != jax.sharding.AxisType.Auto for t in mesh.axis_types)):
+            return None
+        return tuple(out)
 
     def _donated_leaves(self, args, kwargs, dyn) -> tuple:
         if not (self._donate_nums or self._donate_names):
@@ -351,12 +390,16 @@ class HlofuseFunction:
     def __call__(self, *args, **kwargs):
         if self._freeze:
             args = self._wrap_frozen(args)
-        if self._fast:
-            out = self._jit(*args, **kwargs)
-            if not self._fast:  # this call traced a new signature: its first call for tuning
-                self._tuned_call(args, kwargs, out)
-            return out
-        return self._tuned_call(args, kwargs)
+        _CALL.args = (args, kwargs)  # read only when this call traces (argument shardings)
+        try:
+            if self._fast:
+                out = self._jit(*args, **kwargs)
+                if not self._fast:  # this call traced a new signature: its first call for tuning
+                    self._tuned_call(args, kwargs, out)
+                return out
+            return self._tuned_call(args, kwargs)
+        finally:
+            _CALL.args = None
 
     def _tuned_call(self, args, kwargs, done=None):
         """A call while some signature's options are undecided or not XLA's defaults.
@@ -511,7 +554,11 @@ class HlofuseFunction:
         """Trace and lower for the function's target (default: the current backend)."""
         args = self._wrap_frozen(args)
         platform = (self._target or Target.of(None)).platform
-        traced = self._jit.trace(*args, **kwargs)
+        _CALL.args = (args, kwargs)
+        try:
+            traced = self._jit.trace(*args, **kwargs)
+        finally:
+            _CALL.args = None
         lowered = traced.lower(lowering_platforms=(platform,))
         calls = find_calls(traced.jaxpr)
         entry, report = None, None

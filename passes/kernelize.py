@@ -29,6 +29,7 @@ from hlofuse.kernels import lowering
 from hlofuse.target import Target
 from hlofuse.passes.fusion.outline import KERNEL_PREFIX, KIND_ATTR, REGION_ATTR, XLA_ATTR
 from hlofuse.report import HlofuseWarning
+from hlofuse.passes import sharding as shd
 
 _CACHE: dict[tuple, tuple[str, str, str]] = {}
 KERNEL_INFO_ATTR = "hlofuse.kernel"   # on a kernel's entry function: "kind|region|name|blocks"
@@ -89,7 +90,10 @@ class Kernelize(Pass):
     def run(self, module, ctx):
         table = ir.SymbolTable(module.operation)
         calls = [op for op in hir.all_ops(module) if op.name == "func.call"]
-        n_kernels = n_failed = 0
+        n_kernels = n_failed = n_per_shard = n_not_local = 0
+        mesh = shd.mesh_of(module) if shd.is_sharded_module(module) else None
+        if mesh is not None:
+            shd.annotate_calls(module, calls, table)
         for call in calls:
             callee = ir.FlatSymbolRefAttr(call.attributes["callee"]).value
             fn_op = table[callee]
@@ -105,14 +109,39 @@ class Kernelize(Pass):
                 leave_to_xla(fn_op, region.reason)
                 continue
             original = fn_op.operation.get_asm(enable_debug_info=True)
+            per_shard = None
+            if mesh is not None:
+                try:
+                    per_shard = _per_shard_plan(call, fn_op, mesh, module.context)
+                except shd.NotShardLocal as e:
+                    region.reason = f"not shard-local in this sharded program: {e}"
+                    leave_to_xla(fn_op, region.reason)
+                    n_not_local += 1
+                    continue
             try:
-                text, kname, blocks = lower_region(fn_op, kind, ctx.target)
+                if per_shard is not None:
+                    local_mod = per_shard[0]
+                    text, kname, blocks = lower_region(hir.funcs(local_mod)[0], kind, ctx.target)
+                else:
+                    text, kname, blocks = lower_region(fn_op, kind, ctx.target)
                 kmod = hir.parse(text, module.context, source=f"kernel for region {rid}")
                 # the cleanups later runs apply to the whole module, applied now (idempotence)
                 hir.run_upstream_passes(kmod, "builtin.module(canonicalize,cse,canonicalize)")
                 mapping = hir.import_funcs(module, kmod, _unique_prefix(module, rid))
+                target_fn = mapping["main"]
+                if per_shard is not None:
+                    _, args_s, res_s = per_shard
+                    ft, kft = hir.function_type(fn_op), hir.function_type(
+                        ir.SymbolTable(module.operation)[mapping["main"]])
+                    target_fn = shd.manual_wrapper(
+                        module, mapping["main"] + "_per_shard", mapping["main"], args_s, res_s,
+                        list(ft.inputs), list(ft.results), list(kft.inputs), list(kft.results))
+                    region.extra["per_shard"] = ", ".join(
+                        _spec_text(s) for s in args_s) + " -> " + ", ".join(
+                        _spec_text(s) for s in res_s)
+                    n_per_shard += 1
                 with module.context:
-                    call.attributes["callee"] = ir.FlatSymbolRefAttr.get(mapping["main"])
+                    call.attributes["callee"] = ir.FlatSymbolRefAttr.get(target_fn)
                     # what a compile check of the module alone (hlofuse.aot) reports per kernel
                     kfn = ir.SymbolTable(module.operation)[mapping["main"]]
                     kfn.attributes[KERNEL_INFO_ATTR] = ir.StringAttr.get(
@@ -132,4 +161,32 @@ class Kernelize(Pass):
                     where = ", ".join(region.locations[:3]) or "unknown location"
                     warnings.warn(f"hlofuse: region {rid} ({kind}, at {where}) left to XLA: "
                                   f"{region.reason}", HlofuseWarning, stacklevel=2)
-        return {"kernels": n_kernels, "left_to_xla": n_failed}
+        stats = {"kernels": n_kernels, "left_to_xla": n_failed}
+        if mesh is not None:
+            stats.update(per_shard=n_per_shard, not_shard_local=n_not_local)
+        return stats
+
+
+def _spec_text(s) -> str:
+    return "P(" + ", ".join(("(" + ", ".join(repr(a) for a in ax) + ")" if len(ax) > 1
+                             else repr(ax[0])) if ax else "None" for ax in s) + ")"
+
+
+def _per_shard_plan(call, fn_op, mesh, context):
+    """None when the region touches no sharded value (a replicated kernel is right), else
+    (module with the per-shard region function, input shardings, output shardings). Raises
+    :class:`hlofuse.passes.sharding.NotShardLocal` when the region is not shard-local."""
+    _, mesh_text, axes = mesh
+    args_s = [shd.value_sharding(v) for v in call.operands]
+    shard = shd.check_region(fn_op, args_s, axes)
+    ret = hir.block_ops(fn_op.regions[0].blocks[0])[-1]
+    res_s = []
+    for v in ret.operands:
+        s = shard.get(hir.value_key(v))
+        if s is None or s == "*":
+            raise shd.NotShardLocal("the sharding of a region output is not known")
+        res_s.append(s)
+    if all(not d for s in list(shard.values()) if s != "*" for d in s):
+        return None
+    local = shd.local_function(fn_op, shard, args_s, res_s, axes, context, mesh_text)
+    return local, args_s, res_s
