@@ -173,11 +173,11 @@ def _spec_text(s) -> str:
 
 
 def _per_shard_plan(call, fn_op, mesh, context):
-    """None when the region touches no sharded value (a replicated kernel is right), else
-    (module with the per-shard region function, input shardings, output shardings). Raises
+    """(module with the per-shard region function, input shardings, output shardings); a
+    replicated region runs whole on every shard. Raises
     :class:`hlofuse.passes.sharding.NotShardLocal` when the region is not shard-local."""
     _, mesh_text, axes = mesh
-    args_s = [shd.value_sharding(v) for v in call.operands]
+    args_s = [shd.value_sharding(v, True) for v in call.operands]
     shard = shd.check_region(fn_op, args_s, axes)
     ret = hir.block_ops(fn_op.regions[0].blocks[0])[-1]
     res_s = []
@@ -186,7 +186,5 @@ def _per_shard_plan(call, fn_op, mesh, context):
         if s is None or s == "*":
             raise shd.NotShardLocal("the sharding of a region output is not known")
         res_s.append(s)
-    if all(not d for s in list(shard.values()) if s != "*" for d in s):
-        return None
     local = shd.local_function(fn_op, shard, args_s, res_s, axes, context, mesh_text)
     return local, args_s, res_s

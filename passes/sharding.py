@@ -78,8 +78,17 @@ def is_sharded_module(module) -> bool:
                for a in ir.ArrayAttr(main.attributes["arg_attrs"]))
 
 
-def value_sharding(v: ir.Value) -> tuple | None:
-    """The propagated sharding of ``v`` (an op result or a function argument), or None."""
+def value_sharding(v: ir.Value, replicated_if_open: bool = False) -> tuple | None:
+    """The propagated sharding of ``v`` (an op result or a function argument), or None.
+    ``replicated_if_open``: a ranked value Shardy left without a sharding after propagation
+    over the whole program is replicated (nothing shards it)."""
+    s = _value_sharding(v)
+    if s is None and replicated_if_open and isinstance(v.type, ir.RankedTensorType):
+        return tuple(() for _ in ir.RankedTensorType(v.type).shape)
+    return s
+
+
+def _value_sharding(v: ir.Value) -> tuple | None:
     owner = v.owner
     if isinstance(owner, ir.Block):
         fn = owner.owner
@@ -105,7 +114,7 @@ def annotate_calls(module, calls, table) -> None:
     for call in calls:
         fn = table[ir.FlatSymbolRefAttr(call.attributes["callee"]).value]
         ret = hir.block_ops(fn.regions[0].blocks[0])[-1]
-        per = [value_sharding(v) for v in ret.operands]
+        per = [value_sharding(v, True) for v in ret.operands]
         if not per or any(p is None for p in per) or SHARDING_ATTR in call.attributes:
             continue
         mesh = mesh_of(module)[0]
@@ -177,7 +186,7 @@ def check_region(fn_op, arg_shardings: list, axes: dict[str, int]) -> dict:
             shard[hir.value_key(op.results[0])] = "*"
             continue
         ins = [of(v) for v in op.operands]
-        outs = [value_sharding(r) for r in op.results]
+        outs = [value_sharding(r, True) for r in op.results]
         loc = hir.op_location(op)
         where = f"{name} at {loc}"
         if any(o is None for o in outs):
