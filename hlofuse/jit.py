@@ -315,7 +315,10 @@ class HlofuseFunction:
                     self._programs[key] = program
         if self._mode() != "off":
             self._fast = False  # a new signature: the next concrete call decides its options
-        out = call(program, [x for x, d in zip(leaves, dyn) if d])
+        xs = [x for x, d in zip(leaves, dyn) if d]
+        if shardings is None and xs:
+            xs = _on_inner_mesh(program, xs)
+        out = call(program, xs)
         sig = signature_of([jax.typeof(x) for x, d in zip(leaves, dyn) if d])
         return tree_util.tree_unflatten(program.out_trees[sig], out)
 
@@ -639,6 +642,37 @@ class HlofuseFunction:
         if obj is None:
             return self
         return functools.partial(self, obj)
+
+
+def _inner_mesh(jaxpr):
+    """The concrete mesh of a ``shard_map`` anywhere in ``jaxpr`` (sub-jaxprs included)."""
+    todo = [getattr(jaxpr, "jaxpr", jaxpr)]
+    while todo:
+        j = todo.pop()
+        for e in j.eqns:
+            m = e.params.get("mesh")
+            if isinstance(m, jax.sharding.Mesh) and m.size > 1:
+                return m
+            for v in e.params.values():
+                for sub in (v if isinstance(v, (tuple, list)) else (v,)):
+                    if isinstance(sub, (jcore.ClosedJaxpr, jcore.Jaxpr)):
+                        todo.append(getattr(sub, "jaxpr", sub))
+    return None
+
+
+def _on_inner_mesh(program, xs: list) -> list:
+    """A function whose body holds a ``shard_map`` over a concrete mesh runs on that mesh's
+    devices. ``jax.jit`` learns them from the shard_map in its jaxpr; the outer ``jax.jit`` of
+    ``hlofuse.jit`` only sees ``hlofuse_call``, so the inputs are placed on the mesh
+    (replicated: the shard_map slices them locally, no collective) to tell it."""
+    try:
+        mesh = _inner_mesh(program.jaxpr(signature_of([jax.typeof(x) for x in xs])))
+    except Exception:  # noqa: BLE001 - tracing errors surface in call() itself
+        return xs
+    if mesh is None:
+        return xs
+    rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    return [jax.lax.with_sharding_constraint(x, rep) for x in xs]
 
 
 def _report_compiled_aliases(report, entry, aliases: dict[int, int]) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import re
 import threading
 import warnings
 
@@ -110,7 +111,15 @@ class Kernelize(Pass):
                 continue
             original = fn_op.operation.get_asm(enable_debug_info=True)
             per_shard = None
-            if mesh is not None:
+            manual = _enclosing_manual(call)
+            if manual is not None and not manual[1]:
+                region.reason = (f"inside a shard_map body that is manual over "
+                                 f"{', '.join(manual[0]) or 'no axes'} only: the free axes "
+                                 f"would partition the kernel")
+                leave_to_xla(fn_op, region.reason)
+                n_not_local += 1
+                continue
+            if mesh is not None and manual is None:
                 try:
                     per_shard = _per_shard_plan(call, fn_op, mesh, module.context)
                 except shd.NotShardLocal as e:
@@ -165,6 +174,27 @@ class Kernelize(Pass):
         if mesh is not None:
             stats.update(per_shard=n_per_shard, not_shard_local=n_not_local)
         return stats
+
+
+def _enclosing_manual(op):
+    """(manual axes, all mesh axes manual?) of the innermost ``sdy.manual_computation`` (a
+    shard_map body) holding ``op``, or None at the top level. A kernel in a body manual over
+    every axis already runs per device (its values are per-device)."""
+    parent = op.parent
+    while parent is not None and parent.name != "func.func":
+        if parent.name == "sdy.manual_computation":
+            axes = re.findall(r'"([^"]+)"', str(parent.attributes["manual_axes"]))
+            module_op = parent
+            while module_op.parent is not None:
+                module_op = module_op.parent
+            mesh_axes = []
+            for o in module_op.regions[0].blocks[0].operations:
+                if o.operation.name == "sdy.mesh":
+                    mesh_axes = re.findall(r'"([^"]+)"=(\d+)', str(o))
+            free = [a for a, n in mesh_axes if a not in axes and int(n) > 1]
+            return axes, not free
+        parent = parent.parent
+    return None
 
 
 def _spec_text(s) -> str:

@@ -56,6 +56,19 @@ def make_fsdp(mesh):
     return fsdp
 
 
+def make_shard_map_mlp(mesh):
+    """A Megatron MLP written per device with ``shard_map`` (its body is what hlofuse fuses)."""
+    P = jax.sharding.PartitionSpec
+
+    def body(x, w1, w2):
+        return jax.lax.psum(jax.nn.gelu(_ln(x) @ w1) @ w2, "model") + x
+
+    def shard_map_mlp(x, w1, w2):
+        return jax.shard_map(body, mesh=mesh, in_specs=(P("data"), P(None, "model"), P("model")),
+                             out_specs=P("data"))(x, w1, w2)
+    return shard_map_mlp
+
+
 def step(fn):
     """A training step: loss and gradients of the parameters (all arguments but the first)."""
     def train(x, *params):
@@ -81,4 +94,6 @@ def cases(make_mesh, scale: int = 1):
         ("mesh_2d", block, [(B, S, D), (D, 3, H, HD), (H, HD, D), (D, F), (F, D)],
          [P("data"), P(None, None, "model"), P("model"), P(None, "model"), P("model")], (2, 4)),
     ]
+    out.append(("shard_map_mlp", make_shard_map_mlp(make_mesh((2, 4))), [(B, S, D), (D, F), (F, D)],
+                [P("data"), P(None, "model"), P("model")], (2, 4)))
     return out + [(f"{n}_train", step(f), sh, sp, m) for n, f, sh, sp, m in out]

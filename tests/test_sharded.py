@@ -2,7 +2,8 @@
 
 Runs in a child process (``--xla_force_host_platform_device_count=8`` must be set before jax
 starts). For each program of :mod:`tests.sharded_programs` (data parallel, FSDP-style,
-tensor-parallel MLP and transformer block, a 2-D mesh; forward and training step) it compares
+tensor-parallel MLP and transformer block, a 2-D mesh, a shard_map body; forward and training
+step) it compares
 ``hlofuse.jit`` with ``jax.jit`` called with the same ``in_shardings``: results (the ``grad``
 tolerance for training steps, ``kernel`` for forwards), and for every kind of collective the
 count in the compiled HLO (hlofuse's may not have more). In the tensor-parallel block the
@@ -55,6 +56,17 @@ CHILD = textwrap.dedent('''
             "kernels": len(rep.kernels),
             "reasons": [r.reason for r in rep.regions if r.reason],
         }
+    # a shard_map body with uncommitted inputs (no in_shardings): fused, on the mesh's devices
+    fn = [c for c in cases(make_mesh) if c[0] == "shard_map_mlp"][0][1]
+    args = [np.asarray(jax.random.normal(jax.random.key(i), s)) * 0.2
+            for i, s in enumerate([(8, 16, 32), (32, 64), (64, 32)])]
+    yj, yh = jax.jit(fn)(*args), hlofuse.jit(fn, autotune=False)(*args)
+    lowered = hlofuse.jit(fn, autotune=False).lower(*args)
+    out["shard_map_uncommitted"] = {
+        "err": float(np.max(np.abs(np.asarray(yj) - np.asarray(yh)))),
+        "jax": collectives(jax.jit(fn).lower(*args).compile().as_text()),
+        "hlofuse": collectives(lowered.compile().as_text()),
+        "per_shard": [], "kernels": len(lowered.report.kernels), "reasons": []}
     print(json.dumps(out))
 ''').replace("ROOT", repr(ROOT))
 
@@ -69,7 +81,7 @@ def _run():
 
 def test_sharded_programs_on_eight_cpu_devices():
     out = _run()
-    assert len(out) == 10
+    assert len(out) == 13
     for name, o in out.items():
         tol = TOLERANCES["grad" if name.endswith("_train") else "reassociate"]["float32"][0]
         assert o["err"] <= tol, (name, o["err"])
@@ -83,3 +95,7 @@ def test_sharded_programs_on_eight_cpu_devices():
         # ... and the epilogue of the row-parallel matmul (contraction sharded) stays with XLA
         assert any("contraction is sharded" in r for r in out[name]["reasons"]), out[name]
     assert out["data_parallel"]["per_shard"], out["data_parallel"]
+    # inside shard_map bodies (sdy.manual_computation) regions are fused like at the top level:
+    # the layernorm and the gelu epilogue become kernels of per-device shapes
+    for name in ("shard_map_mlp", "shard_map_mlp_train", "shard_map_uncommitted"):
+        assert out[name]["kernels"] >= 2, (name, out[name])
