@@ -397,6 +397,8 @@ def _isolated():
     depend on that body's manual axes)."""
     stack = contextlib.ExitStack()
     stack.enter_context(mesh_lib.use_abstract_mesh(mesh_lib.empty_abstract_mesh))
+    # nor of its concrete one (``jax.set_mesh``): kernels lower on their own one-device mesh
+    stack.enter_context(sharding_impls._internal_use_concrete_mesh(mesh_lib.empty_concrete_mesh))
     stack.enter_context(jconfig._check_vma(False))
     return stack
 
