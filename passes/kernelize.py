@@ -92,7 +92,9 @@ class Kernelize(Pass):
         table = ir.SymbolTable(module.operation)
         calls = [op for op in hir.all_ops(module) if op.name == "func.call"]
         n_kernels = n_failed = n_per_shard = n_not_local = 0
-        mesh = shd.mesh_of(module) if shd.is_sharded_module(module) else None
+        # per-shard kernels need every op's sharding: without propagate-shardings, kernels
+        # are built for the whole arrays (XLA partitions cpu ones; see runtime for gpu/tpu)
+        mesh = shd.mesh_of(module) if shd.is_propagated(module) else None
         if mesh is not None:
             shd.annotate_calls(module, calls, table)
         for call in calls:

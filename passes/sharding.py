@@ -29,6 +29,7 @@ __all__ = ["mesh_of", "is_sharded_module", "value_sharding", "check_region", "lo
            "manual_wrapper", "NotShardLocal"]
 
 SHARDING_ATTR = "sdy.sharding"
+PROPAGATED_ATTR = "hlofuse.shardings_propagated"   # on the module, set by propagate-shardings
 
 
 class NotShardLocal(Exception):
@@ -64,6 +65,11 @@ def _per_value(attr) -> list:
     text = str(attr)
     inner = re.findall(r"<@\w+,\s*(\[[^\]]*\])", text)
     return [_parse_dims(t) for t in inner]
+
+
+def is_propagated(module) -> bool:
+    """``propagate-shardings`` ran over this sharded module (every op has its sharding)."""
+    return PROPAGATED_ATTR in module.operation.attributes and is_sharded_module(module)
 
 
 def is_sharded_module(module) -> bool:
