@@ -90,3 +90,38 @@ module {{
     (r,) = opt.report.regions
     assert r.kernel is None and "reduces over a sharded dim" in r.reason, r.reason
     assert shd._parse_dims('[{"data", ?}, {}, {"a", "b"}]') == (("data",), (), ("a", "b"))
+
+
+def _shard_map_module(manual: str) -> str:
+    local = "tensor<8x4xf32>" if manual == '"model"' else "tensor<4x4xf32>"
+    dims = '[{}, {"model"}]' if manual == '"model"' else '[{"data"}, {"model"}]'
+    return f"""
+module {{
+  {MESH}
+  func.func public @main(%x: tensor<8x16xf32>) -> tensor<8x16xf32> {{
+    %0 = sdy.manual_computation(%x) in_shardings=[<@mesh, {dims}>] out_shardings=[<@mesh, {dims}>] manual_axes={{{manual}}} (%a: {local}) {{
+      %1 = stablehlo.tanh %a : {local}
+      %2 = stablehlo.multiply %1, %a : {local}
+      %3 = stablehlo.exponential %2 : {local}
+      sdy.return %3 : {local}
+    }} : (tensor<8x16xf32>) -> tensor<8x16xf32>
+    return %0 : tensor<8x16xf32>
+  }}
+}}"""
+
+
+def test_shard_map_body_is_fused_with_per_device_shapes():
+    opt = hlofuse.optimize(_shard_map_module('"data", "model"'),
+                           pipeline=["propagate-shardings", "fuse-elementwise", "kernelize",
+                                     "symbol-dce"])
+    (r,) = opt.report.regions
+    assert r.kernel and r.reason is None and "per_shard" not in r.extra
+    assert opt.text.count("sdy.manual_computation") == 1   # the body's own: no nesting
+    assert re.search(r"func.func private @hlofuse_k0_main\(%arg0: tensor<4x4xf32>", opt.text)
+
+
+def test_partially_manual_shard_map_body_stays_with_xla_and_says_why():
+    opt = hlofuse.optimize(_shard_map_module('"model"'),
+                           pipeline=["propagate-shardings", "fuse-elementwise", "kernelize"])
+    (r,) = opt.report.regions
+    assert r.kernel is None and "manual over model only" in r.reason, r.reason
