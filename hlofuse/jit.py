@@ -316,8 +316,10 @@ class HlofuseFunction:
         if self._mode() != "off":
             self._fast = False  # a new signature: the next concrete call decides its options
         xs = [x for x, d in zip(leaves, dyn) if d]
-        if shardings is None and xs:
-            xs = _on_inner_mesh(program, xs)
+        concrete = getattr(_CALL, "args", None)
+        if shardings is None and xs and concrete is not None and not any(
+                isinstance(x, jcore.Tracer) for x in tree_util.tree_leaves(concrete)):
+            xs = _on_inner_mesh(program, xs)   # a top-level call with uncommitted inputs
         out = call(program, xs)
         sig = signature_of([jax.typeof(x) for x, d in zip(leaves, dyn) if d])
         return tree_util.tree_unflatten(program.out_trees[sig], out)
