@@ -43,6 +43,7 @@ from hlofuse.tools import autotune as at
 __all__ = ["jit", "Lowered", "Compiled", "HlofuseFunction"]
 
 log = logging.getLogger("hlofuse")
+_CALL = threading.local()   # .args: the concrete (args, kwargs) of the call being traced
 
 
 def _norm_tuple(x) -> tuple:
@@ -302,19 +303,62 @@ class HlofuseFunction:
         dyn = [isinstance(x, jcore.Tracer) for x in leaves]
         static = tuple(_static_key(x) for x, d in zip(leaves, dyn) if not d)
         donated = self._donated_leaves(args, kwargs, dyn)
-        key = (in_tree, tuple(dyn), static, donated)
+        shardings = self._leaf_shardings(args, kwargs, dyn)
+        key = (in_tree, tuple(dyn), static, donated, shardings)
         program = self._programs.get(key)
         if program is None:
             with self._lock:
                 program = self._programs.get(key)
                 if program is None:
                     program = self._make_program(leaves, in_tree, dyn, donated)
+                    program.shardings = shardings
                     self._programs[key] = program
         if self._mode() != "off":
             self._fast = False  # a new signature: the next concrete call decides its options
-        out = call(program, [x for x, d in zip(leaves, dyn) if d])
+        xs = [x for x, d in zip(leaves, dyn) if d]
+        concrete = getattr(_CALL, "args", None)
+        if shardings is None and xs and concrete is not None and not any(
+                isinstance(x, jcore.Tracer) for x in tree_util.tree_leaves(concrete)):
+            xs = _on_inner_mesh(program, xs)   # a top-level call with uncommitted inputs
+        out = call(program, xs)
         sig = signature_of([jax.typeof(x) for x, d in zip(leaves, dyn) if d])
         return tree_util.tree_unflatten(program.out_trees[sig], out)
+
+    def _leaf_shardings(self, args, kwargs, dyn) -> tuple | None:
+        """The ``NamedSharding`` of every dynamic leaf of this call, when all are known and on
+        one mesh of several devices: from ``in_shardings=``, else from the concrete arguments
+        of the call being traced (committed sharded arrays). None otherwise (then kernels are
+        built for the whole arrays; see :func:`hlofuse.runtime.export_optimized`)."""
+        spec = self._jit_kwargs.get("in_shardings")
+        concrete = getattr(_CALL, "args", None)
+        try:
+            if spec is not None and not kwargs:
+                if isinstance(spec, jax.sharding.Sharding):
+                    spec = (spec,) * len(args)
+                per = []
+                for a, sp in zip(args, tuple(spec)):
+                    per += tree_util.tree_leaves(
+                        tree_util.tree_map(lambda _, s=sp: s, a) if isinstance(
+                            sp, jax.sharding.Sharding) else sp,
+                        is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
+            elif concrete is not None and concrete[0] is not None:
+                c_args, c_kwargs = concrete
+                per = [getattr(x, "sharding", None)
+                       for x in tree_util.tree_leaves((c_args, c_kwargs))]
+            else:
+                return None
+        except Exception:  # noqa: BLE001 - an odd prefix: jax.jit reports it itself
+            return None
+        if len(per) != len(dyn):
+            return None
+        out = [p for p, d in zip(per, dyn) if d]
+        if not out or not all(isinstance(p, jax.sharding.NamedSharding) for p in out):
+            return None
+        mesh = out[0].mesh
+        if (mesh.size <= 1 or any(p.mesh != mesh for p in out)
+                or any(t != jax.sharding.AxisType.Auto for t in mesh.axis_types)):
+            return None
+        return tuple(out)
 
     def _donated_leaves(self, args, kwargs, dyn) -> tuple:
         if not (self._donate_nums or self._donate_names):
@@ -351,12 +395,16 @@ class HlofuseFunction:
     def __call__(self, *args, **kwargs):
         if self._freeze:
             args = self._wrap_frozen(args)
-        if self._fast:
-            out = self._jit(*args, **kwargs)
-            if not self._fast:  # this call traced a new signature: its first call for tuning
-                self._tuned_call(args, kwargs, out)
-            return out
-        return self._tuned_call(args, kwargs)
+        _CALL.args = (args, kwargs)  # read only when this call traces (argument shardings)
+        try:
+            if self._fast:
+                out = self._jit(*args, **kwargs)
+                if not self._fast:  # this call traced a new signature: its first call for tuning
+                    self._tuned_call(args, kwargs, out)
+                return out
+            return self._tuned_call(args, kwargs)
+        finally:
+            _CALL.args = None
 
     def _tuned_call(self, args, kwargs, done=None):
         """A call while some signature's options are undecided or not XLA's defaults.
@@ -511,7 +559,11 @@ class HlofuseFunction:
         """Trace and lower for the function's target (default: the current backend)."""
         args = self._wrap_frozen(args)
         platform = (self._target or Target.of(None)).platform
-        traced = self._jit.trace(*args, **kwargs)
+        _CALL.args = (args, kwargs)
+        try:
+            traced = self._jit.trace(*args, **kwargs)
+        finally:
+            _CALL.args = None
         lowered = traced.lower(lowering_platforms=(platform,))
         calls = find_calls(traced.jaxpr)
         entry, report = None, None
@@ -592,6 +644,37 @@ class HlofuseFunction:
         if obj is None:
             return self
         return functools.partial(self, obj)
+
+
+def _inner_mesh(jaxpr):
+    """The concrete mesh of a ``shard_map`` anywhere in ``jaxpr`` (sub-jaxprs included)."""
+    todo = [getattr(jaxpr, "jaxpr", jaxpr)]
+    while todo:
+        j = todo.pop()
+        for e in j.eqns:
+            m = e.params.get("mesh")
+            if isinstance(m, jax.sharding.Mesh) and m.size > 1:
+                return m
+            for v in e.params.values():
+                for sub in (v if isinstance(v, (tuple, list)) else (v,)):
+                    if isinstance(sub, (jcore.ClosedJaxpr, jcore.Jaxpr)):
+                        todo.append(getattr(sub, "jaxpr", sub))
+    return None
+
+
+def _on_inner_mesh(program, xs: list) -> list:
+    """A function whose body holds a ``shard_map`` over a concrete mesh runs on that mesh's
+    devices. ``jax.jit`` learns them from the shard_map in its jaxpr; the outer ``jax.jit`` of
+    ``hlofuse.jit`` only sees ``hlofuse_call``, so the inputs are placed on the mesh
+    (replicated: the shard_map slices them locally, no collective) to tell it."""
+    try:
+        mesh = _inner_mesh(program.jaxpr(signature_of([jax.typeof(x) for x in xs])))
+    except Exception:  # noqa: BLE001 - tracing errors surface in call() itself
+        return xs
+    if mesh is None:
+        return xs
+    rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    return [jax.lax.with_sharding_constraint(x, rep) for x in xs]
 
 
 def _report_compiled_aliases(report, entry, aliases: dict[int, int]) -> None:

@@ -292,6 +292,7 @@ PIPELINES: dict[str, list[tuple[str, str]]] = {
         ("algebraic-simplify", "again: identities exposed by the second fold (idempotence, fuzz-found)"),
         ("quantize-matmul", "fake-quant / weight-only int8 dots as integer dots with the dequant scale after "
                             "the sum, so the matmul fusion below sees an int8 dot and its scale epilogue"),
+        ("propagate-shardings", "sharded programs: Shardy's shardings on every op, so kernelize builds per-shard kernels (no-op otherwise)"),
         ("fuse-attention", "outline QK^T-softmax-PV subgraphs for flash kernels before other fusions claim their ops"),
         ("conv1x1-to-dot", "1x1 NHWC convolutions are matmuls (gpu/tpu; cpu with conv1x1_as_dot): their epilogue fuses as a dot's"),
         ("fuse-matmul-epilogue", "dot_general + operand prologues + epilogue (bias, activations, residual) as one tiled kernel"),

@@ -51,6 +51,7 @@ from jax._src import core as jcore
 from jax._src import config as jconfig
 from jax._src import dispatch
 from jax._src import mesh as mesh_lib
+from jax._src import sharding_impls
 from jax._src.interpreters import ad, batching, mlir
 from jax._src.interpreters import partial_eval as pe
 from jax.extend import core as jex_core
@@ -106,16 +107,36 @@ class Entry:
 
 
 def export_optimized(fun: Callable, sig: Signature, opts: Options, *, name: str = "fun",
-                     donated: Sequence[int] = (), target: Target | None = None
+                     donated: Sequence[int] = (), target: Target | None = None,
+                     shardings: tuple | None = None, spmd_devices: int = 1
                      ) -> tuple[jexport.Exported, Optimized]:
-    """Export ``fun`` (flat arrays -> flat arrays) for the target and optimize its module."""
+    """Export ``fun`` (flat arrays -> flat arrays) for the target and optimize its module.
+
+    ``shardings``: the ``NamedSharding`` of every input when known: the module is exported with
+    them, so ``propagate-shardings`` and ``kernelize`` build kernels that run per shard.
+    ``spmd_devices``: the number of devices of the SPMD program the module is inlined into;
+    with more than one and no known shardings, gpu/tpu kernels are not built (XLA cannot
+    partition a Pallas custom call: it would gather the kernel's operands)."""
     target = target or Target.of(opts.target)
     platform = target.platform
-    exp0 = jexport.export(jax.jit(fun), platforms=[platform])(*sds(sig))
+    jitted = jax.jit(fun) if shardings is None else jax.jit(fun, in_shardings=shardings)
+    exp0 = jexport.export(jitted, platforms=[platform])(*sds(sig))
+    pass_options = opts.pass_options
+    blind = shardings is None and spmd_devices > 1 and not target.is_cpu
+    if blind:
+        pass_options = dict(pass_options, kernelize=dict(pass_options.get("kernelize", {}),
+                                                         no_kernels=True))
     try:  # an optimization never makes a program fail (options={'strict': True} re-raises)
         opt = optimize(exp0.mlir_module(), target=target, pipeline=opts.pipeline,
-                       disable=opts.disable, dump_dir=opts.dump_dir, options=opts.pass_options,
+                       disable=opts.disable, dump_dir=opts.dump_dir, options=pass_options,
                        source=name, donated_args=donated)
+        if blind:
+            opt.report.note(
+                f"kernels not built: this program runs inside an SPMD program over "
+                f"{spmd_devices} devices with input shardings hlofuse does not know, and XLA "
+                f"cannot partition a {target.kind} kernel (it would gather its operands); "
+                f"pass in_shardings= to hlofuse.jit, or call it with sharded arrays, for "
+                f"per-shard kernels")
         if opts.check:
             opt = verify_regions(exp0, opt, dataclasses.replace(opts, target=target), name=name)
     except Exception as e:
@@ -141,8 +162,10 @@ class Program:
     """
 
     def __init__(self, fun: Callable, opts: Options, *, name: str = "fun",
-                 linear: Sequence[int] = (), donated: Sequence[int] = ()):
+                 linear: Sequence[int] = (), donated: Sequence[int] = (),
+                 shardings: tuple | None = None):
         self.fun = fun
+        self.shardings = shardings      # NamedSharding per flat input, when known
         self.opts = opts
         self.name = name
         self.linear = tuple(linear)
@@ -210,9 +233,11 @@ class Program:
                 f"target=None to run here.")
         return self.opts.target
 
-    def entry(self, sig: Signature, target: Target | None = None) -> Entry:
+    def entry(self, sig: Signature, target: Target | None = None,
+              spmd_devices: int = 1) -> Entry:
         target = target or Target.of(self.opts.target)
-        key = (sig, target)
+        spmd_devices = spmd_devices if self.shardings is None and not target.is_cpu else 1
+        key = (sig, target) if spmd_devices <= 1 else (sig, target, spmd_devices)
         e = self._entries.get(key)
         if e is not None:
             return e
@@ -220,7 +245,7 @@ class Program:
             e = self._entries.get(key)
             if e is None:
                 with _isolated():
-                    e = self._build(sig, target)
+                    e = self._build(sig, target, spmd_devices)
                 self._entries[key] = e
                 self.builds += 1
             return e
@@ -228,12 +253,13 @@ class Program:
     def entries(self) -> list[Entry]:
         return list(self._entries.values())
 
-    def _build(self, sig: Signature, target: Target) -> Entry:
+    def _build(self, sig: Signature, target: Target, spmd_devices: int = 1) -> Entry:
         if self.has_effects(sig):
             return self.plain_entry(sig, target)
         fun = _named(functools.partial(_call_jaxpr, self.jaxpr(sig)), self.name)
         exp, opt = export_optimized(fun, sig, self.opts, name=self.name, donated=self.donated,
-                                    target=target)
+                                    target=target, shardings=self.shardings,
+                                    spmd_devices=spmd_devices)
         return Entry(exp, opt, tuple(exp.out_avals), tuple(sds(sig)), target)
 
     def plain_entry(self, sig: Signature, target: Target) -> Entry:
@@ -298,7 +324,8 @@ class Program:
                 res, tree = jax.tree_util.tree_flatten(f_jvp)
                 res_trees[signature_of([jax.typeof(x) for x in xs])] = tree
                 return (*out, *res)
-            p = Program(forward, self.opts, name=f"fwd({self.name})")
+            p = Program(forward, self.opts, name=f"fwd({self.name})",
+                        shardings=self.shardings)  # the same inputs as the primal
             p.res_trees = res_trees
             return p
         return self._derive(("linearize", nonzero), make)
@@ -370,6 +397,8 @@ def _isolated():
     depend on that body's manual axes)."""
     stack = contextlib.ExitStack()
     stack.enter_context(mesh_lib.use_abstract_mesh(mesh_lib.empty_abstract_mesh))
+    # nor of its concrete one (``jax.set_mesh``): kernels lower on their own one-device mesh
+    stack.enter_context(sharding_impls._internal_use_concrete_mesh(mesh_lib.empty_concrete_mesh))
     stack.enter_context(jconfig._check_vma(False))
     return stack
 
@@ -416,7 +445,11 @@ def _lowering(ctx, *args, program: Program):
     if len(platforms) != 1:
         raise NotImplementedError(f"hlofuse lowers for one platform at a time, got {platforms}")
     target = program.target_for(platforms[0])
-    entry = program.entry(signature_of(ctx.avals_in), target)
+    # an SPMD program XLA partitions (a shard_map body is manual: its kernels run per shard)
+    axis_context = ctx.module_context.axis_context
+    n_dev = (axis_context.num_devices
+             if isinstance(axis_context, sharding_impls.ShardingContext) else 1)
+    entry = program.entry(signature_of(ctx.avals_in), target, spmd_devices=int(n_dev or 1))
     if entry.exported is None:  # left to plain XLA
         fun = functools.partial(_call_jaxpr, program.jaxpr(signature_of(ctx.avals_in)))
     else:

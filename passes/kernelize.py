@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import re
 import threading
 import warnings
 
@@ -34,6 +35,7 @@ from hlofuse.kernels.support import matmul_dims
 from hlofuse.kernels.tiling import native_tile, padding_waste
 from hlofuse.passes.fusion.outline import KERNEL_PREFIX, KIND_ATTR, REGION_ATTR, XLA_ATTR, program_blocks
 from hlofuse.report import HlofuseWarning
+from hlofuse.passes import sharding as shd
 
 _CACHE: dict[tuple, tuple[str, str, str]] = {}
 KERNEL_INFO_ATTR = "hlofuse.kernel"   # on a kernel's entry function: "kind|region|name|blocks"
@@ -123,7 +125,12 @@ class Kernelize(Pass):
         table = ir.SymbolTable(module.operation)
         calls = [op for op in hir.all_ops(module) if op.name == "func.call"]
         rows = tiling_rows(module, ctx, table, calls)
-        n_kernels = n_failed = 0
+        n_kernels = n_failed = n_per_shard = n_not_local = 0
+        # per-shard kernels need every op's sharding: without propagate-shardings, kernels
+        # are built for the whole arrays (XLA partitions cpu ones; see runtime for gpu/tpu)
+        mesh = shd.mesh_of(module) if shd.is_propagated(module) else None
+        if mesh is not None:
+            shd.annotate_calls(module, calls, table)
         for call in calls:
             callee = ir.FlatSymbolRefAttr(call.attributes["callee"]).value
             fn_op = table[callee]
@@ -139,14 +146,47 @@ class Kernelize(Pass):
                 leave_to_xla(fn_op, region.reason)
                 continue
             original = fn_op.operation.get_asm(enable_debug_info=True)
+            per_shard = None
+            manual = _enclosing_manual(call)
+            if manual is not None and not manual[1]:
+                region.reason = (f"inside a shard_map body that is manual over "
+                                 f"{', '.join(manual[0]) or 'no axes'} only: the free axes "
+                                 f"would partition the kernel")
+                leave_to_xla(fn_op, region.reason)
+                n_not_local += 1
+                continue
+            if mesh is not None and manual is None:
+                try:
+                    per_shard = _per_shard_plan(call, fn_op, mesh, module.context)
+                except shd.NotShardLocal as e:
+                    region.reason = f"not shard-local in this sharded program: {e}"
+                    leave_to_xla(fn_op, region.reason)
+                    n_not_local += 1
+                    continue
             try:
-                text, kname, blocks = lower_region(fn_op, kind, ctx.target)
+                if per_shard is not None:
+                    local_mod = per_shard[0]
+                    text, kname, blocks = lower_region(hir.funcs(local_mod)[0], kind, ctx.target)
+                else:
+                    text, kname, blocks = lower_region(fn_op, kind, ctx.target)
                 kmod = hir.parse(text, module.context, source=f"kernel for region {rid}")
                 # the cleanups later runs apply to the whole module, applied now (idempotence)
                 hir.run_upstream_passes(kmod, "builtin.module(canonicalize,cse,canonicalize)")
                 mapping = hir.import_funcs(module, kmod, _unique_prefix(module, rid))
+                target_fn = mapping["main"]
+                if per_shard is not None:
+                    _, args_s, res_s = per_shard
+                    ft, kft = hir.function_type(fn_op), hir.function_type(
+                        ir.SymbolTable(module.operation)[mapping["main"]])
+                    target_fn = shd.manual_wrapper(
+                        module, mapping["main"] + "_per_shard", mapping["main"], args_s, res_s,
+                        list(ft.inputs), list(ft.results), list(kft.inputs), list(kft.results))
+                    region.extra["per_shard"] = ", ".join(
+                        _spec_text(s) for s in args_s) + " -> " + ", ".join(
+                        _spec_text(s) for s in res_s)
+                    n_per_shard += 1
                 with module.context:
-                    call.attributes["callee"] = ir.FlatSymbolRefAttr.get(mapping["main"])
+                    call.attributes["callee"] = ir.FlatSymbolRefAttr.get(target_fn)
                     # what a compile check of the module alone (hlofuse.aot) reports per kernel
                     kfn = ir.SymbolTable(module.operation)[mapping["main"]]
                     kfn.attributes[KERNEL_INFO_ATTR] = ir.StringAttr.get(
@@ -167,4 +207,51 @@ class Kernelize(Pass):
                     warnings.warn(f"hlofuse: region {rid} ({kind}, at {where}) left to XLA: "
                                   f"{region.reason}", HlofuseWarning, stacklevel=2)
         _fill_tiling(ctx, rows)
-        return {"kernels": n_kernels, "left_to_xla": n_failed}
+        stats = {"kernels": n_kernels, "left_to_xla": n_failed}
+        if mesh is not None:
+            stats.update(per_shard=n_per_shard, not_shard_local=n_not_local)
+        return stats
+
+
+def _enclosing_manual(op):
+    """(manual axes, all mesh axes manual?) of the innermost ``sdy.manual_computation`` (a
+    shard_map body) holding ``op``, or None at the top level. A kernel in a body manual over
+    every axis already runs per device (its values are per-device)."""
+    parent = op.parent
+    while parent is not None and parent.name != "func.func":
+        if parent.name == "sdy.manual_computation":
+            axes = re.findall(r'"([^"]+)"', str(parent.attributes["manual_axes"]))
+            module_op = parent
+            while module_op.parent is not None:
+                module_op = module_op.parent
+            mesh_axes = []
+            for o in module_op.regions[0].blocks[0].operations:
+                if o.operation.name == "sdy.mesh":
+                    mesh_axes = re.findall(r'"([^"]+)"=(\d+)', str(o))
+            free = [a for a, n in mesh_axes if a not in axes and int(n) > 1]
+            return axes, not free
+        parent = parent.parent
+    return None
+
+
+def _spec_text(s) -> str:
+    return "P(" + ", ".join(("(" + ", ".join(repr(a) for a in ax) + ")" if len(ax) > 1
+                             else repr(ax[0])) if ax else "None" for ax in s) + ")"
+
+
+def _per_shard_plan(call, fn_op, mesh, context):
+    """(module with the per-shard region function, input shardings, output shardings); a
+    replicated region runs whole on every shard. Raises
+    :class:`hlofuse.passes.sharding.NotShardLocal` when the region is not shard-local."""
+    _, mesh_text, axes = mesh
+    args_s = [shd.value_sharding(v, True) for v in call.operands]
+    shard = shd.check_region(fn_op, args_s, axes)
+    ret = hir.block_ops(fn_op.regions[0].blocks[0])[-1]
+    res_s = []
+    for v in ret.operands:
+        s = shard.get(hir.value_key(v))
+        if s is None or s == "*":
+            raise shd.NotShardLocal("the sharding of a region output is not known")
+        res_s.append(s)
+    local = shd.local_function(fn_op, shard, args_s, res_s, axes, context, mesh_text)
+    return local, args_s, res_s

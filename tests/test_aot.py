@@ -232,3 +232,73 @@ def test_planted_mosaic_int32_matmul(monkeypatch):
                    platform="tpu")
     res = aot.optimize_for(exp.mlir_module(), "v5e")
     _assert_caught(res, "v5e", "Mosaic failed to compile TPU kernel", "matmul_epilogue")
+
+
+# ---------------------------------------------------------------------------------------------
+# Sharded programs (issue 16): per-shard kernels compile for an 8-GPU topology and a TPU v5e
+# 2x2 slice, and never add a collective of any kind to what jax.jit's program has
+# ---------------------------------------------------------------------------------------------
+
+SHARDED_CHILD = r'''
+import json, os, sys
+sys.path.insert(0, ROOT)
+import numpy as np, jax, jax.numpy as jnp, hlofuse
+from jax.experimental import topologies
+from jax.sharding import NamedSharding
+from hlofuse import chips
+from tests.sharded_programs import cases, collectives
+chip = chips.get(CHIP)
+if chip.target == "gpu":
+    topo = topologies.get_topology_desc(platform="cuda", topology="1x1x8",
+                                        target_config=chip.target_config)
+else:
+    topo = topologies.get_topology_desc("v5e:2x2", platform="tpu", chips_per_host_bounds=(2, 2, 1))
+devs = np.array(topo.devices)
+n = len(devs)
+fit = lambda shape: {8: shape, 4: {(8, 1): (4, 1), (1, 8): (1, 4), (2, 4): (2, 2)}[shape]}[n]
+make_mesh = lambda shape: jax.sharding.Mesh(devs.reshape(fit(shape)), ("data", "model"),
+                                            axis_types=(jax.sharding.AxisType.Auto,) * 2)
+keep = ("data_parallel", "fsdp", "tp_mlp", "tp_block", "mesh_2d", "shard_map_mlp",
+        "fsdp_train", "tp_block_train", "mesh_2d_train")
+out = {"devices": n}
+for name, fn, shapes, specs, mshape in cases(make_mesh, scale=2):
+    if name not in keep:
+        continue
+    mesh = make_mesh(mshape)
+    shard = tuple(NamedSharding(mesh, s) for s in specs)
+    args = [jax.ShapeDtypeStruct(s, jnp.float32, sharding=sh) for s, sh in zip(shapes, shard)]
+    with jax.set_mesh(mesh):
+        j = collectives(jax.jit(fn, in_shardings=shard).trace(*args).lower().compile().as_text())
+        lo = hlofuse.jit(fn, target=chip.target, in_shardings=shard,
+                         options={"chip": chip.name}).lower(*args)
+        h = collectives(lo.jax_lowered.compile().as_text())
+    out[name] = {"jax": j, "hlofuse": h, "kernels": len(lo.report.kernels),
+                 "per_shard": sorted(r.kind for r in lo.report.regions if "per_shard" in r.extra)}
+print(json.dumps(out))
+'''
+
+
+def _sharded_compile(chip: str) -> dict:
+    import json
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = SHARDED_CHILD.replace("ROOT", repr(root)).replace("CHIP", repr(chip))
+    env = dict(os.environ, **aot._WORKER_ENV)
+    r = subprocess.run([aot._python(), "-c", code], capture_output=True, text=True, env=env,
+                       timeout=900)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("chip,devices", [pytest.param("h100", 8, marks=needs("h100")),
+                                          pytest.param("v5e", 4, marks=needs("v5e"))])
+def test_sharded_programs_compile_per_shard_with_no_extra_collectives(chip, devices):
+    out = _sharded_compile(chip)
+    assert out.pop("devices") == devices
+    assert len(out) == 9
+    for name, o in out.items():
+        for kind, n in o["hlofuse"].items():
+            assert n <= o["jax"][kind], (chip, name, kind, o)
+        assert o["kernels"] >= 1, (chip, name, o)
+    for name in ("tp_block", "mesh_2d"):   # attention and both layernorms run per shard
+        kinds = out[name]["per_shard"]
+        assert kinds.count("attention") == 1 and kinds.count("reduction") == 2, (chip, name, kinds)

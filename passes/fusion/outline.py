@@ -39,7 +39,8 @@ def program_funcs(module: ir.Module) -> list:
 
 # Ops whose regions hold program code (loop bodies, branches). Regions of other ops are
 # scalar computations applied per element (reduce/sort/scatter bodies).
-CODE_REGION_OPS = ("func.func", "stablehlo.while", "stablehlo.case", "stablehlo.if")
+CODE_REGION_OPS = ("func.func", "stablehlo.while", "stablehlo.case", "stablehlo.if",
+                   "sdy.manual_computation")   # shard_map bodies: per-device code
 
 
 def program_blocks(module: ir.Module, *, scalar_bodies: bool = False) -> list:

@@ -1,0 +1,390 @@
+"""Shardings of a program (Shardy ``sdy.sharding`` after propagation) and per-shard kernels.
+
+A region of a sharded program can run as a kernel on each shard when its computation is
+*shard-local*: every output element of a shard depends only on that shard's input elements.
+:func:`check_region` decides it op by op from the propagated shardings (elementwise ops with one
+sharding, broadcasts that keep sharded dims, reductions over unsharded dims, dot_general whose
+contracting dims are unsharded, transposes, reshapes that keep every sharded dim and what lies
+before it, splat constants, iotas along unsharded dims; any other op only when it touches no
+sharded dim). :func:`local_function` types a copy of the region function for one shard, and
+:func:`manual_wrapper` builds ``sdy.manual_computation`` around the kernel built from it, with
+the region's shardings, so XLA's SPMD partitioner never sees (and never gathers for) the kernel.
+
+A sharding is a tuple with, per dimension, the tuple of mesh axes it is split over
+(``(("data",), (), ())``). ``None`` means not known (no annotation): such a region stays with
+XLA, the caller says why.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from jaxlib.mlir import ir
+
+from hlofuse import ir as hir
+from hlofuse import ops as hops
+
+__all__ = ["mesh_of", "is_sharded_module", "value_sharding", "check_region", "local_function",
+           "manual_wrapper", "NotShardLocal"]
+
+SHARDING_ATTR = "sdy.sharding"
+PROPAGATED_ATTR = "hlofuse.shardings_propagated"   # on the module, set by propagate-shardings
+
+
+class NotShardLocal(Exception):
+    """The region's computation needs data of other shards (the message says which op)."""
+
+
+def mesh_of(module) -> tuple[str, str, dict[str, int]] | None:
+    """(symbol, op text, {axis: size}) of the module's ``sdy.mesh``, or None."""
+    for op in module.body.operations:
+        if op.operation.name == "sdy.mesh":
+            text = str(op)
+            name = ir.StringAttr(op.operation.attributes["sym_name"]).value
+            m = re.search(r"<\[(.*?)\]", text)
+            axes = dict((a, int(s)) for a, s in re.findall(r'"([^"]+)"=(\d+)', m.group(1))) if m else {}
+            return name, text, axes
+    return None
+
+
+def _parse_dims(text: str) -> tuple | None:
+    """``[{"data"}, {}, {"a", "b"}]`` -> (("data",), (), ("a", "b")); None for sub-axes."""
+    if ":(" in text:
+        return None
+    dims = re.findall(r"\{([^{}]*)\}", text)
+    return tuple(tuple(re.findall(r'"([^"]+)"', d)) for d in dims)
+
+
+def _parse_sharding(text: str) -> tuple | None:
+    m = re.search(r"<@\w+,\s*(\[.*?\])", text)
+    return _parse_dims(m.group(1)) if m else None
+
+
+def _per_value(attr) -> list:
+    text = str(attr)
+    inner = re.findall(r"<@\w+,\s*(\[[^\]]*\])", text)
+    return [_parse_dims(t) for t in inner]
+
+
+def is_propagated(module) -> bool:
+    """``propagate-shardings`` ran over this sharded module (every op has its sharding)."""
+    return PROPAGATED_ATTR in module.operation.attributes and is_sharded_module(module)
+
+
+def is_sharded_module(module) -> bool:
+    """The module has a mesh with more than one device and a sharded ``@main`` argument."""
+    mesh = mesh_of(module)
+    if mesh is None or math.prod(mesh[2].values() or [1]) <= 1:
+        return False
+    main = hir.main_func(module)
+    if "arg_attrs" not in main.attributes:
+        return False
+    return any(SHARDING_ATTR in str(a) and "{\"" in str(a)
+               for a in ir.ArrayAttr(main.attributes["arg_attrs"]))
+
+
+def value_sharding(v: ir.Value, replicated_if_open: bool = False) -> tuple | None:
+    """The propagated sharding of ``v`` (an op result or a function argument), or None.
+    ``replicated_if_open``: a ranked value Shardy left without a sharding after propagation
+    over the whole program is replicated (nothing shards it)."""
+    s = _value_sharding(v)
+    if s is None and replicated_if_open and isinstance(v.type, ir.RankedTensorType):
+        return tuple(() for _ in ir.RankedTensorType(v.type).shape)
+    return s
+
+
+def _value_sharding(v: ir.Value) -> tuple | None:
+    owner = v.owner
+    if isinstance(owner, ir.Block):
+        fn = owner.owner
+        if "arg_attrs" not in fn.attributes:
+            return None
+        attrs = ir.ArrayAttr(fn.attributes["arg_attrs"])
+        idx = ir.BlockArgument(v).arg_number
+        a = ir.DictAttr(attrs[idx])
+        if SHARDING_ATTR not in a:
+            return None
+        return _parse_sharding(str(a[SHARDING_ATTR]))
+    op = owner
+    if SHARDING_ATTR not in op.attributes:
+        return None
+    vals = _per_value(op.attributes[SHARDING_ATTR])
+    idx = ir.OpResult(v).result_number
+    return vals[idx] if idx < len(vals) else None
+
+
+def annotate_calls(module, calls, table) -> None:
+    """Give each region ``func.call`` the propagated shardings of its callee's results (Shardy
+    does not look into calls), so a region fed by another region knows its inputs'."""
+    for call in calls:
+        fn = table[ir.FlatSymbolRefAttr(call.attributes["callee"]).value]
+        ret = hir.block_ops(fn.regions[0].blocks[0])[-1]
+        per = [value_sharding(v, True) for v in ret.operands]
+        if not per or any(p is None for p in per) or SHARDING_ATTR in call.attributes:
+            continue
+        mesh = mesh_of(module)[0]
+        text = "#sdy.sharding_per_value<[" + ", ".join(_sharding_text(mesh, p) for p in per) + "]>"
+        with module.context:
+            call.attributes[SHARDING_ATTR] = ir.Attribute.parse(text)
+
+
+def _unsharded(s) -> bool:
+    return s is not None and all(not d for d in s)
+
+
+def _is_splat_constant(op) -> bool:
+    return op.name == "stablehlo.constant" and hops.splat_scalar(op) is not None
+
+
+def _shape(v) -> tuple:
+    return tuple(ir.RankedTensorType(v.type).shape)
+
+
+def _ints(op, key: str) -> list[int]:
+    a = op.attributes[key]
+    try:
+        return list(ir.DenseI64ArrayAttr(a))
+    except Exception:  # noqa: BLE001 - older attribute kinds
+        return [int(x) for x in re.findall(r"-?\d+", str(a))]
+
+
+def _reshape_ok(src: tuple, dst: tuple, s_in, s_out) -> bool:
+    """Every sharded dim is kept as is, with the same elements before it, on both sides."""
+    def keyed(shape, s):
+        out, pre = {}, 1
+        for n, axes in zip(shape, s):
+            if axes:
+                out[(pre, n)] = axes
+            pre *= n
+        return out
+    return keyed(src, s_in) == keyed(dst, s_out)
+
+
+def check_region(fn_op, arg_shardings: list, axes: dict[str, int]) -> dict:
+    """Decide whether the region function ``fn_op`` is shard-local.
+
+    ``arg_shardings``: the sharding of each argument (from the call site). Returns the
+    sharding of every value of the body (``hir.value_key`` -> sharding, ``"*"`` for splat
+    constants, which take their users' sharding). Raises :class:`NotShardLocal` naming the op.
+    """
+    block = fn_op.regions[0].blocks[0]
+    shard: dict = {}
+    for a, s in zip(block.arguments, arg_shardings):
+        if s is None:
+            raise NotShardLocal("the sharding of a region input is not known")
+        shard[hir.value_key(a)] = s
+
+    def of(v):
+        return shard.get(hir.value_key(v))
+
+    def need_divisible(v, s):
+        for n, ax in zip(_shape(v), s):
+            k = math.prod(axes.get(a, 0) for a in ax) if ax else 1
+            if k == 0 or n % k:
+                raise NotShardLocal(f"a dim of size {n} is not divisible by its {k} shards")
+
+    for op in hir.block_ops(block):
+        name = op.name
+        if name == "func.return":
+            continue
+        if _is_splat_constant(op):
+            shard[hir.value_key(op.results[0])] = "*"
+            continue
+        ins = [of(v) for v in op.operands]
+        outs = [value_sharding(r, True) for r in op.results]
+        loc = hir.op_location(op)
+        where = f"{name} at {loc}"
+        if any(o is None for o in outs):
+            raise NotShardLocal(f"{where}: its sharding is not known")
+        for r, s in zip(op.results, outs):
+            if isinstance(r.type, ir.RankedTensorType):
+                need_divisible(r, s)
+            shard[hir.value_key(r)] = s
+        real = [s for s in ins if s != "*"]
+        if all(_unsharded(s) for s in real + outs):
+            continue                       # replicated: any op computes the same on every shard
+        if hops.op_class(op) is hops.OpClass.ELEMENTWISE or name in (
+                "stablehlo.convert", "stablehlo.select", "stablehlo.compare", "stablehlo.clamp"):
+            out = outs[0]
+            for v, s in zip(op.operands, ins):
+                if s == "*" or (not _shape(v) and s is not None):
+                    continue
+                if s != out:
+                    raise NotShardLocal(f"{where}: an operand is sharded {s}, the result {out}")
+            continue
+        if name == "stablehlo.broadcast_in_dim":
+            s_in, out = ins[0], outs[0]
+            if s_in == "*":
+                continue
+            dims = _ints(op, "broadcast_dimensions")
+            src, dst = _shape(op.operands[0]), _shape(op.results[0])
+            for i, d in enumerate(dims):
+                if src[i] == dst[d] and s_in[i] != out[d]:
+                    raise NotShardLocal(f"{where}: dim {i} sharded {s_in[i]} becomes {out[d]}")
+                if src[i] != dst[d] and s_in[i]:
+                    raise NotShardLocal(f"{where}: a sharded dim of size 1 is broadcast")
+            continue
+        if name == "stablehlo.reduce":
+            n = len(op.operands) // 2
+            dims = _ints(op, "dimensions")
+            for s in ins[:n]:
+                if any(s[d] for d in dims):
+                    raise NotShardLocal(f"{where}: reduces over a sharded dim")
+                kept = [s[d] for d in range(len(s)) if d not in dims]
+                if any(tuple(kept) != o for o in outs):
+                    raise NotShardLocal(f"{where}: kept dims change sharding")
+            continue
+        if name == "stablehlo.dot_general":
+            dn = op.attributes["dot_dimension_numbers"]
+            text = str(dn)
+            def grab(key):
+                m = re.search(key + r" = \[([\d, ]*)\]", text)
+                return [int(x) for x in m.group(1).split(",") if x.strip()] if m else []
+            lb, rb = grab("lhs_batching_dimensions"), grab("rhs_batching_dimensions")
+            lc, rc = grab("lhs_contracting_dimensions"), grab("rhs_contracting_dimensions")
+            sl, sr, out = ins[0], ins[1], outs[0]
+            if "*" in (sl, sr):
+                raise NotShardLocal(f"{where}: a constant operand")
+            if any(sl[d] for d in lc) or any(sr[d] for d in rc):
+                raise NotShardLocal(f"{where}: the contraction is sharded (needs an all-reduce)")
+            lf = [d for d in range(len(sl)) if d not in lb + lc]
+            rf = [d for d in range(len(sr)) if d not in rb + rc]
+            want = [sl[d] for d in lb] + [sl[d] for d in lf] + [sr[d] for d in rf]
+            if any(sl[a] != sr[b] for a, b in zip(lb, rb)) or tuple(want) != out:
+                raise NotShardLocal(f"{where}: operand and result shardings disagree")
+            continue
+        if name == "stablehlo.transpose":
+            perm = _ints(op, "permutation")
+            if ins[0] != "*" and tuple(ins[0][p] for p in perm) != outs[0]:
+                raise NotShardLocal(f"{where}: permuted sharding disagrees")
+            continue
+        if name == "stablehlo.reshape":
+            if ins[0] == "*" or _reshape_ok(_shape(op.operands[0]), _shape(op.results[0]),
+                                            ins[0], outs[0]):
+                continue
+            raise NotShardLocal(f"{where}: reshapes a sharded dim")
+        if name == "stablehlo.iota":
+            d = ir.IntegerAttr(op.attributes["iota_dimension"]).value
+            if outs[0][d]:
+                raise NotShardLocal(f"{where}: iota along a sharded dim")
+            continue
+        raise NotShardLocal(f"{where}: touches a sharded dim")
+    return shard
+
+
+def _local_type(t: ir.Type, s, axes: dict[str, int]) -> ir.Type:
+    rt = ir.RankedTensorType(t)
+    shape = [n // math.prod(axes[a] for a in ax) if ax else n for n, ax in zip(rt.shape, s)]
+    return ir.RankedTensorType.get(shape, rt.element_type)
+
+
+def local_function(fn_op, shard: dict, arg_shardings: list, result_shardings: list,
+                   axes: dict[str, int], ctx, mesh_text: str = "") -> ir.Module:
+    """A module holding ``@main``: ``fn_op`` typed for one shard (sdy attributes dropped)."""
+    text = fn_op.operation.get_asm(enable_debug_info=True)
+    mod = hir.parse("module {\n" + mesh_text + "\n" + text + "\n}", ctx, source="per-shard region", probe=False)
+    with ctx, ir.Location.unknown():
+        fn = hir.funcs(mod)[0]
+        ir.SymbolTable.set_symbol_name(fn.operation, "main")
+        ir.SymbolTable.set_visibility(fn.operation, "public")
+        orig_block = fn_op.regions[0].blocks[0]
+        block = fn.regions[0].blocks[0]
+        for a, s in zip(block.arguments, arg_shardings):
+            a.set_type(_local_type(a.type, s, axes))
+        orig_ops = hir.block_ops(orig_block)
+        new_ops = hir.block_ops(block)
+        # splat constants take their (first) sharded user's local type
+        const_type: dict = {}
+        for o_op, n_op in zip(orig_ops, new_ops):
+            for o_v, n_v in zip(o_op.operands, n_op.operands):
+                owner = hir.defining_op(n_v)
+                if (owner is not None and owner.name == "stablehlo.constant"
+                        and _shape(n_v) and o_op.results and len(o_op.results) == 1
+                        and _shape(o_op.results[0]) == _shape(n_v)):
+                    s = shard.get(hir.value_key(o_op.results[0]))
+                    if s not in (None, "*"):
+                        t = _local_type(n_v.type, s, axes)
+                        # by position: op wrappers are not stable dictionary keys
+                        at = next(i for i, o in enumerate(new_ops) if o == owner)
+                        prev = const_type.setdefault(at, t)
+                        if prev != t:
+                            raise NotShardLocal("a constant is used with two shardings")
+        for at, (o_op, n_op) in enumerate(zip(orig_ops, new_ops)):
+            if n_op.name == "func.return":
+                continue
+            if SHARDING_ATTR in n_op.attributes:
+                del n_op.attributes[SHARDING_ATTR]
+            for o_r, n_r in zip(o_op.results, n_op.results):
+                s = shard.get(hir.value_key(o_r))
+                if s == "*":
+                    t = const_type.get(at)
+                    if t is not None:
+                        n_op.attributes["value"] = ir.DenseElementsAttr.get_splat(
+                            t, ir.DenseElementsAttr(n_op.attributes["value"]).get_splat_value())
+                        n_r.set_type(t)
+                    continue
+                if s is not None and isinstance(n_r.type, ir.RankedTensorType):
+                    n_r.set_type(_local_type(n_r.type, s, axes))
+        ins = [a.type for a in block.arguments]
+        outs = [_local_type(t, s, axes) for t, s in
+                zip(hir.function_type(fn).results, result_shardings)]
+        fn.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(ins, outs))
+        if "hlofuse.attention" in fn.attributes:   # the spec records label sizes: per shard
+            import json
+            spec = json.loads(ir.StringAttr(fn.attributes["hlofuse.attention"]).value)
+            sizes = dict(spec["label_sizes"])
+            for arg, dims in (("q_arg", "q_dims"), ("k_arg", "k_dims"), ("v_arg", "v_dims")):
+                shape = ir.RankedTensorType(ins[spec[arg]]).shape
+                sizes.update(zip(spec[dims], shape))
+            sizes.update(zip(spec["out_dims"], ir.RankedTensorType(outs[0]).shape))
+            spec["label_sizes"] = [[k, sizes[k]] for k, _ in spec["label_sizes"]]
+            fn.attributes["hlofuse.attention"] = ir.StringAttr.get(json.dumps(spec))
+        for key in ("arg_attrs", "res_attrs"):
+            if key in fn.attributes:
+                del fn.attributes[key]
+        for op in list(mod.body.operations):
+            if op.operation.name == "sdy.mesh":
+                op.operation.erase()
+    hir.verify(mod)
+    return mod
+
+
+def _sharding_text(mesh: str, s) -> str:
+    dims = ", ".join("{" + ", ".join(f'"{a}"' for a in ax) + "}" for ax in s)
+    return f"<@{mesh}, [{dims}]>"
+
+
+def manual_wrapper(module, name: str, kernel: str, arg_shardings: list, result_shardings: list,
+                   global_in: list, global_out: list, local_in: list, local_out: list) -> str:
+    """Add ``func.func private @name`` to ``module``: ``sdy.manual_computation`` over every mesh
+    axis with the region's shardings, whose body calls the per-shard ``@kernel``."""
+    mesh_name, mesh_text, axes = mesh_of(module)
+    t = lambda ts: ", ".join(str(x) for x in ts)  # noqa: E731
+    n_in, n_out = len(global_in), len(global_out)
+    args = ", ".join(f"%arg{i}: {global_in[i]}" for i in range(n_in))
+    largs = ", ".join(f"%l{i}: {local_in[i]}" for i in range(n_in))
+    res = "%0" if n_out == 1 else f"%0:{n_out}"
+    kres = "%1" if n_out == 1 else f"%1:{n_out}"
+    kvals = "%1" if n_out == 1 else ", ".join(f"%1#{i}" for i in range(n_out))
+    vals = "%0" if n_out == 1 else ", ".join(f"%0#{i}" for i in range(n_out))
+    ins = ", ".join(_sharding_text(mesh_name, s) for s in arg_shardings)
+    outs = ", ".join(_sharding_text(mesh_name, s) for s in result_shardings)
+    manual = ", ".join(f'"{a}"' for a in axes)
+    text = f"""module {{
+  {mesh_text}
+  func.func private @{kernel}({t(local_in)}) -> ({t(local_out)})
+  func.func private @{name}({args}) -> ({t(global_out)}) {{
+    {res} = sdy.manual_computation({", ".join(f"%arg{i}" for i in range(n_in))}) in_shardings=[{ins}] out_shardings=[{outs}] manual_axes={{{manual}}} ({largs}) {{
+      {kres} = func.call @{kernel}({", ".join(f"%l{i}" for i in range(n_in))}) : ({t(local_in)}) -> ({t(local_out)})
+      sdy.return {kvals} : {t(local_out)}
+    }} : ({t(global_in)}) -> ({t(global_out)})
+    return {vals} : {t(global_out)}
+  }}
+}}"""
+    tmp = hir.parse(text, module.context, source="per-shard wrapper", probe=False)
+    with module.context:
+        for f in hir.funcs(tmp):
+            if hir.func_name(f) == name:
+                module.body.append(f.operation.clone())
+    return name

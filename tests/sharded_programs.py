@@ -1,0 +1,99 @@
+"""Sharded test programs (issue 16): data parallel, FSDP-style, Megatron-style tensor-parallel MLP
+and transformer block (attention heads sharded), and a 2-D mesh; each as a forward and a
+training step. Used by ``tests/test_sharded.py`` (8 CPU devices, in a child process) and by the
+deviceless compile for an 8-GPU topology and a TPU v5e 2x2 slice (``tests/test_aot.py``).
+
+A case is ``(name, fn, shapes, specs, mesh_shape)``: ``specs`` are PartitionSpec tuples over the
+mesh axes ``("data", "model")``; ``mesh_shape`` is (data, model).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+
+COLLECTIVES = ("all-gather", "all-reduce", "collective-permute", "all-to-all", "reduce-scatter")
+
+
+def collectives(hlo_text: str) -> dict[str, int]:
+    """Collective ops of each kind in compiled HLO text (async pairs counted once)."""
+    return {c: len(re.findall(r"= \S+ " + c + r"(?:-start)?\(", hlo_text)) for c in COLLECTIVES}
+
+
+def _ln(x):
+    m = x.mean(-1, keepdims=True)
+    v = ((x - m) ** 2).mean(-1, keepdims=True)
+    return (x - m) * jax.lax.rsqrt(v + 1e-5)
+
+
+def mlp(x, w1, w2):
+    return jax.nn.gelu(_ln(x) @ w1) @ w2 + x
+
+
+def block(x, wqkv, wo, w1, w2, heads_dim=8):
+    h = _ln(x)
+    qkv = jnp.einsum("bsd,dthk->tbshk", h, wqkv)
+    q, k, v = qkv[0], qkv[1], qkv[2]
+    s = jnp.einsum("bqhk,bshk->bhqs", q, k) / np.sqrt(q.shape[-1])
+    a = jnp.einsum("bhqs,bshk->bqhk", jax.nn.softmax(s, -1), v)
+    x = x + jnp.einsum("bqhk,hkd->bqd", a, wo)
+    return x + jax.nn.gelu(_ln(x) @ w1) @ w2
+
+
+def make_fsdp(mesh):
+    """Parameters stored sharded over "data" and gathered for use. (A NamedSharding, not a bare
+    PartitionSpec: hlofuse traces the function outside the caller's ``jax.set_mesh``.)"""
+    rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+    def fsdp(x, w1, w2):
+        w1 = jax.lax.with_sharding_constraint(w1, rep)
+        w2 = jax.lax.with_sharding_constraint(w2, rep)
+        return mlp(x, w1, w2)
+    return fsdp
+
+
+def make_shard_map_mlp(mesh):
+    """A Megatron MLP written per device with ``shard_map`` (its body is what hlofuse fuses)."""
+    P = jax.sharding.PartitionSpec
+
+    def body(x, w1, w2):
+        return jax.lax.psum(jax.nn.gelu(_ln(x) @ w1) @ w2, "model") + x
+
+    def shard_map_mlp(x, w1, w2):
+        return jax.shard_map(body, mesh=mesh, in_specs=(P("data"), P(None, "model"), P("model")),
+                             out_specs=P("data"))(x, w1, w2)
+    return shard_map_mlp
+
+
+def step(fn):
+    """A training step: loss and gradients of the parameters (all arguments but the first)."""
+    def train(x, *params):
+        def loss(ps):
+            return jnp.mean(fn(x, *ps) ** 2)
+        value, grads = jax.value_and_grad(loss)(params)
+        return value, grads
+    train.__name__ = f"train_{fn.__name__}"
+    return train
+
+
+def cases(make_mesh, scale: int = 1):
+    """The test set; ``make_mesh((data, model))`` gives the mesh a case runs on; ``scale``
+    multiplies the widths (1: CPU tests, larger for GPU/TPU)."""
+    P = jax.sharding.PartitionSpec
+    D, F, H, HD, B, S = 32 * scale, 64 * scale, 8, 4 * scale, 8, 16
+    out = [
+        ("data_parallel", mlp, [(B, S, D), (D, F), (F, D)], [P("data"), P(), P()], (8, 1)),
+        ("fsdp", make_fsdp(make_mesh((8, 1))), [(B, S, D), (D, F), (F, D)], [P("data"), P("data"), P("data")], (8, 1)),
+        ("tp_mlp", mlp, [(B, S, D), (D, F), (F, D)], [P(), P(None, "model"), P("model")], (1, 8)),
+        ("tp_block", block, [(B, S, D), (D, 3, H, HD), (H, HD, D), (D, F), (F, D)],
+         [P(), P(None, None, "model"), P("model"), P(None, "model"), P("model")], (1, 8)),
+        ("mesh_2d", block, [(B, S, D), (D, 3, H, HD), (H, HD, D), (D, F), (F, D)],
+         [P("data"), P(None, None, "model"), P("model"), P(None, "model"), P("model")], (2, 4)),
+    ]
+    out.append(("shard_map_mlp", make_shard_map_mlp(make_mesh((2, 4))), [(B, S, D), (D, F), (F, D)],
+                [P("data"), P(None, "model"), P("model")], (2, 4)))
+    return out + [(f"{n}_train", step(f), sh, sp, m) for n, f, sh, sp, m in out]

@@ -1,0 +1,101 @@
+"""Sharded programs on 8 CPU devices (issue 16): per-shard kernels, and never more collectives.
+
+Runs in a child process (``--xla_force_host_platform_device_count=8`` must be set before jax
+starts). For each program of :mod:`tests.sharded_programs` (data parallel, FSDP-style,
+tensor-parallel MLP and transformer block, a 2-D mesh, a shard_map body; forward and training
+step) it compares
+``hlofuse.jit`` with ``jax.jit`` called with the same ``in_shardings``: results (the ``grad``
+tolerance for training steps, ``kernel`` for forwards), and for every kind of collective the
+count in the compiled HLO (hlofuse's may not have more). In the tensor-parallel block the
+attention and both layernorms must run as per-shard kernels; the region whose contraction is
+sharded must stay with XLA and say why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+from hlofuse.testing import TOLERANCES
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+CHILD = textwrap.dedent('''
+    import json, os, sys
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    sys.path.insert(0, ROOT)
+    import numpy as np, jax, jax.numpy as jnp, hlofuse
+    from jax.sharding import NamedSharding
+    from tests.sharded_programs import cases, collectives
+    out = {}
+    make_mesh = lambda shape: jax.make_mesh(shape, ("data", "model"),
+                                            axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    for name, fn, shapes, specs, (nd, nm) in cases(make_mesh):
+        mesh = make_mesh((nd, nm))
+        shard = tuple(NamedSharding(mesh, s) for s in specs)
+        keys = jax.random.split(jax.random.key(0), len(shapes))
+        args = [jax.device_put(jax.random.normal(k, s) * (1.0 if i == 0 else 0.2), sh)
+                for i, (k, s, sh) in enumerate(zip(keys, shapes, shard))]
+        with jax.set_mesh(mesh):
+            jj = jax.jit(fn, in_shardings=shard)
+            hf = hlofuse.jit(fn, in_shardings=shard, autotune=False)
+            yj, yh = jj(*args), hf(*args)
+            err = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)) /
+                                   (1.0 + np.abs(np.asarray(a)))))
+                      for a, b in zip(jax.tree.leaves(yj), jax.tree.leaves(yh)))
+            lowered = hf.lower(*args)
+            rep = lowered.report
+        out[name] = {
+            "err": err,
+            "jax": collectives(jj.lower(*args).compile().as_text()),
+            "hlofuse": collectives(lowered.compile().as_text()),
+            "per_shard": sorted(r.kind for r in rep.regions if "per_shard" in r.extra),
+            "kernels": len(rep.kernels),
+            "reasons": [r.reason for r in rep.regions if r.reason],
+        }
+    # a shard_map body with uncommitted inputs (no in_shardings): fused, on the mesh's devices
+    fn = [c for c in cases(make_mesh) if c[0] == "shard_map_mlp"][0][1]
+    args = [np.asarray(jax.random.normal(jax.random.key(i), s)) * 0.2
+            for i, s in enumerate([(8, 16, 32), (32, 64), (64, 32)])]
+    yj, yh = jax.jit(fn)(*args), hlofuse.jit(fn, autotune=False)(*args)
+    lowered = hlofuse.jit(fn, autotune=False).lower(*args)
+    out["shard_map_uncommitted"] = {
+        "err": float(np.max(np.abs(np.asarray(yj) - np.asarray(yh)))),
+        "jax": collectives(jax.jit(fn).lower(*args).compile().as_text()),
+        "hlofuse": collectives(lowered.compile().as_text()),
+        "per_shard": [], "kernels": len(lowered.report.kernels), "reasons": []}
+    print(json.dumps(out))
+''').replace("ROOT", repr(ROOT))
+
+
+def _run():
+    env = dict(os.environ, JAX_PLATFORMS="cpu", HLOFUSE_AUTOTUNE="off")
+    r = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, env=env,
+                       timeout=900)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_sharded_programs_on_eight_cpu_devices():
+    out = _run()
+    assert len(out) == 13
+    for name, o in out.items():
+        tol = TOLERANCES["grad" if name.endswith("_train") else "reassociate"]["float32"][0]
+        assert o["err"] <= tol, (name, o["err"])
+        for kind, n in o["hlofuse"].items():   # never more collectives of any kind
+            assert n <= o["jax"][kind], (name, kind, o)
+        assert o["kernels"] >= 1, (name, o)
+    # the tensor-parallel block: attention and both layernorms run per shard ...
+    for name in ("tp_block", "mesh_2d"):
+        kinds = out[name]["per_shard"]
+        assert kinds.count("attention") == 1 and kinds.count("reduction") == 2, (name, kinds)
+        # ... and the epilogue of the row-parallel matmul (contraction sharded) stays with XLA
+        assert any("contraction is sharded" in r for r in out[name]["reasons"]), out[name]
+    assert out["data_parallel"]["per_shard"], out["data_parallel"]
+    # inside shard_map bodies (sdy.manual_computation) regions are fused like at the top level:
+    # the layernorm and the gelu epilogue become kernels of per-device shapes
+    for name in ("shard_map_mlp", "shard_map_mlp_train", "shard_map_uncommitted"):
+        assert out[name]["kernels"] >= 2, (name, out[name])
