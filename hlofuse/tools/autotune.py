@@ -564,6 +564,13 @@ def measure(make: Callable, args: Sequence, variants: dict[str, dict], *,
     if len(fns) < 2:
         return Measurement({"default": 1.0}, [], t_def, 0, dup,
                            "every variant compiles to the same program")
+    spent = time.perf_counter() - t_start
+    if spent + t_def * (reps * MIN_ROUNDS + 1) * len(fns) > budget_s:
+        # a compile is not interruptible, but the rounds are: never run them past the budget
+        # (a training step's variant took 21s to compile, then 3 rounds ran anyway: 31s)
+        return Measurement({"default": 1.0}, [], t_def, 0, dup,
+                           f"compiling the variants took {spent:.1f}s: {MIN_ROUNDS} rounds "
+                           f"no longer fit the {budget_s:.0f}s budget")
     for n, f in fns.items():
         if n != "default" or default_s is not None:
             _time_once(f, args, 1, kwargs)         # warm up
