@@ -104,3 +104,19 @@ def test_bench_zoo_cli_small(tmp_path, monkeypatch):
     assert "| eqx_mlp |" in md and "1st ratio" in md
     png = open(out["png"], "rb").read()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
+
+
+def test_bf16_parity_against_the_f32_model():
+    # the bf16 fallback of the zoo's correctness check: the f32 build of a bf16 model agrees
+    # with it to bf16 accuracy, jax.jit's own output is (trivially) at parity, and an output
+    # 5% off is not
+    m = zoo.get("eqx_mlp_bf16")
+    fn, args = m.instantiate("small", seed=0)
+    want = jax.jit(fn)(*args)
+    ref = zoo.f32_reference(m.name, "small", 0, args)()
+    assert ref.dtype == jax.numpy.float32
+    assert_same(want.astype(jax.numpy.float32).astype(jax.numpy.bfloat16),
+                ref.astype(jax.numpy.bfloat16), "reassociate")
+    assert zoo.bf16_parity(want, want, ref)["ok"]
+    assert not zoo.bf16_parity(want * 1.05, want, ref)["ok"]
+    assert zoo.f32_reference("eqx_mlp", "small", 0, args) is None  # f32 models: no fallback
