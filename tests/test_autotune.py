@@ -458,3 +458,14 @@ def test_rounds_never_run_past_the_budget_after_a_slow_compile():
     # with room left, the same variants are timed
     m = at.measure(make, (), variants, budget_s=30.0, default_s=0.005)
     assert m.rounds >= at.MIN_ROUNDS and "slow" in m.ratios, m
+
+
+def test_a_noisy_slow_first_timing_does_not_tune_a_short_program(cache_dir):
+    """Issue 14 zoo (nnx_bert, small config): the 2nd call, timed once as the default's time,
+    took 2.5 ms (a fresh executable's first runs), so a 0.2 ms program was tuned for 5s against
+    the 2 ms floor. A short single timing is now confirmed before anything is compiled."""
+    x, w = _args()   # microseconds per call
+    variants = at.applicable_variants("cpu", "stablehlo.dot_general")
+    m = at.measure(_f, (x, w), variants, budget_s=5, default_s=0.01)   # claimed 10 ms
+    assert m.rounds == 0 and "too short" in m.skipped, m
+    assert m.default_s < at.MIN_CALL_S
