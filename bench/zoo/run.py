@@ -14,9 +14,9 @@ Per model, in one process (the same measurement for every model):
   in f32 (:data:`bench.zoo.BF16_PARITY`);
 * **steady ratio**: :func:`bench.runner.interleaved` (A B B A rounds, median of per-round
   hlofuse / jax time ratios, quartiles, rounds disturbed by other processes flagged);
-* **kernels / to XLA / decisions**: hlofuse's report (kernels built, regions left to XLA and
-  the commonest reason, the autotune variant, measured per-region decisions where the report
-  has them).
+* **kernels / decisions**: hlofuse's report: kernels built by kind (attn = attention, mm =
+  matmul + epilogue, red = reduction, ew = elementwise, horiz = horizontal), regions left to
+  XLA (reasons in the JSON and Markdown), and the XLA-option variant autotune chose.
 
 The HLOFUSE cache is a fresh temporary directory unless ``HLOFUSE_CACHE_DIR`` is set, so a run
 measures what a new user gets (tuning included).
@@ -57,26 +57,27 @@ def _named(fn, name):
     return model
 
 
+_KIND = {"attention": "attn", "matmul_epilogue": "mm", "reduction": "red", "elementwise": "ew",
+         "horizontal": "horiz"}
+
+
 def _decisions(rep, dec) -> dict:
     """What hlofuse decided for this model, from its report and the autotune decision."""
     reasons = Counter((r.kind, r.reason) for r in rep.left_to_xla)
-    measured = [n for n in rep.notes if "measured" in n.lower() and not n.startswith("autotune")]
-    out = {"kernels": len(rep.kernels), "left_to_xla": len(rep.left_to_xla),
-           "kernel_kinds": dict(Counter(r.kind for r in rep.kernels)),
-           "left_to_xla_reasons": [{"kind": k, "reason": why, "count": c}
-                                   for (k, why), c in reasons.most_common()],
-           "xla_options": None if dec is None else dec.variant,
-           "measured_notes": measured[:20]}
-    return out
+    return {"kernels": len(rep.kernels), "left_to_xla": len(rep.left_to_xla),
+            "kernel_kinds": dict(Counter(r.kind for r in rep.kernels)),
+            "left_to_xla_reasons": [{"kind": k, "reason": why, "count": c}
+                                    for (k, why), c in reasons.most_common()],
+            "xla_options": None if dec is None else dec.variant}
 
 
 def _decision_text(d: dict) -> str:
-    parts = [f"xla-opts {d['xla_options'] or 'off'}"]
-    if d["left_to_xla_reasons"]:
-        top = d["left_to_xla_reasons"][0]
-        parts.append(f"{d['left_to_xla']} to XLA ({top['reason'][:40]})")
-    if d["measured_notes"]:
-        parts.append(f"{len(d['measured_notes'])} measured")
+    kinds = " ".join(f"{c} {_KIND.get(k, k)}" for k, c in sorted(d["kernel_kinds"].items(),
+                                                                  key=lambda kv: -kv[1]))
+    parts = [kinds or "no kernels"]
+    if d["left_to_xla"]:
+        parts.append(f"{d['left_to_xla']} to XLA")
+    parts.append(f"xla-opts {d['xla_options'] or 'off'}")
     return "; ".join(parts)
 
 
