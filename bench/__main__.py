@@ -4,6 +4,7 @@ Usage::
 
     python -m bench [--quick] [--models m1,m2 ...] [--json out.json] [--markdown out.md]
                     [--plot out.png] [--rounds N] [--no-rss] [--rss] [--autotune on|off|auto]
+    python -m bench --zoo [--zoo-size real|small] [--models ...] [--plot zoo.png] ...
 
 Time ratios are hlofuse.jit / jax.jit (below 1: hlofuse is faster), the median of per-round
 ratios of interleaved rounds. On a GPU/TPU machine the same command measures that device; on
@@ -246,12 +247,20 @@ def parse_args(argv=None):
     ap.add_argument("--autotune", choices=["auto", "on", "off"], default="auto",
                     help="hlofuse.jit(autotune=...): auto = hlofuse's default (on for CPU)")
     ap.add_argument("--eager-calls", type=int, default=None)
+    ap.add_argument("--zoo", action="store_true",
+                    help="run the model zoo (bench/zoo: Flax, Equinox, Haiku models; needs "
+                         "pip install -e '.[zoo]') instead of the workloads; --models picks zoo models")
+    ap.add_argument("--zoo-size", choices=["real", "small"], default="real",
+                    help="zoo configs: real (the benchmark) or small (the CI configs)")
     return ap.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    if args.zoo:
+        from bench.zoo import run as zoo_run
+        return zoo_run.main(args)
     from bench import runner, workloads
 
     cfg = runner.Config.quick() if args.quick else runner.Config()

@@ -112,6 +112,20 @@ def bar_chart(path: str, labels: list[str], values: list[float], *, lo: list | N
     Bars are green below ``ref - 2%``, red above ``ref + 2%``, grey in between; ``lo``/``hi``
     draw whiskers (e.g. quartiles of per-round ratios); ``goals`` draws a blue tick per bar.
     """
+    write_png(path, bar_image(labels, values, lo=lo, hi=hi, goals=goals, title=title, ref=ref))
+
+
+def stack(images: list[np.ndarray]) -> np.ndarray:
+    """Images one below the other on a white background (for charts with several panels)."""
+    w = max(im.shape[1] for im in images)
+    return np.concatenate([np.pad(im, ((0, 0), (0, w - im.shape[1]), (0, 0)), constant_values=255)
+                           for im in images], axis=0)
+
+
+def bar_image(labels: list[str], values: list[float], *, lo: list | None = None,
+              hi: list | None = None, goals: list | None = None, title: str = "",
+              ref: float = 1.0) -> np.ndarray:
+    """:func:`bar_chart`'s picture as an (H, W, 3) uint8 array."""
     n = len(labels)
     scale = 2
     row_h = 34
@@ -154,4 +168,4 @@ def bar_chart(path: str, labels: list[str], values: list[float], *, lo: list | N
         lab = f"{t:g}"
         draw_text(img, px(t) - text_width(lab, scale) // 2, ya + 10, lab, (0, 0, 0), scale)
         t += step
-    write_png(path, img)
+    return img

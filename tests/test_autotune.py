@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -418,3 +419,53 @@ def test_foreign_load_is_other_processes_share_of_all_cpus(monkeypatch):
         pass
     assert p.wall == 1.0 and abs(p.self_cpu - 0.2) < 1e-12
     assert abs(p.foreign - 0.4) < 1e-12
+
+
+class _SlowCompileFn:
+    """A stand-in jitted variant: 5 ms per call; compiling it takes ``compile_s``."""
+
+    def __init__(self, name, compile_s):
+        self.name, self.compile_s = name, compile_s
+
+    def __call__(self, *args):
+        time.sleep(0.005)
+        return np.zeros(())
+
+    def lower(self, *args, **kwargs):
+        return self
+
+    def compile(self):
+        time.sleep(self.compile_s)
+        return self
+
+    def as_text(self):
+        return f"HloModule {self.name}\n{self.name}"
+
+
+def test_rounds_never_run_past_the_budget_after_a_slow_compile():
+    """Issue 14 zoo (linen_resnet_train): a variant's compile used the whole 10s budget, then
+    MIN_ROUNDS rounds ran anyway (31s in all). The rounds are now skipped when they no longer
+    fit, so the overshoot is at most the one compile in flight."""
+    variants = {"default": {}, "slow": {"opt": "1"}, "never-compiled": {"opt": "2"}}
+    make = at.factory(lambda opts: _SlowCompileFn(str(opts), 0.0 if not opts else 1.2))
+    t0 = time.perf_counter()
+    m = at.measure(make, (), variants, budget_s=1.0, default_s=0.005)
+    elapsed = time.perf_counter() - t0
+    assert m.rounds == 0 and "no longer fit the 1s budget" in m.skipped, m
+    assert m.ratios == {"default": 1.0} and not m.eligible
+    assert elapsed < 1.2 + 0.15, elapsed   # the compile, nothing after it
+    assert at.decide(m)[0] == "default"
+    # with room left, the same variants are timed
+    m = at.measure(make, (), variants, budget_s=30.0, default_s=0.005)
+    assert m.rounds >= at.MIN_ROUNDS and "slow" in m.ratios, m
+
+
+def test_a_noisy_slow_first_timing_does_not_tune_a_short_program(cache_dir):
+    """Issue 14 zoo (nnx_bert, small config): the 2nd call, timed once as the default's time,
+    took 2.5 ms (a fresh executable's first runs), so a 0.2 ms program was tuned for 5s against
+    the 2 ms floor. A short single timing is now confirmed before anything is compiled."""
+    x, w = _args()   # microseconds per call
+    variants = at.applicable_variants("cpu", "stablehlo.dot_general")
+    m = at.measure(_f, (x, w), variants, budget_s=5, default_s=0.01)   # claimed 10 ms
+    assert m.rounds == 0 and "too short" in m.skipped, m
+    assert m.default_s < at.MIN_CALL_S

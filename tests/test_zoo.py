@@ -1,0 +1,122 @@
+"""The model zoo (bench/zoo: Flax NNX and Linen, Equinox and Haiku models) on its small configs:
+every model gives jax.jit's numbers under hlofuse.jit (hlofuse.testing tolerances), hlofuse
+found fusion regions in it, and ``python -m bench --zoo`` writes its table, JSON and chart.
+
+Needs the ``zoo`` extra (``pip install -e ".[zoo,test]"``); without it the module skips.
+``.ci/run`` runs it in a venv of its own with the extra installed.
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+from bench import zoo
+
+_MISSING = zoo.missing_libraries()
+if _MISSING:
+    pytest.skip(f"model zoo libraries not installed ({', '.join(_MISSING)}): run "
+                f"pip install -e '.[zoo,test]' to test bench/zoo (.ci/run does, in .venv-zoo)",
+                allow_module_level=True)
+
+import jax  # noqa: E402
+
+import hlofuse  # noqa: E402
+from hlofuse.testing import assert_same, compare  # noqa: E402
+
+
+def test_the_zoo_covers_what_issue_14_asks_for():
+    ms = list(zoo.MODELS.values())
+    assert len(ms) >= 12
+    libs = {m.library.split(".")[0] for m in ms}
+    assert {"flax", "equinox", "haiku"} <= libs
+    assert {"flax.nnx", "flax.linen"} <= {m.library for m in ms}
+    assert {"encoder", "decoder", "vit", "convnet", "mlp"} <= {m.kind for m in ms}
+    assert sum(m.mode == "train" for m in ms) >= 3
+    assert any(m.small.get("dtype") == "bfloat16" for m in ms)
+    for m in ms:
+        assert set(m.small) == set(m.real), m.name           # the same knobs, other sizes
+        assert m.category in hlofuse.testing.TOLERANCES, m.name
+
+
+def _leaves_dtypes(tree):
+    return {str(x.dtype) for x in jax.tree_util.tree_leaves(tree)}
+
+
+def test_configs_mean_what_they_say():
+    # bf16 variants really compute in bf16; NCHW/NHWC convnets take the layout they claim
+    _, args = zoo.instantiate("nnx_llama_bf16", "small")
+    assert "bfloat16" in _leaves_dtypes(args[0]) and "float32" not in _leaves_dtypes(args[0])
+    _, args = zoo.instantiate("hk_bert_bf16", "small")
+    assert _leaves_dtypes(args[0]) == {"bfloat16"} and args[1].dtype == jax.numpy.bfloat16
+    for name, channel_axis in (("eqx_cnn_nchw", 1), ("hk_resnet_nchw", 1), ("linen_resnet_nhwc", 3)):
+        _, args = zoo.instantiate(name, "small")
+        assert args[-1].ndim == 4 and args[-1].shape[channel_axis] == 3, name
+
+
+@pytest.mark.parametrize("name", zoo.names())
+def test_small_model_matches_jax_jit(name):
+    m = zoo.get(name)
+    fn, args = m.instantiate("small", seed=0)
+    want = jax.jit(fn)(*args)
+    hf = hlofuse.jit(fn, autotune=False)
+    got = hf(*args)
+    assert_same(got, want, m.category)
+    rep = hf.report(*args)
+    # the rewrite fired: fusion regions were formed, each kernelized or left to XLA with a reason
+    assert rep.regions, f"{name}: hlofuse formed no fusion region"
+    assert all(r.kernel or r.reason for r in rep.regions), name
+    for x in jax.tree_util.tree_leaves(got):
+        assert np.isfinite(np.asarray(x, np.float64)).all(), name
+    if m.mode == "train":
+        loss, new_params = got[0], got[1]
+        changed = jax.tree_util.tree_map(lambda a, b: bool((np.asarray(a) != np.asarray(b)).any()),
+                                         new_params, args[0])
+        assert any(jax.tree_util.tree_leaves(changed)), f"{name}: the step updated no parameter"
+        assert np.ndim(loss) == 0 and float(loss) > 0
+
+
+def test_compare_would_catch_a_wrong_model():
+    # the check above can fail: a perturbed output of a zoo model is caught at its tolerance
+    m = zoo.get("eqx_mlp")
+    fn, args = m.instantiate("small", seed=0)
+    want = jax.jit(fn)(*args)
+    assert compare(want * (1 + 1e-3), want, m.category)
+
+
+def test_bench_zoo_cli_small(tmp_path, monkeypatch):
+    from bench import __main__ as cli
+    monkeypatch.setenv("HLOFUSE_CACHE_DIR", str(tmp_path / "cache"))
+    out = {k: str(tmp_path / f"zoo.{k}") for k in ("json", "md", "png")}
+    rc = cli.main(["--zoo", "--zoo-size", "small", "--quick", "--rounds", "2", "--models",
+                   "eqx_mlp,nnx_mlp_train", "--json", out["json"], "--markdown", out["md"],
+                   "--plot", out["png"]])
+    assert rc == 0
+    data = json.load(open(out["json"]))
+    assert [r["name"] for r in data["results"]] == ["eqx_mlp", "nnx_mlp_train"]
+    for r in data["results"]:
+        assert r["correct"] and not r["mismatches"], r
+        assert r["latency"]["rounds"] == 2 and r["latency"]["median_ratio"] > 0
+        assert r["first_call_ratio"] > 0 and r["tune_s"] >= 0
+        assert r["decisions"]["kernels"] >= 0 and "left_to_xla_reasons" in r["decisions"]
+    assert data["summary"]["models"] == 2 and data["summary"]["mismatches"] == 0
+    md = open(out["md"]).read()
+    assert "| eqx_mlp |" in md and "1st ratio" in md
+    png = open(out["png"], "rb").read()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
+
+
+def test_bf16_parity_against_the_f32_model():
+    # the bf16 fallback of the zoo's correctness check: the f32 build of a bf16 model agrees
+    # with it to bf16 accuracy, jax.jit's own output is (trivially) at parity, and an output
+    # 5% off is not
+    m = zoo.get("eqx_mlp_bf16")
+    fn, args = m.instantiate("small", seed=0)
+    want = jax.jit(fn)(*args)
+    ref = zoo.f32_reference(m.name, "small", 0, args)()
+    assert ref.dtype == jax.numpy.float32
+    assert_same(want.astype(jax.numpy.float32).astype(jax.numpy.bfloat16),
+                ref.astype(jax.numpy.bfloat16), "reassociate")
+    assert zoo.bf16_parity(want, want, ref)["ok"]
+    assert not zoo.bf16_parity(want * 1.05, want, ref)["ok"]
+    assert zoo.f32_reference("eqx_mlp", "small", 0, args) is None  # f32 models: no fallback
