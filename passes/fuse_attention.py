@@ -251,6 +251,7 @@ class Attention:
     p_dtype: str                     # dtype of P as the P·V product reads it
     out_dtype: str
     precision: tuple                 # (QKᵀ precision, P·V precision)
+    softmax: object = None           # the _Softmax ops (set by _analyze)
 
     def label_sizes(self) -> dict:
         s = dict(self.sizes)
@@ -282,7 +283,7 @@ def _walk_back(v, allowed: tuple, *, single_use: bool = True):
         v = p.operands[0]
 
 
-def _stat_chain(v, kind: str):
+def _stat_chain(v, kind: str, relaxed: bool = False):
     """Walk a broadcast-back row statistic to its reduce: returns (reduce op, ops, folded init).
 
     ``kind='max'`` also folds ``maximum(splat, m)`` (``jnp.max(..., initial=-inf)``)."""
@@ -298,7 +299,7 @@ def _stat_chain(v, kind: str):
             if init is None:
                 raise NoMatch("reduce init is not a constant")
             return p, ops, init if not extra else max([init] + extra)
-        if len(_users(v)) != 1:
+        if len(_users(v)) != 1 and not relaxed:
             raise NoMatch("softmax statistic has several users")
         if p.name in ("stablehlo.broadcast_in_dim", "stablehlo.reshape", "stablehlo.convert",
                       "stablehlo.transpose"):
@@ -315,7 +316,7 @@ def _stat_chain(v, kind: str):
             ops.append(p)
             cp = hir.defining_op(const_v)
             if cp is not None and cp.name != "stablehlo.constant":
-                if len(_users(const_v)) != 1:
+                if len(_users(const_v)) != 1 and not relaxed:
                     raise NoMatch("shared constant broadcast in the softmax max")
                 ops.append(cp)
             v = other
@@ -444,22 +445,25 @@ def analyze(pv, index: dict | None = None) -> Attention:
     return att
 
 
-def _try_analyze(pv, index: dict | None) -> tuple:
+def _try_analyze(pv, index: dict | None, relaxed: bool = False) -> tuple:
     """(the match, []) or (None, the distinct reasons, one per P·V operand tried)."""
     if pv.name != "stablehlo.dot_general":
         return None, ["not a dot_general"]
     reasons = []
     for p_idx in (0, 1):
         try:
-            return _analyze(pv, p_idx, index), []
+            return _analyze(pv, p_idx, index, relaxed), []
         except NoMatch as e:
             reasons.append(str(e))
     return None, list(dict.fromkeys(reasons))
 
 
-def _analyze(pv, p_idx: int, index: dict | None) -> Attention:
-    """P·V operand ``p_idx`` as the probabilities: the steps below, in order."""
-    sm = _match_softmax(pv, p_idx)
+def _analyze(pv, p_idx: int, index: dict | None, relaxed: bool = False) -> Attention:
+    """P·V operand ``p_idx`` as the probabilities: the steps below, in order.
+
+    ``relaxed``: forward intermediates may have users outside the region (a training step's
+    backward reads them); :mod:`.attention_train` then matches those users as the backward."""
+    sm = _match_softmax(pv, p_idx, relaxed)
     cx = _Ctx(pv.block, index)
     qk, visited = _find_qk(sm.x_val, cx)
     parts, sizes = _label_qk(qk, cx)
@@ -470,46 +474,51 @@ def _analyze(pv, p_idx: int, index: dict | None) -> Attention:
     _match_gqa(ops)
     members = set(main_ops) | {qk, pv} | sm.ops | set(ops.repeat_ops)
     side_inputs = _take_side_values(members, side_reqs, sizes, cx)
-    return _close_region(pv, qk, p_idx, sm, ops, members, sizes, side_inputs, cx)
+    att = _close_region(pv, qk, p_idx, sm, ops, members, sizes, side_inputs, cx, relaxed)
+    att.softmax = sm
+    return att
 
 
-def _match_softmax(pv, p_idx: int) -> _Softmax:
+def _match_softmax(pv, p_idx: int, relaxed: bool = False) -> _Softmax:
     """1-2: the P·V operand back to the normalizing divide, exp, and the sum and max."""
     p_val, p_ops = _walk_back(pv.operands[p_idx], ("stablehlo.convert", "stablehlo.transpose",
-                                                   "stablehlo.reshape", "stablehlo.broadcast_in_dim"))
+                                                   "stablehlo.reshape", "stablehlo.broadcast_in_dim"),
+                              single_use=not relaxed)
     div = hir.defining_op(p_val)
     if div is None or div.name != "stablehlo.divide":
         raise NoMatch("P·V operand is not a softmax (no normalizing divide)")
-    if len(_users(p_val)) != 1:
+    if len(_users(p_val)) != 1 and not relaxed:
         raise NoMatch("softmax probabilities are used outside the P·V product")
     e_val, den = div.operands
     ex = hir.defining_op(e_val)
     if ex is None or ex.name != "stablehlo.exponential":
         raise NoMatch("softmax numerator is not exp")
-    r_sum, sum_ops, sum_init = _stat_chain(den, "add")
+    r_sum, sum_ops, sum_init = _stat_chain(den, "add", relaxed)
     if sum_init != 0.0:
         raise NoMatch("softmax sum has a non-zero init")
-    e_src, e_conv = _walk_back(r_sum.operands[0], ("stablehlo.convert",))
+    e_src, e_conv = _walk_back(r_sum.operands[0], ("stablehlo.convert",), single_use=not relaxed)
     if hir.value_key(e_src) != hir.value_key(e_val):
         raise NoMatch("softmax sum is not over the numerator")
-    if len(_users(e_val)) != 2 or len(_users(r_sum.results[0])) != 1:
+    if not relaxed and (len(_users(e_val)) != 2 or len(_users(r_sum.results[0])) != 1):
         raise NoMatch("softmax numerator or sum used outside the softmax")
     sub = hir.defining_op(ex.operands[0])
-    if sub is None or sub.name != "stablehlo.subtract" or len(_users(ex.operands[0])) != 1:
+    if sub is None or sub.name != "stablehlo.subtract" or (len(_users(ex.operands[0])) != 1
+                                                            and not relaxed):
         raise NoMatch("exp argument is not x - max(x)")
     x_sub, bm = sub.operands
-    r_max, max_ops, m_init = _stat_chain(bm, "max")
+    r_max, max_ops, m_init = _stat_chain(bm, "max", relaxed)
     x_val = r_max.operands[0]
     # the subtract may see x through layout ops (jax.nn.dot_product_attention transposes it)
     x_layout, v = [], x_sub
     while hir.value_key(v) != hir.value_key(x_val):
         p = hir.defining_op(v)
-        if p is None or p.name not in _LAYOUT_OPS or len(_users(v)) != 1:
+        if p is None or p.name not in _LAYOUT_OPS or (len(_users(v)) != 1 and not relaxed):
             raise NoMatch("softmax max is not over the same logits")
         x_layout.append(p)
         v = p.operands[0]
     x_user = x_layout[-1] if x_layout else sub
-    if set(_users(x_val)) != {r_max, x_user} or len(_users(x_val)) != 2 or len(_users(r_max.results[0])) != 1:
+    if not relaxed and (set(_users(x_val)) != {r_max, x_user} or len(_users(x_val)) != 2
+                        or len(_users(r_max.results[0])) != 1):
         raise NoMatch("logits or their max used outside the softmax")
     x_shape = shape_of(x_val)
     rdims = _i64s(r_max, "dimensions")
@@ -758,13 +767,13 @@ def _take_side_values(members: set, side_reqs: list, sizes: dict, cx: "_Ctx") ->
 
 
 def _close_region(pv, qk, p_idx: int, sm: _Softmax, ops: _Operands, members: set, sizes: dict,
-                  side_inputs: list, cx: "_Ctx") -> Attention:
+                  side_inputs: list, cx: "_Ctx", relaxed: bool = False) -> Attention:
     """8: the region is closed (only the P·V result leaves it); the logit chain in order."""
     for op in members:
         for r in op.results:
             if op is pv:
                 continue
-            if any(u not in members for u in _users(r)):
+            if any(u not in members for u in _users(r)) and not relaxed:
                 raise NoMatch(f"intermediate '{op.name}' is used outside the attention")
     ordered = sorted(members, key=lambda o: cx.index[o])
     if ordered[-1] is not pv:
@@ -922,7 +931,7 @@ class FuseAttention(Pass):
     name = "fuse-attention"
 
     def run(self, module, ctx):
-        n = 0
+        n = n_train = 0
         left = LeftToXla(self.name)
         for block in program_blocks(module):
             ops = hir.block_ops(block)
@@ -939,9 +948,10 @@ class FuseAttention(Pass):
                     matches.append((att, region_spec(att, region_boundary(att.members))))
                 except NoMatch as e:
                     refused.append((att.members[-1], str(e)))
+            trains, refused = _training_matches(block, refused, found, module)
             for op, reason in refused:
                 left.add(WHAT, op, reason)
-            if not found and not refused:
+            if not found and not refused and not trains:
                 left.add(WHAT, next(o for o in ops if o.name == "stablehlo.dot_general"),
                          NO_SOFTMAX_DOT)
             for att, spec in matches:
@@ -955,8 +965,86 @@ class FuseAttention(Pass):
                 with module.context:
                     fn.operation.attributes[SPEC_ATTR] = ir.StringAttr.get(spec.to_attr())
                 n += 1
+            for tr in trains:
+                _commit_training(module, ctx, tr)
+                n_train += 1
         left.flush(ctx)
-        return {"attention_regions": n, **left.stats()}
+        return {"attention_regions": n, "attention_training": n_train, **left.stats()}
+
+
+# Reasons a forward match refuses only because a backward reads its intermediates.
+_USED_OUTSIDE = ("used outside", "several users", "shared constant")
+
+
+def _training_matches(block, refused: list, found: list, module) -> tuple:
+    """Candidates refused because a backward reads them: matched again as forward + backward
+    (:mod:`.attention_train`). Returns (training matches, the refusals left, reasons updated)."""
+    from hlofuse.passes import attention_train as at
+    cands = [(op, r) for op, r in refused
+             if op.name == "stablehlo.dot_general" and any(w in r for w in _USED_OUTSIDE)]
+    if not cands:
+        return [], refused
+    with module.context:
+        at.unshare_generator_trees(block)
+    index = block_index(block)
+    taken = {m for a in found for m in a.members}
+    trains, left = [], [(op, r) for op, r in refused if (op, r) not in cands]
+    for op, reason in cands:
+        att, reasons = _try_analyze(op, index, relaxed=True)
+        if att is None:
+            why = "; ".join(r for r in reasons if r != NOT_SOFTMAX)
+            left.append((op, f"{reason}; as a training step: {why}" if why else reason))
+            continue
+        if any(m in taken for m in att.members):
+            left.append((op, "overlaps an attention matched before it"))
+            continue
+        try:
+            boundary = region_boundary(att.members)
+            region_spec(att, boundary)            # the forward must be expressible as a spec
+            tr = at.match_training(att, block, index, boundary)
+        except (NoMatch, at.TrainNoMatch) as e:
+            left.append((op, f"{reason}; as a training step: {e}"))
+            continue
+        taken.update(att.members)
+        taken.update(tr.bwd_ops)
+        trains.append(tr)
+    return trains, [(op, r) for op, r in left if op not in taken]
+
+
+def _commit_training(module, ctx, tr) -> None:
+    """Outline a training match: the forward returning lse, and the backward."""
+    from hlofuse.passes import attention_train as at
+    from hlofuse.kernels.attention.backward import (BWD_ATTR, FWD_LSE_ATTR, BwdSpec, FwdLseSpec)
+    from hlofuse.passes.fusion.outline import Boundary
+    att = tr.att
+    lse_ops, lse_val, lse_dims = at.add_lse(att, module)
+    index = block_index(att.pv.block)
+    att.members = sorted(list(att.members) + lse_ops, key=lambda o: index[o])
+    boundary = region_boundary(att.members)
+    spec = region_spec(att, boundary)
+    pos = {hir.value_key(v): i for i, v in enumerate(boundary.inputs)}
+    n_in = len(boundary.inputs)
+    bspec = BwdSpec(spec, n_in, n_in + 1, n_in + 2, tr.do_dims, lse_dims,
+                    tuple((pos[hir.value_key(v)], tuple(p)) for v, p in tr.grads))
+    o_val = att.pv.results[0]
+    bregion = record_region(ctx, "attention_bwd", tr.bwd_ops,
+                            Boundary(list(boundary.inputs) + [o_val, lse_val, tr.do_root],
+                                     list(tr.outputs), []),
+                            grads=len(tr.outputs), seq_q=spec.seq_q, seq_k=spec.seq_k)
+    _, bfn = at.outline_backward(module, tr, boundary, o_val, lse_val,
+                                 f"hlofuse_attention_bwd_{bregion.id}", bregion.id, "attention_bwd")
+    with module.context:
+        bfn.operation.attributes[BWD_ATTR] = ir.StringAttr.get(bspec.to_attr())
+    boundary = region_boundary(att.members)
+    o_index = [hir.value_key(v) for v in boundary.outputs].index(hir.value_key(o_val))
+    region = record_region(ctx, "attention_fwd_lse", att.members, boundary,
+                           layout=_layout_str(spec), mask=_mask_kind(spec), seq_q=spec.seq_q,
+                           seq_k=spec.seq_k)
+    _, fn, _ = outline_region(module, att.members, f"hlofuse_attention_{region.id}",
+                              region_id=region.id, kind="attention_fwd_lse")
+    with module.context:
+        fn.operation.attributes[FWD_LSE_ATTR] = ir.StringAttr.get(
+            FwdLseSpec(spec, lse_dims, o_index).to_attr())
 
 
 def _mask_kind(spec: AttentionSpec) -> str:
