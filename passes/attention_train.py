@@ -51,6 +51,9 @@ _LAYOUT = ("stablehlo.reshape", "stablehlo.transpose")
 _FLOATS = ("f32", "bf16", "f16", "f64")
 MAX_BWD_OPS = 400        # a backward set larger than this is not one attention's backward
 RTOL = 1e-3
+_DEBUG = False
+# the check runs once per match on tiny arrays: compile it fast, not well
+_FAST_COMPILE = {"xla_llvm_disable_expensive_passes": True}
 
 
 class TrainNoMatch(Exception):
@@ -79,29 +82,39 @@ _GEN_OPS = ("stablehlo.iota", "stablehlo.constant", "stablehlo.broadcast_in_dim"
             "stablehlo.select", "stablehlo.multiply")
 
 
-def _is_generator(op, memo: dict) -> bool:
-    if op in memo:
-        return memo[op]
-    ok = (op.name in _GEN_OPS and len(op.results) == 1 and not len(op.regions))
-    if ok:
-        for a in op.operands:
-            p = hir.defining_op(a)
-            if p is None or not _is_generator(p, memo):
-                ok = False
-                break
-    memo[op] = ok
-    return ok
+def _numel(v) -> int:
+    return int(np.prod(_shape(v)))
+
+
+def _cheap_tree(op, root_numel: int, depth: int = 0) -> bool:
+    """``op`` computes a mask or bias by broadcasting small values: generator ops only, whose
+    leaves are constants, iotas or values at most a quarter of the result's size."""
+    if depth > 16 or op.name not in _GEN_OPS or len(op.results) != 1 or len(op.regions):
+        return False
+    for a in op.operands:
+        p = hir.defining_op(a)
+        if p is not None and p.name == "stablehlo.constant":
+            continue
+        if p is not None and _cheap_tree(p, root_numel, depth + 1):
+            continue
+        if _numel(a) * 4 <= root_numel:
+            continue
+        return False
+    return True
 
 
 def unshare_generator_trees(block) -> int:
-    """Give every user of a shared value computed from iotas and constants only (a causal mask
-    and its broadcast) its own copy of the computation, so the forward region and the backward
-    each take the mask in instead of reading a materialized one. Bit-exact."""
-    memo, n = {}, 0
+    """Give every user of a shared mask or bias broadcast from small values (a causal mask from
+    iotas, a ``[B, 1, 1, Sk]`` padding mask broadcast to the logits) its own copy of the
+    computation, so the forward region and the backward each take the small values in instead
+    of reading a materialized ``[.., Sq, Sk]`` one. Bit-exact."""
+    n = 0
     for op in hir.block_ops(block):
-        if op.name == "stablehlo.constant" or not _is_generator(op, memo):
+        if op.name == "stablehlo.constant" or len(op.results) != 1:
             continue
         uses = list(op.results[0].uses)
+        if len(uses) < 2 or not _cheap_tree(op, _numel(op.results[0])):
+            continue
         for u in uses[1:]:
             owner = hir.as_op(u.owner)
             if owner.block != block:
@@ -113,22 +126,23 @@ def unshare_generator_trees(block) -> int:
 
 
 def _clone_tree(op, before):
-    """Clone ``op`` and its non-constant producers right before ``before``; the new value."""
+    """Clone ``op`` and its producers inside the cheap tree right before ``before``."""
     mapping = {}
+    root_numel = _numel(op.results[0])
 
-    def go(o):
-        if o.name == "stablehlo.constant":
-            return o.results[0]
+    def go(o, v):
+        if o is None or o.name == "stablehlo.constant" or not _cheap_tree(o, root_numel):
+            return v
         if o in mapping:
             return mapping[o]
-        args = [go(hir.defining_op(a)) for a in o.operands]
+        args = [go(hir.defining_op(a), a) for a in o.operands]
         with ir.InsertionPoint(before), o.location:
             c = o.clone()
         for i, a in enumerate(args):
             c.operands[i] = a
         mapping[o] = c.results[0]
         return c.results[0]
-    return go(op)
+    return go(op, op.results[0])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -156,11 +170,11 @@ def _eval_op(op, args, shrink: _Shrink):
     if name == "stablehlo.constant":
         small = shrink(out_t.shape)
         sv = splat_scalar(op)
-        if sv is not None:
-            return jnp.full(small, sv.astype(np.float64) if out_t.dtype in _FLOATS else sv,
-                            _f(out_t.dtype))
+        if sv is not None:      # numpy: no eager jax op (each would compile)
+            return np.full(small, sv.astype(np.float64) if out_t.dtype in _FLOATS else sv,
+                           _f(out_t.dtype))
         val = np.asarray(const_value(op))
-        return jnp.asarray(val[tuple(slice(0, n) for n in small)].astype(_f(out_t.dtype)))
+        return np.ascontiguousarray(val[tuple(slice(0, n) for n in small)].astype(_f(out_t.dtype)))
     if name == "stablehlo.iota":
         d = ir.IntegerAttr(op.attributes["iota_dimension"]).value
         small = shrink(out_t.shape)
@@ -228,10 +242,10 @@ def _random_input(v, shrink: _Shrink, rng):
     dt = _dtype(v)
     small = shrink(_shape(v))
     if dt in _FLOATS:
-        return jnp.asarray(rng.standard_normal(small).astype(np.float32))
+        return rng.standard_normal(small).astype(np.float32)
     if dt == "i1":
-        return jnp.asarray(rng.random(small) < 0.8)
-    return jnp.asarray(rng.integers(0, 2, small).astype(hir.np_dtype(dt)))
+        return rng.random(small) < 0.8
+    return rng.integers(0, 2, small).astype(hir.np_dtype(dt))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -326,7 +340,7 @@ def match_training(att, block, index: dict, boundary) -> Training:
     bwd_ops = sorted(bset, key=lambda o: index[o])
     # what B reads from outside: forward inputs, forward intermediates, constants, generated
     # masks, and dO
-    outside, seen, gen_memo = [], set(), {}
+    outside, seen = [], set()
     for op in list(bwd_ops):
         for a in op.operands:
             k = hir.value_key(a)
@@ -335,9 +349,9 @@ def match_training(att, block, index: dict, boundary) -> Training:
                 continue
             if p is not None and p.name == "stablehlo.constant":
                 continue                   # cloned into the backward function
-            if p is not None and _is_generator(p, gen_memo) and all(
+            if p is not None and _cheap_tree(p, _numel(a)) and all(
                     u in bset for u in _users(a)):
-                _absorb_tree(p, bset)      # a mask built from iotas/constants: taken in
+                _absorb_tree(p, bset)      # a mask or bias broadcast from small values
                 continue
             seen.add(k)
             outside.append(a)
@@ -372,15 +386,16 @@ def match_training(att, block, index: dict, boundary) -> Training:
     return Training(att, bwd_ops, outputs, grads, do_root, do_chain, do_dims, list(boundary.inputs))
 
 
-def _absorb_tree(op, bset: set) -> None:
-    """Add a generator tree's non-constant ops to ``bset`` (they were unshared: B's own)."""
-    if op.name == "stablehlo.constant" or op in bset:
+def _absorb_tree(op, bset: set, root_numel: int | None = None) -> None:
+    """Add a cheap tree's non-constant ops to ``bset`` (they were unshared: B's own)."""
+    root_numel = root_numel or _numel(op.results[0])
+    if op.name == "stablehlo.constant" or op in bset or not _cheap_tree(op, root_numel):
         return
     bset.add(op)
     for a in op.operands:
         p = hir.defining_op(a)
         if p is not None and all(u in bset for u in _users(a)):
-            _absorb_tree(p, bset)
+            _absorb_tree(p, bset, root_numel)
 
 
 def _p_index(att) -> int:
@@ -435,7 +450,7 @@ def _check_vjp(att, boundary, bwd_ops, outputs, do_root, do_chain):
     do_shape = shrink(_shape(do_root))
     o_shape = shrink(_shape(att.pv.results[0]))
     perms = _perms(do_shape, o_shape)
-    do = jnp.asarray(rng.standard_normal(do_shape).astype(np.float32))
+    do = rng.standard_normal(do_shape).astype(np.float32)
 
     def check(xs, do):
         # one jitted evaluation: the backward's outputs and the VJP for each cotangent layout
@@ -448,8 +463,10 @@ def _check_vjp(att, boundary, bwd_ops, outputs, do_root, do_chain):
         return [env[hir.value_key(r)] for r in outputs], cts
 
     try:
-        with jax.ensure_compile_time_eval():
-            outs, all_cts = jax.jit(check)([ins[i] for i in float_in], do)
+        # lowered and compiled explicitly: runs on these arrays even when the pass runs under
+        # a jax trace (no eager ops, which would each compile)
+        xs = [ins[i] for i in float_in]
+        outs, all_cts = jax.jit(check).lower(xs, do).compile(_FAST_COMPILE)(xs, do)
     except TrainNoMatch:
         raise
     except Exception as e:  # shapes that do not shrink consistently, unsupported ops
@@ -471,6 +488,11 @@ def _check_vjp(att, boundary, bwd_ops, outputs, do_root, do_chain):
                 if hit:
                     break
             if hit is None:
+                if _DEBUG:
+                    print("out", out.ravel()[:8], [c.ravel()[:8] for c in cts])
+                    print("no grad for output", out.shape, [
+                        (c.shape, [float(np.nanmax(np.abs(np.transpose(_squeeze(c), gp) - _squeeze(out))))
+                                   for gp in _perms(c.shape, out.shape)]) for c in cts])
                 break
             found.append(hit)
         if len(found) == len(outs):
@@ -493,7 +515,10 @@ def _check_vjp(att, boundary, bwd_ops, outputs, do_root, do_chain):
 # ---------------------------------------------------------------------------------------------
 
 def add_lse(att, module):
-    """Insert ``lse = max(m, init) + log(l)`` (f32) after the row sum; returns (ops, value, dims)."""
+    """Insert the row statistics ``stats = [max(m, init), l]`` (f32, a trailing dim of 2) after
+    the row sum, for the backward's ``p = exp(x - m) / l`` (the program's own arithmetic: a
+    single ``m + log(l)`` loses ``log(l)`` next to a huge finite fill in fully masked rows).
+    Returns (ops, value, labels of the rows)."""
     sm = att.softmax
     r_max, r_sum = sm.r_max, sm.r_sum
     m, l = r_max.results[0], r_sum.results[0]
@@ -505,6 +530,8 @@ def add_lse(att, module):
     with module.context, r_sum.location:
         f32 = ir.F32Type.get()
         t = ir.RankedTensorType.get(shape, f32)
+        t1 = ir.RankedTensorType.get(shape + [1], f32)
+        t2 = ir.RankedTensorType.get(shape + [2], f32)
         anchor = r_sum if att.members.index(r_sum) > att.members.index(r_max) else r_max
         new = []
         with ir.InsertionPoint.after(anchor):
@@ -513,9 +540,10 @@ def add_lse(att, module):
             init = _append(new, stablehlo.ConstantOp(ir.DenseElementsAttr.get_splat(
                 t, ir.FloatAttr.get(f32, float(att.m_init)))))
             mx = _append(new, stablehlo.MaxOp(mm, init))
-            lg = _append(new, stablehlo.LogOp(ll))
-            lse = _append(new, stablehlo.AddOp(mx, lg))
-    return new, lse, lse_dims
+            m1 = _append(new, stablehlo.ReshapeOp(t1, mx))
+            l1 = _append(new, stablehlo.ReshapeOp(t1, ll))
+            stats = _append(new, stablehlo.ConcatenateOp([m1, l1], len(shape)))
+    return new, stats, lse_dims
 
 
 def _append(lst, opview):

@@ -3,11 +3,11 @@
 ``fuse-attention`` matches attention *and* the backward ``jax.grad`` built for it in one
 program (``hlofuse.jit(jax.value_and_grad(loss))``) and outlines two regions:
 
-* kind ``attention_fwd_lse``: the forward plus ``lse = max(m, init) + log(l)`` per query row
-  (:class:`FwdLseSpec`); the kernel is the forward's online softmax returning its row statistics;
+* kind ``attention_fwd_lse``: the forward plus its row statistics ``[max(m, init), l]`` per query
+  row (:class:`FwdLseSpec`; f32, a trailing dim of 2): the forward's online softmax returns them;
 * kind ``attention_bwd``: the program's backward (its body recomputes the forward, so XLA runs it
   unchanged when no kernel is built), replaced by the flash backward (:class:`BwdSpec`): per key
-  block, ``p = exp(x - lse)``, ``dP = dO·Vᵀ``, ``dx = p·(dP - rowsum(dO·O))``, the logit chain's
+  block, ``p = exp(x - m) / l``, ``dP = dO·Vᵀ``, ``dx = p·(dP - rowsum(dO·O))``, the logit chain's
   own VJP (``jax.vjp`` of the region's logit ops: scale, masks, bias) gives ``dS`` and the
   learned side inputs' gradients, then ``dQ += dS·K``, ``dK += dSᵀ·Q``, ``dV += pᵀ·dO``. Only
   ``[.., bq, bk]`` blocks are live; nothing of size ``Sq×Sk`` is stored.
@@ -149,9 +149,13 @@ def bwd_spec_from_func(fn_op) -> BwdSpec:
 # forward with lse
 # ---------------------------------------------------------------------------------------------
 
-def _lse_out(fs: FwdLseSpec, lse_c):
+STAT = "<stat>"   # the trailing dim of the row statistics: (m, l)
+
+
+def _lse_out(fs: FwdLseSpec, stats_c):
     spec = fs.fwd
-    return from_canonical(lse_c, spec.out_order[:-1], fs.lse_dims, fs.lse_shape).astype(F32)
+    return from_canonical(stats_c, spec.out_order[:-1] + [STAT], tuple(fs.lse_dims) + (STAT,),
+                          fs.lse_shape).astype(F32)
 
 
 def build_fwd_lse(fs: FwdLseSpec, target, *, interpret=None, blocks=None, name=None):
@@ -182,9 +186,9 @@ def fwd_lse_reference(fs: FwdLseSpec):
                             preferred_element_type=F32)
         x = jnp.broadcast_to(eval_logits(spec, s, sides, _ref_index(spec)), s.shape).astype(F32)
         m = jnp.maximum(jnp.max(x, -1), spec.m_init)
-        lse = m + jnp.log(jnp.sum(jnp.exp(x - m[..., None]), -1))
+        stats = jnp.stack([m, jnp.sum(jnp.exp(x - m[..., None]), -1)], axis=-1)
         res = [None, None]
-        res[fs.o_index], res[1 - fs.o_index] = o, _lse_out(fs, lse)
+        res[fs.o_index], res[1 - fs.o_index] = o, _lse_out(fs, stats)
         return tuple(res)
     return f
 
@@ -317,10 +321,13 @@ def build_cpu_bwd(bs: BwdSpec, blocks: AttentionBlocks | None = None):
         q, k, v, sides = canonical_inputs(spec, inputs)
         o = to_canonical(inputs[bs.o_arg], spec.out_dims, spec.out_order)
         do = to_canonical(inputs[bs.do_arg], bs.do_dims, spec.out_order)
-        lse = to_canonical(inputs[bs.lse_arg], bs.lse_dims, spec.out_order[:-1]).astype(F32)
+        stats = to_canonical(inputs[bs.lse_arg], tuple(bs.lse_dims) + (STAT,),
+                             spec.out_order[:-1] + [STAT]).astype(F32)
+        mx, lsum = stats[..., 0], stats[..., 1]
         dd = jnp.sum(do.astype(F32) * o.astype(F32), axis=-1)              # rowsum(dO·O)
         q, do = pad_to(q, sq_ax, nq * bq), pad_to(do, sq_ax, nq * bq)
-        dd, lse = pad_to(dd, sq_ax, nq * bq), pad_to(lse, sq_ax, nq * bq)
+        dd, mx, lsum = (pad_to(dd, sq_ax, nq * bq), pad_to(mx, sq_ax, nq * bq),
+                        pad_to(lsum, sq_ax, nq * bq))
         k, v = pad_to(k, nb, nk * bk), pad_to(v, nb, nk * bk)
         sides = [pad_axis(pad_axis(s, k_ax, nk * bk), sq_ax, nq * bq) for s in sides]
         do = do.astype(v.dtype)
@@ -332,7 +339,7 @@ def build_cpu_bwd(bs: BwdSpec, blocks: AttentionBlocks | None = None):
 
             def rows(a):
                 return lax.dynamic_slice_in_dim(a, c * bq, bq, axis=sq_ax) if nq > 1 else a
-            qc, doc, ddc, lsec = rows(q), rows(do), rows(dd), rows(lse)
+            qc, doc, ddc, mc, lc = rows(q), rows(do), rows(dd), rows(mx), rows(lsum)
             sc = [rows(s) if s.shape[sq_ax] > 1 else s for s in sides]
 
             def body(j, carry2):
@@ -355,7 +362,7 @@ def build_cpu_bwd(bs: BwdSpec, blocks: AttentionBlocks | None = None):
                 if nk * bk != sk:
                     valid = (j * bk + jnp.arange(bk, dtype=jnp.int32)) < sk
                     x = jnp.where(valid, x, -jnp.inf)
-                p = jnp.exp(x - lsec[..., None])
+                p = jnp.exp(x - mc[..., None]) / lc[..., None]
                 if nq * bq != sq:      # padded query rows (their logits may be anything)
                     rv = (c * bq + jnp.arange(bq, dtype=jnp.int32)) < sq
                     p = jnp.where(rv[:, None], p, 0.0)

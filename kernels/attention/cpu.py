@@ -33,8 +33,8 @@ def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
               with_lse: bool = False):
     """The region as ``f(*inputs) -> (output,)`` made of XLA loops.
 
-    ``with_lse``: return ``(output, lse)``, ``lse = m + log(l)`` per query row in the canonical
-    row layout ``[batch.., rows.., Sq]`` (f32), for the flash backward.
+    ``with_lse``: return ``(output, stats)``, the row statistics ``[m, l]`` (max and sum, f32)
+    in the canonical row layout ``[batch.., rows.., Sq, 2]``, for the flash backward.
 
     ``fold_scale``: apply a power-of-two logit scale to Q once (exact, see
     :func:`~hlofuse.kernels.attention.logits.prescale`). ``k_transposed``: keep K as
@@ -124,7 +124,7 @@ def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
             else:
                 m, l, acc = lax.fori_loop(0, nk, body, init)
             o = online_finish(l, acc).astype(out_dtype)
-            return (o, m + jnp.log(l)) if with_lse else o
+            return (o, jnp.stack([m, l], axis=-1)) if with_lse else o
 
         if nq == 1:
             res = run_chunk(0)
