@@ -409,11 +409,13 @@ class _Softmax:
     x_val: ir.Value      # the logits
     x_layout: list       # layout ops between x and the subtract
     key_axis: int        # the reduced axis of x
+    e_layout: list = dataclasses.field(default_factory=list)  # layout ops between exp and divide
 
     @property
     def ops(self) -> set:
         return ({self.div, self.ex, self.sub, self.r_max, self.r_sum} | set(self.max_ops)
-                | set(self.sum_ops) | set(self.e_conv) | set(self.p_ops) | set(self.x_layout))
+                | set(self.sum_ops) | set(self.e_conv) | set(self.p_ops) | set(self.x_layout)
+                | set(self.e_layout))
 
 
 @dataclasses.dataclass
@@ -489,7 +491,11 @@ def _match_softmax(pv, p_idx: int, relaxed: bool = False) -> _Softmax:
         raise NoMatch("P·V operand is not a softmax (no normalizing divide)")
     if len(_users(p_val)) != 1 and not relaxed:
         raise NoMatch("softmax probabilities are used outside the P·V product")
-    e_val, den = div.operands
+    e_num, den = div.operands
+    # layout-assignment may leave a transpose between exp and the divide (the output's layout
+    # sunk through the division): the numerator is exp through layout ops
+    e_val, e_layout = _walk_back(e_num, ("stablehlo.transpose", "stablehlo.reshape"),
+                                 single_use=not relaxed)
     ex = hir.defining_op(e_val)
     if ex is None or ex.name != "stablehlo.exponential":
         raise NoMatch("softmax numerator is not exp")
@@ -527,7 +533,7 @@ def _match_softmax(pv, p_idx: int, relaxed: bool = False) -> _Softmax:
     if dtype_of(x_val) not in FLOAT_TYPES:
         raise NoMatch(f"logits of type {dtype_of(x_val)}")
     return _Softmax(p_ops, div, ex, sub, r_sum, sum_ops, e_conv, r_max, max_ops, m_init, x_val,
-                    x_layout, rdims[0])
+                    x_layout, rdims[0], e_layout)
 
 
 def _find_qk(x_val, cx: "_Ctx"):
@@ -623,11 +629,19 @@ def _softmax_dims(sm: _Softmax, cx: "_Ctx"):
         if BCAST in xs_dims:
             raise NoMatch("logits broadcast inside the softmax")
         cx.set_dims(op.results[0], xs_dims)
+    e_dims = xs_dims
+    for op in reversed(sm.e_layout):
+        e_dims = fwd_dims(op, e_dims)
+        if BCAST in e_dims:
+            raise NoMatch("exp broadcast inside the softmax")
+        cx.set_dims(op.results[0], e_dims)
     _row_stat_dims(sm.max_ops, x_dims, sm.key_axis, key, xs_dims)
-    _row_stat_dims(sm.sum_ops, xs_dims, _i64s(sm.r_sum, "dimensions")[0], key, xs_dims)
-    for v in (sm.sub.results[0], sm.ex.results[0], sm.div.results[0]):
+    # the sum reduces exp (layout xs) and is broadcast back to the divide's layout (e_dims)
+    _row_stat_dims(sm.sum_ops, xs_dims, _i64s(sm.r_sum, "dimensions")[0], key, e_dims)
+    for v in (sm.sub.results[0], sm.ex.results[0]):
         cx.set_dims(v, xs_dims)
-    return key, xs_dims
+    cx.set_dims(sm.div.results[0], e_dims)
+    return key, e_dims
 
 
 def _qk_operands(qk, parts, sizes: dict, key: str) -> _Operands:
@@ -899,6 +913,86 @@ def region_spec(att: Attention, boundary) -> AttentionSpec:
     return dataclasses.replace(spec, mask_select=mask_select(spec))
 
 
+def _softmax_behind(v) -> bool:
+    """``v`` is (through converts and layout ops) a divide of (a layout of) an exp."""
+    v, _ = _walk_back(v, ("stablehlo.convert",) + _LAYOUT_OPS, single_use=False)
+    div = hir.defining_op(v)
+    if div is None or div.name != "stablehlo.divide":
+        return False
+    e, _ = _walk_back(div.operands[0], ("stablehlo.transpose", "stablehlo.reshape"), single_use=False)
+    ex = hir.defining_op(e)
+    return ex is not None and ex.name == "stablehlo.exponential"
+
+
+def _move_row_multipliers(block) -> int:
+    """``(p * m) · V`` -> ``(p · V) * m`` when ``p`` is a softmax and ``m`` is broadcast along the
+    key dim (a head mask, all ones by default, as Transformers' Flax BERT multiplies in): the
+    multiplier does not depend on the key, so it scales each output row (reassociates one
+    multiply; exact when ``m`` is 1). Then the P·V product reads the softmax and the attention
+    kernel is built. Returns the number moved."""
+    n = 0
+    for dot in hir.block_ops(block):
+        if dot.name != "stablehlo.dot_general":
+            continue
+        lb, rb, lc, rc, lf, rf = _dot_parts(dot)
+        for pi in (0, 1):
+            mul = hir.defining_op(dot.operands[pi])
+            if mul is None or mul.name != "stablehlo.multiply" or len(_users(mul.results[0])) != 1:
+                continue
+            pc = (lc, rc)[pi]
+            for mi in (0, 1):
+                bc = hir.defining_op(mul.operands[mi])
+                if bc is None or bc.name != "stablehlo.broadcast_in_dim" or \
+                        not _softmax_behind(mul.operands[1 - mi]):
+                    continue
+                if _rewrite_row_multiplier(dot, pi, mul, mi, bc, pc, (lb, rb)[pi], (lf, rf)[pi]):
+                    n += 1
+                    break
+            else:
+                continue
+            break
+    return n
+
+
+def _rewrite_row_multiplier(dot, pi, mul, mi, bc, pc, pb, pf) -> bool:
+    src = bc.operands[0]
+    s_shape, p_shape = shape_of(src), shape_of(mul.results[0])
+    bd = _i64s(bc, "broadcast_dimensions")
+    if len(pc) != 1 or any(n != 1 and bd[i] == pc[0] for i, n in enumerate(s_shape)):
+        return False                      # m varies along the key: not a row multiplier
+    # output position of each p dim: batch dims first, then lhs free, then rhs free
+    out_shape = shape_of(dot.results[0])
+    o_free = len(pb) + (0 if pi == 0 else len(out_shape) - len(pb) - len(pf))
+    out_pos = {d: i for i, d in enumerate(pb)}
+    out_pos.update({d: o_free + i for i, d in enumerate(pf)})
+    keep = [i for i, n in enumerate(s_shape) if bd[i] != pc[0]]
+    dims = [out_pos[bd[i]] for i in keep]
+    if dims != sorted(dims):
+        return False
+    out_t = dot.results[0].type
+    o_dt = ir.RankedTensorType(out_t).element_type
+    with dot.location, ir.InsertionPoint(dot):
+        m = src
+        if len(keep) != len(s_shape):
+            m = stablehlo.ReshapeOp(ir.RankedTensorType.get([s_shape[i] for i in keep],
+                                                            ir.RankedTensorType(src.type).element_type),
+                                    m).result
+        if ir.RankedTensorType(m.type).element_type != o_dt:
+            m = stablehlo.ConvertOp(ir.RankedTensorType.get(shape_of(m), o_dt), m).result
+        new_dot = dot.clone()
+        new_dot.operands[pi] = mul.operands[1 - mi]
+    with dot.location, ir.InsertionPoint.after(new_dot):
+        mb = stablehlo.BroadcastInDimOp(out_t, m, dims).result
+        scaled = stablehlo.MulOp(new_dot.results[0], mb).result
+    dot.results[0].replace_all_uses_with(scaled)
+    hir.safe_erase(dot)
+    if not hir.has_uses(mul):
+        hir.safe_erase(mul)
+        if not hir.has_uses(bc):
+            hir.safe_erase(bc)
+    return True
+
+
 def _unshare_generators(block) -> int:
     """Give each user of a shared iota / splat broadcast its own copy (CSE merged them).
 
@@ -931,7 +1025,7 @@ class FuseAttention(Pass):
     name = "fuse-attention"
 
     def run(self, module, ctx):
-        n = n_train = 0
+        n = n_train = moved = 0
         left = LeftToXla(self.name)
         for block in program_blocks(module):
             ops = hir.block_ops(block)
@@ -940,6 +1034,10 @@ class FuseAttention(Pass):
                 continue
             with module.context:
                 _unshare_generators(block)
+                n_mult = _move_row_multipliers(block)
+                if n_mult:
+                    ops = hir.block_ops(block)
+                    moved += n_mult
             # every match as data first: outlining one replaces values the next may read
             matches, refused = [], []
             found = find_attention(block, refused)
@@ -969,7 +1067,8 @@ class FuseAttention(Pass):
                 _commit_training(module, ctx, tr)
                 n_train += 1
         left.flush(ctx)
-        return {"attention_regions": n, "attention_training": n_train, **left.stats()}
+        return {"attention_regions": n, "attention_training": n_train,
+                "row_multipliers_moved": moved, **left.stats()}
 
 
 # Reasons a forward match refuses only because a backward reads its intermediates.

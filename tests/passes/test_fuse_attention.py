@@ -313,6 +313,35 @@ def test_grad_program_gets_flash_forward_and_backward():
     assert_same(gl(*args), jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(*args), "grad")
 
 
+def _head_mask(q, k, v, hm):
+    p = jax.nn.softmax(jnp.einsum("bhqd,bhkd->bhqk", q, k) / 8.0, axis=-1)
+    return jnp.einsum("bhqk,bhkd->bhqd", p * hm[None, :, None, None], v)   # Flax BERT
+
+
+def _transposed_numerator(q, k, v):
+    s = jnp.einsum("bhqd,bhkd->bhqk", q, k) / 8.0
+    e = jnp.exp(s - jax.lax.stop_gradient(s.max(-1, keepdims=True)))
+    t = jnp.transpose(e, (0, 2, 1, 3))                   # [b, q, h, k]: what layout-assignment
+    l = jnp.transpose(e.sum(-1), (0, 2, 1))[..., None]   # leaves between exp and the divide
+    return jnp.einsum("bqhk,bhkd->bqhd", t / l, v)
+
+
+@pytest.mark.parametrize("f,extra,moved", [(_head_mask, True, 1), (_transposed_numerator, False, 0)],
+                         ids=["head_mask", "transposed_numerator"])
+def test_matches_after_head_mask_and_transposed_numerator(f, extra, moved):
+    """A multiplier on the probabilities that does not vary along the key (a head mask) moves
+    after P·V; a transpose between exp and the divide is a layout of the numerator."""
+    args = make_args("bhsd", "none", 1, np.float32, 16, 16)
+    if extra:
+        args.append(np.linspace(0.5, 1.5, 4).astype(np.float32))
+    g = hlofuse.jit(f, autotune=False)
+    report = g.report(*args)
+    assert len([r for r in attention_regions(report) if r.kernel]) == 1
+    (stats,) = [p.stats for p in report.passes if p.name == "fuse-attention"]
+    assert stats["row_multipliers_moved"] == moved and attention_refusals(report) == {}
+    assert_same(g(*args), jax.jit(f)(*args), "reassociate")
+
+
 def test_matched_attention_reports_no_refusal():
     """A fused attention adds no statistics and no notes beyond its region."""
     f = make_attention("bhsd", "causal", 1, "nn", "div", "-inf")
