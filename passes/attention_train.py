@@ -192,8 +192,7 @@ def _eval_op(op, args, shrink: _Shrink):
             return args[0]
         return args[0].astype(_f(out_t.dtype))
     if name == "stablehlo.reduce":
-        from hlofuse.passes.fuse_attention import reducer_kind
-        kind = reducer_kind(op)
+        kind = _reducer_kind(op)
         if kind is None:
             raise TrainNoMatch("a reduce that is not a single add/max")
         dims = tuple(int(x) for x in ir.DenseI64ArrayAttr(op.attributes["dimensions"]))
@@ -220,6 +219,16 @@ def _eval_op(op, args, shrink: _Shrink):
     if out_t is not None and out_t.dtype in _FLOATS:
         r = r.astype(jnp.float32)
     return r
+
+
+def _reducer_kind(op) -> str | None:
+    """'add' / 'max' for a single-operand reduce whose body is one add / maximum."""
+    if len(op.operands) != 2 or len(op.results) != 1:
+        return None
+    body = [o.operation for o in op.regions[0].blocks[0].operations]
+    if len(body) != 2 or body[1].name != "stablehlo.return":
+        return None
+    return {"stablehlo.add": "add", "stablehlo.maximum": "max"}.get(body[0].name)
 
 
 def _run(ops: list, env: dict, shrink: _Shrink) -> dict:

@@ -1046,7 +1046,7 @@ class FuseAttention(Pass):
                     matches.append((att, region_spec(att, region_boundary(att.members))))
                 except NoMatch as e:
                     refused.append((att.members[-1], str(e)))
-            trains, refused = _training_matches(block, refused, found, module)
+            trains, refused = _training_matches(block, refused, found, module, ctx.target)
             for op, reason in refused:
                 left.add(WHAT, op, reason)
             if not found and not refused and not trains:
@@ -1075,13 +1075,15 @@ class FuseAttention(Pass):
 _USED_OUTSIDE = ("used outside", "several users", "shared constant")
 
 
-def _training_matches(block, refused: list, found: list, module) -> tuple:
+def _training_matches(block, refused: list, found: list, module, target) -> tuple:
     """Candidates refused because a backward reads them: matched again as forward + backward
-    (:mod:`.attention_train`). Returns (training matches, the refusals left, reasons updated)."""
+    (:mod:`.attention_train`). Returns (training matches, the refusals left, reasons updated).
+    cpu only: the flash backward has no Triton/Mosaic kernel yet, and an outlined backward left
+    to XLA would only recompute the forward."""
     from hlofuse.passes import attention_train as at
     cands = [(op, r) for op, r in refused
              if op.name == "stablehlo.dot_general" and any(w in r for w in _USED_OUTSIDE)]
-    if not cands:
+    if not cands or not target.is_cpu:
         return [], refused
     with module.context:
         at.unshare_generator_trees(block)
