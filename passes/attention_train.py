@@ -342,7 +342,7 @@ def match_training(att, block, index: dict, boundary) -> Training:
                             bset.update(chain)
                             changed = True
                         break
-                    if p.name not in _LAYOUT + ("stablehlo.convert",):
+                    if p.name not in _LAYOUT + ("stablehlo.convert",) or _splits(p):
                         break
                     chain.append(p)
                     v = p.operands[0]
@@ -369,7 +369,7 @@ def match_training(att, block, index: dict, boundary) -> Training:
         v, chain = a, []
         while True:
             p = hir.defining_op(v)
-            if p is None or p.name not in _LAYOUT or hir.value_key(v) in fwd_in:
+            if p is None or p.name not in _LAYOUT or hir.value_key(v) in fwd_in or _splits(p):
                 break
             chain.append(p)
             v = p.operands[0]
@@ -393,6 +393,15 @@ def match_training(att, block, index: dict, boundary) -> Training:
     # no output may feed B back (B is replaced by one call after its last op)
     grads, do_dims = _check_vjp(att, boundary, bwd_ops, outputs, do_root, do_chain)
     return Training(att, bwd_ops, outputs, grads, do_root, do_chain, do_dims, list(boundary.inputs))
+
+
+def _splits(op) -> bool:
+    """A reshape that splits or merges non-unit dims (heads out of the model dim): the small
+    evaluation cannot shrink across it, so the cotangent is taken after it."""
+    if op.name != "stablehlo.reshape":
+        return False
+    return ([n for n in _shape(op.operands[0]) if n != 1]
+            != [n for n in _shape(op.results[0]) if n != 1])
 
 
 def _absorb_tree(op, bset: set, root_numel: int | None = None) -> None:
@@ -479,7 +488,8 @@ def _check_vjp(att, boundary, bwd_ops, outputs, do_root, do_chain):
     except TrainNoMatch:
         raise
     except Exception as e:  # shapes that do not shrink consistently, unsupported ops
-        raise TrainNoMatch(f"the backward could not be evaluated ({type(e).__name__})") from None
+        msg = (str(e).strip().splitlines() or [""])[0][:160]
+        raise TrainNoMatch(f"the backward could not be evaluated ({type(e).__name__}: {msg})") from None
     outs = [np.asarray(o) for o in outs]
     out_dims = [d for d in att.out_dims if d is not None]
     tried = 0
