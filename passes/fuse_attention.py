@@ -26,10 +26,19 @@ structurally, never by op order or names. Side values (masks, biases, iotas) are
 region while they are cheap generators used only inside it, so the region's inputs are the
 small pre-broadcast tensors, never a materialized ``[B, H, Sq, Sk]`` mask.
 
+Training steps (``hlofuse.jit(jax.value_and_grad(loss))``, cpu): when the forward is refused
+only because the backward ``jax.grad`` built reads its intermediates, forward and backward are
+matched together (:mod:`.attention_train`: the backward is checked to be the forward's VJP by
+evaluation) and outlined as a forward returning its row statistics (kind
+``attention_fwd_lse``) and a flash backward (kind ``attention_bwd``); statistic
+``attention_training``. A multiplier on the probabilities that does not vary along the key
+(a head mask) is moved after P·V first (``row_multipliers_moved``); a transpose between exp
+and the divide is read as a layout of the numerator.
+
 Not matched (left alone, with the reason in the pass statistics, ``refused[<reason>]``, and a
 report note per reason): intermediates used
-outside the region (returned attention weights; the residuals a backward program keeps, so
-attention inside ``jax.grad``'s backward program stays with XLA), dropout (the probabilities
+outside the region (returned attention weights; residuals kept by a separately exported
+backward program, as ``jax.grad(hlofuse.jit(f))`` makes), dropout (the probabilities
 feed a multiply by a random mask, not the P·V product), softmax over a non-key dim, two
 candidate QKᵀ products, dynamic shapes. Candidates are the ``dot_general`` ops with a softmax
 (exp normalized by its sum) as an operand, in blocks with an exp and two dot_generals; a block
