@@ -51,7 +51,6 @@ _LAYOUT = ("stablehlo.reshape", "stablehlo.transpose")
 _FLOATS = ("f32", "bf16", "f16", "f64")
 MAX_BWD_OPS = 400        # a backward set larger than this is not one attention's backward
 RTOL = 1e-3
-_DEBUG = False
 # the check runs once per match on tiny arrays: compile it fast, not well
 _FAST_COMPILE = {"xla_llvm_disable_expensive_passes": True}
 
@@ -507,11 +506,6 @@ def _check_vjp(att, boundary, bwd_ops, outputs, do_root, do_chain):
                 if hit:
                     break
             if hit is None:
-                if _DEBUG:
-                    print("out", out.ravel()[:8], [c.ravel()[:8] for c in cts])
-                    print("no grad for output", out.shape, [
-                        (c.shape, [float(np.nanmax(np.abs(np.transpose(_squeeze(c), gp) - _squeeze(out))))
-                                   for gp in _perms(c.shape, out.shape)]) for c in cts])
                 break
             found.append(hit)
         if len(found) == len(outs):
