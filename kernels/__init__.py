@@ -11,6 +11,7 @@ import dataclasses
 
 from hlofuse.kernels import elementwise as elementwise
 from hlofuse.kernels import attention as attention
+from hlofuse.kernels.attention import backward as attention_backward
 from hlofuse.kernels import reduction as reduction
 from hlofuse.kernels import matmul_epilogue as matmul_epilogue
 from hlofuse.kernels import horizontal as horizontal
@@ -28,6 +29,12 @@ FAMILIES: dict[str, Family] = {
                           elementwise.elementwise_reference),
     "attention": Family(attention.spec_from_func, attention.build_attention,
                         attention.attention_reference),
+    # training: the forward returning its logsumexp, and the flash backward (fuse-attention)
+    "attention_fwd_lse": Family(attention_backward.fwd_lse_spec_from_func,
+                                attention_backward.build_fwd_lse,
+                                attention_backward.fwd_lse_reference),
+    "attention_bwd": Family(attention_backward.bwd_spec_from_func, attention_backward.build_bwd,
+                            attention_backward.bwd_reference),
     "reduction": Family(reduction.spec_from_func, reduction.build_reduction,
                         reduction.reduction_reference),
     "matmul_epilogue": Family(matmul_epilogue.spec_from_func, matmul_epilogue.build_matmul_epilogue,

@@ -26,10 +26,19 @@ structurally, never by op order or names. Side values (masks, biases, iotas) are
 region while they are cheap generators used only inside it, so the region's inputs are the
 small pre-broadcast tensors, never a materialized ``[B, H, Sq, Sk]`` mask.
 
+Training steps (``hlofuse.jit(jax.value_and_grad(loss))``, cpu): when the forward is refused
+only because the backward ``jax.grad`` built reads its intermediates, forward and backward are
+matched together (:mod:`.attention_train`: the backward is checked to be the forward's VJP by
+evaluation) and outlined as a forward returning its row statistics (kind
+``attention_fwd_lse``) and a flash backward (kind ``attention_bwd``); statistic
+``attention_training``. A multiplier on the probabilities that does not vary along the key
+(a head mask) is moved after P·V first (``row_multipliers_moved``); a transpose between exp
+and the divide is read as a layout of the numerator.
+
 Not matched (left alone, with the reason in the pass statistics, ``refused[<reason>]``, and a
 report note per reason): intermediates used
-outside the region (returned attention weights; the residuals a backward program keeps, so
-attention inside ``jax.grad``'s backward program stays with XLA), dropout (the probabilities
+outside the region (returned attention weights; residuals kept by a separately exported
+backward program, as ``jax.grad(hlofuse.jit(f))`` makes), dropout (the probabilities
 feed a multiply by a random mask, not the P·V product), softmax over a non-key dim, two
 candidate QKᵀ products, dynamic shapes. Candidates are the ``dot_general`` ops with a softmax
 (exp normalized by its sum) as an operand, in blocks with an exp and two dot_generals; a block
@@ -251,6 +260,7 @@ class Attention:
     p_dtype: str                     # dtype of P as the P·V product reads it
     out_dtype: str
     precision: tuple                 # (QKᵀ precision, P·V precision)
+    softmax: object = None           # the _Softmax ops (set by _analyze)
 
     def label_sizes(self) -> dict:
         s = dict(self.sizes)
@@ -282,7 +292,7 @@ def _walk_back(v, allowed: tuple, *, single_use: bool = True):
         v = p.operands[0]
 
 
-def _stat_chain(v, kind: str):
+def _stat_chain(v, kind: str, relaxed: bool = False):
     """Walk a broadcast-back row statistic to its reduce: returns (reduce op, ops, folded init).
 
     ``kind='max'`` also folds ``maximum(splat, m)`` (``jnp.max(..., initial=-inf)``)."""
@@ -298,7 +308,7 @@ def _stat_chain(v, kind: str):
             if init is None:
                 raise NoMatch("reduce init is not a constant")
             return p, ops, init if not extra else max([init] + extra)
-        if len(_users(v)) != 1:
+        if len(_users(v)) != 1 and not relaxed:
             raise NoMatch("softmax statistic has several users")
         if p.name in ("stablehlo.broadcast_in_dim", "stablehlo.reshape", "stablehlo.convert",
                       "stablehlo.transpose"):
@@ -315,7 +325,7 @@ def _stat_chain(v, kind: str):
             ops.append(p)
             cp = hir.defining_op(const_v)
             if cp is not None and cp.name != "stablehlo.constant":
-                if len(_users(const_v)) != 1:
+                if len(_users(const_v)) != 1 and not relaxed:
                     raise NoMatch("shared constant broadcast in the softmax max")
                 ops.append(cp)
             v = other
@@ -408,11 +418,13 @@ class _Softmax:
     x_val: ir.Value      # the logits
     x_layout: list       # layout ops between x and the subtract
     key_axis: int        # the reduced axis of x
+    e_layout: list = dataclasses.field(default_factory=list)  # layout ops between exp and divide
 
     @property
     def ops(self) -> set:
         return ({self.div, self.ex, self.sub, self.r_max, self.r_sum} | set(self.max_ops)
-                | set(self.sum_ops) | set(self.e_conv) | set(self.p_ops) | set(self.x_layout))
+                | set(self.sum_ops) | set(self.e_conv) | set(self.p_ops) | set(self.x_layout)
+                | set(self.e_layout))
 
 
 @dataclasses.dataclass
@@ -444,22 +456,25 @@ def analyze(pv, index: dict | None = None) -> Attention:
     return att
 
 
-def _try_analyze(pv, index: dict | None) -> tuple:
+def _try_analyze(pv, index: dict | None, relaxed: bool = False) -> tuple:
     """(the match, []) or (None, the distinct reasons, one per P·V operand tried)."""
     if pv.name != "stablehlo.dot_general":
         return None, ["not a dot_general"]
     reasons = []
     for p_idx in (0, 1):
         try:
-            return _analyze(pv, p_idx, index), []
+            return _analyze(pv, p_idx, index, relaxed), []
         except NoMatch as e:
             reasons.append(str(e))
     return None, list(dict.fromkeys(reasons))
 
 
-def _analyze(pv, p_idx: int, index: dict | None) -> Attention:
-    """P·V operand ``p_idx`` as the probabilities: the steps below, in order."""
-    sm = _match_softmax(pv, p_idx)
+def _analyze(pv, p_idx: int, index: dict | None, relaxed: bool = False) -> Attention:
+    """P·V operand ``p_idx`` as the probabilities: the steps below, in order.
+
+    ``relaxed``: forward intermediates may have users outside the region (a training step's
+    backward reads them); :mod:`.attention_train` then matches those users as the backward."""
+    sm = _match_softmax(pv, p_idx, relaxed)
     cx = _Ctx(pv.block, index)
     qk, visited = _find_qk(sm.x_val, cx)
     parts, sizes = _label_qk(qk, cx)
@@ -470,46 +485,55 @@ def _analyze(pv, p_idx: int, index: dict | None) -> Attention:
     _match_gqa(ops)
     members = set(main_ops) | {qk, pv} | sm.ops | set(ops.repeat_ops)
     side_inputs = _take_side_values(members, side_reqs, sizes, cx)
-    return _close_region(pv, qk, p_idx, sm, ops, members, sizes, side_inputs, cx)
+    att = _close_region(pv, qk, p_idx, sm, ops, members, sizes, side_inputs, cx, relaxed)
+    att.softmax = sm
+    return att
 
 
-def _match_softmax(pv, p_idx: int) -> _Softmax:
+def _match_softmax(pv, p_idx: int, relaxed: bool = False) -> _Softmax:
     """1-2: the P·V operand back to the normalizing divide, exp, and the sum and max."""
     p_val, p_ops = _walk_back(pv.operands[p_idx], ("stablehlo.convert", "stablehlo.transpose",
-                                                   "stablehlo.reshape", "stablehlo.broadcast_in_dim"))
+                                                   "stablehlo.reshape", "stablehlo.broadcast_in_dim"),
+                              single_use=not relaxed)
     div = hir.defining_op(p_val)
     if div is None or div.name != "stablehlo.divide":
         raise NoMatch("P·V operand is not a softmax (no normalizing divide)")
-    if len(_users(p_val)) != 1:
+    if len(_users(p_val)) != 1 and not relaxed:
         raise NoMatch("softmax probabilities are used outside the P·V product")
-    e_val, den = div.operands
+    e_num, den = div.operands
+    # layout-assignment may leave a transpose between exp and the divide (the output's layout
+    # sunk through the division): the numerator is exp through layout ops
+    e_val, e_layout = _walk_back(e_num, ("stablehlo.transpose", "stablehlo.reshape"),
+                                 single_use=not relaxed)
     ex = hir.defining_op(e_val)
     if ex is None or ex.name != "stablehlo.exponential":
         raise NoMatch("softmax numerator is not exp")
-    r_sum, sum_ops, sum_init = _stat_chain(den, "add")
+    r_sum, sum_ops, sum_init = _stat_chain(den, "add", relaxed)
     if sum_init != 0.0:
         raise NoMatch("softmax sum has a non-zero init")
-    e_src, e_conv = _walk_back(r_sum.operands[0], ("stablehlo.convert",))
+    e_src, e_conv = _walk_back(r_sum.operands[0], ("stablehlo.convert",), single_use=not relaxed)
     if hir.value_key(e_src) != hir.value_key(e_val):
         raise NoMatch("softmax sum is not over the numerator")
-    if len(_users(e_val)) != 2 or len(_users(r_sum.results[0])) != 1:
+    if not relaxed and (len(_users(e_val)) != 2 or len(_users(r_sum.results[0])) != 1):
         raise NoMatch("softmax numerator or sum used outside the softmax")
     sub = hir.defining_op(ex.operands[0])
-    if sub is None or sub.name != "stablehlo.subtract" or len(_users(ex.operands[0])) != 1:
+    if sub is None or sub.name != "stablehlo.subtract" or (len(_users(ex.operands[0])) != 1
+                                                            and not relaxed):
         raise NoMatch("exp argument is not x - max(x)")
     x_sub, bm = sub.operands
-    r_max, max_ops, m_init = _stat_chain(bm, "max")
+    r_max, max_ops, m_init = _stat_chain(bm, "max", relaxed)
     x_val = r_max.operands[0]
     # the subtract may see x through layout ops (jax.nn.dot_product_attention transposes it)
     x_layout, v = [], x_sub
     while hir.value_key(v) != hir.value_key(x_val):
         p = hir.defining_op(v)
-        if p is None or p.name not in _LAYOUT_OPS or len(_users(v)) != 1:
+        if p is None or p.name not in _LAYOUT_OPS or (len(_users(v)) != 1 and not relaxed):
             raise NoMatch("softmax max is not over the same logits")
         x_layout.append(p)
         v = p.operands[0]
     x_user = x_layout[-1] if x_layout else sub
-    if set(_users(x_val)) != {r_max, x_user} or len(_users(x_val)) != 2 or len(_users(r_max.results[0])) != 1:
+    if not relaxed and (set(_users(x_val)) != {r_max, x_user} or len(_users(x_val)) != 2
+                        or len(_users(r_max.results[0])) != 1):
         raise NoMatch("logits or their max used outside the softmax")
     x_shape = shape_of(x_val)
     rdims = _i64s(r_max, "dimensions")
@@ -518,7 +542,7 @@ def _match_softmax(pv, p_idx: int) -> _Softmax:
     if dtype_of(x_val) not in FLOAT_TYPES:
         raise NoMatch(f"logits of type {dtype_of(x_val)}")
     return _Softmax(p_ops, div, ex, sub, r_sum, sum_ops, e_conv, r_max, max_ops, m_init, x_val,
-                    x_layout, rdims[0])
+                    x_layout, rdims[0], e_layout)
 
 
 def _find_qk(x_val, cx: "_Ctx"):
@@ -614,11 +638,19 @@ def _softmax_dims(sm: _Softmax, cx: "_Ctx"):
         if BCAST in xs_dims:
             raise NoMatch("logits broadcast inside the softmax")
         cx.set_dims(op.results[0], xs_dims)
+    e_dims = xs_dims
+    for op in reversed(sm.e_layout):
+        e_dims = fwd_dims(op, e_dims)
+        if BCAST in e_dims:
+            raise NoMatch("exp broadcast inside the softmax")
+        cx.set_dims(op.results[0], e_dims)
     _row_stat_dims(sm.max_ops, x_dims, sm.key_axis, key, xs_dims)
-    _row_stat_dims(sm.sum_ops, xs_dims, _i64s(sm.r_sum, "dimensions")[0], key, xs_dims)
-    for v in (sm.sub.results[0], sm.ex.results[0], sm.div.results[0]):
+    # the sum reduces exp (layout xs) and is broadcast back to the divide's layout (e_dims)
+    _row_stat_dims(sm.sum_ops, xs_dims, _i64s(sm.r_sum, "dimensions")[0], key, e_dims)
+    for v in (sm.sub.results[0], sm.ex.results[0]):
         cx.set_dims(v, xs_dims)
-    return key, xs_dims
+    cx.set_dims(sm.div.results[0], e_dims)
+    return key, e_dims
 
 
 def _qk_operands(qk, parts, sizes: dict, key: str) -> _Operands:
@@ -758,13 +790,13 @@ def _take_side_values(members: set, side_reqs: list, sizes: dict, cx: "_Ctx") ->
 
 
 def _close_region(pv, qk, p_idx: int, sm: _Softmax, ops: _Operands, members: set, sizes: dict,
-                  side_inputs: list, cx: "_Ctx") -> Attention:
+                  side_inputs: list, cx: "_Ctx", relaxed: bool = False) -> Attention:
     """8: the region is closed (only the P·V result leaves it); the logit chain in order."""
     for op in members:
         for r in op.results:
             if op is pv:
                 continue
-            if any(u not in members for u in _users(r)):
+            if any(u not in members for u in _users(r)) and not relaxed:
                 raise NoMatch(f"intermediate '{op.name}' is used outside the attention")
     ordered = sorted(members, key=lambda o: cx.index[o])
     if ordered[-1] is not pv:
@@ -890,6 +922,86 @@ def region_spec(att: Attention, boundary) -> AttentionSpec:
     return dataclasses.replace(spec, mask_select=mask_select(spec))
 
 
+def _softmax_behind(v) -> bool:
+    """``v`` is (through converts and layout ops) a divide of (a layout of) an exp."""
+    v, _ = _walk_back(v, ("stablehlo.convert",) + _LAYOUT_OPS, single_use=False)
+    div = hir.defining_op(v)
+    if div is None or div.name != "stablehlo.divide":
+        return False
+    e, _ = _walk_back(div.operands[0], ("stablehlo.transpose", "stablehlo.reshape"), single_use=False)
+    ex = hir.defining_op(e)
+    return ex is not None and ex.name == "stablehlo.exponential"
+
+
+def _move_row_multipliers(block) -> int:
+    """``(p * m) · V`` -> ``(p · V) * m`` when ``p`` is a softmax and ``m`` is broadcast along the
+    key dim (a head mask, all ones by default, as Transformers' Flax BERT multiplies in): the
+    multiplier does not depend on the key, so it scales each output row (reassociates one
+    multiply; exact when ``m`` is 1). Then the P·V product reads the softmax and the attention
+    kernel is built. Returns the number moved."""
+    n = 0
+    for dot in hir.block_ops(block):
+        if dot.name != "stablehlo.dot_general":
+            continue
+        lb, rb, lc, rc, lf, rf = _dot_parts(dot)
+        for pi in (0, 1):
+            mul = hir.defining_op(dot.operands[pi])
+            if mul is None or mul.name != "stablehlo.multiply" or len(_users(mul.results[0])) != 1:
+                continue
+            pc = (lc, rc)[pi]
+            for mi in (0, 1):
+                bc = hir.defining_op(mul.operands[mi])
+                if bc is None or bc.name != "stablehlo.broadcast_in_dim" or \
+                        not _softmax_behind(mul.operands[1 - mi]):
+                    continue
+                if _rewrite_row_multiplier(dot, pi, mul, mi, bc, pc, (lb, rb)[pi], (lf, rf)[pi]):
+                    n += 1
+                    break
+            else:
+                continue
+            break
+    return n
+
+
+def _rewrite_row_multiplier(dot, pi, mul, mi, bc, pc, pb, pf) -> bool:
+    src = bc.operands[0]
+    s_shape, p_shape = shape_of(src), shape_of(mul.results[0])
+    bd = _i64s(bc, "broadcast_dimensions")
+    if len(pc) != 1 or any(n != 1 and bd[i] == pc[0] for i, n in enumerate(s_shape)):
+        return False                      # m varies along the key: not a row multiplier
+    # output position of each p dim: batch dims first, then lhs free, then rhs free
+    out_shape = shape_of(dot.results[0])
+    o_free = len(pb) + (0 if pi == 0 else len(out_shape) - len(pb) - len(pf))
+    out_pos = {d: i for i, d in enumerate(pb)}
+    out_pos.update({d: o_free + i for i, d in enumerate(pf)})
+    keep = [i for i, n in enumerate(s_shape) if bd[i] != pc[0]]
+    dims = [out_pos[bd[i]] for i in keep]
+    if dims != sorted(dims):
+        return False
+    out_t = dot.results[0].type
+    o_dt = ir.RankedTensorType(out_t).element_type
+    with dot.location, ir.InsertionPoint(dot):
+        m = src
+        if len(keep) != len(s_shape):
+            m = stablehlo.ReshapeOp(ir.RankedTensorType.get([s_shape[i] for i in keep],
+                                                            ir.RankedTensorType(src.type).element_type),
+                                    m).result
+        if ir.RankedTensorType(m.type).element_type != o_dt:
+            m = stablehlo.ConvertOp(ir.RankedTensorType.get(shape_of(m), o_dt), m).result
+        new_dot = dot.clone()
+        new_dot.operands[pi] = mul.operands[1 - mi]
+    with dot.location, ir.InsertionPoint.after(new_dot):
+        mb = stablehlo.BroadcastInDimOp(out_t, m, dims).result
+        scaled = stablehlo.MulOp(new_dot.results[0], mb).result
+    dot.results[0].replace_all_uses_with(scaled)
+    hir.safe_erase(dot)
+    if not hir.has_uses(mul):
+        hir.safe_erase(mul)
+        if not hir.has_uses(bc):
+            hir.safe_erase(bc)
+    return True
+
+
 def _unshare_generators(block) -> int:
     """Give each user of a shared iota / splat broadcast its own copy (CSE merged them).
 
@@ -922,7 +1034,7 @@ class FuseAttention(Pass):
     name = "fuse-attention"
 
     def run(self, module, ctx):
-        n = 0
+        n = n_train = moved = 0
         left = LeftToXla(self.name)
         for block in program_blocks(module):
             ops = hir.block_ops(block)
@@ -931,6 +1043,10 @@ class FuseAttention(Pass):
                 continue
             with module.context:
                 _unshare_generators(block)
+                n_mult = _move_row_multipliers(block)
+                if n_mult:
+                    ops = hir.block_ops(block)
+                    moved += n_mult
             # every match as data first: outlining one replaces values the next may read
             matches, refused = [], []
             found = find_attention(block, refused)
@@ -939,9 +1055,10 @@ class FuseAttention(Pass):
                     matches.append((att, region_spec(att, region_boundary(att.members))))
                 except NoMatch as e:
                     refused.append((att.members[-1], str(e)))
+            trains, refused = _training_matches(block, refused, found, module, ctx.target)
             for op, reason in refused:
                 left.add(WHAT, op, reason)
-            if not found and not refused:
+            if not found and not refused and not trains:
                 left.add(WHAT, next(o for o in ops if o.name == "stablehlo.dot_general"),
                          NO_SOFTMAX_DOT)
             for att, spec in matches:
@@ -955,8 +1072,89 @@ class FuseAttention(Pass):
                 with module.context:
                     fn.operation.attributes[SPEC_ATTR] = ir.StringAttr.get(spec.to_attr())
                 n += 1
+            for tr in trains:
+                _commit_training(module, ctx, tr)
+                n_train += 1
         left.flush(ctx)
-        return {"attention_regions": n, **left.stats()}
+        return {"attention_regions": n, "attention_training": n_train,
+                "row_multipliers_moved": moved, **left.stats()}
+
+
+# Reasons a forward match refuses only because a backward reads its intermediates.
+_USED_OUTSIDE = ("used outside", "several users", "shared constant")
+
+
+def _training_matches(block, refused: list, found: list, module, target) -> tuple:
+    """Candidates refused because a backward reads them: matched again as forward + backward
+    (:mod:`.attention_train`). Returns (training matches, the refusals left, reasons updated).
+    cpu only: the flash backward has no Triton/Mosaic kernel yet, and an outlined backward left
+    to XLA would only recompute the forward."""
+    from hlofuse.passes import attention_train as at
+    cands = [(op, r) for op, r in refused
+             if op.name == "stablehlo.dot_general" and any(w in r for w in _USED_OUTSIDE)]
+    if not cands or not target.is_cpu:
+        return [], refused
+    with module.context:
+        at.unshare_generator_trees(block)
+    index = block_index(block)
+    taken = {m for a in found for m in a.members}
+    trains, left = [], [(op, r) for op, r in refused if (op, r) not in cands]
+    for op, reason in cands:
+        att, reasons = _try_analyze(op, index, relaxed=True)
+        if att is None:
+            why = "; ".join(r for r in reasons if r != NOT_SOFTMAX)
+            left.append((op, f"{reason}; as a training step: {why}" if why else reason))
+            continue
+        if any(m in taken for m in att.members):
+            left.append((op, "overlaps an attention matched before it"))
+            continue
+        try:
+            boundary = region_boundary(att.members)
+            region_spec(att, boundary)            # the forward must be expressible as a spec
+            tr = at.match_training(att, block, index, boundary)
+        except (NoMatch, at.TrainNoMatch) as e:
+            left.append((op, f"{reason}; as a training step: {e}"))
+            continue
+        taken.update(att.members)
+        taken.update(tr.bwd_ops)
+        trains.append(tr)
+    return trains, [(op, r) for op, r in left if op not in taken]
+
+
+def _commit_training(module, ctx, tr) -> None:
+    """Outline a training match: the forward returning lse, and the backward."""
+    from hlofuse.passes import attention_train as at
+    from hlofuse.kernels.attention.backward import (BWD_ATTR, FWD_LSE_ATTR, BwdSpec, FwdLseSpec)
+    from hlofuse.passes.fusion.outline import Boundary
+    att = tr.att
+    lse_ops, lse_val, lse_dims = at.add_lse(att, module)
+    index = block_index(att.pv.block)
+    att.members = sorted(list(att.members) + lse_ops, key=lambda o: index[o])
+    boundary = region_boundary(att.members)
+    spec = region_spec(att, boundary)
+    pos = {hir.value_key(v): i for i, v in enumerate(boundary.inputs)}
+    n_in = len(boundary.inputs)
+    bspec = BwdSpec(spec, n_in, n_in + 1, n_in + 2, tr.do_dims, lse_dims,
+                    tuple((pos[hir.value_key(v)], tuple(p)) for v, p in tr.grads))
+    o_val = att.pv.results[0]
+    bregion = record_region(ctx, "attention_bwd", tr.bwd_ops,
+                            Boundary(list(boundary.inputs) + [o_val, lse_val, tr.do_root],
+                                     list(tr.outputs), []),
+                            grads=len(tr.outputs), seq_q=spec.seq_q, seq_k=spec.seq_k)
+    _, bfn = at.outline_backward(module, tr, boundary, o_val, lse_val,
+                                 f"hlofuse_attention_bwd_{bregion.id}", bregion.id, "attention_bwd")
+    with module.context:
+        bfn.operation.attributes[BWD_ATTR] = ir.StringAttr.get(bspec.to_attr())
+    boundary = region_boundary(att.members)
+    o_index = [hir.value_key(v) for v in boundary.outputs].index(hir.value_key(o_val))
+    region = record_region(ctx, "attention_fwd_lse", att.members, boundary,
+                           layout=_layout_str(spec), mask=_mask_kind(spec), seq_q=spec.seq_q,
+                           seq_k=spec.seq_k)
+    _, fn, _ = outline_region(module, att.members, f"hlofuse_attention_{region.id}",
+                              region_id=region.id, kind="attention_fwd_lse")
+    with module.context:
+        fn.operation.attributes[FWD_LSE_ATTR] = ir.StringAttr.get(
+            FwdLseSpec(spec, lse_dims, o_index).to_attr())
 
 
 def _mask_kind(spec: AttentionSpec) -> str:

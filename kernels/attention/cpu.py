@@ -7,6 +7,7 @@ Chunk sizes come from :func:`~hlofuse.kernels.attention.blocks.cpu_plan`.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -28,8 +29,12 @@ def _lax_precision(p: str):
 
 
 def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
-              fold_scale: bool = True, k_transposed: bool = CPU_K_TRANSPOSED):
+              fold_scale: bool = True, k_transposed: bool = CPU_K_TRANSPOSED,
+              with_lse: bool = False):
     """The region as ``f(*inputs) -> (output,)`` made of XLA loops.
+
+    ``with_lse``: return ``(output, stats)``, the row statistics ``[m, l]`` (max and sum, f32)
+    in the canonical row layout ``[batch.., rows.., Sq, 2]``, for the flash backward.
 
     ``fold_scale``: apply a power-of-two logit scale to Q once (exact, see
     :func:`~hlofuse.kernels.attention.logits.prescale`). ``k_transposed``: keep K as
@@ -118,16 +123,20 @@ def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
                 m, l, acc = body(0, init)
             else:
                 m, l, acc = lax.fori_loop(0, nk, body, init)
-            return online_finish(l, acc).astype(out_dtype)
+            o = online_finish(l, acc).astype(out_dtype)
+            return (o, jnp.stack([m, l], axis=-1)) if with_lse else o
 
         if nq == 1:
-            o = run_chunk(0)
+            res = run_chunk(0)
         else:
-            o = lax.map(run_chunk, jnp.arange(nq, dtype=jnp.int32))     # [nq, .., bq, dv]
-            o = jnp.moveaxis(o, 0, sq_ax)                                # [.., nq, bq, dv]
-            o = o.reshape(o.shape[:sq_ax] + (nq * bq,) + o.shape[sq_ax + 2:])
-        o = lax.slice_in_dim(o, 0, sq, axis=sq_ax)
-        return (output(spec, o),)
+            res = lax.map(run_chunk, jnp.arange(nq, dtype=jnp.int32))   # [nq, .., bq, (dv)]
+            res = jax.tree.map(lambda a: jnp.moveaxis(a, 0, sq_ax), res)  # [.., nq, bq, (dv)]
+            res = jax.tree.map(lambda a: a.reshape(a.shape[:sq_ax] + (nq * bq,) + a.shape[sq_ax + 2:]),
+                               res)
+        res = jax.tree.map(lambda a: lax.slice_in_dim(a, 0, sq, axis=sq_ax), res)
+        if with_lse:
+            return output(spec, res[0]), res[1]
+        return (output(spec, res),)
 
     fn.kernel_name = f"hlofuse_attention_cpu_{spec.digest}"
     fn.blocks = f"cpu loops {blocks}" + (" +skip" if table is not None else "")

@@ -279,7 +279,8 @@ def attention_refusals(report) -> dict:
 
 @pytest.mark.parametrize("f,reason", [
     (_softmax_alone, None),  # one dot_general: not even a candidate
-    (_weights_returned, "softmax probabilities are used outside the P·V product"),
+    (_weights_returned, "softmax probabilities are used outside the P·V product; as a training "
+                        "step: no op reads them but the program's return (returned attention weights)"),
     (_softmax_over_queries, "P·V does not contract the key dim"),
     (_dropout, "no dot_general reads a softmax (exp normalized by its sum) of a QKᵀ product"),
 ], ids=lambda f: f.__name__.strip("_") if callable(f) else "")
@@ -297,23 +298,48 @@ def test_not_attention_is_left_alone(f, reason):
     assert_same(g(*args), jax.jit(f)(*args), "grad")
 
 
-def test_backward_program_is_correct_and_left_to_xla():
-    """jax.grad of an attention function: the backward program keeps the probabilities as
-    residuals (used outside the P·V product), so its attention is not fused; still correct."""
+def test_grad_program_gets_flash_forward_and_backward():
+    """jax.grad of an attention function: the backward reads the probabilities, so the
+    forward alone is refused; forward and backward are matched together instead
+    (tests/passes/test_attention_train.py has the cases)."""
     f = make_attention("bhsd", "causal", 1, "nn", "div", "-inf")
     args = make_args("bhsd", "causal", 1, np.float32, 16, 16)
     loss = lambda q, k, v: jnp.sum(f(q, k, v) ** 2)
     gl = hlofuse.jit(jax.grad(loss, argnums=(0, 1, 2)), autotune=False)
     report = gl.report(*args)
-    assert attention_regions(report) == []
-    # every dot that reads the probabilities is a candidate refused for the same reason, and
-    # the report says so once
-    refused = attention_refusals(report)
-    assert list(refused) == ["softmax probabilities are used outside the P·V product"]
-    assert refused["softmax probabilities are used outside the P·V product"] >= 1
-    notes = [n for n in report.notes if n.startswith("fuse-attention:")]
-    assert len(notes) == 1 and "used outside the P·V product" in notes[0]
+    kinds = sorted(r.kind for r in report.regions if r.kind.startswith("attention") and r.kernel)
+    assert kinds == ["attention_bwd", "attention_fwd_lse"]
+    assert attention_refusals(report) == {}
     assert_same(gl(*args), jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(*args), "grad")
+
+
+def _head_mask(q, k, v, hm):
+    p = jax.nn.softmax(jnp.einsum("bhqd,bhkd->bhqk", q, k) / 8.0, axis=-1)
+    return jnp.einsum("bhqk,bhkd->bhqd", p * hm[None, :, None, None], v)   # Flax BERT
+
+
+def _transposed_numerator(q, k, v):
+    s = jnp.einsum("bhqd,bhkd->bhqk", q, k) / 8.0
+    e = jnp.exp(s - jax.lax.stop_gradient(s.max(-1, keepdims=True)))
+    t = jnp.transpose(e, (0, 2, 1, 3))                   # [b, q, h, k]: what layout-assignment
+    l = jnp.transpose(e.sum(-1), (0, 2, 1))[..., None]   # leaves between exp and the divide
+    return jnp.einsum("bqhk,bhkd->bqhd", t / l, v)
+
+
+@pytest.mark.parametrize("f,extra,moved", [(_head_mask, True, 1), (_transposed_numerator, False, 0)],
+                         ids=["head_mask", "transposed_numerator"])
+def test_matches_after_head_mask_and_transposed_numerator(f, extra, moved):
+    """A multiplier on the probabilities that does not vary along the key (a head mask) moves
+    after P·V; a transpose between exp and the divide is a layout of the numerator."""
+    args = make_args("bhsd", "none", 1, np.float32, 16, 16)
+    if extra:
+        args.append(np.linspace(0.5, 1.5, 4).astype(np.float32))
+    g = hlofuse.jit(f, autotune=False)
+    report = g.report(*args)
+    assert len([r for r in attention_regions(report) if r.kernel]) == 1
+    (stats,) = [p.stats for p in report.passes if p.name == "fuse-attention"]
+    assert stats["row_multipliers_moved"] == moved and attention_refusals(report) == {}
+    assert_same(g(*args), jax.jit(f)(*args), "reassociate")
 
 
 def test_matched_attention_reports_no_refusal():

@@ -1,0 +1,228 @@
+"""Training steps on CPU: ``hlofuse.jit`` vs ``jax.jit`` of the same step, time and memory.
+
+    python -m bench.train_cpu                          # every workload, 7 interleaved rounds
+    python -m bench.train_cpu --workloads attn_train_s2048 --rounds 10 --json out.json
+    python -m bench.train_cpu --no-rss                 # time only
+
+Workloads (issue 15):
+
+* ``attn_train_s2048``: ``jax.value_and_grad`` of ``sum(attention(q, k, v)**2)`` w.r.t. Q, K, V,
+  attention B=1 H=8 d=64 S=2048 f32 (BSHD einsums, ``jax.nn.softmax``, as in
+  ``bench/attention_cpu.py``). Targets: time <= 0.45, run memory <= 1/4 of jax.jit's.
+* ``gpt2_train_s1024`` / ``gpt2_train_s2048``: a GPT-2-small-like stack (d=768, 12 heads,
+  ff=3072, causal, pre-LN, tanh-GELU; ``LAYERS`` blocks) training step: forward, a
+  next-token-style squared loss, backward, SGD update of every parameter. Target at S=1024:
+  time <= 0.85.
+* ``attn_grad_of_hlofuse_s2048``: ``jax.jit(jax.value_and_grad(hlofuse.jit(loss)))`` (hlofuse
+  inside a user's jax transformation: the runtime's linearize residuals, no recomputation)
+  against ``jax.jit(jax.value_and_grad(loss))``. Target <= 1.0.
+
+Modes per workload: ``hlofuse`` (``autotune=False``: fusion alone) and, with ``--autotune``,
+``hlofuse+tune`` (the default a user gets: XLA options measured on the second call).
+
+Time: each function compiled and called twice, then rounds that run each once in alternating
+order; the ratio is the median of per-round ratios (robust on a shared machine). Memory: a
+fresh subprocess per function compiles ahead of time, runs one call, resets the peak-RSS mark
+(``/proc/self/clear_refs``), runs a steady call; the figure is ``VmHWM`` minus the RSS before it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+LAYERS = 2
+D_MODEL, N_HEADS, FF = 768, 12, 3072
+
+
+# ---------------------------------------------------------------------------------------------
+# steps
+# ---------------------------------------------------------------------------------------------
+
+def attention(q, k, v):
+    import jax
+    import jax.numpy as jnp
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k) * (1.0 / math.sqrt(q.shape[-1]))
+    p = jax.nn.softmax(s, axis=-1)
+    return jnp.einsum("bhqk,bkhd->bqhd", p, v)
+
+
+def attn_loss(q, k, v):
+    import jax.numpy as jnp
+    return jnp.sum(attention(q, k, v) ** 2)
+
+
+def attn_step(q, k, v):
+    import jax
+    return jax.value_and_grad(attn_loss, argnums=(0, 1, 2))(q, k, v)
+
+
+def _attn_args(seq):
+    rng = np.random.default_rng(0)
+    return [rng.standard_normal((1, seq, 8, 64)).astype(np.float32) for _ in range(3)]
+
+
+def gpt2_loss(params, x):
+    import jax.numpy as jnp
+    from bench.workloads import gpt2_block
+    h = x
+    for p in params:
+        h = gpt2_block(p, h, n_heads=N_HEADS)
+    # next-token-style target: predict the next position's input
+    return jnp.mean((h[:, :-1] - x[:, 1:]) ** 2)
+
+
+def gpt2_step(params, x):
+    import jax
+    loss, grads = jax.value_and_grad(gpt2_loss)(params, x)
+    new = jax.tree.map(lambda p, g: p - 1e-3 * g, params, grads)
+    return loss, new
+
+
+def _gpt2_args(seq):
+    from bench.workloads import _transformer_params
+    rng = np.random.default_rng(0)
+    params = [_transformer_params(rng, D_MODEL, FF) for _ in range(LAYERS)]
+    x = (rng.standard_normal((1, seq, D_MODEL)) * 0.5).astype(np.float32)
+    return [params, x]
+
+
+WORKLOADS = {
+    "attn_train_s2048": (attn_step, lambda: _attn_args(2048)),
+    "gpt2_train_s1024": (gpt2_step, lambda: _gpt2_args(1024)),
+    "gpt2_train_s2048": (gpt2_step, lambda: _gpt2_args(2048)),
+    "attn_grad_of_hlofuse_s2048": (None, lambda: _attn_args(2048)),
+}
+
+
+def functions(name: str, autotune: bool) -> dict:
+    import jax
+    import hlofuse
+    step, _ = WORKLOADS[name]
+    if step is None:    # hlofuse inside the user's grad
+        return {"jax": jax.jit(jax.value_and_grad(attn_loss, argnums=(0, 1, 2))),
+                "hlofuse": jax.jit(jax.value_and_grad(hlofuse.jit(attn_loss, autotune=False),
+                                                      argnums=(0, 1, 2)))}
+    fns = {"jax": jax.jit(step), "hlofuse": hlofuse.jit(step, autotune=False)}
+    if autotune:
+        fns["hlofuse+tune"] = hlofuse.jit(step)
+    return fns
+
+
+# ---------------------------------------------------------------------------------------------
+# measurement
+# ---------------------------------------------------------------------------------------------
+
+def _status_kib(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    return -1
+
+
+def _block(x):
+    import jax
+    return jax.block_until_ready(x)
+
+
+def rss_child(name: str, which: str) -> dict:
+    import jax
+    args = [jax.tree.map(jax.numpy.asarray, a) for a in WORKLOADS[name][1]()]
+    f = functions(name, autotune=which == "hlofuse+tune")[which]
+    _block(f(*args))
+    _block(f(*args))
+    before = _status_kib("VmRSS")
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        reset = True
+    except OSError:
+        reset = False
+    _block(f(*args))
+    peak = _status_kib("VmHWM")
+    return {"run_mib": (peak - before) / 1024, "reset": reset}
+
+
+def measure_rss(name: str, which: str) -> dict:
+    out = subprocess.run([sys.executable, "-m", "bench.train_cpu", "--rss-child", name, which],
+                         capture_output=True, text=True, timeout=3600,
+                         env={**os.environ, "HLOFUSE_AUTOTUNE": os.environ.get("HLOFUSE_AUTOTUNE", "on")})
+    if out.returncode:
+        raise RuntimeError(out.stderr[-2000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def measure_time(name: str, rounds: int, autotune: bool) -> dict:
+    import jax
+    args = [jax.tree.map(jax.numpy.asarray, a) for a in WORKLOADS[name][1]()]
+    fns = functions(name, autotune)
+    compile_s = {}
+    for k, f in fns.items():
+        t = time.perf_counter()
+        _block(f(*args))
+        compile_s[k] = time.perf_counter() - t
+        _block(f(*args))
+    times = {k: [] for k in fns}
+    order = list(fns)
+    for r in range(rounds):
+        for k in (order if r % 2 == 0 else order[::-1]):
+            t = time.perf_counter()
+            _block(fns[k](*args))
+            times[k].append(time.perf_counter() - t)
+    res = {"median_s": {k: statistics.median(v) for k, v in times.items()},
+           "first_call_s": compile_s}
+    res["ratio"] = {k: statistics.median(a / b for a, b in zip(times[k], times["jax"]))
+                    for k in fns if k != "jax"}
+    return res
+
+
+def report_regions(name: str) -> list:
+    import jax
+    import hlofuse
+    step, make = WORKLOADS[name]
+    if step is None:
+        return []
+    args = [jax.tree.map(jax.numpy.asarray, a) for a in make()]
+    rep = hlofuse.jit(step, autotune=False).report(*args)
+    return [f"{r.kind}:{r.kernel or r.reason}" for r in rep.regions if r.kind.startswith("attention")]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workloads", nargs="*", default=list(WORKLOADS))
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--no-rss", action="store_true")
+    ap.add_argument("--autotune", action="store_true")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--rss-child", nargs=2, default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.rss_child:
+        print(json.dumps(rss_child(*a.rss_child)))
+        return 0
+    results = {}
+    for name in a.workloads:
+        r = {"attention_regions": report_regions(name)}
+        r.update(measure_time(name, a.rounds, a.autotune))
+        if not a.no_rss:
+            r["run_mib"] = {k: measure_rss(name, k)["run_mib"] for k in r["median_s"]}
+            r["mem_ratio"] = {k: r["run_mib"][k] / r["run_mib"]["jax"] for k in r["run_mib"]
+                              if k != "jax"}
+        results[name] = r
+        print(name, json.dumps(r, indent=1), flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

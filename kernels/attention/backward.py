@@ -1,0 +1,433 @@
+"""Training: a flash forward that also returns the logsumexp, and a flash backward.
+
+``fuse-attention`` matches attention *and* the backward ``jax.grad`` built for it in one
+program (``hlofuse.jit(jax.value_and_grad(loss))``) and outlines two regions:
+
+* kind ``attention_fwd_lse``: the forward plus its row statistics ``[max(m, init), l]`` per query
+  row (:class:`FwdLseSpec`; f32, a trailing dim of 2): the forward's online softmax returns them;
+* kind ``attention_bwd``: the program's backward (its body recomputes the forward, so XLA runs it
+  unchanged when no kernel is built), replaced by the flash backward (:class:`BwdSpec`): per key
+  block, ``p = exp(x - m) / l``, ``dP = dO·Vᵀ``, ``dx = p·(dP - rowsum(dO·O))``, the logit chain's
+  own VJP (``jax.vjp`` of the region's logit ops: scale, masks, bias) gives ``dS`` and the
+  learned side inputs' gradients, then ``dQ += dS·K``, ``dK += dSᵀ·Q``, ``dV += pᵀ·dO``. Only
+  ``[.., bq, bk]`` blocks are live; nothing of size ``Sq×Sk`` is stored.
+
+The gradients are computed in the canonical layout (:mod:`.layout`), brought back to the
+region inputs' layouts, then to the layout the program's gradient values have
+(``outs``: a permutation of the non-unit dims, found when the backward was matched).
+cpu: XLA loops (:func:`build_cpu_bwd`); gpu/tpu kernels for the backward are not written yet
+(:class:`~hlofuse.ops.EmitError`, the region stays with XLA and the report says so).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jaxlib.mlir import ir
+
+from hlofuse import ir as hir
+from hlofuse.ops import EmitError
+from hlofuse.target import Target
+from hlofuse.kernels.attention.blocks import AttentionBlocks, cpu_plan
+from hlofuse.kernels.attention.cpu import build_cpu
+from hlofuse.kernels.attention.layout import (canonical_inputs, from_canonical, pad_axis, pad_to,
+                                              to_canonical)
+from hlofuse.kernels.attention.logits import F32, eval_logits
+from hlofuse.kernels.attention.reference import attention_reference
+from hlofuse.kernels.attention.skip import skip_table_cached
+from hlofuse.kernels.attention.spec import AttentionSpec
+
+__all__ = ["FWD_LSE_ATTR", "BWD_ATTR", "FwdLseSpec", "BwdSpec", "fwd_lse_spec_from_func",
+           "bwd_spec_from_func", "build_fwd_lse", "build_bwd", "fwd_lse_reference", "bwd_reference",
+           "build_cpu_bwd"]
+
+FWD_LSE_ATTR = "hlofuse.attention_fwd_lse"
+BWD_ATTR = "hlofuse.attention_bwd"
+
+
+@dataclasses.dataclass(frozen=True)
+class FwdLseSpec:
+    """The forward of a training step: ``fwd`` plus the logsumexp output."""
+    fwd: AttentionSpec
+    lse_dims: tuple          # labels of the lse value (the logits' dims without the key)
+    o_index: int             # which function result is the P·V output (the other is lse)
+    lse_shape: tuple = ()
+
+    def to_attr(self) -> str:
+        return json.dumps({"fwd": self.fwd.to_attr(), "lse_dims": list(self.lse_dims),
+                           "o_index": self.o_index})
+
+
+@dataclasses.dataclass(frozen=True)
+class BwdSpec:
+    """The backward of one matched attention (see the module docstring). Pure data.
+
+    Inputs of the region function: the forward region's inputs (``fwd``'s arg positions),
+    then ``o_arg`` (the P·V result), ``lse_arg``, ``do_arg`` (the cotangent, labels
+    ``do_dims``). ``outs``: per function result, ``(grad, perm)``: ``grad`` is an input position
+    of the forward (Q, K, V or a side input) and ``perm`` permutes the non-unit dims of that
+    gradient (in its input's layout) into the result's.
+    """
+    fwd: AttentionSpec
+    o_arg: int
+    lse_arg: int
+    do_arg: int
+    do_dims: tuple
+    lse_dims: tuple
+    outs: tuple
+    in_shapes: tuple = ()
+    in_dtypes: tuple = ()
+    out_shapes: tuple = ()
+    out_dtypes: tuple = ()
+
+    def to_attr(self) -> str:
+        return json.dumps({"fwd": self.fwd.to_attr(), "o_arg": self.o_arg, "lse_arg": self.lse_arg,
+                           "do_arg": self.do_arg, "do_dims": list(self.do_dims),
+                           "lse_dims": list(self.lse_dims),
+                           "outs": [[g, list(p)] for g, p in self.outs]})
+
+    @property
+    def learned(self) -> tuple:
+        """Positions in ``fwd.side_args`` of the side inputs whose gradient is an output."""
+        sides = [a for a, _ in self.fwd.side_args]
+        return tuple(sorted({sides.index(g) for g, _ in self.outs if g in sides}))
+
+
+def _labels(x) -> tuple:
+    return tuple(None if d is None else d for d in x)
+
+
+def _func_parts(fn_op, attr: str):
+    if attr not in fn_op.attributes:
+        raise EmitError(f"region without a {attr} attribute")
+    ftype = hir.function_type(fn_op)
+    ins = [hir.tensor_type_info(t) for t in ftype.inputs]
+    outs = [hir.tensor_type_info(t) for t in ftype.results]
+    if any(i is None for i in ins + outs):
+        raise EmitError("dynamic shapes")
+    ops = hir.block_ops(fn_op.regions[0].blocks[0])
+    d = json.loads(ir.StringAttr(fn_op.attributes[attr]).value)
+    return d, ins, outs, ops
+
+
+def _fwd_from(d, ins, outs, ops, fn_op, o_shape) -> AttentionSpec:
+    return AttentionSpec.from_attr(
+        d["fwd"], in_shapes=tuple(i.shape for i in ins),
+        in_dtypes=tuple(hir.np_dtype(i.dtype) for i in ins), out_shape=tuple(o_shape),
+        body_text="\n".join(str(o) for o in ops), func_text=fn_op.operation.get_asm())
+
+
+def fwd_lse_spec_from_func(fn_op) -> FwdLseSpec:
+    d, ins, outs, ops = _func_parts(fn_op, FWD_LSE_ATTR)
+    if len(outs) != 2:
+        raise EmitError("attention forward with lse must return two values")
+    oi = int(d["o_index"])
+    fwd = _fwd_from(d, ins, outs, ops, fn_op, outs[oi].shape)
+    return FwdLseSpec(fwd, _labels(d["lse_dims"]), oi, tuple(outs[1 - oi].shape))
+
+
+def bwd_spec_from_func(fn_op) -> BwdSpec:
+    d, ins, outs, ops = _func_parts(fn_op, BWD_ATTR)
+    o_arg = int(d["o_arg"])
+    fwd = _fwd_from(d, ins, outs, ops, fn_op, ins[o_arg].shape)
+    outs_spec = tuple((int(g), tuple(int(x) for x in p)) for g, p in d["outs"])
+    if len(outs_spec) != len(outs):
+        raise EmitError("attention backward: results do not agree with the recorded gradients")
+    return BwdSpec(fwd, o_arg, int(d["lse_arg"]), int(d["do_arg"]), _labels(d["do_dims"]),
+                   _labels(d["lse_dims"]), outs_spec, tuple(i.shape for i in ins),
+                   tuple(hir.np_dtype(i.dtype) for i in ins), tuple(o.shape for o in outs),
+                   tuple(hir.np_dtype(o.dtype) for o in outs))
+
+
+# ---------------------------------------------------------------------------------------------
+# forward with lse
+# ---------------------------------------------------------------------------------------------
+
+STAT = "<stat>"   # the trailing dim of the row statistics: (m, l)
+
+
+def _lse_out(fs: FwdLseSpec, stats_c):
+    spec = fs.fwd
+    return from_canonical(stats_c, spec.out_order[:-1] + [STAT], tuple(fs.lse_dims) + (STAT,),
+                          fs.lse_shape).astype(F32)
+
+
+def build_fwd_lse(fs: FwdLseSpec, target, *, interpret=None, blocks=None, name=None):
+    target = Target.of(target)
+    if not target.is_cpu:
+        raise EmitError(f"the attention forward with lse has no {target.kind} kernel yet")
+    inner = build_cpu(fs.fwd, blocks, with_lse=True)
+
+    def fn(*inputs):
+        o, lse_c = inner(*inputs)
+        res = [None, None]
+        res[fs.o_index], res[1 - fs.o_index] = o, _lse_out(fs, lse_c)
+        return tuple(res)
+    fn.kernel_name = inner.kernel_name.replace("attention_cpu", "attention_fwd_lse_cpu")
+    fn.blocks = inner.blocks
+    return fn
+
+
+def fwd_lse_reference(fs: FwdLseSpec):
+    spec = fs.fwd
+    ref = attention_reference(spec)
+
+    def f(*inputs):
+        (o,) = ref(*inputs)
+        q, k, v, sides = canonical_inputs(spec, inputs)
+        nb = len(spec.batch)
+        s = lax.dot_general(q, k, (((q.ndim - 1,), (k.ndim - 1,)), (tuple(range(nb)),) * 2),
+                            preferred_element_type=F32)
+        x = jnp.broadcast_to(eval_logits(spec, s, sides, _ref_index(spec)), s.shape).astype(F32)
+        m = jnp.maximum(jnp.max(x, -1), spec.m_init)
+        stats = jnp.stack([m, jnp.sum(jnp.exp(x - m[..., None]), -1)], axis=-1)
+        res = [None, None]
+        res[fs.o_index], res[1 - fs.o_index] = o, _lse_out(fs, stats)
+        return tuple(res)
+    return f
+
+
+def _ref_index(spec):
+    rank = len(spec.order)
+    sizes = spec.sizes
+
+    def index(lab):
+        ax = spec.order.index(lab)
+        shape = [1] * rank
+        shape[ax] = sizes[lab]
+        return jnp.arange(sizes[lab], dtype=jnp.int32).reshape(shape)
+    return index
+
+
+# ---------------------------------------------------------------------------------------------
+# backward
+# ---------------------------------------------------------------------------------------------
+
+def _grad_layout(bs: BwdSpec, g: int):
+    """(canonical order, dims, shape) of forward input ``g``."""
+    spec = bs.fwd
+    shape = bs.in_shapes[g]
+    if g == spec.q_arg:
+        return spec.batch + spec.rows_other + [spec.sq, "d"], spec.q_dims, shape
+    if g == spec.k_arg:
+        return spec.batch + [spec.key, "d"], spec.k_dims, shape
+    if g == spec.v_arg:
+        return spec.batch + [spec.key, "dv"], spec.v_dims, shape
+    for a, dims in spec.side_args:
+        if a == g:
+            return spec.order, dims, shape
+    raise EmitError(f"internal: gradient of input {g} is not Q, K, V or a side input")
+
+
+def _to_outputs(bs: BwdSpec, grads: dict) -> tuple:
+    """Canonical gradients (input position -> array) -> the function's results."""
+    res = []
+    for (g, perm), shape, dt in zip(bs.outs, bs.out_shapes, bs.out_dtypes):
+        order, dims, in_shape = _grad_layout(bs, g)
+        x = from_canonical(grads[g], order, dims, in_shape)
+        x = x.reshape([n for n in x.shape if n != 1])
+        x = jnp.transpose(x, perm)
+        res.append(x.reshape(shape).astype(dt))
+    return tuple(res)
+
+
+def _check(bs: BwdSpec):
+    if bs.fwd.repeat is not None:
+        raise EmitError("attention backward with K/V repeated inside the region (GQA)")
+
+
+def build_bwd(bs: BwdSpec, target, *, interpret=None, blocks=None, name=None):
+    target = Target.of(target)
+    _check(bs)
+    if not target.is_cpu:
+        raise EmitError(f"the flash attention backward has no {target.kind} kernel yet")
+    return build_cpu_bwd(bs, blocks)
+
+
+def bwd_reference(bs: BwdSpec):
+    """Plain jnp: ``jax.vjp`` of the forward reference, gradients mapped like the kernel's."""
+    spec = bs.fwd
+    ref = attention_reference(spec)
+    wanted = sorted({g for g, _ in bs.outs})
+
+    def f(*inputs):
+        fwd_in = list(inputs)
+
+        def fwd(*xs):
+            args = list(fwd_in)
+            for g, x in zip(wanted, xs):
+                args[g] = x
+            return ref(*args)[0]
+        _, vjp = jax.vjp(fwd, *[inputs[g] for g in wanted])
+        cts = vjp(_do_in_out_layout(bs, inputs))
+        grads = {}
+        for g, ct in zip(wanted, cts):
+            order, dims, _ = _grad_layout(bs, g)
+            grads[g] = to_canonical(ct, dims, order)
+        return _to_outputs(bs, grads)
+    return f
+
+
+def _do_in_out_layout(bs: BwdSpec, inputs):
+    spec = bs.fwd
+    do = to_canonical(inputs[bs.do_arg], bs.do_dims, spec.out_order)
+    return from_canonical(do, spec.out_order, spec.out_dims, spec.out_shape).astype(
+        bs.in_dtypes[bs.o_arg])
+
+
+def build_cpu_bwd(bs: BwdSpec, blocks: AttentionBlocks | None = None):
+    """The flash backward as XLA loops: a loop over query chunks (carrying dK, dV and the
+    learned side gradients, O(S·D)), inside it a loop over key blocks (carrying the chunk's dQ).
+    Position-mask skipping (causal) visits the same key blocks as the forward."""
+    spec = bs.fwd
+    _check(bs)
+    blocks = blocks or cpu_plan(spec)
+    bq, bk = blocks.bq, blocks.bk
+    sq, sk = spec.seq_q, spec.seq_k
+    nq, nk = -(-sq // bq), -(-sk // bk)
+    nb = len(spec.batch)
+    nr = len(spec.rows_other)
+    rank = len(spec.order)
+    sq_ax, k_ax = rank - 2, rank - 1
+    table = skip_table_cached(spec, bq, bk)
+    sizes = spec.sizes
+    learned = bs.learned
+    side_pos = [a for a, _ in spec.side_args]
+
+    def index_fn(c, j):
+        def index(lab):
+            shape = [1] * rank
+            if lab == spec.sq:
+                shape[sq_ax] = bq
+                return (c * bq + jnp.arange(bq, dtype=jnp.int32)).reshape(shape)
+            if lab == spec.key:
+                shape[k_ax] = bk
+                return (j * bk + jnp.arange(bk, dtype=jnp.int32)).reshape(shape)
+            ax = spec.order.index(lab)
+            shape[ax] = sizes[lab]
+            return jnp.arange(sizes[lab], dtype=jnp.int32).reshape(shape)
+        return index
+
+    bdims = tuple(range(nb))
+    rows_c = tuple(range(nb, nb + nr)) + (sq_ax,)
+
+    def fn(*inputs):
+        q, k, v, sides = canonical_inputs(spec, inputs)
+        o = to_canonical(inputs[bs.o_arg], spec.out_dims, spec.out_order)
+        do = to_canonical(inputs[bs.do_arg], bs.do_dims, spec.out_order)
+        stats = to_canonical(inputs[bs.lse_arg], tuple(bs.lse_dims) + (STAT,),
+                             spec.out_order[:-1] + [STAT]).astype(F32)
+        mx, lsum = stats[..., 0], stats[..., 1]
+        dd = jnp.sum(do.astype(F32) * o.astype(F32), axis=-1)              # rowsum(dO·O)
+        q, do = pad_to(q, sq_ax, nq * bq), pad_to(do, sq_ax, nq * bq)
+        dd, mx, lsum = (pad_to(dd, sq_ax, nq * bq), pad_to(mx, sq_ax, nq * bq),
+                        pad_to(lsum, sq_ax, nq * bq))
+        k, v = pad_to(k, nb, nk * bk), pad_to(v, nb, nk * bk)
+        sides = [pad_axis(pad_axis(s, k_ax, nk * bk), sq_ax, nq * bq) for s in sides]
+        do = do.astype(v.dtype)
+        init = (jnp.zeros(q.shape, F32), jnp.zeros(k.shape, F32), jnp.zeros(v.shape, F32),
+                tuple(jnp.zeros(sides[i].shape, F32) for i in learned))
+
+        def chunk(c, carry):
+            dq_all, dk, dv, dsd = carry
+
+            def rows(a):
+                return lax.dynamic_slice_in_dim(a, c * bq, bq, axis=sq_ax) if nq > 1 else a
+            qc, doc, ddc, mc, lc = rows(q), rows(do), rows(dd), rows(mx), rows(lsum)
+            sc = [rows(s) if s.shape[sq_ax] > 1 else s for s in sides]
+
+            def body(j, carry2):
+                dqc, dk, dv, dsd = carry2
+
+                def keys(a, ax):
+                    return lax.dynamic_slice_in_dim(a, j * bk, bk, axis=ax) if nk > 1 else a
+                kb, vb = keys(k, nb), keys(v, nb)
+                sb = [keys(s, k_ax) if s.shape[k_ax] > 1 else s for s in sc]
+                s_blk = lax.dot_general(qc, kb, (((qc.ndim - 1,), (kb.ndim - 1,)), (bdims, bdims)),
+                                        preferred_element_type=F32)
+
+                def logits(s, *ls):
+                    sb2 = list(sb)
+                    for i, x in zip(learned, ls):
+                        sb2[i] = x
+                    x = eval_logits(spec, s, sb2, index_fn(c, j))
+                    return jnp.broadcast_to(x, s.shape).astype(F32)
+                x, vjp = jax.vjp(logits, s_blk, *[sb[i] for i in learned])
+                if nk * bk != sk:
+                    valid = (j * bk + jnp.arange(bk, dtype=jnp.int32)) < sk
+                    x = jnp.where(valid, x, -jnp.inf)
+                p = jnp.exp(x - mc[..., None]) / lc[..., None]
+                if nq * bq != sq:      # padded query rows (their logits may be anything)
+                    rv = (c * bq + jnp.arange(bq, dtype=jnp.int32)) < sq
+                    p = jnp.where(rv[:, None], p, 0.0)
+                dp = lax.dot_general(doc, vb, (((doc.ndim - 1,), (vb.ndim - 1,)), (bdims, bdims)),
+                                     preferred_element_type=F32)
+                dx = p * (dp - ddc[..., None])
+                ds, *dls = vjp(dx)
+                dsq = ds.astype(q.dtype)
+                dqc = dqc + lax.dot_general(dsq, kb, (((k_ax,), (nb,)), (bdims, bdims)),
+                                            preferred_element_type=F32)
+                dk_b = lax.dot_general(dsq, qc, ((rows_c, rows_c), (bdims, bdims)),
+                                       preferred_element_type=F32)
+                dv_b = lax.dot_general(p.astype(v.dtype), doc, ((rows_c, rows_c), (bdims, bdims)),
+                                       preferred_element_type=F32)
+                dk = _add_at(dk, dk_b, nb, j * bk, nk > 1)
+                dv = _add_at(dv, dv_b, nb, j * bk, nk > 1)
+                new = []
+                for acc, g in zip(dsd, dls):
+                    g = g.astype(F32)
+                    keys_sl = acc.shape[k_ax] > 1 and nk > 1
+                    if acc.shape[sq_ax] > 1 and nq > 1:
+                        blk = lax.dynamic_slice_in_dim(acc, c * bq, bq, axis=sq_ax)
+                        blk = _add_at(blk, g, k_ax, j * bk, keys_sl)
+                        new.append(lax.dynamic_update_slice_in_dim(acc, blk, c * bq, axis=sq_ax))
+                    else:
+                        new.append(_add_at(acc, g, k_ax, j * bk, keys_sl))
+                return dqc, dk, dv, tuple(new)
+
+            init2 = (jnp.zeros(qc.shape, F32), dk, dv, dsd)
+            if table is not None:
+                lo, hi = jnp.asarray(table[0])[c], jnp.asarray(table[1])[c]
+                dqc, dk, dv, dsd = lax.fori_loop(lo, hi, body, init2)
+            elif nk == 1:
+                dqc, dk, dv, dsd = body(0, init2)
+            else:
+                dqc, dk, dv, dsd = lax.fori_loop(0, nk, body, init2)
+            dq_all = (lax.dynamic_update_slice_in_dim(dq_all, dqc, c * bq, axis=sq_ax)
+                      if nq > 1 else dqc)
+            return dq_all, dk, dv, dsd
+
+        if nq == 1:
+            dq, dk, dv, dsd = chunk(0, init)
+        else:
+            dq, dk, dv, dsd = lax.fori_loop(0, nq, chunk, init)
+        grads = {spec.q_arg: lax.slice_in_dim(dq, 0, sq, axis=sq_ax),
+                 spec.k_arg: lax.slice_in_dim(dk, 0, sk, axis=nb),
+                 spec.v_arg: lax.slice_in_dim(dv, 0, sk, axis=nb)}
+        for i, g in zip(learned, dsd):
+            if g.shape[k_ax] > 1:
+                g = lax.slice_in_dim(g, 0, sk, axis=k_ax)
+            if g.shape[sq_ax] > 1:
+                g = lax.slice_in_dim(g, 0, sq, axis=sq_ax)
+            grads[side_pos[i]] = g
+        return _to_outputs(bs, grads)
+
+    fn.kernel_name = f"hlofuse_attention_bwd_cpu_{spec.digest}"
+    fn.blocks = f"cpu loops {blocks}" + (" +skip" if table is not None else "")
+    return fn
+
+
+def _add_at(acc, blk, axis: int, start, sliced: bool):
+    """``acc[.., start:start+n, ..] += blk`` along ``axis`` (the whole ``acc`` when not sliced)."""
+    if not sliced:
+        return acc + blk
+    n = blk.shape[axis]
+    cur = lax.dynamic_slice_in_dim(acc, start, n, axis=axis)
+    return lax.dynamic_update_slice_in_dim(acc, cur + blk, start, axis=axis)
+

@@ -1,0 +1,622 @@
+"""Attention in a training step: the forward match plus the backward ``jax.grad`` built for it.
+
+Used by ``fuse-attention`` when a forward match is refused only because its intermediates (the
+probabilities, ``exp``, the row sum) are read outside the region. :func:`match_training` then
+
+1. takes the *backward set* ``B``: the ops that read those intermediates (transitively), up to
+   and including the ``dot_general`` ops that end there (dQ, dK, dV), plus the ``dP = dO·Vᵀ``
+   product and the layout/convert ops between it and ``B``; a ``B`` value read outside ``B`` is a
+   gradient output. The cotangent ``dO`` is the one value (through reshapes/transposes) that
+   ``B`` reads from outside besides the forward's inputs and splat constants.
+2. checks, by evaluation, that ``B`` computes the vector-Jacobian product of the forward region:
+   the forward's ops and ``B``'s ops are evaluated by a small interpreter on the same random
+   inputs, every dim shrunk (sizes 2, 3, 4, ... by distinct size, dense constants sliced), and
+   ``jax.vjp`` of the forward evaluation must give each output of ``B`` (each up to a
+   permutation of its non-unit dims, found here and recorded). Layouts, converts, the order
+   jax's transpose rules and the cleanups left the ops in do not matter; what is checked is the
+   value. Anything else (returned attention weights, a gradient flowing through the max,
+   dropout) fails the check and the report says which part did not match.
+3. on success records the rewrite: ``lse`` ops added to the forward (kind
+   ``attention_fwd_lse``) and ``B`` outlined as kind ``attention_bwd`` whose body recomputes the
+   forward (XLA merges it back when no kernel is built), with a
+   :class:`~hlofuse.kernels.attention.backward.BwdSpec`.
+
+The check is an identity test by evaluation at random points: the forward and backward are
+compositions of the same elementwise, reduction and dot ops at every size, so a backward that
+is not the forward's VJP gives different numbers at random inputs (float rounding aside:
+tolerance ``1e-3`` relative, evaluated in f32 with float-to-float converts as identities).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import func as func_d
+from jaxlib.mlir.dialects import stablehlo
+
+from hlofuse import ir as hir
+from hlofuse.ops import EmitError, const_value, emit_op, splat_scalar
+from hlofuse.kernels.support import is_splat_constant
+
+__all__ = ["TrainNoMatch", "Training", "match_training", "unshare_generator_trees"]
+
+_LAYOUT = ("stablehlo.reshape", "stablehlo.transpose")
+_FLOATS = ("f32", "bf16", "f16", "f64")
+MAX_BWD_OPS = 400        # a backward set larger than this is not one attention's backward
+RTOL = 1e-3
+# the check runs once per match on tiny arrays: compile it fast, not well
+_FAST_COMPILE = {"xla_llvm_disable_expensive_passes": True}
+
+
+class TrainNoMatch(Exception):
+    """The backward around a forward match is not the attention backward; says which part."""
+
+
+def _users(v) -> list:
+    return [hir.as_op(u) for u in hir.users(v)]
+
+
+def _dtype(v) -> str:
+    return hir.tensor_type_info(v.type).dtype
+
+
+def _shape(v) -> tuple:
+    return hir.tensor_type_info(v.type).shape
+
+
+# ---------------------------------------------------------------------------------------------
+# generator trees (masks built from iotas/constants) shared by the forward and the backward
+# ---------------------------------------------------------------------------------------------
+
+_GEN_OPS = ("stablehlo.iota", "stablehlo.constant", "stablehlo.broadcast_in_dim", "stablehlo.reshape",
+            "stablehlo.transpose", "stablehlo.compare", "stablehlo.and", "stablehlo.or",
+            "stablehlo.not", "stablehlo.convert", "stablehlo.add", "stablehlo.subtract",
+            "stablehlo.select", "stablehlo.multiply")
+
+
+def _numel(v) -> int:
+    return int(np.prod(_shape(v)))
+
+
+def _cheap_tree(op, root_numel: int, depth: int = 0) -> bool:
+    """``op`` computes a mask or bias by broadcasting small values: generator ops only, whose
+    leaves are constants, iotas or values at most a quarter of the result's size."""
+    if depth > 16 or op.name not in _GEN_OPS or len(op.results) != 1 or len(op.regions):
+        return False
+    for a in op.operands:
+        p = hir.defining_op(a)
+        if p is not None and p.name == "stablehlo.constant":
+            continue
+        if p is not None and _cheap_tree(p, root_numel, depth + 1):
+            continue
+        if _numel(a) * 4 <= root_numel:
+            continue
+        return False
+    return True
+
+
+def unshare_generator_trees(block) -> int:
+    """Give every user of a shared mask or bias broadcast from small values (a causal mask from
+    iotas, a ``[B, 1, 1, Sk]`` padding mask broadcast to the logits) its own copy of the
+    computation, so the forward region and the backward each take the small values in instead
+    of reading a materialized ``[.., Sq, Sk]`` one. Bit-exact."""
+    n = 0
+    for op in hir.block_ops(block):
+        if op.name == "stablehlo.constant" or len(op.results) != 1:
+            continue
+        uses = list(op.results[0].uses)
+        if len(uses) < 2 or not _cheap_tree(op, _numel(op.results[0])):
+            continue
+        for u in uses[1:]:
+            owner = hir.as_op(u.owner)
+            if owner.block != block:
+                continue
+            clone = _clone_tree(op, owner)
+            owner.operands[u.operand_number] = clone
+            n += 1
+    return n
+
+
+def _clone_tree(op, before):
+    """Clone ``op`` and its producers inside the cheap tree right before ``before``."""
+    mapping = {}
+    root_numel = _numel(op.results[0])
+
+    def go(o, v):
+        if o is None or o.name == "stablehlo.constant" or not _cheap_tree(o, root_numel):
+            return v
+        if o in mapping:
+            return mapping[o]
+        args = [go(hir.defining_op(a), a) for a in o.operands]
+        with ir.InsertionPoint(before), o.location:
+            c = o.clone()
+        for i, a in enumerate(args):
+            c.operands[i] = a
+        mapping[o] = c.results[0]
+        return c.results[0]
+    return go(op, op.results[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# the small interpreter
+# ---------------------------------------------------------------------------------------------
+
+class _Shrink:
+    """Actual dim sizes -> small sizes (distinct sizes stay distinct; 1 stays 1)."""
+
+    def __init__(self, values):
+        sizes = sorted({n for v in values for n in _shape(v) if n > 1})
+        self.map = {n: i + 2 for i, n in enumerate(sizes)}
+
+    def __call__(self, shape) -> tuple:
+        return tuple(self.map.get(n, 1) for n in shape)
+
+
+def _f(dt: str):
+    return np.float32 if dt in _FLOATS else hir.np_dtype(dt)
+
+
+def _eval_op(op, args, shrink: _Shrink):
+    name = op.name
+    out_t = hir.tensor_type_info(op.results[0].type) if len(op.results) == 1 else None
+    if name == "stablehlo.constant":
+        small = shrink(out_t.shape)
+        sv = splat_scalar(op)
+        if sv is not None:      # numpy: no eager jax op (each would compile)
+            return np.full(small, sv.astype(np.float64) if out_t.dtype in _FLOATS else sv,
+                           _f(out_t.dtype))
+        val = np.asarray(const_value(op))
+        return np.ascontiguousarray(val[tuple(slice(0, n) for n in small)].astype(_f(out_t.dtype)))
+    if name == "stablehlo.iota":
+        d = ir.IntegerAttr(op.attributes["iota_dimension"]).value
+        small = shrink(out_t.shape)
+        return lax.broadcasted_iota(_f(out_t.dtype), small, d)
+    if name == "stablehlo.broadcast_in_dim":
+        dims = [int(x) for x in ir.DenseI64ArrayAttr(op.attributes["broadcast_dimensions"])]
+        return lax.broadcast_in_dim(args[0], shrink(out_t.shape), dims)
+    if name == "stablehlo.reshape":
+        return args[0].reshape(shrink(out_t.shape))
+    if name == "stablehlo.transpose":
+        return jnp.transpose(args[0], [int(x) for x in ir.DenseI64ArrayAttr(op.attributes["permutation"])])
+    if name == "stablehlo.convert":
+        src = _dtype(op.operands[0])
+        if src in _FLOATS and out_t.dtype in _FLOATS:
+            return args[0]
+        return args[0].astype(_f(out_t.dtype))
+    if name == "stablehlo.reduce":
+        kind = _reducer_kind(op)
+        if kind is None:
+            raise TrainNoMatch("a reduce that is not a single add/max")
+        dims = tuple(int(x) for x in ir.DenseI64ArrayAttr(op.attributes["dimensions"]))
+        if kind == "add":
+            return jnp.sum(args[0], axis=dims) + args[1]
+        return jnp.maximum(jnp.max(args[0], axis=dims), args[1])
+    if name == "stablehlo.dot_general":
+        dn = stablehlo.DotDimensionNumbers(op.attributes["dot_dimension_numbers"])
+        return lax.dot_general(args[0], args[1], ((tuple(dn.lhs_contracting_dimensions),
+                                                   tuple(dn.rhs_contracting_dimensions)),
+                                                  (tuple(dn.lhs_batching_dimensions),
+                                                   tuple(dn.rhs_batching_dimensions))),
+                               precision=lax.Precision.HIGHEST,
+                               preferred_element_type=jnp.float32)
+    if len(op.regions):
+        raise TrainNoMatch(f"'{name}' with a region")
+    try:
+        res = emit_op(op, list(args))
+    except EmitError as e:
+        raise TrainNoMatch(f"cannot evaluate '{name}': {e}") from None
+    if len(res) != 1:
+        raise TrainNoMatch(f"'{name}' with several results")
+    r = res[0]
+    if out_t is not None and out_t.dtype in _FLOATS:
+        r = r.astype(jnp.float32)
+    return r
+
+
+def _reducer_kind(op) -> str | None:
+    """'add' / 'max' for a single-operand reduce whose body is one add / maximum."""
+    if len(op.operands) != 2 or len(op.results) != 1:
+        return None
+    body = [o.operation for o in op.regions[0].blocks[0].operations]
+    if len(body) != 2 or body[1].name != "stablehlo.return":
+        return None
+    return {"stablehlo.add": "add", "stablehlo.maximum": "max"}.get(body[0].name)
+
+
+def _run(ops: list, env: dict, shrink: _Shrink) -> dict:
+    for op in ops:
+        args = []
+        for a in op.operands:
+            k = hir.value_key(a)
+            if k not in env:
+                p = hir.defining_op(a)
+                if p is not None and p.name == "stablehlo.constant":
+                    env[k] = _eval_op(p, [], shrink)
+                else:
+                    raise TrainNoMatch(f"internal: '{op.name}' reads a value not evaluated")
+            args.append(env[k])
+        env[hir.value_key(op.results[0])] = _eval_op(op, args, shrink)
+    return env
+
+
+def _random_input(v, shrink: _Shrink, rng):
+    dt = _dtype(v)
+    small = shrink(_shape(v))
+    if dt in _FLOATS:
+        return rng.standard_normal(small).astype(np.float32)
+    if dt == "i1":
+        return rng.random(small) < 0.8
+    return rng.integers(0, 2, small).astype(hir.np_dtype(dt))
+
+
+# ---------------------------------------------------------------------------------------------
+# the match
+# ---------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Training:
+    """A forward match with its backward (see the module docstring)."""
+    att: object                 # fuse_attention.Attention
+    bwd_ops: list               # B, program order
+    outputs: list               # B results read outside B (the gradients), program order
+    grads: list                 # per output: (forward input value, perm)
+    do_root: ir.Value
+    do_chain: list              # ops between do_root and B (outside B), program order
+    do_dims: tuple              # labels of do_root
+    fwd_inputs: list            # the forward region's inputs (region_boundary order)
+
+
+def _forward_internal_uses(att) -> dict:
+    members = set(att.members)
+    out = {}
+    for op in att.members:
+        if op is att.pv:
+            continue
+        for r in op.results:
+            if any(u not in members for u in _users(r)):
+                out[hir.value_key(r)] = r
+    return out
+
+
+def match_training(att, block, index: dict, boundary) -> Training:
+    """The backward of the forward match ``att`` in ``block``; raises :class:`TrainNoMatch`."""
+    if att.repeat is not None:
+        raise TrainNoMatch("K/V heads repeated inside the region (GQA): the backward kernel "
+                           "does not take them yet")
+    members = set(att.members)
+    leaked = _forward_internal_uses(att)
+    if not leaked:
+        raise TrainNoMatch("no backward reads the forward")
+    ops = hir.block_ops(block)
+    start = index[att.members[0]]
+    tainted = set(leaked)
+    bset, dots = set(), set()
+    v_key = hir.value_key(att.pv.operands[1 - _p_index(att)])
+    for op in ops[start:]:
+        if op in members:
+            continue
+        if not any(hir.value_key(a) in tainted for a in op.operands):
+            continue
+        if not len(op.results):        # the function's return: an outside user
+            continue
+        if any(hir.value_key(a) in {hir.value_key(r) for d in dots for r in d.results}
+               for a in op.operands):
+            raise TrainNoMatch(f"'{op.name}' combines a gradient with the backward")
+        if len(op.regions) and op.name != "stablehlo.reduce":
+            raise TrainNoMatch(f"the backward reads the forward in '{op.name}'")
+        bset.add(op)
+        if op.name == "stablehlo.dot_general":
+            dots.add(op)
+            continue
+        for r in op.results:
+            tainted.add(hir.value_key(r))
+        if len(bset) > MAX_BWD_OPS:
+            raise TrainNoMatch("the ops reading the forward are too many to be its backward")
+    if not bset:
+        raise TrainNoMatch("no op reads them but the program's return (returned attention weights)")
+    fwd_in = {hir.value_key(v) for v in boundary.inputs}
+    # absorb dP = dO·Vᵀ (it reads no forward intermediate) and its layout/convert chain
+    changed = True
+    while changed:
+        changed = False
+        for op in list(bset):
+            for a in op.operands:
+                chain, v = [], a
+                while True:
+                    p = hir.defining_op(v)
+                    if p is None or p in bset or p in members or hir.value_key(v) in fwd_in:
+                        break
+                    if p.name == "stablehlo.dot_general" and any(
+                            hir.value_key(x) == v_key for x in p.operands):
+                        chain.append(p)
+                        if all(u in bset or u in chain for c in chain for r in c.results
+                               for u in _users(r)):
+                            bset.update(chain)
+                            changed = True
+                        break
+                    if p.name not in _LAYOUT + ("stablehlo.convert",) or _splits(p):
+                        break
+                    chain.append(p)
+                    v = p.operands[0]
+    bwd_ops = sorted(bset, key=lambda o: index[o])
+    # what B reads from outside: forward inputs, forward intermediates, constants, generated
+    # masks, and dO
+    outside, seen = [], set()
+    for op in list(bwd_ops):
+        for a in op.operands:
+            k = hir.value_key(a)
+            p = hir.defining_op(a)
+            if k in seen or k in fwd_in or (p is not None and (p in bset or p in members)):
+                continue
+            if p is not None and p.name == "stablehlo.constant":
+                continue                   # cloned into the backward function
+            if p is not None and _cheap_tree(p, _numel(a)) and all(
+                    u in bset for u in _users(a)):
+                _absorb_tree(p, bset)      # a mask or bias broadcast from small values
+                continue
+            seen.add(k)
+            outside.append(a)
+    roots, do_chain = {}, []
+    for a in outside:
+        v, chain = a, []
+        while True:
+            p = hir.defining_op(v)
+            if p is None or p.name not in _LAYOUT or hir.value_key(v) in fwd_in or _splits(p):
+                break
+            chain.append(p)
+            v = p.operands[0]
+        roots[hir.value_key(v)] = v
+        do_chain += [c for c in chain if c not in do_chain]
+    if len(roots) != 1:
+        raise TrainNoMatch(f"the backward reads {len(roots)} values besides the forward's "
+                           "(expected one cotangent dO)" if roots else "the backward reads no cotangent")
+    do_root = next(iter(roots.values()))
+    bwd_ops = sorted(bset, key=lambda o: index[o])
+    if _dtype(do_root) not in _FLOATS:
+        raise TrainNoMatch("the cotangent is not floating point")
+    do_chain.sort(key=lambda o: index[o])
+    outputs = []
+    for op in bwd_ops:
+        for r in op.results:
+            if any(u not in bset for u in _users(r)):
+                outputs.append(r)
+    if not outputs:
+        raise TrainNoMatch("the backward has no outputs")
+    # no output may feed B back (B is replaced by one call after its last op)
+    grads, do_dims = _check_vjp(att, boundary, bwd_ops, outputs, do_root, do_chain)
+    return Training(att, bwd_ops, outputs, grads, do_root, do_chain, do_dims, list(boundary.inputs))
+
+
+def _splits(op) -> bool:
+    """A reshape that splits or merges non-unit dims (heads out of the model dim): the small
+    evaluation cannot shrink across it, so the cotangent is taken after it."""
+    if op.name != "stablehlo.reshape":
+        return False
+    return ([n for n in _shape(op.operands[0]) if n != 1]
+            != [n for n in _shape(op.results[0]) if n != 1])
+
+
+def _absorb_tree(op, bset: set, root_numel: int | None = None) -> None:
+    """Add a cheap tree's non-constant ops to ``bset`` (they were unshared: B's own)."""
+    root_numel = root_numel or _numel(op.results[0])
+    if op.name == "stablehlo.constant" or op in bset or not _cheap_tree(op, root_numel):
+        return
+    bset.add(op)
+    for a in op.operands:
+        p = hir.defining_op(a)
+        if p is not None and all(u in bset for u in _users(a)):
+            _absorb_tree(p, bset, root_numel)
+
+
+def _p_index(att) -> int:
+    """Which P·V operand is P (the one in the forward's softmax ops)."""
+    p0 = hir.defining_op(att.pv.operands[0])
+    return 0 if p0 is not None and p0 in set(att.members) else 1
+
+
+def _perms(a_shape, b_shape):
+    """Permutations of ``a``'s non-unit dims giving ``b``'s non-unit dims (sizes)."""
+    a = [n for n in a_shape if n != 1]
+    b = [n for n in b_shape if n != 1]
+    if sorted(a) != sorted(b):
+        return []
+    return [p for p in itertools.permutations(range(len(a))) if [a[i] for i in p] == b]
+
+
+def _squeeze(x):
+    return x.reshape([n for n in x.shape if n != 1])
+
+
+def _close(a, b) -> bool:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if a.shape != b.shape:
+        return False
+    scale = max(1.0, float(np.nanmax(np.abs(b))) if b.size and not np.isnan(b).all() else 1.0)
+    return bool(np.allclose(a, b, rtol=RTOL, atol=RTOL * scale, equal_nan=True))
+
+
+def _check_vjp(att, boundary, bwd_ops, outputs, do_root, do_chain):
+    """Evaluate forward and backward at small sizes; each output must be one input's gradient.
+    Returns ([(input value, perm)] per output, labels of dO)."""
+    values = list(boundary.inputs) + [r for o in att.members + bwd_ops + do_chain for r in o.results]
+    values += [do_root]
+    shrink = _Shrink(values)
+    rng = np.random.default_rng(0)
+    ins = [_random_input(v, shrink, rng) for v in boundary.inputs]
+    float_in = [i for i, v in enumerate(boundary.inputs) if _dtype(v) in _FLOATS]
+    fwd_consts = {hir.value_key(c.results[0]): _eval_op(c, [], shrink) for c in boundary.constants}
+    pv_key = hir.value_key(att.pv.results[0])
+
+    def forward(*xs):
+        env = dict(fwd_consts)
+        full = list(ins)
+        for i, x in zip(float_in, xs):
+            full[i] = x
+        for v, x in zip(boundary.inputs, full):
+            env[hir.value_key(v)] = x
+        _run(att.members, env, shrink)
+        return env[pv_key], env
+
+    do_shape = shrink(_shape(do_root))
+    o_shape = shrink(_shape(att.pv.results[0]))
+    perms = _perms(do_shape, o_shape)
+    do = rng.standard_normal(do_shape).astype(np.float32)
+
+    def check(xs, do):
+        # one jitted evaluation: the backward's outputs and the VJP for each cotangent layout
+        o_small, env = forward(*xs)
+        env = dict(env)
+        env[hir.value_key(do_root)] = do
+        _run(do_chain + bwd_ops, env, shrink)
+        _, vjp = jax.vjp(lambda *ys: forward(*ys)[0], *xs)
+        cts = [vjp(jnp.transpose(_squeeze(do), perm).reshape(o_small.shape)) for perm in perms]
+        return [env[hir.value_key(r)] for r in outputs], cts
+
+    try:
+        # lowered and compiled explicitly: runs on these arrays even when the pass runs under
+        # a jax trace (no eager ops, which would each compile)
+        xs = [ins[i] for i in float_in]
+        outs, all_cts = jax.jit(check).lower(xs, do).compile(_FAST_COMPILE)(xs, do)
+    except TrainNoMatch:
+        raise
+    except Exception as e:  # shapes that do not shrink consistently, unsupported ops
+        msg = (str(e).strip().splitlines() or [""])[0][:160]
+        raise TrainNoMatch(f"the backward could not be evaluated ({type(e).__name__}: {msg})") from None
+    outs = [np.asarray(o) for o in outs]
+    out_dims = [d for d in att.out_dims if d is not None]
+    tried = 0
+    for perm, cts in zip(perms, all_cts):
+        tried += 1
+        cts = [np.asarray(c) for c in cts]
+        found = []
+        for out in outs:
+            hit = None
+            for i, g in zip(float_in, cts):
+                for gp in _perms(g.shape, out.shape):
+                    if _close(np.transpose(_squeeze(g), gp), _squeeze(out)):
+                        hit = (boundary.inputs[i], gp)
+                        break
+                if hit:
+                    break
+            if hit is None:
+                break
+            found.append(hit)
+        if len(found) == len(outs):
+            inv = [0] * len(perm)
+            for a, b in enumerate(perm):
+                inv[b] = a
+            # do_root's non-unit dims carry the output labels permuted back
+            labs = [out_dims[inv[i]] for i in range(len(perm))]
+            it = iter(labs)
+            do_dims = tuple(next(it) if n != 1 else None for n in _shape(do_root))
+            return found, do_dims
+    if not tried:
+        raise TrainNoMatch("the cotangent does not have the attention output's dims")
+    raise TrainNoMatch("the ops reading the forward do not compute its gradient (they are not "
+                       "the attention backward: e.g. returned weights, a gradient through the max)")
+
+
+# ---------------------------------------------------------------------------------------------
+# the rewrite
+# ---------------------------------------------------------------------------------------------
+
+def add_lse(att, module):
+    """Insert the row statistics ``stats = [max(m, init), l]`` (f32, a trailing dim of 2) after
+    the row sum, for the backward's ``p = exp(x - m) / l`` (the program's own arithmetic: a
+    single ``m + log(l)`` loses ``log(l)`` next to a huge finite fill in fully masked rows).
+    Returns (ops, value, labels of the rows)."""
+    sm = att.softmax
+    r_max, r_sum = sm.r_max, sm.r_sum
+    m, l = r_max.results[0], r_sum.results[0]
+    if _shape(m) != _shape(l):
+        raise TrainNoMatch("the softmax max and sum are in different layouts")
+    x_dims = att.dims[att.x_key]
+    lse_dims = tuple(d for i, d in enumerate(x_dims) if i != sm.key_axis)
+    shape = list(_shape(m))
+    with module.context, r_sum.location:
+        f32 = ir.F32Type.get()
+        t = ir.RankedTensorType.get(shape, f32)
+        t1 = ir.RankedTensorType.get(shape + [1], f32)
+        t2 = ir.RankedTensorType.get(shape + [2], f32)
+        anchor = r_sum if att.members.index(r_sum) > att.members.index(r_max) else r_max
+        new = []
+        with ir.InsertionPoint.after(anchor):
+            mm = m if _dtype(m) == "f32" else _append(new, stablehlo.ConvertOp(t, m))
+            ll = l if _dtype(l) == "f32" else _append(new, stablehlo.ConvertOp(t, l))
+            init = _append(new, stablehlo.ConstantOp(ir.DenseElementsAttr.get_splat(
+                t, ir.FloatAttr.get(f32, float(att.m_init)))))
+            mx = _append(new, stablehlo.MaxOp(mm, init))
+            m1 = _append(new, stablehlo.ReshapeOp(t1, mx))
+            l1 = _append(new, stablehlo.ReshapeOp(t1, ll))
+            stats = _append(new, stablehlo.ConcatenateOp([m1, l1], len(shape)))
+    return new, stats, lse_dims
+
+
+def _append(lst, opview):
+    lst.append(hir.as_op(opview))
+    return opview.result
+
+
+def outline_backward(module, tr: Training, fwd_boundary, o_val, lse_val, name: str,
+                     region_id: int, kind: str):
+    """Replace B with a call to a new function ``(fwd inputs.., o, lse, dO) -> gradients``
+    whose body is the forward's ops (recomputed) followed by B. Returns (call, func)."""
+    from hlofuse.passes.fusion.outline import KIND_ATTR, REGION_ATTR, _sink_dependents
+    att = tr.att
+    inputs = list(fwd_boundary.inputs) + [o_val, lse_val, tr.do_root]
+    outs = tr.outputs
+    ctx = module.context
+    bset = set(tr.bwd_ops)
+    with ctx:
+        table = ir.SymbolTable(module.operation)
+        base, k = name, 0
+        while name in table:
+            k += 1
+            name = f"{base}_{k}"
+        loc = ir.Location.fused([m.location for m in tr.bwd_ops])
+        with ir.InsertionPoint(module.body), loc:
+            fn = func_d.FuncOp(name, ([v.type for v in inputs], [v.type for v in outs]),
+                               visibility="private")
+            fn.operation.attributes[REGION_ATTR] = ir.IntegerAttr.get(
+                ir.IntegerType.get_signless(64), region_id)
+            fn.operation.attributes[KIND_ATTR] = ir.StringAttr.get(kind)
+            entry = fn.add_entry_block()
+        mapping = {hir.value_key(v): entry.arguments[i] for i, v in enumerate(inputs)}
+        body_ops = list(fwd_boundary.constants) + list(att.members) + list(tr.do_chain) + list(tr.bwd_ops)
+        with ir.InsertionPoint(entry), loc:
+            for j, op in enumerate(body_ops):
+                if j >= len(fwd_boundary.constants):
+                    for a in op.operands:   # splats B reads from outside: cloned in
+                        p = hir.defining_op(a)
+                        if hir.value_key(a) not in mapping and p is not None and \
+                                p.name == "stablehlo.constant":
+                            mapping[hir.value_key(a)] = p.clone().results[0]
+                new = op.clone()
+                for i, v in enumerate(op.operands):
+                    kk = hir.value_key(v)
+                    if kk in mapping:
+                        new.operands[i] = mapping[kk]
+                for r_i, r in enumerate(op.results):
+                    mapping[hir.value_key(r)] = new.results[r_i]
+            func_d.ReturnOp([mapping[hir.value_key(v)] for v in outs])
+        # the splat clones went between body ops: the spec's op positions must stay those of
+        # the forward region's body (constants, then members), checked here
+        last = tr.bwd_ops[-1]
+        with ir.InsertionPoint(last), loc:
+            call = func_d.CallOp([v.type for v in outs], ir.FlatSymbolRefAttr.get(name), inputs)
+        call.operation.move_after(last)
+        _sink_dependents(tr.bwd_ops, call.operation, outs)
+        for old, new in zip(outs, call.results):
+            for u in list(old.uses):
+                if hir.as_op(u.owner) not in bset:
+                    u.owner.operands[u.operand_number] = new
+        for op in reversed(tr.bwd_ops):
+            hir.safe_erase(op)
+    return call, fn

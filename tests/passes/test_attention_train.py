@@ -1,0 +1,87 @@
+"""``fuse-attention`` on training steps (passes/attention_train.py): attention and the backward
+``jax.grad`` built for it become a flash forward returning the logsumexp and a flash backward.
+Differential: ``hlofuse.jit(jax.value_and_grad(loss))`` against ``jax.jit`` of the same, in the
+``grad`` tolerance category, with both kernels built; refusals say which part did not match."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+import hlofuse
+from hlofuse.testing import assert_same
+from tests.attention_programs import BF16, make_args, make_attention
+
+
+def train_kernels(report) -> list:
+    return sorted(r.kind for r in report.regions
+                  if r.kind in ("attention_fwd_lse", "attention_bwd") and r.kernel)
+
+
+def _dpa(q, k, v, b):
+    return jax.nn.dot_product_attention(q, k, v, bias=b, is_causal=True)
+
+
+def _case(name):
+    rng = np.random.default_rng(0)
+    if name == "dpa-causal-learned-bias-bf16":
+        args = [rng.standard_normal((1, 24, 4, 8)).astype(BF16) for _ in range(3)]
+        args.append(rng.standard_normal((1, 4, 24, 24)).astype(BF16))
+        return _dpa, args, (0, 1, 2, 3)
+    layout, mask, gqa, softmax, dt = {
+        "mqa-bool-f32": ("mqa", "bool", 1, "nn", np.float32),
+        "bshd-causal-manual-softmax-f32": ("bshd", "causal", 1, "manual", np.float32),
+        "bhsd-gqa-repeat-f16": ("bhsd", "none", 2, "nn", np.float16),
+    }[name]
+    f = make_attention(layout, mask, gqa, softmax, "mul")
+    return f, make_args(layout, mask, gqa, dt, 16, 24), (0, 1, 2)
+
+
+@pytest.mark.parametrize("name", ["dpa-causal-learned-bias-bf16", "mqa-bool-f32",
+                                  "bshd-causal-manual-softmax-f32", "bhsd-gqa-repeat-f16"])
+def test_training_step_gets_flash_forward_and_backward(name):
+    f, args, argn = _case(name)
+
+    def loss(*a):
+        return jnp.sum(f(*a).astype(jnp.float32) ** 2)
+    step = jax.value_and_grad(loss, argnums=argn)
+    g = hlofuse.jit(step, autotune=False)
+    report = g.report(*args)
+    assert train_kernels(report) == ["attention_bwd", "attention_fwd_lse"], report
+    (stats,) = [p.stats for p in report.passes if p.name == "fuse-attention"]
+    assert stats["attention_training"] == 1
+    (val, grads), (val0, grads0) = g(*args), jax.jit(step)(*args)
+    assert_same(grads, grads0, "grad")
+    # the loss is f32 but carries the attention output's precision
+    dt = args[0].dtype
+    assert_same(np.asarray(val).astype(dt), np.asarray(val0).astype(dt), "grad")
+
+
+def test_weights_in_the_loss_are_not_the_attention_backward():
+    """The probabilities also feed the loss: their users are not the attention's gradient.
+    Nothing is replaced and the report says which part did not match."""
+    def loss(q, k, v):
+        p = jax.nn.softmax(jnp.einsum("bhqd,bhkd->bhqk", q, k), axis=-1)
+        return jnp.sum((p @ v) ** 2) + jnp.sum(p ** 3)
+    args = make_args("bhsd", "none", 1, np.float32, 16, 16)
+    step = jax.value_and_grad(loss, argnums=(0, 1, 2))
+    g = hlofuse.jit(step, autotune=False)
+    report = g.report(*args)
+    assert train_kernels(report) == []
+    notes = [n for n in report.notes if n.startswith("fuse-attention:")]
+    assert any("as a training step:" in n for n in notes), notes
+    assert_same(g(*args), jax.jit(step)(*args), "grad")
+
+
+def test_rerunning_the_pipeline_changes_nothing():
+    f = make_attention("bhsd", "causal", 1, "nn", "mul")
+    args = make_args("bhsd", "causal", 1, np.float32, 16, 16)
+    step = jax.value_and_grad(lambda *a: jnp.sum(f(*a) ** 2), argnums=(0, 1, 2))
+    exp = jax.export.export(jax.jit(step), platforms=["cpu"])(*args)
+    once = hlofuse.optimize(exp.mlir_module())
+    assert train_kernels(once.report) == ["attention_bwd", "attention_fwd_lse"]
+    twice = hlofuse.optimize(once.text)
+    assert train_kernels(twice.report) == [] and twice.text == once.text
