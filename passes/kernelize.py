@@ -35,6 +35,17 @@ KERNEL_INFO_ATTR = "hlofuse.kernel"   # on a kernel's entry function: "kind|regi
 _CACHE_LOCK = threading.Lock()
 
 
+def region_hash(fn_op, kind: str, target: Target) -> str:
+    """Identity of a region for measured decisions (``region.extra['region_hash']``): its
+    kind, the target (kind and chip) and its outlined function's type and body without source
+    locations, so the same region in another module or process has the same hash."""
+    target = Target.of(target)
+    body = "\n".join(str(op) for op in fn_op.regions[0].blocks[0].operations)
+    sig = str(fn_op.attributes["function_type"])
+    text = f"{kind}|{target.kind}|{target.chip_name}|{sig}|{body}"
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
 def lower_region(fn_op, kind: str, target: Target) -> tuple[str, str, str]:
     """(kernel module text, kernel name, block description), cached by region body + target."""
     target = Target.of(target)
@@ -105,6 +116,7 @@ class Kernelize(Pass):
                 leave_to_xla(fn_op, region.reason)
                 continue
             original = fn_op.operation.get_asm(enable_debug_info=True)
+            region.extra["region_hash"] = region_hash(fn_op, kind, ctx.target)
             try:
                 text, kname, blocks = lower_region(fn_op, kind, ctx.target)
                 kmod = hir.parse(text, module.context, source=f"kernel for region {rid}")
