@@ -39,6 +39,7 @@ from hlofuse.report import Report
 from hlofuse.target import Target
 from hlofuse.runtime import Options, Program, call, find_calls, signature_of
 from hlofuse.tools import autotune as at
+from hlofuse.tools import module_cache
 
 __all__ = ["jit", "Lowered", "Compiled", "HlofuseFunction"]
 
@@ -229,6 +230,7 @@ class HlofuseFunction:
         self._sig = sig
 
         self._jit = jax.jit(self._traced_fn(), **self._jit_kwargs)
+        module_cache.enable_xla_cache()   # a second process skips XLA's compile too
         self._programs: dict[tuple, Program] = {}
         self._lock = threading.RLock()
         # autotune: None follows HLOFUSE_AUTOTUNE / the platform (see hlofuse.tools.autotune.mode)

@@ -62,6 +62,7 @@ from hlofuse.report import Report
 from hlofuse.target import CPU, Target
 from hlofuse.passes.fusion import cost as cost_model
 from hlofuse.tools import autotune as at
+from hlofuse.tools import module_cache
 from hlofuse.verify import rollback, unoptimized, verify_regions
 
 Signature = tuple  # tuple of (shape, dtype, weak_type) per flat input
@@ -119,13 +120,22 @@ def export_optimized(fun: Callable, sig: Signature, opts: Options, *, name: str 
     platform = target.platform
     exp0 = jexport.export(jax.jit(fun), platforms=[platform])(*sds(sig))
     decisions = at.mode(opts.autotune, platform) != "off"
+    learned = learned_for(target) if decisions else None
+    ckey = _module_cache_key(exp0, opts, target, name, donated, learned)
+    hit = module_cache.load(ckey) if ckey else None
     try:  # an optimization never makes a program fail (options={'strict': True} re-raises)
-        with cost_model.learned_model(target.kind, learned_for(target) if decisions else None):
-            opt = optimize(exp0.mlir_module(), target=target, pipeline=opts.pipeline,
-                           disable=opts.disable, dump_dir=opts.dump_dir,
-                           options=opts.pass_options, source=name, donated_args=donated)
-        if opts.check:
-            opt = verify_regions(exp0, opt, dataclasses.replace(opts, target=target), name=name)
+        if hit is not None:
+            opt = Optimized(*hit)
+        else:
+            with cost_model.learned_model(target.kind, learned):
+                opt = optimize(exp0.mlir_module(), target=target, pipeline=opts.pipeline,
+                               disable=opts.disable, dump_dir=opts.dump_dir,
+                               options=opts.pass_options, source=name, donated_args=donated)
+            if opts.check:
+                opt = verify_regions(exp0, opt, dataclasses.replace(opts, target=target),
+                                     name=name)
+            if ckey:
+                module_cache.store(ckey, opt.module, opt.report)
     except Exception as e:
         opt = unoptimized(exp0, dataclasses.replace(opts, target=target), name=name, error=e)
     if decisions:
@@ -136,6 +146,18 @@ def export_optimized(fun: Callable, sig: Signature, opts: Options, *, name: str 
     exp = dataclasses.replace(exp0, mlir_module_serialized=hir.to_bytecode(opt.module),
                               disabled_safety_checks=checks, _get_vjp=None)
     return exp, opt
+
+
+def _module_cache_key(exp0, opts: Options, target: Target, name: str, donated, learned):
+    """The persistent module cache's key (:mod:`hlofuse.tools.module_cache`), or None when it
+    is off, bypassed (``dump_dir``) or the options cannot be keyed."""
+    if not module_cache.enabled() or opts.dump_dir:
+        return None
+    return module_cache.key(exp0.mlir_module_serialized, {
+        "target": target.kind, "chip": target.chip_name, "pipeline": opts.pipeline,
+        "disable": list(opts.disable), "options": opts.pass_options, "check": opts.check,
+        "donated": list(donated), "name": name,
+        "learned": dataclasses.asdict(learned) if learned is not None else None})
 
 
 _FITS: dict = {}
