@@ -484,11 +484,18 @@ class HlofuseFunction:
                        "predicted": cost_model.predicted_ratio(feats, entry.target)}
         return info
 
-    def _tune(self, st: _Tuning, args, kwargs):
+    def _tune(self, st: _Tuning, args, kwargs, **tune_kw):
         """Second call of an undecided signature: measure the variants (compiler options and
         each region's kernel against XLA's code), then run the call."""
         variants = self._candidates(st.entry)
         regions = self._region_info(st.entry, variants)
+        if tune_kw:  # offline tuning (HlofuseFunction.tune): the call itself is not needed
+            d = at.tune(lambda spec: self._variant_jit(at.Variant.of(spec).options_dict,
+                                                       donate=False, xla=at.Variant.of(spec).xla),
+                        args, kwargs, variants, name=self._name, key=st.key, regions=regions,
+                        **tune_kw)
+            self._decide(st, d, cached=False)
+            return None
 
         def make(spec):
             v = at.Variant.of(spec)
@@ -603,6 +610,30 @@ class HlofuseFunction:
             else:
                 _report_compiled_aliases(rep, lowered._entry, aliases)
         return rep
+
+    def tune(self, *args, budget_s: float | None = None, **kwargs):
+        """Measure now, for these arguments' signature, whatever a call would measure: XLA
+        compiler options and every kernelized region against XLA's own code (short calls
+        included), cache the decisions on disk and return them (``hlofuse tune`` runs this
+        offline, so a deployment ships its decisions and runs with ``autotune='cached'``).
+        None when there is nothing to tune. Does not run under a transformation."""
+        args = self._wrap_frozen(args)
+        key = self._call_key(args, kwargs)
+        if key is None:
+            raise TypeError("tune() needs concrete (non-tracer), hashable arguments")
+        jax.block_until_ready(self._jit(*args, **kwargs))
+        _, entry = self._entry_of(args, kwargs)
+        variants = self._candidates(entry) if entry is not None else {}
+        if entry is None or len(variants) < 2:
+            return None
+        with self._lock:
+            st = self._tuning.setdefault(key, _Tuning())
+            st.calls = max(st.calls, 1)
+            st.entry, st.key, st.decision, st.fn = entry, self._decision_key(entry), None, None
+            self._fast = False
+            self._tune(st, args, kwargs, budget_s=at.budget() if budget_s is None else budget_s,
+                       min_call_s=0.0)
+        return st.decision
 
     def autotune_decision(self, *args, **kwargs):
         """The compiler-option decision (:class:`hlofuse.tools.autotune.Decision`) for these

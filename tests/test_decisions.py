@@ -173,3 +173,27 @@ def test_decision_with_damaged_region_entry_is_rejected():
         at.Decision.from_json(bad)
     with pytest.raises(ValueError):
         at.Decision.from_json(dict(d.to_json(), regions={"../x": {"choice": "xla"}}))
+
+
+def test_cli_tune_measures_and_names_the_cache(tmp_path):
+    """``hlofuse tune`` offline: structure only (the measurement itself is real, so which
+    side wins is not asserted; a busy machine keeps the decision in memory and says so)."""
+    import os
+    import subprocess
+    import sys
+    (tmp_path / "lnmod.py").write_text(
+        "import jax\n"
+        "def ln(x, g, b):\n"
+        "    m = x.mean(-1, keepdims=True)\n"
+        "    v = ((x - m) ** 2).mean(-1, keepdims=True)\n"
+        "    return (x - m) * jax.lax.rsqrt(v + 1e-5) * g + b\n")
+    env = dict(os.environ, HLOFUSE_CLI_INPROCESS="1", HLOFUSE_XLA_CACHE="0")
+    env.pop("HLOFUSE_AUTOTUNE", None)
+    p = subprocess.run([sys.executable, "-m", "hlofuse.tools.cli", "tune", "lnmod:ln", "--args",
+                        "f32[64,128],f32[128],f32[128]", "--cache-dir", str(tmp_path / "ship"),
+                        "--budget", "20"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "region 0 (reduction, lnmod.py:" in p.stdout
+    assert ("kept kernel" in p.stdout) or ("kept XLA" in p.stdout)
+    assert f"decisions in {tmp_path / 'ship' / 'autotune.json'}" in p.stdout

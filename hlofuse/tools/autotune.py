@@ -678,7 +678,8 @@ def measure(make: Callable, args: Sequence, variants: dict[str, dict], *,
             rounds: int = ROUNDS, jit_kwargs: dict | None = None,
             default_s: float | None = None,
             progress: Callable[[str], None] | None = None,
-            announce: Callable[[], None] | None = None) -> Measurement:
+            announce: Callable[[], None] | None = None,
+            min_call_s: float | None = None) -> Measurement:
     """Compile every variant and time them interleaved on ``args`` / ``kwargs``.
 
     ``make(options) -> jitted function`` builds a variant (``make({})`` the default, which must
@@ -701,9 +702,10 @@ def measure(make: Callable, args: Sequence, variants: dict[str, dict], *,
     else:
         t_def = default_s
     reps = max(1, min(50, int(0.05 / max(t_def, 1e-6))))  # >= ~50 ms per measurement
-    if t_def < MIN_CALL_S:
+    min_call_s = MIN_CALL_S if min_call_s is None else min_call_s
+    if t_def < min_call_s:
         return Measurement({"default": 1.0}, [], t_def, 0, [],
-                           f"one call takes {t_def * 1e3:.2f} ms (< {MIN_CALL_S * 1e3:.0f} ms): "
+                           f"one call takes {t_def * 1e3:.2f} ms (< {min_call_s * 1e3:.0f} ms): "
                            "too short for library choices to matter")
     fit = int(budget_s / (t_def * reps * (MIN_ROUNDS + 1)))
     unmeasured: list[str] = []
@@ -834,7 +836,7 @@ def budget() -> float:
 def tune(make: Callable[[dict], Callable], args: Sequence, kwargs: dict | None,
          variants: dict[str, Any], *, name: str = "fun", key: str | None = None,
          default_s: float | None = None, budget_s: float | None = None,
-         regions: dict[str, dict] | None = None) -> Decision:
+         regions: dict[str, dict] | None = None, min_call_s: float | None = None) -> Decision:
     """Measure ``variants`` of one program on the caller's arguments, log what is measured
     and what was chosen, cache the decision (on disk unless the call was too short or the
     machine busy) and return it. ``make(spec)`` builds a non-donating jitted variant from an
@@ -860,7 +862,8 @@ def tune(make: Callable[[dict], Callable], args: Sequence, kwargs: dict | None,
             log.info("autotuning %s: %s", name, msg)
 
     m = measure(factory(make), args, variants, kwargs=kwargs, budget_s=budget_s,
-                default_s=default_s, progress=progress, announce=announce)
+                default_s=default_s, progress=progress, announce=announce,
+                min_call_s=min_call_s)
     best, reason = decide(m)
     if m.duplicates:
         dups = [n for n in m.duplicates if not n.startswith(REGION_PREFIX)]
@@ -883,7 +886,7 @@ def tune(make: Callable[[dict], Callable], args: Sequence, kwargs: dict | None,
                  regions=chosen)
     # not on disk: a module too small to tune, or a measurement other processes disturbed
     # (library choices flip with the cores actually free; a later process measures again)
-    small = bool(m.skipped) and m.default_s < MIN_CALL_S
+    small = bool(m.skipped) and m.default_s < (MIN_CALL_S if min_call_s is None else min_call_s)
     if key is not None:
         cache().put(key, d, persist=not (small or busy))
     if chosen:
