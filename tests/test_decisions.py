@@ -53,7 +53,14 @@ def _fake_clock(monkeypatch, kernel_s: float, xla_s: float):
         seen.append(has_kernel)
         return kernel_s if has_kernel else xla_s
 
+    class Idle(at.ForeignLoad):  # the machine's real load must not decide what is persisted
+        def __exit__(self, *exc):
+            super().__exit__(*exc)
+            self.foreign = 0.0
+            return False
+
     monkeypatch.setattr(at, "_time_once", time_once)
+    monkeypatch.setattr(at, "ForeignLoad", Idle)
     return seen
 
 
@@ -148,6 +155,38 @@ def test_damaged_cache_keeps_kernels_and_is_rewritten(cache_dir, monkeypatch):
     g = hlofuse.jit(_ln, autotune="cached")
     g(*args)
     assert len(g.report(*args).kernels) == 1
+
+
+def test_choices_are_confirmed_together(cache_dir, monkeypatch):
+    """Two choices that each won alone (an option variant and a region as XLA's code) are
+    timed together; when the combination does not win, only the best single one is kept."""
+    seen, known = [], {}
+
+    def time_once(fn, args, reps, kwargs=None):
+        if id(fn) not in known:
+            lowered = fn.lower(*args, **(kwargs or {}))
+            # the option variant compiles without YNNPACK fusions
+            known[id(fn)] = ("hlofuse_k" in lowered.as_text(),
+                             "ynn" not in lowered.compile().as_text())
+        has_kernel, ynn_off = known[id(fn)]
+        seen.append((has_kernel, ynn_off))
+        if has_kernel and not ynn_off:
+            return 2.0e-3         # the program as optimized
+        if has_kernel or not ynn_off:
+            return 1.5e-3 if has_kernel else 1.0e-3   # each choice alone wins
+        return 3.0e-3             # both together: slower than either
+
+    monkeypatch.setattr(at, "_time_once", time_once)
+    args = _args()
+    f = hlofuse.jit(_ln, autotune="on")
+    f(*args)
+    f(*args)
+    d = f.autotune_decision(*args)
+    (c,) = d.regions.values()
+    if not any(yo for _, yo in seen):
+        pytest.skip("XLA compiled the option variant to the same program here")
+    assert d.variant == "default" and c["choice"] == "xla"   # the better single choice
+    assert "kept only" in d.reason
 
 
 def test_decide_regions_rule():

@@ -861,7 +861,10 @@ def tune(make: Callable[[dict], Callable], args: Sequence, kwargs: dict | None,
         if time.perf_counter() - t0 > 1.0:
             log.info("autotuning %s: %s", name, msg)
 
-    m = measure(factory(make), args, variants, kwargs=kwargs, budget_s=budget_s,
+    # a quarter of the budget stays for confirming a combination of choices (below)
+    several = len(variants) > 2 and any(n.startswith(REGION_PREFIX) for n in variants)
+    m = measure(factory(make), args, variants, kwargs=kwargs,
+                budget_s=budget_s * (0.75 if several else 1.0),
                 default_s=default_s, progress=progress, announce=announce,
                 min_call_s=min_call_s)
     best, reason = decide(m)
@@ -874,6 +877,9 @@ def tune(make: Callable[[dict], Callable], args: Sequence, kwargs: dict | None,
         reason += (f"; machine busy while measuring (other processes used "
                    f"{m.foreign_load:.0%} of the CPUs): not cached on disk")
     chosen = decide_regions(m, {n: r["hash"] for n, r in regions.items()})
+    best, reason = _confirm_combination(make, args, kwargs, variants, regions, m, best, reason,
+                                        chosen, budget_s - (time.perf_counter() - t0),
+                                        min_call_s, progress)
     for n, r in regions.items():
         if r["hash"] in chosen and r.get("predicted") is not None:
             chosen[r["hash"]]["predicted"] = round(float(r["predicted"]), 4)
@@ -904,6 +910,41 @@ def tune(make: Callable[[dict], Callable], args: Sequence, kwargs: dict | None,
             name, best, f", XLA for {len(kept_xla)} region(s)" if kept_xla else "", d.tune_s,
             reason)
     return d
+
+
+def _confirm_combination(make, args, kwargs, variants, regions, m, best, reason, chosen,
+                         budget_left, min_call_s, progress):
+    """Choices are measured one at a time against the program as optimized; when several are
+    made (compiler options and regions kept as XLA's code, or several regions) they are timed
+    together against it too. The combination is kept only when it beats the program as
+    optimized by :data:`MARGIN` in most rounds; otherwise only the single choice that measured
+    best is kept, and the others revert (regions to their kernels, with the reason). Mutates
+    ``chosen``; returns ``(best option variant, reason)``."""
+    xla_names = [n for n, r in regions.items() if chosen.get(r["hash"], {}).get("choice") == "xla"]
+    parts = ([best] if best != "default" else []) + xla_names
+    if len(parts) < 2:
+        return best, reason
+    opts = Variant.of(variants[best]).options if best != "default" else ()
+    combo = Variant(opts, frozenset(regions[n]["hash"] for n in xla_names))
+    mc = measure(factory(make), args, {"default": Variant(), "combined": combo}, kwargs=kwargs,
+                 budget_s=max(budget_left, 0.0), progress=progress, min_call_s=min_call_s)
+    r = mc.ratios.get("combined")
+    if mc.rounds and r is not None and "combined" in mc.eligible and r <= 1.0 - MARGIN:
+        return best, reason + f"; choices confirmed together: {r:.2f}x of the program as optimized"
+    why = (f"{r:.2f}x of the program as optimized" if mc.rounds and r is not None
+           else f"not timed ({mc.skipped or 'same program'})")
+    keep = min(parts, key=lambda n: m.ratios.get(n, 1.0))
+    for n in xla_names:
+        if n != keep:
+            h = regions[n]["hash"]
+            chosen[h] = dict(chosen[h], choice="kernel",
+                             reason=chosen[h]["reason"].replace("kept XLA", "kept kernel: XLA won "
+                                                                "alone") +
+                             f", but the choices together measured {why}")
+    if best != keep:
+        return "default", (f"{best} won alone ({m.ratios.get(best, 1.0):.2f}x) but the choices "
+                           f"together measured {why}: kept only {keep}")
+    return best, reason + f"; the choices together measured {why}: kept only {best}"
 
 
 def record_of(region, target_kind: str) -> dict:
