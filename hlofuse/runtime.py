@@ -547,7 +547,43 @@ def _lowering(ctx, *args, program: Program):
     else:
         exp = entry.exported
         fun = lambda *xs: tuple(exp.call(*xs))  # noqa: E731
+        if b"lapack" not in exp.mlir_module_serialized:
+            with _no_lapack_init():
+                return mlir.lower_fun(fun, multiple_results=True)(ctx, *args)
     return mlir.lower_fun(fun, multiple_results=True)(ctx, *args)
+
+
+# ``Exported.call``'s lowering first initializes jaxlib's LAPACK FFI handlers on CPU, which
+# imports scipy.linalg: 0.4-1 s of a first call that plain jax.jit never pays. It is only
+# needed for modules with LAPACK custom calls, and those were exported in this process (jax's
+# own lowering of the linalg primitive initialized LAPACK then). For modules without any,
+# hlofuse skips it (this thread, while lowering its own call only).
+_SKIP_LAPACK = threading.local()
+
+
+@contextlib.contextmanager
+def _no_lapack_init():
+    _SKIP_LAPACK.on = True
+    try:
+        yield
+    finally:
+        _SKIP_LAPACK.on = False
+
+
+def _install_lapack_guard() -> None:
+    from jax._src.export import _export
+    orig = getattr(_export, "_ensure_backends_initialized", None)
+    if orig is None or getattr(orig, "_hlofuse_guard", False):
+        return
+
+    def ensure(platforms):
+        if not getattr(_SKIP_LAPACK, "on", False):
+            orig(platforms)
+    ensure._hlofuse_guard = True
+    _export._ensure_backends_initialized = ensure
+
+
+_install_lapack_guard()
 
 
 mlir.register_lowering(hlofuse_call_p, _lowering)

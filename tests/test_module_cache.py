@@ -144,3 +144,17 @@ def test_cached_region_decisions_apply_on_top_of_a_hit(cache_dir):
 
 def test_xla_cache_left_alone_when_off(cache_dir):
     assert mc.enable_xla_cache() is None   # HLOFUSE_XLA_CACHE=0
+
+
+def test_lapack_calls_still_lower_after_a_cache_hit(cache_dir):
+    """hlofuse skips jax's LAPACK initialization when lowering its own call only for modules
+    without LAPACK custom calls; a module with them (here from a cache hit) still works."""
+    def f(a):
+        return jnp.linalg.inv(a) @ a
+    a = jnp.asarray(np.random.default_rng(1).standard_normal((8, 8)) + 8 * np.eye(8), jnp.float32)
+    want = jax.jit(f)(a)
+    assert_same(hlofuse.jit(f, autotune="off")(a), want, category="reassociate")
+    g = hlofuse.jit(f, autotune="off")
+    assert b"lapack" in g.lower(a).exported.mlir_module_serialized
+    assert_same(g(a), want, category="reassociate")
+    assert mc.STATS["hits"] == 1
