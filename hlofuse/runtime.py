@@ -168,8 +168,9 @@ def learned_for(target: Target):
     the decision cache), or None; refitted only when the records change."""
     try:
         dev = at.device_key()
-        recs = [r for r in at.cache().records()
-                if r.get("device") == dev and r.get("target") == target.kind]
+        rule = at.record_rule()
+        recs = [r for r in at.cache().records() if r.get("device") == dev
+                and r.get("target") == target.kind and r.get("rule") == rule]
     except Exception:  # noqa: BLE001 - a decision cache never breaks a compile
         return None
     key = (target.kind, dev, len(recs), recs[-1].get("created") if recs else None)

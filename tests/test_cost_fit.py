@@ -89,8 +89,13 @@ def _ln(x, g, b):
 def test_records_on_this_device_stop_proposing_the_kind(cache_dir):
     args = (jnp.ones((64, 128)), jnp.ones((128,)), jnp.zeros((128,)))
     dev = at.device_key()
-    recs = [dict(_rec("reduction", 3.0), target="cpu", device=dev, created=i) for i in range(4)]
-    recs.append(dict(_rec("reduction", 0.1), target="cpu", device="other:device", created=9))
+    rule = at.record_rule()
+    recs = [dict(_rec("reduction", 3.0), target="cpu", device=dev, rule=rule, created=i)
+            for i in range(4)]
+    recs += [dict(_rec("reduction", 0.02), target="cpu", device="other:device", rule=rule,
+                  created=20 + i) for i in range(8)]   # another device's: not fitted
+    recs += [dict(_rec("reduction", 0.02), target="cpu", device=dev, rule="jax-0.0|v0",
+                  created=10 + i) for i in range(8)]   # another version's: not fitted
     at.cache().put_regions({}, recs)
     f = hlofuse.jit(_ln, autotune="cached")
     rep = f.report(*args)

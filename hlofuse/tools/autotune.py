@@ -867,6 +867,13 @@ def tune(make: Callable[[dict], Callable], args: Sequence, kwargs: dict | None,
                 budget_s=budget_s * (0.75 if several else 1.0),
                 default_s=default_s, progress=progress, announce=announce,
                 min_call_s=min_call_s)
+    floor = MIN_CALL_S if min_call_s is None else min_call_s
+    if m.rounds and m.default_s < floor:
+        # the call measured long once (a preempted first timing) but short over the rounds:
+        # too short to tune after all; nothing measured here is kept
+        m = Measurement({"default": 1.0}, [], m.default_s, 0, [],
+                        f"one call takes {m.default_s * 1e3:.2f} ms (< {floor * 1e3:.0f} ms): "
+                        "too short for library choices to matter")
     best, reason = decide(m)
     if m.duplicates:
         dups = [n for n in m.duplicates if not n.startswith(REGION_PREFIX)]
@@ -902,7 +909,7 @@ def tune(make: Callable[[dict], Callable], args: Sequence, kwargs: dict | None,
             c = chosen.get(r["hash"])
             if c is not None and n not in m.duplicates and c["ratio"] > 0:
                 recs.append(dict(r.get("features", {}), ratio=c["ratio"], device=dev,
-                                 created=round(time.time())))
+                                 rule=record_rule(), created=round(time.time())))
         cache().put_regions({region_key(h, dev): dict(c, created=time.time())
                              for h, c in chosen.items()}, recs, persist=not busy)
     kept_xla = sorted(d.xla_regions)
@@ -945,6 +952,12 @@ def _confirm_combination(make, args, kwargs, variants, regions, m, best, reason,
         return "default", (f"{best} won alone ({m.ratios.get(best, 1.0):.2f}x) but the choices "
                            f"together measured {why}: kept only {keep}")
     return best, reason + f"; the choices together measured {why}: kept only {best}"
+
+
+def record_rule() -> str:
+    """What a measurement record is valid for besides the device: jax and the decision rule
+    (kernels change with them; the learned model fits only records of the versions in use)."""
+    return f"jax-{jax.__version__}|v{VARIANTS_VERSION}"
 
 
 def record_of(region, target_kind: str) -> dict:
