@@ -472,16 +472,17 @@ class HlofuseFunction:
     def _region_info(self, entry, variants: dict) -> dict:
         """Features, hash and the learned cost model's prediction per region variant."""
         from hlofuse.passes.fusion import cost as cost_model
+        from hlofuse.runtime import learned_for
         info = {}
         by_hash = {r.extra.get("region_hash"): r for r in entry.report.kernels}
-        for n, v in variants.items():
-            if not n.startswith(at.REGION_PREFIX):
-                continue
-            (h,) = v.xla
-            r = by_hash[h]
-            feats = at.record_of(r, entry.target.kind)
-            info[n] = {"hash": h, "features": feats,
-                       "predicted": cost_model.predicted_ratio(feats, entry.target)}
+        with cost_model.learned_model(entry.target.kind, learned_for(entry.target)):
+            for n, v in variants.items():
+                if not n.startswith(at.REGION_PREFIX):
+                    continue
+                (h,) = v.xla
+                feats = at.record_of(by_hash[h], entry.target.kind)
+                info[n] = {"hash": h, "features": feats,
+                           "predicted": cost_model.predicted_ratio(feats, entry.target)}
         return info
 
     def _tune(self, st: _Tuning, args, kwargs, **tune_kw):
@@ -489,17 +490,16 @@ class HlofuseFunction:
         each region's kernel against XLA's code), then run the call."""
         variants = self._candidates(st.entry)
         regions = self._region_info(st.entry, variants)
-        if tune_kw:  # offline tuning (HlofuseFunction.tune): the call itself is not needed
-            d = at.tune(lambda spec: self._variant_jit(at.Variant.of(spec).options_dict,
-                                                       donate=False, xla=at.Variant.of(spec).xla),
-                        args, kwargs, variants, name=self._name, key=st.key, regions=regions,
-                        **tune_kw)
-            self._decide(st, d, cached=False)
-            return None
 
         def make(spec):
             v = at.Variant.of(spec)
             return self._variant_jit(v.options_dict, donate=False, xla=v.xla)
+
+        if tune_kw:  # offline tuning (HlofuseFunction.tune): the call itself is not needed
+            d = at.tune(make, args, kwargs, variants, name=self._name, key=st.key,
+                        regions=regions, **tune_kw)
+            self._decide(st, d, cached=False)
+            return None
 
         out = None
         if self._donating:

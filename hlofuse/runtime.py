@@ -173,7 +173,8 @@ def learned_for(target: Target):
                 and r.get("target") == target.kind and r.get("rule") == rule]
     except Exception:  # noqa: BLE001 - a decision cache never breaks a compile
         return None
-    key = (target.kind, dev, len(recs), recs[-1].get("created") if recs else None)
+    import json
+    key = (target.kind, dev, json.dumps(recs, sort_keys=True))
     if key not in _FITS:
         _FITS[key] = cost_model.fit(recs) if recs else None
     return _FITS[key]

@@ -102,3 +102,18 @@ def test_records_on_this_device_stop_proposing_the_kind(cache_dir):
     assert not rep.kernels
     assert "reduction kernels predicted" in rep.regions[0].reason
     assert len(hlofuse.jit(_ln, autotune="off").report(*args).kernels) == 1
+
+
+def test_measured_decision_shows_the_prediction(cache_dir, monkeypatch):
+    """Once the model has records, a new measurement's reason carries its prediction."""
+    dev, rule = at.device_key(), at.record_rule()
+    at.cache().put_regions({}, [dict(_rec("reduction", 1.02), target="cpu", device=dev,
+                                     rule=rule, created=i) for i in range(4)])
+    monkeypatch.setattr(at, "MIN_CALL_S", 0.0)
+    monkeypatch.setattr(at, "_time_once", lambda fn, args, reps, kwargs=None: 1e-3)
+    args = (jnp.ones((64, 128)), jnp.ones((128,)), jnp.zeros((128,)))
+    f = hlofuse.jit(_ln, autotune="on")
+    f(*args)
+    f(*args)
+    (c,) = f.autotune_decision(*args).regions.values()
+    assert "cost model predicted" in c["reason"] and c["predicted"] > 0
