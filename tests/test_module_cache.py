@@ -158,3 +158,9 @@ def test_lapack_calls_still_lower_after_a_cache_hit(cache_dir):
     assert b"lapack" in g.lower(a).exported.mlir_module_serialized
     assert_same(g(a), want, category="reassociate")
     assert mc.STATS["hits"] == 1
+
+
+def test_oversized_modules_are_not_cached(cache_dir, monkeypatch):
+    monkeypatch.setattr(mc, "MAX_ENTRY_BYTES", 10)
+    hlofuse.jit(_ln, autotune="off")(*_args())
+    assert _entries(cache_dir) == [] and mc.STATS["writes"] == 0

@@ -40,6 +40,10 @@ from hlofuse.report import PassRecord, Region, Report
 
 ENV = "HLOFUSE_MODULE_CACHE"
 FORMAT = 1
+#: modules larger than this (frozen weights inlined as constants) are not cached: the entry
+#: would cost more disk than the passes cost time. Entries are never evicted otherwise (delete
+#: the directory to reclaim the space).
+MAX_ENTRY_BYTES = 64 << 20
 STATS = {"hits": 0, "misses": 0, "writes": 0, "damaged": 0}
 
 
@@ -141,6 +145,8 @@ def store(k: str, module, report: Report) -> None:
     """Write an entry atomically; a failed write (read-only home, full disk) is ignored."""
     from hlofuse.tools import formats
     data = hir.to_bytecode(module)
+    if len(data) > MAX_ENTRY_BYTES:
+        return
     payload = {"format": FORMAT, "key": k,
                "module": base64.b64encode(data).decode(),
                "module_sha256": hashlib.sha256(data).hexdigest(),
