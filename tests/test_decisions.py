@@ -94,6 +94,28 @@ def test_slower_kernel_keeps_xla_and_the_report_says_so(cache_dir, monkeypatch):
     assert data["records"][0]["ratio"] == pytest.approx(1.9)
 
 
+def test_transformations_of_a_decided_function_match_jax(cache_dir, monkeypatch):
+    """A region kept as XLA's code (measured here, and from the cache in a 'new process'):
+    grad, vmap and an outer jit still give jax's numbers."""
+    _fake_clock(monkeypatch, kernel_s=2e-3, xla_s=1e-3)
+    x, g, b = _args()
+    for mode in ("on", "cached"):
+        f = hlofuse.jit(_ln, autotune=mode)
+        f(x, g, b)
+        f(x, g, b)
+        if mode == "on":
+            assert f.autotune_decision(x, g, b).xla_regions
+            at.cache().clear_memory()
+        else:
+            assert not f.report(x, g, b).kernels   # applied when the program was built
+        loss = lambda f_: (lambda x_: (f_(x_, g, b) ** 2).sum())  # noqa: E731
+        assert_same(jax.grad(loss(f))(x), jax.grad(loss(_ln))(x), category="reassociate")
+        assert_same(jax.vmap(lambda r: f(r[None], g, b))(x[:4]),
+                    jax.vmap(lambda r: _ln(r[None], g, b))(x[:4]), category="reassociate")
+        assert_same(jax.jit(lambda x_: f(x_, g, b) * 2)(x), _ln(x, g, b) * 2,
+                    category="reassociate")
+
+
 def test_faster_kernel_is_kept(cache_dir, monkeypatch):
     _fake_clock(monkeypatch, kernel_s=1.0e-3, xla_s=1.5e-3)
     args = _args()
