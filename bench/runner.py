@@ -42,6 +42,13 @@ from typing import Callable
 
 import numpy as np
 
+# hlofuse.jit points jax's persistent compilation cache at its cache dir when the application
+# has none; in this side-by-side process jax.jit would then get cache hits from earlier runs and
+# its first call would no longer be a first call; likewise hlofuse's own module cache. Both
+# first calls here are cold; bench.first_call measures warm caches apart (fresh processes).
+os.environ.setdefault("HLOFUSE_XLA_CACHE", "0")
+os.environ.setdefault("HLOFUSE_MODULE_CACHE", "0")
+
 from hlofuse.tools.autotune import BUSY_SHARE as FOREIGN_LOAD_FLAG  # noqa: E402 (0.25: share of
 # all CPUs' time used by other processes during a round above which the round is flagged)
 

@@ -23,6 +23,9 @@ class Optimized:
     """The result of :func:`optimize`: the rewritten module and what was done to it."""
     module: ir.Module
     report: Report
+    # hash of the module before cached measured decisions sent some regions back to XLA
+    # (hlofuse.jit keys its module decisions by it); None: no decision was applied
+    base_hash: str | None = None
 
     @property
     def text(self) -> str:

@@ -178,6 +178,14 @@ def to_text(module: ir.Module, *, debug_info: bool = False) -> str:
     return module.operation.get_asm(enable_debug_info=debug_info)
 
 
+def op_text(op) -> str:
+    """``str(op)`` without verifying ``op`` first: the same text, ~20x faster (printing an op
+    verifies it and everything it holds each time, which made hashing region bodies op by op
+    a visible part of the first call). Only for ops of a module that verified (every pass's
+    output does)."""
+    return op.get_asm(assume_verified=True)
+
+
 def to_bytecode(module: ir.Module) -> bytes:
     buf = io.BytesIO()
     module.operation.write_bytecode(buf)

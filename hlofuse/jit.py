@@ -39,6 +39,7 @@ from hlofuse.report import Report
 from hlofuse.target import Target
 from hlofuse.runtime import Options, Program, call, find_calls, signature_of
 from hlofuse.tools import autotune as at
+from hlofuse.tools import module_cache
 
 __all__ = ["jit", "Lowered", "Compiled", "HlofuseFunction"]
 
@@ -193,6 +194,7 @@ class _Tuning:
     fn: Callable | None = None        # the jitted function for a non-default decision
     key: str | None = None            # decision-cache key (None: nothing to tune)
     entry: Any = None
+    cached: bool = False              # the decision came from the cache
 
 
 class HlofuseFunction:
@@ -204,7 +206,8 @@ class HlofuseFunction:
         self._fun = fun
         self._target = None if target is None else Target.of(target)
         self._opts = Options(target=self._target, pipeline=pipeline, disable=tuple(disable),
-                             pass_options=dict(options or {}), dump_dir=dump_dir, check=check)
+                             pass_options=dict(options or {}), dump_dir=dump_dir, check=check,
+                             autotune=autotune)
         self._name = getattr(fun, "__name__", "fun")
         self._freeze = _norm_tuple(freeze_argnums)
         static_argnums = _norm_tuple(jit_kwargs.pop("static_argnums", None))
@@ -228,6 +231,7 @@ class HlofuseFunction:
         self._sig = sig
 
         self._jit = jax.jit(self._traced_fn(), **self._jit_kwargs)
+        module_cache.enable_xla_cache()   # a second process skips XLA's compile too
         self._programs: dict[tuple, Program] = {}
         self._lock = threading.RLock()
         # autotune: None follows HLOFUSE_AUTOTUNE / the platform (see hlofuse.tools.autotune.mode)
@@ -288,17 +292,17 @@ class HlofuseFunction:
         return at.mode(self._autotune, jax.default_backend())
 
     # -- the traced function (runs once per signature, inside jax.jit's tracing) -------------
-    def _traced_fn(self) -> Callable:
+    def _traced_fn(self, xla: frozenset = frozenset()) -> Callable:
         """A plain function with the user's name and signature (jax.jit reads both) that
-        runs :meth:`_traced`."""
+        runs :meth:`_traced` (``xla``: region hashes run without their kernels)."""
         def traced(*args, **kwargs):
-            return self._traced(*args, **kwargs)
+            return self._traced(*args, _xla=xla, **kwargs)
         try:
             return functools.wraps(self._fun)(traced)
         except Exception:  # noqa: BLE001 - odd callables without __name__ etc.
             return traced
 
-    def _traced(self, *args, **kwargs):
+    def _traced(self, *args, _xla: frozenset = frozenset(), **kwargs):
         leaves, in_tree = tree_util.tree_flatten((args, kwargs))
         dyn = [isinstance(x, jcore.Tracer) for x in leaves]
         static = tuple(_static_key(x) for x, d in zip(leaves, dyn) if not d)
@@ -320,7 +324,7 @@ class HlofuseFunction:
         if shardings is None and xs and concrete is not None and not any(
                 isinstance(x, jcore.Tracer) for x in tree_util.tree_leaves(concrete)):
             xs = _on_inner_mesh(program, xs)   # a top-level call with uncommitted inputs
-        out = call(program, xs)
+        out = call(program.with_xla(_xla), xs)
         sig = signature_of([jax.typeof(x) for x, d in zip(leaves, dyn) if d])
         return tree_util.tree_unflatten(program.out_trees[sig], out)
 
@@ -483,14 +487,13 @@ class HlofuseFunction:
         except Exception as e:  # noqa: BLE001 - tuning never breaks a call
             log.debug("hlofuse: autotune skipped for %s: %s", self._name, e)
             entry = None
-        variants = at.applicable_variants(jax.default_backend(),
-                                          entry.optimized.text if entry else None)
+        variants = self._candidates(entry) if entry is not None else {}
         if entry is None or len(variants) < 2 or mode == "off":
             self._decide(st, at.Decision("default", {}, {}, reason="nothing to tune"),
                          cached=False, record=False)
             return
         st.entry = entry
-        st.key = at.cache_key(at.module_hash(entry.optimized.text), at.device_key())
+        st.key = self._decision_key(entry)
         cached = at.cache().get(st.key)
         if cached is not None:
             self._decide(st, cached, cached=True)
@@ -498,21 +501,69 @@ class HlofuseFunction:
             self._decide(st, at.Decision("default", {}, {}, reason="autotune=cached: no cached "
                                          "decision for this program"), cached=False)
 
-    def _tune(self, st: _Tuning, args, kwargs):
-        """Second call of an undecided signature: measure the variants, then run the call."""
-        variants = at.applicable_variants(jax.default_backend(), st.entry.optimized.text)
+    @staticmethod
+    def _decision_key(entry) -> str:
+        """Module decisions are keyed by the module as the passes made it (before cached
+        region decisions changed it), so a later process finds them."""
+        opt = entry.optimized
+        return at.cache_key(opt.base_hash or at.module_hash(opt.text), at.device_key())
 
-        def make(options):
-            return self._variant_jit(options, donate=False)
+    @staticmethod
+    def _candidates(entry) -> dict:
+        """What tuning times against the program as optimized: XLA-option variants, then one
+        variant per distinct kernelized region with that region left to XLA."""
+        out = {n: at.Variant.of(o) for n, o in
+               at.applicable_variants(jax.default_backend(), entry.optimized.text).items()}
+        out.update(at.region_variants(entry.report.kernels))
+        return out
+
+    def _region_info(self, entry, variants: dict) -> dict:
+        """Features, hash and the learned cost model's prediction per region variant."""
+        from hlofuse.passes.fusion import cost as cost_model
+        from hlofuse.runtime import learned_for
+        info = {}
+        by_hash = {r.extra.get("region_hash"): r for r in entry.report.kernels}
+        with cost_model.learned_model(entry.target.kind, learned_for(entry.target)):
+            for n, v in variants.items():
+                if not n.startswith(at.REGION_PREFIX):
+                    continue
+                (h,) = v.xla
+                feats = at.record_of(by_hash[h], entry.target.kind)
+                info[n] = {"hash": h, "features": feats,
+                           "predicted": cost_model.predicted_ratio(feats, entry.target)}
+        return info
+
+    def _tune(self, st: _Tuning, args, kwargs, **tune_kw):
+        """Second call of an undecided signature: measure the variants (compiler options and
+        each region's kernel against XLA's code), then run the call."""
+        variants = self._candidates(st.entry)
+        regions = self._region_info(st.entry, variants)
+
+        def make(spec):
+            v = at.Variant.of(spec)
+            return self._variant_jit(v.options_dict, donate=False, xla=v.xla)
+
+        if tune_kw:  # offline tuning (HlofuseFunction.tune): the call itself is not needed
+            d = at.tune(make, args, kwargs, variants, name=self._name, key=st.key,
+                        regions=regions, **tune_kw)
+            self._decide(st, d, cached=False)
+            return None
 
         out = None
         if self._donating:
-            d = at.tune(make, args, kwargs, variants, name=self._name, key=st.key)
+            d = at.tune(make, args, kwargs, variants, name=self._name, key=st.key,
+                        regions=regions)
         else:  # this call runs anyway: time it warm, so a module too slow to tune costs nothing
             t0 = time.perf_counter()
             out = jax.block_until_ready(self._jit(*args, **kwargs))
+            t = time.perf_counter() - t0
+            if t < 10 * at.MIN_CALL_S:  # short: one preempted call must not decide alone
+                for _ in range(2):
+                    t0 = time.perf_counter()
+                    jax.block_until_ready(self._jit(*args, **kwargs))
+                    t = min(t, time.perf_counter() - t0)
             d = at.tune(make, args, kwargs, variants, name=self._name, key=st.key,
-                        default_s=time.perf_counter() - t0)
+                        default_s=t, regions=regions)
         self._decide(st, d, cached=False)
         if out is None:
             out = (st.fn or self._jit)(*args, **kwargs)
@@ -520,20 +571,31 @@ class HlofuseFunction:
 
     def _decide(self, st: _Tuning, d: at.Decision, *, cached: bool, record: bool = True):
         options = at.options_of(d)
-        if options:
-            st.fn = self._variant_jit(options, donate=True)
+        xla = self._xla_to_apply(st.entry, d)
+        if options or xla:
+            st.fn = self._variant_jit(options, donate=True, xla=xla)
         st.decision = d
+        st.cached = cached
         if record and st.entry is not None:
-            st.entry.report.note(d.note(cached))
+            report_decision(st.entry.report, d, cached)
         self._maybe_fast()
 
-    def _variant_jit(self, options: dict, donate: bool):
-        """The ``jax.jit`` of this function with extra compiler ``options`` (one object per
-        option set, so the executables compiled while measuring are the ones calls reuse).
-        ``donate=False``: without the donation (measurements must not consume arguments)."""
-        if not options and (donate or not self._donating):
+    @staticmethod
+    def _xla_to_apply(entry, d: at.Decision) -> frozenset:
+        """The decision's XLA regions that still have a kernel in ``entry``'s module."""
+        if entry is None or not d.regions:
+            return frozenset()
+        present = {r.extra.get("region_hash") for r in entry.report.kernels}
+        return frozenset(d.xla_regions & present)
+
+    def _variant_jit(self, options: dict, donate: bool, xla: frozenset = frozenset()):
+        """The ``jax.jit`` of this function with extra compiler ``options`` and the regions
+        ``xla`` (hashes) run without their kernels (one object per variant, so the executables
+        compiled while measuring are the ones calls reuse). ``donate=False``: without the
+        donation (measurements must not consume arguments)."""
+        if not options and not xla and (donate or not self._donating):
             return self._jit
-        key = (tuple(sorted(options.items())), donate and self._donating)
+        key = (tuple(sorted(options.items())), donate and self._donating, frozenset(xla))
         fn = self._variants.get(key)
         if fn is None:
             kw = dict(self._jit_kwargs)
@@ -542,7 +604,7 @@ class HlofuseFunction:
                 kw.pop("donate_argnames", None)
             if options:
                 kw["compiler_options"] = dict(kw.get("compiler_options") or {}, **options)
-            fn = self._variants.setdefault(key, jax.jit(self._traced_fn(), **kw))
+            fn = self._variants.setdefault(key, jax.jit(self._traced_fn(frozenset(xla)), **kw))
         return fn
 
     def _decided_options(self, entry) -> dict:
@@ -551,7 +613,7 @@ class HlofuseFunction:
                 return at.options_of(st.decision)
         if self._mode() == "off":
             return {}
-        d = at.cache().get(at.cache_key(at.module_hash(entry.optimized.text), at.device_key()))
+        d = at.cache().get(self._decision_key(entry))
         return at.options_of(d) if d is not None else {}
 
     # -- public ----------------------------------------------------------------------------
@@ -570,6 +632,11 @@ class HlofuseFunction:
         if calls:
             program, sig = calls[0]
             entry = program.entry(sig, program.target_for(platform))
+            st = self._tuning.get(self._call_key(args, kwargs))
+            xla = self._xla_to_apply(entry, st.decision) if st and st.decision else frozenset()
+            if xla:  # what calls run: the regions measured slower as kernels are XLA's code
+                entry = program.with_xla(xla).entry(sig, program.target_for(platform))
+                report_decision(entry.report, st.decision, st.cached)
         else:
             report = Report(target=(self._target or Target.of(None)).kind, source=self._name)
             report.note("left to XLA whole: the function has side effects (Python host "
@@ -601,6 +668,30 @@ class HlofuseFunction:
             else:
                 _report_compiled_aliases(rep, lowered._entry, aliases)
         return rep
+
+    def tune(self, *args, budget_s: float | None = None, **kwargs):
+        """Measure now, for these arguments' signature, whatever a call would measure: XLA
+        compiler options and every kernelized region against XLA's own code (short calls
+        included), cache the decisions on disk and return them (``hlofuse tune`` runs this
+        offline, so a deployment ships its decisions and runs with ``autotune='cached'``).
+        None when there is nothing to tune. Does not run under a transformation."""
+        args = self._wrap_frozen(args)
+        key = self._call_key(args, kwargs)
+        if key is None:
+            raise TypeError("tune() needs concrete (non-tracer), hashable arguments")
+        jax.block_until_ready(self._jit(*args, **kwargs))
+        _, entry = self._entry_of(args, kwargs)
+        variants = self._candidates(entry) if entry is not None else {}
+        if entry is None or len(variants) < 2:
+            return None
+        with self._lock:
+            st = self._tuning.setdefault(key, _Tuning())
+            st.calls = max(st.calls, 1)
+            st.entry, st.key, st.decision, st.fn = entry, self._decision_key(entry), None, None
+            self._fast = False
+            self._tune(st, args, kwargs, budget_s=at.budget() if budget_s is None else budget_s,
+                       min_call_s=0.0)
+        return st.decision
 
     def autotune_decision(self, *args, **kwargs):
         """The compiler-option decision (:class:`hlofuse.tools.autotune.Decision`) for these
@@ -675,6 +766,22 @@ def _on_inner_mesh(program, xs: list) -> list:
         return xs
     rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     return [jax.lax.with_sharding_constraint(x, rep) for x in xs]
+
+
+def report_decision(report, d: at.Decision, cached: bool) -> None:
+    """Put a measured decision into a report: the options note, and per region the outcome
+    with the measured kernel/XLA ratio (and the cost model's prediction) in
+    ``region.extra['measured']``. (The report of what runs, ``f.report(...)``, is the decided
+    variant's: there the regions kept as XLA's code say so as their reason.)"""
+    report.note(d.note(cached))
+    for r in report.regions:
+        c = d.regions.get(r.extra.get("region_hash"))
+        if c is None:
+            continue
+        text = c.get("reason", "") + (" (cached decision)" if cached else "")
+        r.extra["measured"] = text
+        if c.get("choice") == "xla" and not r.kernel and "merged_into" not in r.extra:
+            r.reason = text
 
 
 def _report_compiled_aliases(report, entry, aliases: dict[int, int]) -> None:

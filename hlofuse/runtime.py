@@ -37,6 +37,7 @@ Building an entry is serialized per program by a lock, so concurrent first calls
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import functools
 import threading
@@ -60,7 +61,10 @@ from hlofuse import ir as hir
 from hlofuse.api import Optimized, optimize
 from hlofuse.report import Report
 from hlofuse.target import CPU, Target
-from hlofuse.verify import unoptimized, verify_regions
+from hlofuse.passes.fusion import cost as cost_model
+from hlofuse.tools import autotune as at
+from hlofuse.tools import module_cache
+from hlofuse.verify import rollback, unoptimized, verify_regions
 
 Signature = tuple  # tuple of (shape, dtype, weak_type) per flat input
 
@@ -90,6 +94,9 @@ class Options:
     pass_options: dict = dataclasses.field(default_factory=dict)
     dump_dir: str | None = None
     check: bool = False
+    # hlofuse.jit's autotune setting: unless it is 'off', regions whose kernel a measurement
+    # on this device found slower than XLA's code (cached decisions) are built without kernel
+    autotune: object = None
 
 
 @dataclasses.dataclass
@@ -126,27 +133,106 @@ def export_optimized(fun: Callable, sig: Signature, opts: Options, *, name: str 
     if blind:
         pass_options = dict(pass_options, kernelize=dict(pass_options.get("kernelize", {}),
                                                          no_kernels=True))
+    decisions = at.mode(opts.autotune, platform) != "off"
+    learned = learned_for(target) if decisions else None
+    ckey = _module_cache_key(exp0, opts, target, name, donated, learned, pass_options)
+    hit = module_cache.load(ckey) if ckey else None
     try:  # an optimization never makes a program fail (options={'strict': True} re-raises)
-        opt = optimize(exp0.mlir_module(), target=target, pipeline=opts.pipeline,
-                       disable=opts.disable, dump_dir=opts.dump_dir, options=pass_options,
-                       source=name, donated_args=donated)
-        if blind:
-            opt.report.note(
-                f"kernels not built: this program runs inside an SPMD program over "
-                f"{spmd_devices} devices with input shardings hlofuse does not know, and XLA "
-                f"cannot partition a {target.kind} kernel (it would gather its operands); "
-                f"pass in_shardings= to hlofuse.jit, or call it with sharded arrays, for "
-                f"per-shard kernels")
-        if opts.check:
-            opt = verify_regions(exp0, opt, dataclasses.replace(opts, target=target), name=name)
+        if hit is not None:
+            opt = Optimized(*hit)
+        else:
+            with cost_model.learned_model(target.kind, learned):
+                opt = optimize(exp0.mlir_module(), target=target, pipeline=opts.pipeline,
+                               disable=opts.disable, dump_dir=opts.dump_dir,
+                               options=pass_options, source=name, donated_args=donated)
+            if blind:
+                opt.report.note(
+                    f"kernels not built: this program runs inside an SPMD program over "
+                    f"{spmd_devices} devices with input shardings hlofuse does not know, and XLA "
+                    f"cannot partition a {target.kind} kernel (it would gather its operands); "
+                    f"pass in_shardings= to hlofuse.jit, or call it with sharded arrays, for "
+                    f"per-shard kernels")
+            if opts.check:
+                opt = verify_regions(exp0, opt, dataclasses.replace(opts, target=target),
+                                     name=name)
+            if ckey:
+                module_cache.store(ckey, opt.module, opt.report)
     except Exception as e:
         opt = unoptimized(exp0, dataclasses.replace(opts, target=target), name=name, error=e)
+    if decisions:
+        opt = apply_cached_decisions(opt)
     checks = tuple(exp0.disabled_safety_checks)
     if target.is_gpu:
         checks += (jexport.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton"),)
     exp = dataclasses.replace(exp0, mlir_module_serialized=hir.to_bytecode(opt.module),
                               disabled_safety_checks=checks, _get_vjp=None)
     return exp, opt
+
+
+def _module_cache_key(exp0, opts: Options, target: Target, name: str, donated, learned,
+                      pass_options: dict):
+    """The persistent module cache's key (:mod:`hlofuse.tools.module_cache`), or None when it
+    is off, bypassed (``dump_dir``) or the options cannot be keyed."""
+    if not module_cache.enabled() or opts.dump_dir:
+        return None
+    return module_cache.key(exp0.mlir_module_serialized, {
+        "target": target.kind, "chip": target.chip_name, "pipeline": opts.pipeline,
+        "disable": list(opts.disable), "options": pass_options, "check": opts.check,
+        "donated": list(donated), "name": name,
+        "learned": dataclasses.asdict(learned) if learned is not None else None})
+
+
+_FITS: dict = {}
+
+
+def learned_for(target: Target):
+    """The cost model fitted on this device's measurements for ``target``'s kind (records in
+    the decision cache), or None; refitted only when the records change."""
+    try:
+        dev = at.device_key()
+        rule = at.record_rule()
+        recs = [r for r in at.cache().records() if r.get("device") == dev
+                and r.get("target") == target.kind and r.get("rule") == rule]
+    except Exception:  # noqa: BLE001 - a decision cache never breaks a compile
+        return None
+    import json
+    key = (target.kind, dev, json.dumps(recs, sort_keys=True))
+    if key not in _FITS:
+        _FITS[key] = cost_model.fit(recs) if recs else None
+    return _FITS[key]
+
+
+def without_kernels(opt: Optimized, reasons: dict[str, str]) -> Optimized:
+    """A copy of ``opt`` whose regions with a hash in ``reasons`` (region hash -> why) run as
+    their own ops (XLA's code) instead of their kernels; the report says why per region. The
+    region's original function is the one kernelize replaced, so results are unchanged."""
+    report = copy.deepcopy(opt.report)
+    module = hir.clone_module(opt.module)
+    out = Optimized(module, report, base_hash=opt.base_hash or at.module_hash(opt.text))
+    for r in list(report.kernels):
+        h = r.extra.get("region_hash")
+        if h in reasons and r.id in report.xla_funcs and r.extra.get("kernel_func"):
+            rollback(out, r, reasons[h])
+            r.extra["decision"] = reasons[h]
+    from hlofuse.api import count_main_ops
+    report.ops_after = count_main_ops(module)
+    return out
+
+
+def apply_cached_decisions(opt: Optimized) -> Optimized:
+    """``opt`` with the regions whose cached measured decision on this device is XLA run
+    without their kernels (:func:`without_kernels`); unchanged when there is none."""
+    hashes = [r.extra["region_hash"] for r in opt.report.kernels if r.extra.get("region_hash")]
+    if not hashes:
+        return opt
+    try:
+        found = at.cached_xla_regions(hashes)
+    except Exception:  # noqa: BLE001 - a decision cache never breaks a compile
+        return opt
+    if not found:
+        return opt
+    return without_kernels(opt, {h: f"{d.get('reason', 'kept XLA, measured')} (cached decision)"
+                                 for h, d in found.items()})
 
 
 class Program:
@@ -176,6 +262,19 @@ class Program:
         self.derived: dict[tuple, Program] = {}
         self._lock = threading.RLock()
         self.builds = 0                 # optimized entries built (tests and reports)
+        self.variants: dict[frozenset, Program] = {}  # with_xla(...) programs
+
+    def with_xla(self, hashes) -> "Program":
+        """This program with the kernels of the regions whose hash is in ``hashes`` replaced
+        by the regions' own ops (measured decisions; the variants autotune times)."""
+        hashes = frozenset(hashes)
+        if not hashes:
+            return self
+        with self._lock:
+            p = self.variants.get(hashes)
+            if p is None:
+                p = self.variants[hashes] = _XlaVariant(self, hashes)
+            return p
 
     def __repr__(self):
         return f"<hlofuse program {self.name}>"
@@ -387,6 +486,35 @@ class Program:
         return call(self, xs)
 
 
+class _XlaVariant(Program):
+    """:meth:`Program.with_xla`: the parent's traced function and optimized entries, with some
+    regions' kernels rolled back (no second trace, no second pass pipeline)."""
+
+    def __init__(self, parent: Program, hashes: frozenset):
+        super().__init__(parent.fun, parent.opts, name=parent.name, linear=parent.linear,
+                         donated=parent.donated)
+        self.parent = parent
+        self.hashes = hashes
+        self._jaxprs = parent._jaxprs
+        self.out_trees = parent.out_trees
+
+    def jaxpr(self, sig: Signature) -> jcore.ClosedJaxpr:
+        return self.parent.jaxpr(sig)
+
+    def _build(self, sig: Signature, target: Target) -> Entry:
+        base = self.parent.entry(sig, target)
+        if base.exported is None:
+            return base
+        dev = at.device_key()
+        reasons = {}
+        for h in self.hashes:
+            d = at.cache().get_region(at.region_key(h, dev))
+            reasons[h] = (d or {}).get("reason") or "kept XLA: kernel slower, measured"
+        opt = without_kernels(base.optimized, reasons)
+        exp = dataclasses.replace(base.exported, mlir_module_serialized=opt.bytecode)
+        return Entry(exp, opt, base.out_avals, base.in_avals, target)
+
+
 def _call_jaxpr(closed, *xs):
     return tuple(jcore.jaxpr_as_fun(closed)(*xs))
 
@@ -455,7 +583,43 @@ def _lowering(ctx, *args, program: Program):
     else:
         exp = entry.exported
         fun = lambda *xs: tuple(exp.call(*xs))  # noqa: E731
+        if b"lapack" not in exp.mlir_module_serialized:
+            with _no_lapack_init():
+                return mlir.lower_fun(fun, multiple_results=True)(ctx, *args)
     return mlir.lower_fun(fun, multiple_results=True)(ctx, *args)
+
+
+# ``Exported.call``'s lowering first initializes jaxlib's LAPACK FFI handlers on CPU, which
+# imports scipy.linalg: 0.4-1 s of a first call that plain jax.jit never pays. It is only
+# needed for modules with LAPACK custom calls, and those were exported in this process (jax's
+# own lowering of the linalg primitive initialized LAPACK then). For modules without any,
+# hlofuse skips it (this thread, while lowering its own call only).
+_SKIP_LAPACK = threading.local()
+
+
+@contextlib.contextmanager
+def _no_lapack_init():
+    _SKIP_LAPACK.on = True
+    try:
+        yield
+    finally:
+        _SKIP_LAPACK.on = False
+
+
+def _install_lapack_guard() -> None:
+    from jax._src.export import _export
+    orig = getattr(_export, "_ensure_backends_initialized", None)
+    if orig is None or getattr(orig, "_hlofuse_guard", False):
+        return
+
+    def ensure(platforms):
+        if not getattr(_SKIP_LAPACK, "on", False):
+            orig(platforms)
+    ensure._hlofuse_guard = True
+    _export._ensure_backends_initialized = ensure
+
+
+_install_lapack_guard()
 
 
 mlir.register_lowering(hlofuse_call_p, _lowering)

@@ -112,7 +112,7 @@ def spec_from_func(fn_op) -> ReductionSpec:
     out_classes = tuple(classes[v] for v in ret.operands)
     if any(c not in (FULL, ROW) for c in out_classes):
         raise EmitError(f"region outputs must be full rows or per-row values, got {out_classes}")
-    body = "\n".join(str(o) for o in ops)
+    body = "\n".join(hir.op_text(op_) for op_ in ops)
     return ReductionSpec(tuple(domain), view.rows, view.cols,
                          tuple(i.shape for i in ins), tuple(hir.np_dtype(i.dtype) for i in ins), in_classes,
                          tuple(o.shape for o in outs), tuple(hir.np_dtype(o.dtype) for o in outs), out_classes,

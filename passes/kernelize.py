@@ -42,13 +42,24 @@ KERNEL_INFO_ATTR = "hlofuse.kernel"   # on a kernel's entry function: "kind|regi
 _CACHE_LOCK = threading.Lock()
 
 
+def region_hash(fn_op, kind: str, target: Target) -> str:
+    """Identity of a region for measured decisions (``region.extra['region_hash']``): its
+    kind, the target (kind and chip) and its outlined function's type and body without source
+    locations, so the same region in another module or process has the same hash."""
+    target = Target.of(target)
+    body = "\n".join(hir.op_text(op_) for op_ in fn_op.regions[0].blocks[0].operations)
+    sig = str(fn_op.attributes["function_type"])
+    text = f"{kind}|{target.kind}|{target.chip_name}|{sig}|{body}"
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
 def lower_region(fn_op, kind: str, target: Target) -> tuple[str, str, str]:
     """(kernel module text, kernel name, block description), cached by region body + target."""
     target = Target.of(target)
     family = FAMILIES.get(kind)
     if family is None:
         raise NotImplementedError(f"no kernel family for region kind '{kind}'")
-    body = "\n".join(str(op) for op in fn_op.regions[0].blocks[0].operations)
+    body = "\n".join(hir.op_text(op_) for op_ in fn_op.regions[0].blocks[0].operations)
     sig = str(fn_op.attributes["function_type"])
     # tiles are per chip: the key holds the target's chip
     key = (target.kind, target.chip_name, kind, hashlib.sha1((sig + body).encode()).hexdigest())
@@ -163,6 +174,7 @@ class Kernelize(Pass):
                     leave_to_xla(fn_op, region.reason)
                     n_not_local += 1
                     continue
+            region.extra["region_hash"] = region_hash(fn_op, kind, ctx.target)
             try:
                 if per_shard is not None:
                     local_mod = per_shard[0]

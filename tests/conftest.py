@@ -13,3 +13,4 @@ def rng():
     return np.random.default_rng(0)
 
 os.environ.setdefault("HLOFUSE_AUTOTUNE", "0")  # no timing-based tuning inside unit tests
+os.environ.setdefault("HLOFUSE_MODULE_CACHE", "0")  # no optimized modules from earlier runs

@@ -54,6 +54,9 @@ def fake_measure(monkeypatch):
     calls = []
 
     def measure(make, args, variants, **kw):
+        if sorted(variants) == ["combined", "default"]:  # choices confirmed together
+            names = ["combined"]
+            return at.Measurement({"default": 1.0, "combined": 0.5}, names, 0.01, 5, [])
         calls.append(sorted(variants))
         names = [n for n in variants if n != "default"]
         return at.Measurement({"default": 1.0, **{n: 0.5 for n in names}}, names, 0.01, 5, [])
@@ -362,7 +365,9 @@ def test_tuning_is_visible_on_stderr_without_logging_setup(tmp_path):
                        timeout=300, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith("hlofuse: autotuning")]
-    assert len(lines) == 2 and "timing XLA defaults" in lines[0] and "chose" in lines[1], r.stderr
+    # progress lines in between when it takes over a second (a busy machine, region variants)
+    assert len(lines) >= 2 and "timing XLA defaults" in lines[0] and "chose" in lines[-1], r.stderr
+    assert sum("chose" in ln for ln in lines) == 1, r.stderr
 
 
 # -- damaged caches ------------------------------------------------------------------------------

@@ -67,7 +67,8 @@ import jax
 __all__ = ["VARIANTS", "applicable_variants", "Measurement", "measure", "decide", "Decision",
            "DecisionCache", "mode", "enabled_by_default", "device_key", "module_hash",
            "cache_key", "cache", "cached_options", "options_of", "tune", "ForeignLoad",
-           "BUSY_SHARE", "TUNE_AT_CALL", "MARGIN"]
+           "BUSY_SHARE", "TUNE_AT_CALL", "MARGIN", "Variant", "region_key", "region_variants",
+           "decide_regions", "cached_xla_regions", "record_of", "REGION_PREFIX"]
 
 
 class _DefaultHandler(logging.StreamHandler):
@@ -222,6 +223,65 @@ def cache_key(mod_hash: str, device: str) -> str:
     return f"{mod_hash}|{device}|jax-{jax.__version__}|v{VARIANTS_VERSION}"
 
 
+def region_key(region_hash: str, device: str) -> str:
+    """Key of a region's kernel-vs-XLA decision: its hash (kind, target, function body), the
+    device, the jax version and the decision rule's version."""
+    return f"region:{region_hash}|{device}|jax-{jax.__version__}|v{VARIANTS_VERSION}"
+
+
+#: variant names of "this region without its kernel" start with this
+REGION_PREFIX = "xla:"
+#: at most this many distinct regions are measured per module (largest modeled traffic first)
+MAX_REGION_VARIANTS = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One candidate program: compiler options (from :data:`VARIANTS`) and the regions (by
+    hash) run as XLA's own code instead of their kernels. Falsy: the program as optimized."""
+    options: tuple = ()                 # sorted (name, value) items
+    xla: frozenset = frozenset()
+
+    @classmethod
+    def of(cls, spec) -> "Variant":
+        if isinstance(spec, Variant):
+            return spec
+        return cls(tuple(sorted(dict(spec or {}).items())))
+
+    @property
+    def options_dict(self) -> dict:
+        return dict(self.options)
+
+    def __bool__(self) -> bool:
+        return bool(self.options or self.xla)
+
+
+def region_variants(regions: Sequence) -> dict[str, Variant]:
+    """``xla:<hash>`` variants for the kernelized regions (report :class:`~hlofuse.report.Region`
+    rows with ``extra['region_hash']``): one per distinct hash (identical regions, e.g. the same
+    layernorm in every layer, are decided together), largest modeled traffic first, at most
+    :data:`MAX_REGION_VARIANTS`."""
+    by_hash: dict[str, int] = {}
+    for r in regions:
+        h = r.extra.get("region_hash") if r.kernel else None
+        if h:
+            by_hash[h] = by_hash.get(h, 0) + max(r.bytes_unfused, 1)
+    ranked = sorted(by_hash, key=lambda h: -by_hash[h])[:MAX_REGION_VARIANTS]
+    return {f"{REGION_PREFIX}{h[:12]}": Variant(xla=frozenset([h])) for h in ranked}
+
+
+def cached_xla_regions(hashes, device: str | None = None) -> dict[str, dict]:
+    """Of the region ``hashes``, those whose cached decision on this device is XLA (hash ->
+    the decision: 'choice', 'ratio', 'reason')."""
+    device = device or device_key()
+    out = {}
+    for h in hashes:
+        d = cache().get_region(region_key(h, device))
+        if d is not None and d.get("choice") == "xla":
+            out[h] = d
+    return out
+
+
 # ------------------------------------------------------------------------------------------
 # decisions and their cache
 # ------------------------------------------------------------------------------------------
@@ -237,13 +297,30 @@ class Decision:
     reason: str = ""
     foreign_load: float = 0.0       # CPU share other processes took while it was measured
     created: float = 0.0
+    # measured kernel-vs-XLA decisions of the module's regions: region hash -> {'choice':
+    # 'kernel'|'xla', 'ratio': kernel time / XLA time (0: not timed), 'reason', 'predicted'}
+    regions: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def xla_regions(self) -> frozenset:
+        """Hashes of the regions whose kernel lost to XLA's own code (run without kernel)."""
+        return frozenset(h for h, r in self.regions.items()
+                         if isinstance(r, dict) and r.get("choice") == "xla")
 
     def note(self, cached: bool = False) -> str:
         src = "cached decision" if cached else f"measured in {self.tune_s:.1f}s"
-        others = ", ".join(f"{k} {v:.2f}x" for k, v in sorted(self.ratios.items()) if k != "default")
+        others = ", ".join(f"{k} {v:.2f}x" for k, v in sorted(self.ratios.items())
+                           if k != "default" and not k.startswith(REGION_PREFIX))
         opts = ", ".join(f"{k}={v!r}" for k, v in self.options.items()) or "XLA defaults"
+        regs = ""
+        if self.regions:
+            xla = [r for r in self.regions.values() if r.get("choice") == "xla"]
+            parts = [f"{len(xla)} kept XLA" + (" (" + ", ".join(
+                f"kernel {r['ratio']:.2f}x slower" for r in xla[:4]) + ")" if xla else "")]
+            parts.append(f"{len(self.regions) - len(xla)} kept kernel")
+            regs = f"; regions measured kernel vs XLA: {', '.join(parts)}"
         return (f"autotune: {self.variant} ({opts}); {self.reason}; time vs default: "
-                f"[{others or 'no other variant'}] ({src})")
+                f"[{others or 'no other variant'}]{regs} ({src})")
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -255,7 +332,7 @@ class Decision:
             raise ValueError(f"not a decision: {str(d)[:80]!r}")
         types = {"variant": str, "options": dict, "ratios": dict, "default_s": (int, float),
                  "rounds": int, "tune_s": (int, float), "reason": str,
-                 "foreign_load": (int, float), "created": (int, float)}
+                 "foreign_load": (int, float), "created": (int, float), "regions": dict}
         kw = {}
         for k, v in d.items():
             if k in types:
@@ -264,6 +341,11 @@ class Decision:
                 kw[k] = v
         kw.setdefault("options", {})
         kw.setdefault("ratios", {})
+        for h, r in kw.get("regions", {}).items():
+            if not (isinstance(h, str) and re.fullmatch(r"[0-9a-f]{8,64}", h) and isinstance(r, dict)
+                    and r.get("choice") in ("kernel", "xla")
+                    and isinstance(r.get("ratio", 0.0), (int, float))):
+                raise ValueError(f"decision has a damaged region entry {str(h)[:40]!r}")
         return cls(**kw)
 
 
@@ -272,18 +354,44 @@ def default_cache_path() -> str:
     return os.path.join(base, "autotune.json")
 
 
+def _valid_region_decision(d) -> bool:
+    return (isinstance(d, dict) and d.get("choice") in ("kernel", "xla")
+            and isinstance(d.get("ratio", 0.0), (int, float))
+            and isinstance(d.get("reason", ""), str))
+
+
+def _valid_record(r) -> bool:
+    """A measurement record (:func:`record_of`): numbers and a few strings, nothing else."""
+    if not isinstance(r, dict) or not isinstance(r.get("kind"), str):
+        return False
+    if not isinstance(r.get("ratio"), (int, float)) or not r["ratio"] > 0:
+        return False
+    return all(isinstance(v, (int, float, str)) and not isinstance(v, bool) for v in r.values())
+
+
+#: newest measurement records kept on disk (the learned cost model fits on them)
+MAX_RECORDS = 2000
+
+
 class DecisionCache:
-    """Decisions in memory, mirrored to a JSON file written atomically (temp file + rename).
+    """Everything measured, in memory, mirrored to one JSON file written atomically (temp file
+    + rename): module decisions (compiler options and the module's region choices), region
+    decisions (kernel or XLA, by region hash) and measurement records (region features ->
+    measured kernel/XLA time ratio, for the learned cost model).
 
     Concurrent writers in several processes may lose each other's newest entry (last rename
     wins), never corrupt the file: every write re-reads the file and merges before renaming.
-    An unreadable file is treated as empty.
+    An unreadable file is treated as empty (one warning), a damaged entry is skipped.
     """
 
     def __init__(self, path: str | None = None):
         self._path = path
         self._mem: dict[str, Decision] = {}
         self._persist: set[str] = set()   # keys of _mem that belong on disk
+        self._regions: dict[str, dict] = {}
+        self._persist_regions: set[str] = set()
+        self._records: list[dict] = []     # the file's records and this process's new ones
+        self._new_records: list[dict] = []  # this process's, to be merged into the file
         self._loaded = False
         self._lock = threading.RLock()
         self.hits = 0
@@ -293,42 +401,66 @@ class DecisionCache:
     def path(self) -> str:
         return self._path or default_cache_path()
 
-    def _read_file(self) -> dict[str, Decision]:
-        """Entries of the file; a missing file is empty, a damaged one (bad JSON, deep
-        nesting, wrong types) is empty with one warning, a damaged entry is skipped."""
+    def _read_all(self) -> tuple[dict, dict, list]:
+        """(decisions, region decisions, records) of the file; a missing file is empty, a
+        damaged one (bad JSON, deep nesting, wrong types) is empty with one warning, a damaged
+        entry is skipped (one warning)."""
         try:
             with open(self.path) as fh:
                 text = fh.read()
-        except OSError:
-            return {}
+        except (OSError, UnicodeDecodeError):
+            return {}, {}, []
         try:
             raw = json.loads(text)
             entries = raw.get("decisions", {}) if isinstance(raw, dict) else None
             if not isinstance(entries, dict):
                 raise ValueError("no 'decisions' object")
+            regions = raw.get("regions", {})
+            records = raw.get("records", [])
+            if not isinstance(regions, dict) or not isinstance(records, list):
+                raise ValueError("'regions' or 'records' of the wrong type")
         except (ValueError, RecursionError, MemoryError, TypeError) as e:
             _warn_once(f"hlofuse: ignoring the damaged autotune cache {self.path} "
                        f"({type(e).__name__}: {str(e)[:100]}); it will be rewritten")
-            return {}
+            return {}, {}, []
         out, bad = {}, 0
         for k, v in entries.items():
             try:
                 out[str(k)] = Decision.from_json(v)
             except (ValueError, TypeError):
                 bad += 1
+        regs = {}
+        for k, v in regions.items():
+            if _valid_region_decision(v):
+                regs[str(k)] = v
+            else:
+                bad += 1
+        recs = [r for r in records if _valid_record(r)]
+        bad += len(records) - len(recs)
         if bad:
             _warn_once(f"hlofuse: ignoring {bad} damaged entr{'y' if bad == 1 else 'ies'} of "
                        f"the autotune cache {self.path}")
-        return out
+        return out, regs, recs
+
+    def _read_file(self) -> dict[str, Decision]:
+        return self._read_all()[0]
+
+    def _load(self) -> None:
+        if self._loaded:
+            return
+        decs, regs, recs = self._read_all()
+        self._persist |= set(decs) - set(self._mem)
+        decs.update(self._mem)
+        self._mem = decs
+        self._persist_regions |= set(regs) - set(self._regions)
+        regs.update(self._regions)
+        self._regions = regs
+        self._records = recs + self._new_records
+        self._loaded = True
 
     def get(self, key: str) -> Decision | None:
         with self._lock:
-            if not self._loaded:
-                file_entries = self._read_file()
-                self._persist |= set(file_entries) - set(self._mem)
-                file_entries.update(self._mem)
-                self._mem = file_entries
-                self._loaded = True
+            self._load()
             d = self._mem.get(key)
             if d is None:
                 self.misses += 1
@@ -338,6 +470,7 @@ class DecisionCache:
 
     def put(self, key: str, decision: Decision, persist: bool = True) -> None:
         with self._lock:
+            self._load()
             self._mem[key] = decision
             if persist:
                 self._persist.add(key)
@@ -345,13 +478,46 @@ class DecisionCache:
             else:
                 self._persist.discard(key)
 
+    # -- region decisions and measurement records --------------------------------------------
+    def get_region(self, key: str) -> dict | None:
+        with self._lock:
+            self._load()
+            return self._regions.get(key)
+
+    def put_regions(self, entries: dict[str, dict], records: Sequence[dict] = (),
+                    persist: bool = True) -> None:
+        """Region decisions (key -> {'choice', 'ratio', 'reason', ...}) and the measurement
+        records behind them, in one write."""
+        with self._lock:
+            self._load()
+            for k, v in entries.items():
+                if not _valid_region_decision(v):
+                    raise ValueError(f"not a region decision: {v!r}")
+                self._regions[k] = dict(v)
+                (self._persist_regions.add if persist else self._persist_regions.discard)(k)
+            recs = [dict(r) for r in records if _valid_record(r)]
+            self._records.extend(recs)
+            if persist:
+                self._new_records.extend(recs)
+                self._write()
+
+    def records(self) -> list[dict]:
+        """Every measurement record known (the file's and this process's)."""
+        with self._lock:
+            self._load()
+            return list(self._records)
+
     def _write(self) -> None:
         path = self.path
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            merged = self._read_file()
-            merged.update({k: v for k, v in self._mem.items() if k in self._persist})
-            payload = {"version": 1, "decisions": {k: v.to_json() for k, v in merged.items()}}
+            decs, regs, recs = self._read_all()
+            decs.update({k: v for k, v in self._mem.items() if k in self._persist})
+            regs.update({k: v for k, v in self._regions.items() if k in self._persist_regions})
+            seen = {json.dumps(r, sort_keys=True) for r in recs}
+            recs += [r for r in self._new_records if json.dumps(r, sort_keys=True) not in seen]
+            payload = {"version": 2, "decisions": {k: v.to_json() for k, v in decs.items()},
+                       "regions": regs, "records": recs[-MAX_RECORDS:]}
             fd, tmp = tempfile.mkstemp(prefix=".autotune.", suffix=".tmp", dir=os.path.dirname(path))
             try:
                 with os.fdopen(fd, "w") as fh:
@@ -372,6 +538,10 @@ class DecisionCache:
         with self._lock:
             self._mem.clear()
             self._persist.clear()
+            self._regions.clear()
+            self._persist_regions.clear()
+            self._records.clear()
+            self._new_records.clear()
             self._loaded = False
 
 
@@ -495,13 +665,14 @@ class Measurement:
     duplicates: list = dataclasses.field(default_factory=list)  # same optimized HLO as another
     skipped: str = ""            # why no timing happened (empty when it did)
     foreign_load: float = 0.0    # CPU share other processes took during the timed rounds
+    unmeasured: list = dataclasses.field(default_factory=list)  # left out for the budget
 
 
 def _jit_factory(call: Callable, jit_kwargs: dict | None) -> Callable[[dict], Callable]:
     jit_kwargs = dict(jit_kwargs or {})
     base = jax.jit(call, **jit_kwargs)
     return lambda options: base if not options else jax.jit(
-        call, **dict(jit_kwargs, compiler_options=dict(options)))
+        call, **dict(jit_kwargs, compiler_options=Variant.of(options).options_dict))
 
 
 def measure(make: Callable, args: Sequence, variants: dict[str, dict], *,
@@ -509,7 +680,8 @@ def measure(make: Callable, args: Sequence, variants: dict[str, dict], *,
             rounds: int = ROUNDS, jit_kwargs: dict | None = None,
             default_s: float | None = None,
             progress: Callable[[str], None] | None = None,
-            announce: Callable[[], None] | None = None) -> Measurement:
+            announce: Callable[[], None] | None = None,
+            min_call_s: float | None = None) -> Measurement:
     """Compile every variant and time them interleaved on ``args`` / ``kwargs``.
 
     ``make(options) -> jitted function`` builds a variant (``make({})`` the default, which must
@@ -539,14 +711,21 @@ def measure(make: Callable, args: Sequence, variants: dict[str, dict], *,
             if t_def < MIN_CALL_S:
                 break
     reps = max(1, min(50, int(0.05 / max(t_def, 1e-6))))  # >= ~50 ms per measurement
-    if t_def < MIN_CALL_S:
+    min_call_s = MIN_CALL_S if min_call_s is None else min_call_s
+    if t_def < min_call_s:
         return Measurement({"default": 1.0}, [], t_def, 0, [],
-                           f"one call takes {t_def * 1e3:.2f} ms (< {MIN_CALL_S * 1e3:.0f} ms): "
+                           f"one call takes {t_def * 1e3:.2f} ms (< {min_call_s * 1e3:.0f} ms): "
                            "too short for library choices to matter")
-    if t_def * reps * len(variants) * (MIN_ROUNDS + 1) > budget_s:
+    fit = int(budget_s / (t_def * reps * (MIN_ROUNDS + 1)))
+    unmeasured: list[str] = []
+    if fit < 2:
         return Measurement({"default": 1.0}, [], t_def, 0, [],
                            f"one call takes {t_def:.2f}s: {MIN_ROUNDS} rounds of "
                            f"{len(variants)} variants do not fit the {budget_s:.0f}s budget")
+    if len(variants) > fit:  # the first ones (options, then the largest regions) fit
+        unmeasured = list(variants)[fit:]
+        variants = dict(list(variants.items())[:fit])
+        say(f"budget: {len(unmeasured)} variants not measured")
     if announce is not None:
         announce()
     fns: dict[str, Callable] = {}
@@ -555,8 +734,9 @@ def measure(make: Callable, args: Sequence, variants: dict[str, dict], *,
     for name, opts in variants.items():
         if name != "default" and time.perf_counter() - t_start > budget_s / 2:
             say(f"budget: {name} not compiled")
+            unmeasured.append(name)
             continue
-        fn = base if not opts else make(dict(opts))
+        fn = base if not opts else make(dict(opts) if isinstance(opts, dict) else opts)
         try:
             compiled = fn.lower(*args, **kwargs).compile()
         except Exception:  # noqa: BLE001 - an option this XLA does not know: not a candidate
@@ -572,14 +752,14 @@ def measure(make: Callable, args: Sequence, variants: dict[str, dict], *,
         say(f"compiled {name} ({time.perf_counter() - t_start:.1f}s)")
     if len(fns) < 2:
         return Measurement({"default": 1.0}, [], t_def, 0, dup,
-                           "every variant compiles to the same program")
+                           "every variant compiles to the same program", unmeasured=unmeasured)
     spent = time.perf_counter() - t_start
     if spent + t_def * (reps * MIN_ROUNDS + 1) * len(fns) > budget_s:
         # a compile is not interruptible, but the rounds are: never run them past the budget
         # (a training step's variant took 21s to compile, then 3 rounds ran anyway: 31s)
         return Measurement({"default": 1.0}, [], t_def, 0, dup,
                            f"compiling the variants took {spent:.1f}s: {MIN_ROUNDS} rounds "
-                           f"no longer fit the {budget_s:.0f}s budget")
+                           f"no longer fit the {budget_s:.0f}s budget", unmeasured=unmeasured)
     for n, f in fns.items():
         if n != "default" or default_s is not None:
             _time_once(f, args, 1, kwargs)         # warm up
@@ -604,7 +784,7 @@ def measure(make: Callable, args: Sequence, variants: dict[str, dict], *,
     # a variant must also win most rounds to count (guards against a few lucky rounds)
     eligible = [n for n in names if n != "default" and wins[n] >= MIN_WIN_SHARE * n_rounds]
     return Measurement(ratios, eligible, statistics.median(times["default"]), n_rounds, dup,
-                       foreign_load=round(probe.foreign, 3))
+                       foreign_load=round(probe.foreign, 3), unmeasured=unmeasured)
 
 
 class _Factory:
@@ -626,12 +806,38 @@ def decide(m: Measurement, margin: float = MARGIN) -> tuple[str, str]:
     """The variant to keep: the fastest eligible one when it beats the default by ``margin``."""
     if m.skipped:
         return "default", f"not tuned: {m.skipped}"
-    cands = [n for n in m.ratios if n != "default" and n in m.eligible]
+    cands = [n for n in m.ratios if n != "default" and n in m.eligible
+             and not n.startswith(REGION_PREFIX)]
     if cands:
         best = min(cands, key=lambda n: m.ratios[n])
         if m.ratios[best] <= 1.0 - margin:
             return best, f"{m.ratios[best]:.2f}x of the default, beats it by more than {margin:.0%}"
     return "default", f"no variant beats the default by {margin:.0%} in most rounds"
+
+
+def decide_regions(m: Measurement, names: dict[str, str], margin: float = MARGIN) -> dict:
+    """Kernel or XLA for each measured region: ``names`` maps a region variant's name to the
+    region hash. The variant is the whole module with that region's kernel replaced by the
+    region's own ops (left to XLA), timed interleaved with the module as optimized, so
+    ``m.ratios[name]`` = XLA time / kernel time. XLA is kept when it beat the kernel by
+    ``margin`` in most rounds (the same rule as for compiler options); a variant that compiles
+    to the same program keeps the kernel without timing. Unmeasured regions are absent."""
+    out = {}
+    for name, h in names.items():
+        if name in m.duplicates:
+            out[h] = {"choice": "kernel", "ratio": 1.0,
+                      "reason": "kept kernel: XLA compiles it to the same program as the "
+                                "region's own ops (measured: identical HLO)"}
+        elif name in m.ratios and m.rounds:
+            r = m.ratios[name]
+            k_over_x = 1.0 / r if r > 0 else float("inf")
+            if name in m.eligible and r <= 1.0 - margin:
+                out[h] = {"choice": "xla", "ratio": round(k_over_x, 4),
+                          "reason": f"kept XLA: kernel {k_over_x:.2f}x slower, measured"}
+            else:
+                out[h] = {"choice": "kernel", "ratio": round(k_over_x, 4),
+                          "reason": f"kept kernel: {k_over_x:.2f}x of XLA's time, measured"}
+    return out
 
 
 
@@ -644,41 +850,137 @@ def budget() -> float:
 
 
 def tune(make: Callable[[dict], Callable], args: Sequence, kwargs: dict | None,
-         variants: dict[str, dict], *, name: str = "fun", key: str | None = None,
-         default_s: float | None = None, budget_s: float | None = None) -> Decision:
+         variants: dict[str, Any], *, name: str = "fun", key: str | None = None,
+         default_s: float | None = None, budget_s: float | None = None,
+         regions: dict[str, dict] | None = None, min_call_s: float | None = None) -> Decision:
     """Measure ``variants`` of one program on the caller's arguments, log what is measured
     and what was chosen, cache the decision (on disk unless the call was too short or the
-    machine busy) and return it. ``make(options)`` builds a non-donating jitted variant."""
+    machine busy) and return it. ``make(spec)`` builds a non-donating jitted variant from an
+    options dict or a :class:`Variant`.
+
+    ``regions`` describes the region variants (``xla:<hash>`` names in ``variants``): name ->
+    {'hash', 'features' (a :func:`record_of` row without the ratio), 'predicted' (the cost
+    model's kernel/XLA ratio or None)}. Each measured region's decision is cached by region
+    hash, with a measurement record for the learned cost model."""
     budget_s = budget() if budget_s is None else budget_s
+    regions = regions or {}
     t0 = time.perf_counter()
-    others = [n for n in variants if n != "default"]
+    others = [n for n in variants if n != "default" and not n.startswith(REGION_PREFIX)]
+    n_reg = sum(1 for n in variants if n.startswith(REGION_PREFIX))
 
     def announce():
-        log.info("autotuning %s: timing XLA defaults against %s (budget %.0fs; "
-                 "HLOFUSE_AUTOTUNE=off or cached to skip)", name, ", ".join(others) or "nothing",
-                 budget_s)
+        log.info("autotuning %s: timing XLA defaults against %s%s (budget %.0fs; "
+                 "HLOFUSE_AUTOTUNE=off or cached to skip)", name, ", ".join(others) or "no option",
+                 f" and {n_reg} region(s) kernel vs XLA" if n_reg else "", budget_s)
 
     def progress(msg):
         if time.perf_counter() - t0 > 1.0:
             log.info("autotuning %s: %s", name, msg)
 
-    m = measure(factory(make), args, variants, kwargs=kwargs, budget_s=budget_s,
-                default_s=default_s, progress=progress, announce=announce)
+    # a quarter of the budget stays for confirming a combination of choices (below)
+    several = len(variants) > 2 and any(n.startswith(REGION_PREFIX) for n in variants)
+    m = measure(factory(make), args, variants, kwargs=kwargs,
+                budget_s=budget_s * (0.75 if several else 1.0),
+                default_s=default_s, progress=progress, announce=announce,
+                min_call_s=min_call_s)
+    floor = MIN_CALL_S if min_call_s is None else min_call_s
+    if m.rounds and m.default_s < floor:
+        # the call measured long once (a preempted first timing) but short over the rounds:
+        # too short to tune after all; nothing measured here is kept
+        m = Measurement({"default": 1.0}, [], m.default_s, 0, [],
+                        f"one call takes {m.default_s * 1e3:.2f} ms (< {floor * 1e3:.0f} ms): "
+                        "too short for library choices to matter")
     best, reason = decide(m)
     if m.duplicates:
-        reason += f"; same HLO as another variant: {', '.join(m.duplicates)}"
+        dups = [n for n in m.duplicates if not n.startswith(REGION_PREFIX)]
+        if dups:
+            reason += f"; same HLO as another variant: {', '.join(dups)}"
     busy = m.foreign_load > BUSY_SHARE
     if busy:
         reason += (f"; machine busy while measuring (other processes used "
                    f"{m.foreign_load:.0%} of the CPUs): not cached on disk")
-    d = Decision(best, dict(variants[best]), {k: round(v, 4) for k, v in m.ratios.items()},
+    chosen = decide_regions(m, {n: r["hash"] for n, r in regions.items()})
+    best, reason = _confirm_combination(make, args, kwargs, variants, regions, m, best, reason,
+                                        chosen, budget_s - (time.perf_counter() - t0),
+                                        min_call_s, progress)
+    for n, r in regions.items():
+        if r["hash"] in chosen and r.get("predicted") is not None:
+            chosen[r["hash"]]["predicted"] = round(float(r["predicted"]), 4)
+            chosen[r["hash"]]["reason"] += f" (cost model predicted {float(r['predicted']):.2f}x)"
+    best_v = Variant.of(variants[best]) if best in variants else Variant()
+    d = Decision(best, best_v.options_dict,
+                 {k: round(v, 4) for k, v in m.ratios.items()},
                  default_s=m.default_s, rounds=m.rounds, tune_s=time.perf_counter() - t0,
-                 reason=reason, created=time.time(), foreign_load=m.foreign_load)
+                 reason=reason, created=time.time(), foreign_load=m.foreign_load,
+                 regions=chosen)
     # not on disk: a module too small to tune, or a measurement other processes disturbed
     # (library choices flip with the cores actually free; a later process measures again)
-    small = bool(m.skipped) and m.default_s < MIN_CALL_S
+    small = bool(m.skipped) and m.default_s < (MIN_CALL_S if min_call_s is None else min_call_s)
     if key is not None:
         cache().put(key, d, persist=not (small or busy))
-    log.log(logging.INFO if m.rounds else logging.DEBUG, "autotuning %s: chose %s in %.1fs (%s)",
-            name, best, d.tune_s, reason)
+    if chosen:
+        dev = device_key()
+        recs = []
+        for n, r in regions.items():
+            c = chosen.get(r["hash"])
+            if c is not None and n not in m.duplicates and c["ratio"] > 0:
+                recs.append(dict(r.get("features", {}), ratio=c["ratio"], device=dev,
+                                 rule=record_rule(), created=round(time.time())))
+        cache().put_regions({region_key(h, dev): dict(c, created=time.time())
+                             for h, c in chosen.items()}, recs, persist=not busy)
+    kept_xla = sorted(d.xla_regions)
+    log.log(logging.INFO if m.rounds else logging.DEBUG, "autotuning %s: chose %s%s in %.1fs (%s)",
+            name, best, f", XLA for {len(kept_xla)} region(s)" if kept_xla else "", d.tune_s,
+            reason)
     return d
+
+
+def _confirm_combination(make, args, kwargs, variants, regions, m, best, reason, chosen,
+                         budget_left, min_call_s, progress):
+    """Choices are measured one at a time against the program as optimized; when several are
+    made (compiler options and regions kept as XLA's code, or several regions) they are timed
+    together against it too. The combination is kept only when it beats the program as
+    optimized by :data:`MARGIN` in most rounds; otherwise only the single choice that measured
+    best is kept, and the others revert (regions to their kernels, with the reason). Mutates
+    ``chosen``; returns ``(best option variant, reason)``."""
+    xla_names = [n for n, r in regions.items() if chosen.get(r["hash"], {}).get("choice") == "xla"]
+    parts = ([best] if best != "default" else []) + xla_names
+    if len(parts) < 2:
+        return best, reason
+    opts = Variant.of(variants[best]).options if best != "default" else ()
+    combo = Variant(opts, frozenset(regions[n]["hash"] for n in xla_names))
+    mc = measure(factory(make), args, {"default": Variant(), "combined": combo}, kwargs=kwargs,
+                 budget_s=max(budget_left, 0.0), progress=progress, min_call_s=min_call_s)
+    r = mc.ratios.get("combined")
+    if mc.rounds and r is not None and "combined" in mc.eligible and r <= 1.0 - MARGIN:
+        return best, reason + f"; choices confirmed together: {r:.2f}x of the program as optimized"
+    why = (f"{r:.2f}x of the program as optimized" if mc.rounds and r is not None
+           else f"not timed ({mc.skipped or 'same program'})")
+    keep = min(parts, key=lambda n: m.ratios.get(n, 1.0))
+    for n in xla_names:
+        if n != keep:
+            h = regions[n]["hash"]
+            chosen[h] = dict(chosen[h], choice="kernel",
+                             reason=chosen[h]["reason"].replace("kept XLA", "kept kernel: XLA won "
+                                                                "alone") +
+                             f", but the choices together measured {why}")
+    if best != keep:
+        return "default", (f"{best} won alone ({m.ratios.get(best, 1.0):.2f}x) but the choices "
+                           f"together measured {why}: kept only {keep}")
+    return best, reason + f"; the choices together measured {why}: kept only {best}"
+
+
+def record_rule() -> str:
+    """What a measurement record is valid for besides the device: jax and the decision rule
+    (kernels change with them; the learned model fits only records of the versions in use)."""
+    return f"jax-{jax.__version__}|v{VARIANTS_VERSION}"
+
+
+def record_of(region, target_kind: str) -> dict:
+    """The features of a report region a measurement record keeps (no ratio yet)."""
+    ex = region.extra
+    return {"kind": region.kind, "target": target_kind,
+            "bytes_unfused": int(region.bytes_unfused), "bytes_fused": int(region.bytes_fused),
+            "flops": int(region.flops), "intermediate_bytes": int(ex.get("intermediate_bytes", 0)),
+            "modeled_us_fused": float(ex.get("modeled_us_fused", 0.0)),
+            "modeled_us_unfused": float(ex.get("modeled_us_unfused", 0.0))}

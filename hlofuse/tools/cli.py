@@ -168,6 +168,18 @@ def _define_export(fv):
     _common(fv)
 
 
+def _define_tune(fv):
+    flags.DEFINE_string("args", None, "Argument types, e.g. 'f32[8,128],i32[8]' (static shapes).",
+                        flag_values=fv)
+    flags.DEFINE_float("budget", 60.0, "Seconds of measuring per function at most (compiles "
+                       "included).", flag_values=fv)
+    flags.DEFINE_integer("seed", 0, "Seed of the random arguments.", flag_values=fv)
+    flags.DEFINE_string("cache-dir", None, "Where to write the decisions (default: "
+                        "$HLOFUSE_CACHE_DIR or ~/.cache/hlofuse); ship this directory.",
+                        flag_values=fv)
+    _common(fv)
+
+
 # ---------------------------------------------------------------------------------------------
 # Helpers used by the subcommands (run inside the supervised child)
 # ---------------------------------------------------------------------------------------------
@@ -635,6 +647,49 @@ def cmd_export(fv, pos) -> int:
     return EXIT_OK
 
 
+def cmd_tune(fv, pos) -> int:
+    (spec,) = pos
+    if fv["args"].value is None:
+        raise UsageError("missing --args (argument types, e.g. 'f32[8,128],i32[8]')")
+    specs = argspec.parse_arg_specs(fv["args"].value)
+    if not all(s.is_static for s in specs):
+        raise UsageError("--args: tune needs static shapes (decisions are per shape)")
+    if fv["cache-dir"].value:
+        os.makedirs(fv["cache-dir"].value, exist_ok=True)
+        os.environ["HLOFUSE_CACHE_DIR"] = os.path.abspath(fv["cache-dir"].value)
+    fn = _import_function(spec)
+    import jax
+    import hlofuse
+    from hlofuse.testing import random_inputs
+    from hlofuse.tools import autotune as at
+    args = random_inputs([jax.ShapeDtypeStruct(s.shape, s.np_dtype) for s in specs],
+                         seed=fv["seed"].value)
+    from hlofuse.jit import HlofuseFunction
+    target = fn.__wrapped__ if isinstance(fn, HlofuseFunction) else fn
+    f = hlofuse.jit(target, autotune="on")
+    _stage(f"measuring {spec} on {at.device_key()}")
+    d = f.tune(*args, budget_s=fv["budget"].value)
+    where = at.cache().path
+    if d is None:
+        print(f"{PROG}: {spec}: nothing to tune (no kernel and no compiler-option variant)")
+        return EXIT_OK
+    print(f"{PROG}: {spec}({', '.join(map(str, specs))}) on {at.device_key()}:")
+    print(f"  options: {d.variant} ({d.reason})")
+    rep = f.report(*args)
+    for r in rep.regions:
+        c = d.regions.get(r.extra.get("region_hash"))
+        if c is not None:
+            print(f"  region {r.id} ({r.kind}, {', '.join(r.locations[:2]) or 'unknown'}): "
+                  f"{c['reason']}")
+    unmeasured = [r for r in rep.regions if r.extra.get("region_hash")
+                  and r.extra["region_hash"] not in d.regions]
+    if unmeasured:
+        print(f"  {len(unmeasured)} region(s) not measured (short call or budget): kernels kept")
+    print(f"  decisions in {where} (measured in {d.tune_s:.1f}s{'' if d.foreign_load <= at.BUSY_SHARE else '; machine busy: kept in memory only'});"
+          f" ship it and run with HLOFUSE_CACHE_DIR={os.path.dirname(where)} HLOFUSE_AUTOTUNE=cached")
+    return EXIT_OK
+
+
 def _import_function(spec: str) -> Callable:
     import importlib
     import importlib.util
@@ -715,6 +770,16 @@ COMMANDS: dict[str, Command] = {
         "path/to/file.py), export it with jax.export for the given argument types and platform\n"
         "and write OUT (format from --format or OUT's extension).",
         _define_export, cmd_export, 1),
+    "tune": Command(
+        "tune MODULE:FUNCTION --args 'f32[8,128],f32[128]' [--budget S] [--cache-dir DIR]",
+        "measure, on this device, each kernel against XLA's own code and XLA's options",
+        "Import FUNCTION from MODULE, call it through hlofuse.jit on seeded random arguments of\n"
+        "the given types and measure, interleaved: every kernelized region against XLA's own code\n"
+        "for it (in the whole program) and XLA compiler-option variants. The faster is kept and\n"
+        "the decisions are written to the decision cache (--cache-dir), keyed by region hash,\n"
+        "device and versions. Ship that directory: hlofuse.jit(..., autotune='cached') with\n"
+        "HLOFUSE_CACHE_DIR pointing at it applies the decisions without measuring.",
+        _define_tune, cmd_tune, 1),
 }
 
 

@@ -234,7 +234,7 @@ def spec_from_func(fn_op) -> AttentionSpec:
     spec = AttentionSpec.from_attr(
         ir.StringAttr(fn_op.attributes[SPEC_ATTR]).value,
         in_shapes=tuple(i.shape for i in ins), in_dtypes=tuple(hir.np_dtype(i.dtype) for i in ins),
-        out_shape=outs[0].shape, body_text="\n".join(str(o) for o in ops),
+        out_shape=outs[0].shape, body_text="\n".join(hir.op_text(op_) for op_ in ops),
         func_text=fn_op.operation.get_asm())
     _check_agrees(spec, ops, outs[0])
     return spec

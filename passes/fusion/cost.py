@@ -24,8 +24,10 @@ to XLA). Multi-consumer producers are rematerialized or materialized by :func:`r
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import threading
 
 from hlofuse import ir as hir
 from hlofuse.ops import OpClass, rule_for
@@ -231,6 +233,130 @@ CPU_RULES = {
 }
 
 
+# ---------------------------------------------------------------------------------------------
+# The learned part: per-kind constants fitted from measurements on the device in use
+# ---------------------------------------------------------------------------------------------
+
+#: bounds of the fitted constants: a kind's log-ratio offset within +-log(20), the slope on
+#: the modeled fused/unfused log-ratio within [0, 1] (a kernel never gets slower because the
+#: model says fusing saves more)
+OFFSET_BOUND = math.log(20.0)
+SLOPE_BOUNDS = (0.0, 1.0)
+#: ridge weight pulling every constant towards 0 (no evidence: kernel and XLA equal)
+RIDGE = 1.0
+#: a kind is judged by the fit only with this many measurements of it
+MIN_RECORDS = 3
+#: ... and not proposed when its kernels are predicted this much slower than XLA's code
+LEARNED_MARGIN = 0.05
+_EPS_US = 1e-3
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnedModel:
+    """Measured kernel/XLA time ratios of one device, fitted:
+    ``log(kernel / XLA) = offset[kind] + slope * log(modeled fused us / modeled unfused us)``.
+    """
+    offsets: dict            # kind -> fitted offset (log ratio)
+    slope: float
+    counts: dict             # kind -> records it was fitted on
+    residual: float = 0.0    # RMS of the log-ratio residuals
+
+    def predict(self, kind: str, modeled_us_fused: float, modeled_us_unfused: float) -> float | None:
+        """Predicted kernel/XLA time ratio for a region, None for a kind never measured."""
+        if kind not in self.offsets:
+            return None
+        x = math.log(max(modeled_us_fused, _EPS_US) / max(modeled_us_unfused, _EPS_US))
+        return math.exp(self.offsets[kind] + self.slope * x)
+
+
+def fit(records, *, ridge: float = RIDGE) -> LearnedModel | None:
+    """Least squares with a ridge (towards 0) and bounds on a few constants, from measurement
+    records (``{'kind', 'ratio', 'modeled_us_fused', 'modeled_us_unfused', ...}``, ratio =
+    measured kernel time / XLA time). Ratios are fitted in log space and clipped to
+    [1/50, 50] so one disturbed measurement cannot dominate. None without usable records."""
+    import numpy as np
+    rows = []
+    for r in records:
+        try:
+            ratio = float(r["ratio"])
+            mf, mu = float(r.get("modeled_us_fused", 0)), float(r.get("modeled_us_unfused", 0))
+            kind = str(r["kind"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if not (ratio > 0 and math.isfinite(ratio) and math.isfinite(mf) and math.isfinite(mu)):
+            continue
+        y = min(max(math.log(ratio), -math.log(50.0)), math.log(50.0))
+        rows.append((kind, math.log(max(mf, _EPS_US) / max(mu, _EPS_US)), y))
+    if not rows:
+        return None
+    kinds = sorted({k for k, _, _ in rows})
+    col = {k: i for i, k in enumerate(kinds)}
+    n = len(kinds) + 1
+    a = np.zeros((len(rows) + n, n))
+    b = np.zeros(len(rows) + n)
+    for i, (k, x, y) in enumerate(rows):
+        a[i, col[k]] = 1.0
+        a[i, -1] = x
+        b[i] = y
+    a[len(rows):, :] = math.sqrt(ridge) * np.eye(n)
+    sol = np.linalg.lstsq(a, b, rcond=None)[0]
+    slope = float(min(max(sol[-1], SLOPE_BOUNDS[0]), SLOPE_BOUNDS[1]))
+    # with the slope clipped, refit the offsets alone (each kind: ridge mean of its residuals)
+    offsets, counts = {}, {}
+    for k in kinds:
+        res = [y - slope * x for kk, x, y in rows if kk == k]
+        off = sum(res) / (len(res) + ridge)
+        offsets[k] = float(min(max(off, -OFFSET_BOUND), OFFSET_BOUND))
+        counts[k] = len(res)
+    resid = math.sqrt(sum((y - offsets[k] - slope * x) ** 2 for k, x, y in rows) / len(rows))
+    return LearnedModel(offsets, slope, counts, round(resid, 4))
+
+
+_LEARNED = threading.local()
+
+
+@contextlib.contextmanager
+def learned_model(target_kind: str, model: LearnedModel | None):
+    """Use ``model`` (fitted on this device's measurements) for ``target_kind`` while the
+    block runs (this thread only): the front end sets it around a pass pipeline."""
+    stack = getattr(_LEARNED, "models", None)
+    if stack is None:
+        stack = _LEARNED.models = {}
+    old = stack.get(target_kind)
+    stack[target_kind] = model
+    try:
+        yield
+    finally:
+        stack[target_kind] = old
+
+
+def learned(target) -> LearnedModel | None:
+    """The learned model in force for ``target`` (see :func:`learned_model`), or None."""
+    stack = getattr(_LEARNED, "models", None) or {}
+    return stack.get(Target.of(target).kind)
+
+
+def predicted_ratio(features: dict, target) -> float | None:
+    """The learned model's kernel/XLA ratio for a region's features (a measurement record
+    without the ratio), or None when there is no model or the kind was never measured."""
+    m = learned(target)
+    if m is None:
+        return None
+    return m.predict(features.get("kind", ""), float(features.get("modeled_us_fused", 0.0)),
+                     float(features.get("modeled_us_unfused", 0.0)))
+
+
+def _learned_refusal(kind: str, cost: RegionCost, target: Target, model: TargetModel):
+    m = learned(target)
+    if m is None or m.counts.get(kind, 0) < MIN_RECORDS:
+        return None
+    p = m.predict(kind, cost.seconds(model, True) * 1e6, cost.seconds(model, False) * 1e6)
+    if p is not None and p > 1.0 + LEARNED_MARGIN:
+        return Decision(False, f"cost model: {kind} kernels predicted {p:.2f}x slower than XLA's "
+                               f"code on this device (fitted on {m.counts[kind]} measurements)")
+    return None
+
+
 def decide(kind: str, cost: RegionCost, target: str, *, grid_steps: int = 1,
            fused_ops: int = 1) -> Decision:
     """Fuse the region into one kernel on ``target``? With the reason when not.
@@ -254,10 +380,13 @@ def decide(kind: str, cost: RegionCost, target: str, *, grid_steps: int = 1,
             return Decision(False, f"cost model: the cpu kernel would run {grid_steps} grid steps; "
                                    "interpret mode copies every operand per step (measured 6.5x+ "
                                    "slower), XLA fuses this region itself")
-        return Decision(True)
+        return _learned_refusal(kind, cost, target, model) or Decision(True)
     if cost.working_set_bytes and not cost.fits_on_chip(model):
         return Decision(False, f"cost model: working set {cost.working_set_bytes} B per block exceeds "
                                f"the {model.on_chip_bytes} B on-chip budget of {target} ({model.name})")
+    refused = _learned_refusal(kind, cost, target, model)
+    if refused is not None:
+        return refused
     t_f, t_u = cost.seconds(model, True), cost.seconds(model, False)
     if t_f > t_u:
         return Decision(False, f"cost model: fused kernel modeled slower on {target} "

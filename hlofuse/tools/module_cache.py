@@ -1,0 +1,194 @@
+"""Persistent cache of optimized modules: a second process skips the pass pipeline.
+
+``hlofuse.jit``'s first call of a signature exports the function, runs the pipeline (for
+BERT-sized layers ~3 s on 2 cores, most of it building Pallas kernels) and compiles with XLA.
+The optimized module depends only on the exported module, the optimization options and the
+code that optimizes, so it is cached on disk, keyed by
+
+* the sha256 of the exported (input) module's bytecode,
+* the options: target (kind and chip), pipeline, disabled passes, pass options, ``check``,
+  donated arguments, and the learned cost model in force (its fitted constants),
+* versions: jax, jaxlib, and a fingerprint of hlofuse's own source files (name, size,
+  modification time of every ``.py`` file of ``hlofuse``, ``hlofuse.passes`` and
+  ``hlofuse.kernels``: editing hlofuse invalidates everything).
+
+An entry is one JSON file ``<dir>/modules/<key>.json`` (``$HLOFUSE_CACHE_DIR`` or
+``~/.cache/hlofuse``), written atomically (temporary file + rename), holding the module's
+bytecode with its sha256, the report and the region functions kernelize replaced (for
+``check``/rollback and measured decisions). A file that does not parse, has the wrong key or a
+wrong checksum is a miss (one warning) and is rewritten. Cached measured decisions (regions
+kept as XLA's code) are applied after loading, like after optimizing, so they never change what
+is cached. Warnings the passes emitted while optimizing are not repeated on a hit (their notes
+are in the report).
+
+``HLOFUSE_MODULE_CACHE=0`` (or ``off``) turns it off; with ``dump_dir`` set it is bypassed (the
+dumps are the point). Hits and misses are counted in :data:`STATS`.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import warnings
+
+from hlofuse import ir as hir
+from hlofuse.report import PassRecord, Region, Report
+
+ENV = "HLOFUSE_MODULE_CACHE"
+FORMAT = 1
+#: modules larger than this (frozen weights inlined as constants) are not cached: the entry
+#: would cost more disk than the passes cost time. Entries are never evicted otherwise (delete
+#: the directory to reclaim the space).
+MAX_ENTRY_BYTES = 64 << 20
+STATS = {"hits": 0, "misses": 0, "writes": 0, "damaged": 0}
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+def directory() -> str:
+    base = os.environ.get("HLOFUSE_CACHE_DIR") or os.path.join(os.path.expanduser("~"),
+                                                               ".cache", "hlofuse")
+    return os.path.join(base, "modules")
+
+
+@functools.lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """Versions the optimized module depends on: jax, jaxlib and hlofuse's source files."""
+    import jax
+    import jaxlib
+    from hlofuse import kernels, passes
+    h = hashlib.sha256(f"jax-{jax.__version__}|jaxlib-{jaxlib.__version__}".encode())
+    roots = [("hlofuse", os.path.dirname(os.path.abspath(hir.__file__))),
+             ("hlofuse.passes", os.path.dirname(os.path.abspath(passes.__file__))),
+             ("hlofuse.kernels", os.path.dirname(os.path.abspath(kernels.__file__)))]
+    for name, root in roots:
+        for dirpath, dirnames, files in sorted(os.walk(root)):
+            dirnames.sort()
+            for f in sorted(files):
+                if f.endswith(".py"):
+                    st = os.stat(os.path.join(dirpath, f))
+                    rel = os.path.relpath(os.path.join(dirpath, f), root)
+                    h.update(f"{name}/{rel}:{st.st_size}:{st.st_mtime_ns}|".encode())
+    return h.hexdigest()[:24]
+
+
+def key(module_bytes: bytes, options: dict) -> str | None:
+    """The cache key, or None when the options cannot be keyed reliably (an object without a
+    stable text form, e.g. a callable in the pass options)."""
+    opts = json.dumps(options, sort_keys=True, default=repr)
+    if " at 0x" in opts:
+        return None
+    h = hashlib.sha256()
+    h.update(hashlib.sha256(bytes(module_bytes)).digest())
+    h.update(opts.encode())
+    h.update(code_fingerprint().encode())
+    return h.hexdigest()[:40]
+
+
+def _path(k: str) -> str:
+    return os.path.join(directory(), f"{k}.json")
+
+
+def _report_from_dict(d: dict) -> Report:
+    names = {f.name for f in dataclasses.fields(Report)}
+    rep = Report(**{k: v for k, v in d.items()
+                    if k in names and k not in ("regions", "passes", "xla_funcs")})
+    rfields = {f.name for f in dataclasses.fields(Region)}
+    rep.regions = [Region(**{k: v for k, v in r.items() if k in rfields}) for r in d["regions"]]
+    pfields = {f.name for f in dataclasses.fields(PassRecord)}
+    rep.passes = [PassRecord(**{k: v for k, v in p.items() if k in pfields}) for p in d["passes"]]
+    return rep
+
+
+def load(k: str, ctx=None):
+    """``(module, report)`` for key ``k``, or None (missing, damaged: one warning)."""
+    path = _path(k)
+    try:
+        with open(path) as fh:
+            raw = json.load(fh)
+    except FileNotFoundError:
+        STATS["misses"] += 1
+        return None
+    except (OSError, ValueError, RecursionError, UnicodeDecodeError) as e:
+        return _damaged(path, e)
+    try:
+        if not isinstance(raw, dict) or raw.get("format") != FORMAT or raw.get("key") != k:
+            raise ValueError("wrong format or key")
+        data = base64.b64decode(raw["module"], validate=True)
+        if hashlib.sha256(data).hexdigest() != raw["module_sha256"]:
+            raise ValueError("module checksum mismatch")
+        rep = _report_from_dict(raw["report"])
+        rep.xla_funcs = {int(i): str(t) for i, t in raw.get("xla_funcs", {}).items()}
+        # the checksum matches what this cache wrote from a live module: no subprocess probe
+        module = hir.parse(data, ctx or hir.new_context(), source=f"module cache {k}", probe=False)
+    except Exception as e:  # noqa: BLE001 - any damage is a miss
+        return _damaged(path, e)
+    STATS["hits"] += 1
+    return module, rep
+
+
+def _damaged(path: str, e: BaseException):
+    STATS["damaged"] += 1
+    STATS["misses"] += 1
+    warnings.warn(f"hlofuse: ignoring the damaged module cache entry {path} "
+                  f"({type(e).__name__}: {str(e)[:100]}); it will be rewritten", stacklevel=3)
+    return None
+
+
+def store(k: str, module, report: Report) -> None:
+    """Write an entry atomically; a failed write (read-only home, full disk) is ignored."""
+    from hlofuse.tools import formats
+    data = hir.to_bytecode(module)
+    if len(data) > MAX_ENTRY_BYTES:
+        return
+    payload = {"format": FORMAT, "key": k,
+               "module": base64.b64encode(data).decode(),
+               "module_sha256": hashlib.sha256(data).hexdigest(),
+               "report": report.to_dict(),
+               "xla_funcs": {str(i): t for i, t in report.xla_funcs.items()}}
+    try:
+        os.makedirs(directory(), exist_ok=True)
+        formats.atomic_write(_path(k), json.dumps(payload, default=str))
+        STATS["writes"] += 1
+    except (OSError, formats.FileError):
+        pass
+
+
+# ---------------------------------------------------------------------------------------------
+# jax's persistent compilation cache
+# ---------------------------------------------------------------------------------------------
+XLA_ENV = "HLOFUSE_XLA_CACHE"
+#: compiles shorter than this are not written to jax's cache (jax's own default is 1 s, which
+#: leaves out most single-layer programs; a cache entry costs one file write)
+XLA_MIN_COMPILE_S = 0.25
+_xla_cache_set = False
+
+
+def enable_xla_cache() -> str | None:
+    """Point jax's persistent compilation cache at ``<cache dir>/xla`` so a second process
+    skips XLA's compile too, unless the application configured one itself (then theirs is
+    used, untouched), the module cache is off, or ``HLOFUSE_XLA_CACHE=0``. Called when an
+    ``hlofuse.jit`` function is made; returns the directory in use (None: not ours)."""
+    global _xla_cache_set
+    if _xla_cache_set:
+        return os.path.join(os.path.dirname(directory()), "xla")
+    if not enabled() or os.environ.get(XLA_ENV, "1").strip().lower() in ("0", "off", "false", "no"):
+        return None
+    import jax
+    from jax._src import compilation_cache as cc
+    if jax.config.jax_compilation_cache_dir:
+        return None
+    path = os.path.join(os.path.dirname(directory()), "xla")
+    jax.config.update("jax_compilation_cache_dir", path)
+    if jax.config.jax_persistent_cache_min_compile_time_secs > XLA_MIN_COMPILE_S:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", XLA_MIN_COMPILE_S)
+    if getattr(cc, "_cache_checked", False) and not getattr(cc, "_cache_used", True):
+        cc.reset_cache()  # jax decided "no cache" at an earlier compile: decide again
+    _xla_cache_set = True
+    return path

@@ -1,0 +1,260 @@
+"""Measured per-region decisions (kernel vs XLA's own code), their cache, and the report.
+
+The decision logic is tested deterministically: the real harness (:func:`autotune.measure`,
+interleaved rounds, the decision rule) runs with a fake clock that charges each program by
+what it contains (a program that still has the region's kernel is "slow"), so no assertion
+depends on wall-clock time.
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+import hlofuse
+from hlofuse.testing import assert_same
+from hlofuse.tools import autotune as at
+
+
+def _ln(x, g, b):
+    m = x.mean(-1, keepdims=True)
+    v = ((x - m) ** 2).mean(-1, keepdims=True)
+    return (x - m) * jax.lax.rsqrt(v + 1e-5) * g + b
+
+
+def _args():
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((64, 128)), jnp.float32)
+    return x, jnp.ones((128,), jnp.float32), jnp.zeros((128,), jnp.float32)
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv(at.ENV_CACHE_DIR, str(tmp_path))
+    monkeypatch.delenv(at.ENV_ENABLE, raising=False)
+    monkeypatch.setattr(at, "MIN_CALL_S", 0.0)  # the test function is tiny
+    at.cache().clear_memory()
+    yield tmp_path
+    at.cache().clear_memory()
+
+
+def _fake_clock(monkeypatch, kernel_s: float, xla_s: float):
+    """Time a program by its content: ``kernel_s`` while the region's kernel is in it, else
+    ``xla_s``. Returns the list of (has_kernel) per timed measurement."""
+    seen = []
+    texts = {}
+
+    def time_once(fn, args, reps, kwargs=None):
+        if id(fn) not in texts:
+            texts[id(fn)] = fn.lower(*args, **(kwargs or {})).as_text()
+        has_kernel = "hlofuse_k" in texts[id(fn)]
+        seen.append(has_kernel)
+        return kernel_s if has_kernel else xla_s
+
+    class Idle(at.ForeignLoad):  # the machine's real load must not decide what is persisted
+        def __exit__(self, *exc):
+            super().__exit__(*exc)
+            self.foreign = 0.0
+            return False
+
+    monkeypatch.setattr(at, "_time_once", time_once)
+    monkeypatch.setattr(at, "ForeignLoad", Idle)
+    return seen
+
+
+def test_slower_kernel_keeps_xla_and_the_report_says_so(cache_dir, monkeypatch):
+    clock = _fake_clock(monkeypatch, kernel_s=1.9e-3, xla_s=1.0e-3)
+    args = _args()
+    f = hlofuse.jit(_ln, autotune="on")
+    planned = f.report(*args)
+    assert len(planned.kernels) == 1  # the region the fake clock makes slow
+    h = planned.kernels[0].extra["region_hash"]
+    want = jax.jit(_ln)(*args)
+    assert_same(f(*args), want, category="reassociate")
+    assert_same(f(*args), want, category="reassociate")  # second call: measured here
+    assert any(clock) and not all(clock)                 # both programs were timed
+    d = f.autotune_decision(*args)
+    assert d.xla_regions == {h}
+    assert d.regions[h]["choice"] == "xla" and d.regions[h]["ratio"] == pytest.approx(1.9)
+    rep = f.report(*args)
+    assert not rep.kernels
+    (r,) = [r for r in rep.regions if r.extra.get("region_hash") == h]
+    assert "kept XLA: kernel 1.90x slower, measured" in r.reason
+    assert any("1 kept XLA (kernel 1.90x slower)" in n for n in rep.notes)
+    # what runs from now on has no kernel, and the same numbers
+    assert "hlofuse_k" not in f.lower(*args).as_text()
+    assert_same(f(*args), want, category="reassociate")
+    # cached on disk by region hash
+    data = json.loads((cache_dir / "autotune.json").read_text())
+    (key,) = [k for k in data["regions"] if h in k]
+    assert data["regions"][key]["choice"] == "xla"
+    assert data["records"] and data["records"][0]["kind"] == "reduction"
+    assert data["records"][0]["ratio"] == pytest.approx(1.9)
+
+
+def test_transformations_of_a_decided_function_match_jax(cache_dir, monkeypatch):
+    """A region kept as XLA's code (measured here, and from the cache in a 'new process'):
+    grad, vmap and an outer jit still give jax's numbers."""
+    _fake_clock(monkeypatch, kernel_s=2e-3, xla_s=1e-3)
+    x, g, b = _args()
+    for mode in ("on", "cached"):
+        f = hlofuse.jit(_ln, autotune=mode)
+        f(x, g, b)
+        f(x, g, b)
+        if mode == "on":
+            assert f.autotune_decision(x, g, b).xla_regions
+            at.cache().clear_memory()
+        else:
+            assert not f.report(x, g, b).kernels   # applied when the program was built
+        loss = lambda f_: (lambda x_: (f_(x_, g, b) ** 2).sum())  # noqa: E731
+        assert_same(jax.grad(loss(f))(x), jax.grad(loss(_ln))(x), category="reassociate")
+        assert_same(jax.vmap(lambda r: f(r[None], g, b))(x[:4]),
+                    jax.vmap(lambda r: _ln(r[None], g, b))(x[:4]), category="reassociate")
+        assert_same(jax.jit(lambda x_: f(x_, g, b) * 2)(x), _ln(x, g, b) * 2,
+                    category="reassociate")
+
+
+def test_faster_kernel_is_kept(cache_dir, monkeypatch):
+    _fake_clock(monkeypatch, kernel_s=1.0e-3, xla_s=1.5e-3)
+    args = _args()
+    f = hlofuse.jit(_ln, autotune="on")
+    f(*args)
+    f(*args)
+    d = f.autotune_decision(*args)
+    assert not d.xla_regions and d.regions
+    (c,) = d.regions.values()
+    assert c["choice"] == "kernel" and "kept kernel" in c["reason"]
+    assert len(f.report(*args).kernels) == 1
+    assert "hlofuse_k" in f.lower(*args).as_text()
+
+
+def test_noise_inside_the_margin_keeps_the_kernel(cache_dir, monkeypatch):
+    _fake_clock(monkeypatch, kernel_s=1.02e-3, xla_s=1.0e-3)  # 2% < MARGIN
+    args = _args()
+    f = hlofuse.jit(_ln, autotune="on")
+    f(*args)
+    f(*args)
+    assert not f.autotune_decision(*args).xla_regions
+
+
+def test_shipped_decision_applies_in_cached_mode_without_measuring(cache_dir, monkeypatch):
+    clock = _fake_clock(monkeypatch, kernel_s=3e-3, xla_s=1e-3)
+    args = _args()
+    f = hlofuse.jit(_ln, autotune="on")
+    f(*args)
+    f(*args)
+    assert f.autotune_decision(*args).xla_regions
+    n_timed = len(clock)
+    # a later process: decisions only on disk, measuring never allowed
+    at.cache().clear_memory()
+    g = hlofuse.jit(_ln, autotune="cached")
+    want = jax.jit(_ln)(*args)
+    assert_same(g(*args), want, category="reassociate")  # first call already without kernel
+    rep = g.report(*args)
+    assert not rep.kernels
+    assert "(cached decision)" in rep.regions[0].reason
+    assert "hlofuse_k" not in g.lower(*args).as_text()
+    for _ in range(3):
+        assert_same(g(*args), want, category="reassociate")
+    assert len(clock) == n_timed  # nothing measured
+    # autotune off ignores decisions: the kernel as the passes made it
+    h = hlofuse.jit(_ln, autotune="off")
+    assert len(h.report(*args).kernels) == 1
+
+
+def test_damaged_cache_keeps_kernels_and_is_rewritten(cache_dir, monkeypatch):
+    (cache_dir / "autotune.json").write_text('{"decisions": {}, "regions": {"region:zz": '
+                                             '{"choice": "maybe"}}, "records": [1, {"kind": 3}]}')
+    args = _args()
+    with pytest.warns(UserWarning, match="damaged"):
+        f = hlofuse.jit(_ln, autotune="cached")
+        f(*args)
+    assert len(f.report(*args).kernels) == 1
+    (cache_dir / "autotune.json").write_text("{not json")
+    at.cache().clear_memory()
+    g = hlofuse.jit(_ln, autotune="cached")
+    g(*args)
+    assert len(g.report(*args).kernels) == 1
+
+
+def test_choices_are_confirmed_together(cache_dir, monkeypatch):
+    """Two choices that each won alone (an option variant and a region as XLA's code) are
+    timed together; when the combination does not win, only the best single one is kept."""
+    seen, known = [], {}
+
+    def time_once(fn, args, reps, kwargs=None):
+        if id(fn) not in known:
+            lowered = fn.lower(*args, **(kwargs or {}))
+            # the option variant compiles without YNNPACK fusions
+            known[id(fn)] = ("hlofuse_k" in lowered.as_text(),
+                             "ynn" not in lowered.compile().as_text())
+        has_kernel, ynn_off = known[id(fn)]
+        seen.append((has_kernel, ynn_off))
+        if has_kernel and not ynn_off:
+            return 2.0e-3         # the program as optimized
+        if has_kernel or not ynn_off:
+            return 1.5e-3 if has_kernel else 1.0e-3   # each choice alone wins
+        return 3.0e-3             # both together: slower than either
+
+    monkeypatch.setattr(at, "_time_once", time_once)
+    args = _args()
+    f = hlofuse.jit(_ln, autotune="on")
+    f(*args)
+    f(*args)
+    d = f.autotune_decision(*args)
+    (c,) = d.regions.values()
+    if not any(yo for _, yo in seen):
+        pytest.skip("XLA compiled the option variant to the same program here")
+    assert d.variant == "default" and c["choice"] == "xla"   # the better single choice
+    assert "kept only" in d.reason
+
+
+def test_decide_regions_rule():
+    m = at.Measurement({"default": 1.0, "xla:a": 0.5, "xla:b": 0.97, "xla:c": 0.5},
+                       ["xla:a", "xla:c"], 0.01, 5, ["xla:d"])
+    m.eligible = ["xla:a"]  # c won too few rounds
+    got = at.decide_regions(m, {"xla:a": "a" * 12, "xla:b": "b" * 12, "xla:c": "c" * 12,
+                                "xla:d": "d" * 12, "xla:e": "e" * 12})
+    assert got["a" * 12]["choice"] == "xla" and got["a" * 12]["ratio"] == 2.0
+    assert got["b" * 12]["choice"] == "kernel"
+    assert got["c" * 12]["choice"] == "kernel"
+    assert got["d" * 12]["choice"] == "kernel" and "identical HLO" in got["d" * 12]["reason"]
+    assert "e" * 12 not in got  # not measured (budget): no decision
+    skipped = at.Measurement({"default": 1.0}, [], 0.001, 0, [], "too short")
+    assert at.decide_regions(skipped, {"xla:a": "a" * 12}) == {}
+
+
+def test_decision_with_damaged_region_entry_is_rejected():
+    d = at.Decision("default", {}, {}, regions={"abcdef0123": {"choice": "xla", "ratio": 2.0}})
+    assert at.Decision.from_json(d.to_json()).xla_regions == {"abcdef0123"}
+    bad = dict(d.to_json(), regions={"abcdef0123": {"choice": "drop_everything"}})
+    with pytest.raises(ValueError):
+        at.Decision.from_json(bad)
+    with pytest.raises(ValueError):
+        at.Decision.from_json(dict(d.to_json(), regions={"../x": {"choice": "xla"}}))
+
+
+def test_cli_tune_measures_and_names_the_cache(tmp_path):
+    """``hlofuse tune`` offline: structure only (the measurement itself is real, so which
+    side wins is not asserted; a busy machine keeps the decision in memory and says so)."""
+    import os
+    import subprocess
+    import sys
+    (tmp_path / "lnmod.py").write_text(
+        "import jax\n"
+        "def ln(x, g, b):\n"
+        "    m = x.mean(-1, keepdims=True)\n"
+        "    v = ((x - m) ** 2).mean(-1, keepdims=True)\n"
+        "    return (x - m) * jax.lax.rsqrt(v + 1e-5) * g + b\n")
+    env = dict(os.environ, HLOFUSE_CLI_INPROCESS="1", HLOFUSE_XLA_CACHE="0")
+    env.pop("HLOFUSE_AUTOTUNE", None)
+    p = subprocess.run([sys.executable, "-m", "hlofuse.tools.cli", "tune", "lnmod:ln", "--args",
+                        "f32[64,128],f32[128],f32[128]", "--cache-dir", str(tmp_path / "ship"),
+                        "--budget", "20"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "region 0 (reduction, lnmod.py:" in p.stdout
+    assert ("kept kernel" in p.stdout) or ("kept XLA" in p.stdout)
+    assert f"decisions in {tmp_path / 'ship' / 'autotune.json'}" in p.stdout

@@ -1,0 +1,166 @@
+"""The persistent cache of optimized modules (a second process skips the pass pipeline):
+hit, miss, damage, invalidation by options and versions. No timing assertions."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+import hlofuse
+from hlofuse import runtime
+from hlofuse.testing import assert_same
+from hlofuse.tools import autotune as at
+from hlofuse.tools import module_cache as mc
+
+
+def _ln(x, g, b):
+    m = x.mean(-1, keepdims=True)
+    v = ((x - m) ** 2).mean(-1, keepdims=True)
+    return (x - m) * jax.lax.rsqrt(v + 1e-5) * g + b
+
+
+def _args():
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((16, 128)), jnp.float32)
+    return x, jnp.ones((128,), jnp.float32), jnp.zeros((128,), jnp.float32)
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("HLOFUSE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv(mc.ENV, "1")
+    monkeypatch.setenv(mc.XLA_ENV, "0")   # never touch jax's global cache config in tests
+    at.cache().clear_memory()
+    for k in mc.STATS:
+        monkeypatch.setitem(mc.STATS, k, 0)
+    yield tmp_path
+    at.cache().clear_memory()
+
+
+def _entries(d):
+    return sorted(os.listdir(d / "modules")) if (d / "modules").exists() else []
+
+
+def _no_passes(monkeypatch):
+    def boom(*a, **k):
+        raise AssertionError("the pass pipeline ran on a cache hit")
+    monkeypatch.setattr(runtime, "optimize", boom)
+
+
+def test_miss_then_hit_skips_the_passes(cache_dir, monkeypatch):
+    args = _args()
+    want = jax.jit(_ln)(*args)
+    f = hlofuse.jit(_ln, autotune="off")
+    assert_same(f(*args), want, category="reassociate")
+    rep1 = f.report(*args)
+    assert mc.STATS["misses"] == 1 and mc.STATS["writes"] == 1
+    assert len(_entries(cache_dir)) == 1
+    _no_passes(monkeypatch)               # "a second process": only the cache can answer
+    g = hlofuse.jit(_ln, autotune="off")
+    assert_same(g(*args), want, category="reassociate")
+    rep2 = g.report(*args)
+    assert mc.STATS["hits"] == 1
+    assert len(rep2.kernels) == len(rep1.kernels) == 1
+    assert rep2.regions[0].kind == rep1.regions[0].kind
+    assert rep2.regions[0].extra["region_hash"] == rep1.regions[0].extra["region_hash"]
+    assert rep2.notes == rep1.notes and [p.name for p in rep2.passes] == [p.name for p in rep1.passes]
+    assert g.lower(*args).as_text() == f.lower(*args).as_text()
+    # the kept original region functions survive (check=True and measured decisions need them)
+    assert set(rep2.xla_funcs) == set(rep1.xla_funcs)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "checksum", "garbage", "wrong_key"])
+def test_damaged_entry_is_a_miss_and_rewritten(cache_dir, damage):
+    args = _args()
+    want = jax.jit(_ln)(*args)
+    hlofuse.jit(_ln, autotune="off")(*args)
+    (name,) = _entries(cache_dir)
+    path = cache_dir / "modules" / name
+    raw = path.read_text()
+    if damage == "truncate":
+        path.write_text(raw[: len(raw) // 2])
+    elif damage == "garbage":
+        path.write_bytes(b"\x00\xff" * 100)
+    else:
+        d = json.loads(raw)
+        if damage == "checksum":
+            d["module_sha256"] = "0" * 64
+        else:
+            d["key"] = "other"
+        path.write_text(json.dumps(d))
+    with pytest.warns(UserWarning, match="damaged module cache entry"):
+        f = hlofuse.jit(_ln, autotune="off")
+        assert_same(f(*args), want, category="reassociate")
+    assert mc.STATS["damaged"] == 1 and len(f.report(*args).kernels) == 1
+    assert json.loads(path.read_text())["key"] == name[:-5]   # rewritten whole
+
+
+def test_options_and_versions_invalidate(cache_dir, monkeypatch):
+    args = _args()
+    hlofuse.jit(_ln, autotune="off")(*args)
+    hlofuse.jit(_ln, autotune="off", options={"no_kernels": True})(*args)
+    assert mc.STATS["misses"] == 2 and len(_entries(cache_dir)) == 2
+    hlofuse.jit(_ln, autotune="off", options={"no_kernels": True})(*args)
+    assert mc.STATS["hits"] == 1
+    # another hlofuse/jax version: a different key, the old entry is not used
+    monkeypatch.setattr(mc, "code_fingerprint", lambda: "another-version")
+    hlofuse.jit(_ln, autotune="off")(*args)
+    assert mc.STATS["misses"] == 3 and len(_entries(cache_dir)) == 3
+    # key(): the input module, the options and the versions all count
+    k = mc.key(b"module", {"a": 1})
+    assert k == mc.key(b"module", {"a": 1})
+    assert k != mc.key(b"module2", {"a": 1}) and k != mc.key(b"module", {"a": 2})
+    assert mc.key(b"module", {"a": object()}) is None   # cannot be keyed: not cached
+
+
+def test_off_and_dump_dir_bypass(cache_dir, monkeypatch, tmp_path):
+    args = _args()
+    monkeypatch.setenv(mc.ENV, "0")
+    hlofuse.jit(_ln, autotune="off")(*args)
+    assert _entries(cache_dir) == []
+    monkeypatch.setenv(mc.ENV, "1")
+    hlofuse.jit(_ln, autotune="off", dump_dir=str(tmp_path / "dumps"))(*args)
+    assert _entries(cache_dir) == [] and os.listdir(tmp_path / "dumps")
+
+
+def test_cached_region_decisions_apply_on_top_of_a_hit(cache_dir):
+    """The cached module is the passes' output; measured decisions are applied after loading,
+    so a decision made later still takes effect and never changes what is cached."""
+    args = _args()
+    want = jax.jit(_ln)(*args)
+    f = hlofuse.jit(_ln, autotune="cached")
+    f(*args)
+    h = f.report(*args).kernels[0].extra["region_hash"]
+    at.cache().put_regions({at.region_key(h, at.device_key()): {
+        "choice": "xla", "ratio": 1.5, "reason": "kept XLA: kernel 1.50x slower, measured"}})
+    g = hlofuse.jit(_ln, autotune="cached")
+    assert_same(g(*args), want, category="reassociate")
+    assert mc.STATS["hits"] == 1 and not g.report(*args).kernels
+    assert len(hlofuse.jit(_ln, autotune="off").report(*args).kernels) == 1  # cache untouched
+
+
+def test_xla_cache_left_alone_when_off(cache_dir):
+    assert mc.enable_xla_cache() is None   # HLOFUSE_XLA_CACHE=0
+
+
+def test_lapack_calls_still_lower_after_a_cache_hit(cache_dir):
+    """hlofuse skips jax's LAPACK initialization when lowering its own call only for modules
+    without LAPACK custom calls; a module with them (here from a cache hit) still works."""
+    def f(a):
+        return jnp.linalg.inv(a) @ a
+    a = jnp.asarray(np.random.default_rng(1).standard_normal((8, 8)) + 8 * np.eye(8), jnp.float32)
+    want = jax.jit(f)(a)
+    assert_same(hlofuse.jit(f, autotune="off")(a), want, category="reassociate")
+    g = hlofuse.jit(f, autotune="off")
+    assert b"lapack" in g.lower(a).exported.mlir_module_serialized
+    assert_same(g(a), want, category="reassociate")
+    assert mc.STATS["hits"] == 1
+
+
+def test_oversized_modules_are_not_cached(cache_dir, monkeypatch):
+    monkeypatch.setattr(mc, "MAX_ENTRY_BYTES", 10)
+    hlofuse.jit(_ln, autotune="off")(*_args())
+    assert _entries(cache_dir) == [] and mc.STATS["writes"] == 0
