@@ -492,7 +492,7 @@ class _XlaVariant(Program):
 
     def __init__(self, parent: Program, hashes: frozenset):
         super().__init__(parent.fun, parent.opts, name=parent.name, linear=parent.linear,
-                         donated=parent.donated)
+                         donated=parent.donated, shardings=parent.shardings)
         self.parent = parent
         self.hashes = hashes
         self._jaxprs = parent._jaxprs
@@ -501,8 +501,8 @@ class _XlaVariant(Program):
     def jaxpr(self, sig: Signature) -> jcore.ClosedJaxpr:
         return self.parent.jaxpr(sig)
 
-    def _build(self, sig: Signature, target: Target) -> Entry:
-        base = self.parent.entry(sig, target)
+    def _build(self, sig: Signature, target: Target, spmd_devices: int = 1) -> Entry:
+        base = self.parent.entry(sig, target, spmd_devices)
         if base.exported is None:
             return base
         dev = at.device_key()
