@@ -20,3 +20,4 @@ from hlofuse.passes import algebraic_simplify as algebraic_simplify
 from hlofuse.passes import batchnorm_fold as batchnorm_fold
 from hlofuse.passes import layout_assignment as layout_assignment
 from hlofuse.passes import buffer_aliasing as buffer_aliasing
+from hlofuse.passes import row_gather_scatter as row_gather_scatter
