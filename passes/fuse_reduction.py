@@ -3,7 +3,9 @@
 Rewrites: every ``stablehlo.reduce`` over the last dim (add/max/min/mul/and/or reducer, constant
 init) anchors a region that grows over producers and users which stay in the anchor's row view
 (elementwise ops on whole rows or on per-row values, broadcasts between them, keepdims reshapes,
-further row reductions over the same rows). Softmax, log-softmax, layernorm, rmsnorm, sum of
+further row reductions over the same rows, and column reductions of its full rows as
+outputs: a norm backward's d(scale)/d(bias), a bias gradient; the kernel writes one partial per
+row block and the partials are combined after it). Softmax, log-softmax, layernorm, rmsnorm, sum of
 squares and mean/variance are found this way *structurally* — whatever order, helper ops or
 keepdims style the user wrote them in — and the report labels them (``extra['pattern']``).
 A producer that also feeds ops outside the region is recomputed inside or materialized as an
@@ -27,7 +29,7 @@ from hlofuse.kernels.reduction import pattern_name
 from hlofuse.kernels.tiling import row_blocks
 from hlofuse.passes.fusion.anchored import Grown, fuse_anchored
 from hlofuse.passes.fusion.commit import LeftToXla
-from hlofuse.kernels.support import ClassError, View, extend_classes, view_classes
+from hlofuse.kernels.support import ClassError, View, extend_classes, is_column_reduce, view_classes
 from hlofuse.passes.fusion.predicates import reduction_anchor, reduction_member
 from hlofuse.passes.fusion.regions import grow_region, rematerialize
 
@@ -64,6 +66,10 @@ def grow(graph, anchor, tried: set, target: Target):
         why = reduction_member(c, target)
         if why is not None:
             return why
+        if direction == "producer" and is_column_reduce(c):
+            return "a column reduction joins only as an output of the region that computes its operand"
+        if any(is_column_reduce(p) for p in graph.producers(c) if p in members):
+            return "reads a column reduction (complete only after the last row block)"
         try:
             state["pending"][c] = extend_classes(state["classes"], c, view)
         except ClassError as e:
