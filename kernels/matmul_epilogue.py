@@ -443,7 +443,10 @@ def build_matmul_epilogue(spec: MatmulSpec, target: Target | str, *, interpret=N
     if any(np.dtype(d) == np.bool_ for d in spec.out_dtypes) and not target.is_cpu:
         raise EmitError("boolean matmul-region outputs are not supported on gpu/tpu")
     itemsize = max(np.dtype(spec.in_dtypes[spec.lhs_arg]).itemsize, 2)
-    n_full_extra = sum(1 for _, c in spec.extra_args if c == FULL)
+    # full-tile VMEM beyond the operands and one output per dot: full extra inputs (residuals)
+    # and extra outputs (a training forward also writes the activation's saved values)
+    n_full_extra = (sum(1 for _, c in spec.extra_args if c == FULL)
+                    + max(0, len(spec.out_dtypes) - len(spec.dots)))
     try:
         blocks = blocks or matmul_blocks(spec.batch, spec.m, spec.n, spec.k, target=target, itemsize=itemsize,
                                          members=len(spec.dots),

@@ -16,16 +16,20 @@ the backward ((softmax - onehot)·g) form one row region:
   exists in memory anyway, and reading one element per row beats a masked pass over the row;
   optax's loss gathers from the logits themselves) and sits in a row computation (it feeds, or
   is computed from, a reduction over the last dim of the same rows within a few elementwise
-  hops), so that the masked sum joins a row region that reads those rows anyway and the
-  (rows, vocab) log-probabilities are never written.
+  hops) that fits a row kernel on the target (``max_row_elems``: a gpu row holds 16k elements,
+  so a 32k vocabulary stays with XLA there), so that the masked sum joins a row region that
+  reads those rows anyway and the (rows, vocab) log-probabilities are never written.
 * **scatter**-add into ``x`` (same dimension numbers, update combiner ``add``, one index per
   row) -> ``select(j == idx[r], x + broadcast(upd), x)``. Exact: each element receives at most
   one update (one index per row), combined with the same ``add``; out-of-range indices match
   no column, as scatter skips them.
 * **degenerate reduce** (every reduced dim has size 1) with a single binary reducer and a
-  scalar init -> ``reducer(reshape(x), init)``: an elementwise op, so it no longer splits a row
+  scalar init -> ``reducer(reshape(x), init)``, or ``reshape(x)`` when the init is the
+  reducer's exact identity (``-0.0`` for add, ``true`` for and, ...): an elementwise op, so it no longer splits a row
   region (log-softmax's backward sums a ``(rows, 1)`` value over its size-1 dim). Exact: a
-  reduction of one element is the reducer applied once to it and the init.
+  reduction of one element is the reducer applied once to it and the init. Boolean ones (the
+  label bounds mask) are kept: as i1 logic inside a row kernel Mosaic cannot lane-broadcast
+  them; kept outside they enter the kernel as an int32 row input.
 
 Not rewritten: gathers of several elements per row, windows, ``offset_dims``, index vectors
 that address more than the last dim, and scatters with another combiner (the statistics count
@@ -50,6 +54,7 @@ from hlofuse.pipeline import Pass, register_pass
 from hlofuse.report import Refusals
 from hlofuse.passes import graph_util as gu
 from hlofuse.passes.fusion.outline import program_blocks
+from hlofuse.kernels.tiling import max_row_elems
 
 # how far (ops visited through elementwise/broadcast/reshape) to look for the row reduction that
 # makes a rewritten gather free (it joins that reduction's region)
@@ -142,6 +147,10 @@ def degenerate_reduce(op) -> str | None:
     dims = gu.i64_array(op, "dimensions")
     if not dims or any(x.shape[d] != 1 for d in dims):
         return "reduces a dim longer than 1"
+    if x.dtype == "i1":
+        # take_along_axis's bounds mask: pulled into a row kernel as i1 logic, Mosaic cannot
+        # lane-broadcast it (TPU v5e/v6e); left as a tiny reduce, it enters as an int32 row input
+        return "boolean"
     blk = op.regions[0].blocks[0]
     body = [o.operation for o in blk.operations]
     a, b = blk.arguments[0], blk.arguments[1]
@@ -256,12 +265,37 @@ def rewrite_scatter(op) -> ir.Value:
     return gu.create("stablehlo.select", [eq, added, x], [x.type], before=op).results[0]
 
 
+def _exact_identity(reducer: str, init) -> bool:
+    """Is ``init`` a value the reducer leaves every element unchanged with, bit for bit
+    (``x + -0.0``, ``x * 1``, ``max(x, -inf)``, ``x & ~0``, ...; not ``x + 0.0``: -0.0)?"""
+    v = gu.splat_value(init)
+    if v is None:
+        return False
+    a = np.asarray(v)
+    if a.dtype.kind == "c":
+        return False
+    if a.dtype == np.bool_:
+        return bool(a) == (reducer == "stablehlo.and") and reducer in ("stablehlo.and", "stablehlo.or")
+    if reducer == "stablehlo.add":
+        return bool(a == 0) and (a.dtype.kind in "iu" or bool(np.signbit(a.astype(np.float64))))
+    if reducer == "stablehlo.multiply":
+        return bool(a == 1)
+    if a.dtype.kind in "iu":
+        info = np.iinfo(a.dtype)
+        return bool(a == {"stablehlo.maximum": info.min, "stablehlo.minimum": info.max}.get(reducer, None))
+    if reducer in ("stablehlo.maximum", "stablehlo.minimum"):
+        return bool(a == (-np.inf if reducer == "stablehlo.maximum" else np.inf))
+    return False
+
+
 def rewrite_degenerate(op) -> ir.Value:
     x, init = op.operands[0], op.operands[1]
     reducer = [o.operation for o in op.regions[0].blocks[0].operations][0].name
     out_t = op.results[0].type
     shape = list(gu.info(op.results[0]).shape)
     y = gu.create("stablehlo.reshape", [x], [out_t], before=op).results[0]
+    if _exact_identity(reducer, init):
+        return y   # one element reduced with the identity: the element itself
     init_b = gu.make_broadcast(init, [], out_t, before=op) if shape else init
     return gu.create(reducer, [y, init_b], [out_t], before=op).results[0]
 
@@ -297,6 +331,9 @@ class RowGatherScatter(Pass):
                         if d is None or rule_for(d.name).cls is not OpClass.ELEMENTWISE:
                             why = ("operand is materialized anyway (one element per row is cheaper "
                                    "than a masked row sum)")
+                        elif x.shape[-1] > max_row_elems(ctx.target):
+                            why = (f"row of {x.shape[-1]} elements exceeds the on-chip row limit for "
+                                   f"{ctx.target} (no row kernel would read it)")
                         elif not near_row_reduction(op.operands[0], x.shape[-1], list(x.shape[:-1])):
                             why = "no row reduction over the gathered rows (a masked row sum would cost a full read)"
                     if why is None:

@@ -83,7 +83,8 @@ def test_cross_entropy_fwd_bwd_is_one_row_kernel(loss, dtype):
     red = [k for k in kernels(rep, "reduction") if k.extra["view"] == f"{ROWS}x{VOCAB}"]
     assert len(red) == 1, rep
     assert red[0].extra["pattern"] == "log-softmax"
-    assert not kernels(rep, "elementwise"), rep   # no separate pass over the (rows, vocab) grad
+    # no separate pass over the (rows, vocab) gradient (the labels' bounds checks are (rows, 1))
+    assert all(k.bytes_fused < ROWS * VOCAB for k in kernels(rep, "elementwise")), rep
     text = f.lower(logits, labels).as_text()
     assert "stablehlo.gather" not in text and "stablehlo.scatter" not in text
     got, want = f(logits, labels), jax.jit(step)(logits, labels)

@@ -37,42 +37,40 @@ module @jit_xent attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 
     %22 = stablehlo.broadcast_in_dim %21, dims = [0, 1, 2] : (tensor<1x1x1xi32>) -> tensor<4x1x1xi32>
     %23 = stablehlo.compare LE, %18, %22, SIGNED : (tensor<4x1x1xi32>, tensor<4x1x1xi32>) -> tensor<4x1x1xi1>
     %24 = stablehlo.and %20, %23 : tensor<4x1x1xi1>
-    %25 = stablehlo.reshape %24 : (tensor<4x1x1xi1>) -> tensor<4x1xi1>
-    %26 = stablehlo.broadcast_in_dim %c_4, dims = [] : (tensor<i1>) -> tensor<4x1xi1>
-    %27 = stablehlo.and %25, %26 : tensor<4x1xi1>
-    %28 = stablehlo.reshape %18 : (tensor<4x1x1xi32>) -> tensor<4x1xi32>
-    %29 = stablehlo.clamp %c_7, %28, %c : (tensor<i32>, tensor<4x1xi32>, tensor<i32>) -> tensor<4x1xi32>
-    %30 = stablehlo.broadcast_in_dim %29, dims = [0, 1] : (tensor<4x1xi32>) -> tensor<4x8xi32>
-    %31 = stablehlo.iota dim = 0 : tensor<8xi32>
-    %32 = stablehlo.broadcast_in_dim %31, dims = [1] : (tensor<8xi32>) -> tensor<4x8xi32>
-    %33 = stablehlo.compare EQ, %32, %30, SIGNED : (tensor<4x8xi32>, tensor<4x8xi32>) -> tensor<4x8xi1>
-    %34 = stablehlo.select %33, %11, %cst_0 : tensor<4x8xi1>, tensor<4x8xf32>
-    %35 = stablehlo.reduce(%34 init: %cst) applies stablehlo.add across dimensions = [1] : (tensor<4x8xf32>, tensor<f32>) -> tensor<4xf32>
-    %36 = stablehlo.reshape %35 : (tensor<4xf32>) -> tensor<4x1xf32>
-    %37 = stablehlo.broadcast_in_dim %cst_3, dims = [] : (tensor<f32>) -> tensor<4x1xf32>
-    %38 = stablehlo.select %27, %36, %37 : tensor<4x1xi1>, tensor<4x1xf32>
-    %39 = stablehlo.reduce(%38 init: %cst_8) applies stablehlo.add across dimensions = [0, 1] : (tensor<4x1xf32>, tensor<f32>) -> tensor<f32>
-    %40 = stablehlo.divide %39, %cst_2 : tensor<f32>
-    %41 = stablehlo.negate %40 : tensor<f32>
-    %42 = stablehlo.negate %cst_1 : tensor<f32>
-    %43 = stablehlo.divide %42, %cst_2 : tensor<f32>
-    %44 = stablehlo.broadcast_in_dim %43, dims = [] : (tensor<f32>) -> tensor<4x1xf32>
-    %45 = stablehlo.broadcast_in_dim %cst_8, dims = [] : (tensor<f32>) -> tensor<4x8xf32>
-    %46 = stablehlo.broadcast_in_dim %28, dims = [0, 1] : (tensor<4x1xi32>) -> tensor<4x8xi32>
-    %47 = stablehlo.compare EQ, %32, %46, SIGNED : (tensor<4x8xi32>, tensor<4x8xi32>) -> tensor<4x8xi1>
-    %48 = stablehlo.broadcast_in_dim %44, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x8xf32>
-    %49 = stablehlo.add %45, %48 : tensor<4x8xf32>
-    %50 = stablehlo.select %47, %49, %45 : tensor<4x8xi1>, tensor<4x8xf32>
-    %51 = stablehlo.negate %50 : tensor<4x8xf32>
-    %52 = stablehlo.reduce(%51 init: %cst_8) applies stablehlo.add across dimensions = [1] : (tensor<4x8xf32>, tensor<f32>) -> tensor<4xf32>
-    %53 = stablehlo.reshape %52 : (tensor<4xf32>) -> tensor<4x1xf32>
-    %54 = stablehlo.divide %53, %8 : tensor<4x1xf32>
-    %55 = stablehlo.reshape %54 : (tensor<4x1xf32>) -> tensor<4xf32>
-    %56 = stablehlo.broadcast_in_dim %cst_8, dims = [] : (tensor<f32>) -> tensor<4xf32>
-    %57 = stablehlo.add %55, %56 : tensor<4xf32>
-    %58 = stablehlo.broadcast_in_dim %57, dims = [0] : (tensor<4xf32>) -> tensor<4x8xf32>
-    %59 = stablehlo.multiply %58, %6 : tensor<4x8xf32>
-    %60 = stablehlo.add %50, %59 : tensor<4x8xf32>
-    return %41, %60 : tensor<f32>, tensor<4x8xf32>
+    %25 = stablehlo.reduce(%24 init: %c_4) applies stablehlo.and across dimensions = [2] : (tensor<4x1x1xi1>, tensor<i1>) -> tensor<4x1xi1>
+    %26 = stablehlo.reshape %18 : (tensor<4x1x1xi32>) -> tensor<4x1xi32>
+    %27 = stablehlo.clamp %c_7, %26, %c : (tensor<i32>, tensor<4x1xi32>, tensor<i32>) -> tensor<4x1xi32>
+    %28 = stablehlo.broadcast_in_dim %27, dims = [0, 1] : (tensor<4x1xi32>) -> tensor<4x8xi32>
+    %29 = stablehlo.iota dim = 0 : tensor<8xi32>
+    %30 = stablehlo.broadcast_in_dim %29, dims = [1] : (tensor<8xi32>) -> tensor<4x8xi32>
+    %31 = stablehlo.compare EQ, %30, %28, SIGNED : (tensor<4x8xi32>, tensor<4x8xi32>) -> tensor<4x8xi1>
+    %32 = stablehlo.select %31, %11, %cst_0 : tensor<4x8xi1>, tensor<4x8xf32>
+    %33 = stablehlo.reduce(%32 init: %cst) applies stablehlo.add across dimensions = [1] : (tensor<4x8xf32>, tensor<f32>) -> tensor<4xf32>
+    %34 = stablehlo.reshape %33 : (tensor<4xf32>) -> tensor<4x1xf32>
+    %35 = stablehlo.broadcast_in_dim %cst_3, dims = [] : (tensor<f32>) -> tensor<4x1xf32>
+    %36 = stablehlo.select %25, %34, %35 : tensor<4x1xi1>, tensor<4x1xf32>
+    %37 = stablehlo.reduce(%36 init: %cst_8) applies stablehlo.add across dimensions = [0, 1] : (tensor<4x1xf32>, tensor<f32>) -> tensor<f32>
+    %38 = stablehlo.divide %37, %cst_2 : tensor<f32>
+    %39 = stablehlo.negate %38 : tensor<f32>
+    %40 = stablehlo.negate %cst_1 : tensor<f32>
+    %41 = stablehlo.divide %40, %cst_2 : tensor<f32>
+    %42 = stablehlo.broadcast_in_dim %41, dims = [] : (tensor<f32>) -> tensor<4x1xf32>
+    %43 = stablehlo.broadcast_in_dim %cst_8, dims = [] : (tensor<f32>) -> tensor<4x8xf32>
+    %44 = stablehlo.broadcast_in_dim %26, dims = [0, 1] : (tensor<4x1xi32>) -> tensor<4x8xi32>
+    %45 = stablehlo.compare EQ, %30, %44, SIGNED : (tensor<4x8xi32>, tensor<4x8xi32>) -> tensor<4x8xi1>
+    %46 = stablehlo.broadcast_in_dim %42, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x8xf32>
+    %47 = stablehlo.add %43, %46 : tensor<4x8xf32>
+    %48 = stablehlo.select %45, %47, %43 : tensor<4x8xi1>, tensor<4x8xf32>
+    %49 = stablehlo.negate %48 : tensor<4x8xf32>
+    %50 = stablehlo.reduce(%49 init: %cst_8) applies stablehlo.add across dimensions = [1] : (tensor<4x8xf32>, tensor<f32>) -> tensor<4xf32>
+    %51 = stablehlo.reshape %50 : (tensor<4xf32>) -> tensor<4x1xf32>
+    %52 = stablehlo.divide %51, %8 : tensor<4x1xf32>
+    %53 = stablehlo.reshape %52 : (tensor<4x1xf32>) -> tensor<4xf32>
+    %54 = stablehlo.broadcast_in_dim %cst_8, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %55 = stablehlo.add %53, %54 : tensor<4xf32>
+    %56 = stablehlo.broadcast_in_dim %55, dims = [0] : (tensor<4xf32>) -> tensor<4x8xf32>
+    %57 = stablehlo.multiply %56, %6 : tensor<4x8xf32>
+    %58 = stablehlo.add %48, %57 : tensor<4x8xf32>
+    return %39, %58 : tensor<f32>, tensor<4x8xf32>
   }
 }
