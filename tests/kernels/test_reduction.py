@@ -108,7 +108,7 @@ def test_layernorm_backward_column_partials_on_gpu_and_tpu_blocks():
     x = R.standard_normal((20, 100)).astype(np.float32)
     s, b = R.standard_normal(100).astype(np.float32), R.standard_normal(100).astype(np.float32)
     loss = lambda p, x: (layernorm(x, p["s"], p["b"]) ** 2).sum()  # noqa: E731
-    keep = outline(jax.value_and_grad(loss), ({"s": s, "b": b}, x), "fuse-reduction")
+    keep = outline(jax.value_and_grad(loss), ({"s": s, "b": b}, x), "fuse-reduction{column_reductions=on}")
     (f,) = keep.funcs("reduction")
     spec = red.spec_from_func(f)
     assert len(spec.col_outputs) == 2 and spec.pattern == "layernorm"

@@ -19,6 +19,8 @@ from hlofuse.execute import run_module
 from tests.fusion_util import PREFIX, check_kernel_everywhere, kernels, outline
 
 R = np.random.default_rng(5)
+ON = "row-gather-scatter{on_cpu=true}"          # off on cpu by default (measured slower there)
+ON_OPTS = {"row-gather-scatter": {"on_cpu": True}}
 ROWS, VOCAB = 16, 200
 
 
@@ -52,7 +54,7 @@ def _pass_only(fn, args):
     """(module text before, optimized result after) of the pass alone on ``fn``'s program."""
     text = jax.jit(fn).lower(*args).as_text()
     before = hlofuse.optimize(text, pipeline=PREFIX).text
-    return before, hlofuse.optimize(before, pipeline="row-gather-scatter")
+    return before, hlofuse.optimize(before, pipeline=ON)
 
 
 def test_pass_is_exact_and_fires_on_cross_entropy_grad():
@@ -66,7 +68,7 @@ def test_pass_is_exact_and_fires_on_cross_entropy_grad():
     ins = [logits, labels]
     assert_same(run_module(after.text, ins), run_module(before, ins), "exact")
     # rerun: nothing left to rewrite, same text
-    again = hlofuse.optimize(after.text, pipeline="row-gather-scatter")
+    again = hlofuse.optimize(after.text, pipeline=ON)
     assert not any(v for k, v in _stats(again.report).items() if not k.startswith("refused")), _stats(again.report)
     assert again.text == after.text
 
@@ -76,7 +78,7 @@ def test_pass_is_exact_and_fires_on_cross_entropy_grad():
 def test_cross_entropy_fwd_bwd_is_one_row_kernel(loss, dtype):
     logits, labels = _args(dtype)
     step = jax.value_and_grad(loss)
-    f = hlofuse.jit(step, target="cpu", autotune=False)
+    f = hlofuse.jit(step, target="cpu", autotune=False, options=ON_OPTS)
     rep = f.report(logits, labels)
     # logsumexp, the loss rows and d(logits) in one kernel over the (rows, vocab) logits (the
     # one_hot form's mean over the rows may be a second, (1, rows) kernel)
@@ -101,7 +103,7 @@ def test_cross_entropy_region_on_gpu_and_tpu_blocks():
     # constant-fold as in the default pipeline (a kernel body holding negate(constant) does not
     # lower to Triton: jax 0.10.2 lowers the literal to a numpy value)
     keep = outline(jax.value_and_grad(xent_take), (logits, labels),
-                   "constant-fold,algebraic-simplify,row-gather-scatter,fuse-reduction")
+                   f"constant-fold,algebraic-simplify,{ON},fuse-reduction")
     (fn,) = keep.funcs("reduction")
     used = check_kernel_everywhere(fn, FAMILIES["reduction"], category="reassociate",
                                    gpu_blocks=RowBlocks("gpu", 24, 100, 8, 128),
@@ -137,5 +139,19 @@ def test_pass_disabled_by_option_keeps_the_program():
     logits, labels = _args()
     text = jax.jit(jax.value_and_grad(xent_take)).lower(logits, labels).as_text()
     before = hlofuse.optimize(text, pipeline=PREFIX).text
-    after = hlofuse.optimize(before, pipeline="row-gather-scatter{gather=false,scatter=false,degenerate=false}")
+    after = hlofuse.optimize(before, pipeline="row-gather-scatter{on_cpu=true,gather=false,scatter=false,"
+                                              "degenerate=false}")
     assert after.text == before
+
+
+def test_off_on_cpu_by_default_and_says_why():
+    logits, labels = _args()
+    step = jax.value_and_grad(xent_take)
+    text = jax.jit(step).lower(logits, labels).as_text()
+    before = hlofuse.optimize(text, pipeline=PREFIX).text
+    after = hlofuse.optimize(before, pipeline="row-gather-scatter")
+    assert after.text == before and _stats(after.report)["off_on_cpu"] == 1
+    assert any("off on cpu by default" in n for n in after.report.notes), after.report.notes
+    # gpu: on by default (the row fits a gpu row kernel)
+    gpu = hlofuse.jit(step, target="gpu").lower(logits, labels)
+    assert _stats(gpu.report)["gather"] == 1 and len(kernels(gpu.report, "reduction")) >= 1

@@ -1,3 +1,4 @@
+// golden: options={"on_cpu": true}
 // jax.value_and_grad of -take_along_axis(log_softmax(z), y[:, None], -1).mean() (jax export, after
 // inline-calls,canonicalize,cse): the label gather becomes a masked row sum, the gradient's
 // scatter-add a select over the row, the size-1 reduces elementwise ops.

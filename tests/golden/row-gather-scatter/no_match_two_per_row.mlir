@@ -1,3 +1,4 @@
+// golden: options={"on_cpu": true}
 // golden: unchanged
 // golden: reason=not one index per row
 // take_along_axis(z, y, -1) with two labels per row, next to a row sum: two elements per row
