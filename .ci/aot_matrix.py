@@ -35,6 +35,10 @@ KNOWN = [
      "attention kernel"),
     ("tpu", "llama_block", "attention", "Invalid relayout",
      "same causal-mask relayout in the Llama block's attention"),
+    ("tpu", "bf16/train_xent", "reduction", "Lane broadcast",
+     "the label bounds mask enters the bf16 cross-entropy row kernel as a (rows, 1) boolean "
+     "(int32 across the boundary); Mosaic on v5e/v6e cannot lane-broadcast its i1 compare "
+     "(v4 and f32 compile)"),
 ]
 
 
@@ -112,6 +116,31 @@ def _cases() -> list[Case]:
         add("s8192_biasmask", "attention", d, lambda t=t: (
             lambda q, k, v, m: W.attention(q, k, v, mask=m),
             [S((1, 8192, 4, 64), t)] * 3 + [S((1, 1, 1, 8192), jnp.float32)]), no_f16_tpu)
+
+    # training steps (issue 15 item 3), value_and_grad: cross-entropy forward + backward over a
+    # 32k vocabulary (one row kernel: labels as a row input, the vocab iota as a column input),
+    # a layernorm backward (d(scale)/d(bias) column partials per row block), a GELU MLP backward
+    # (the derivative as the backward matmul's epilogue); select them with --only train_
+    def _xent(z, y):
+        return -jnp.take_along_axis(jax.nn.log_softmax(z), y[:, None], -1).mean()
+
+    def _ln_loss(p, x):
+        return (W.layer_norm(x, p[0], p[1]) ** 2).sum()
+
+    def _mlp_loss(p, x):
+        return jnp.sum((jax.nn.gelu(x @ p[0] + p[1]) @ p[2]) ** 2)
+
+    for d in ("f32", "bf16"):
+        t = dt[d]
+        # (a gpu row kernel holds 16k elements: the 32k vocabulary is a tpu kernel, XLA on gpu)
+        for v in (8192, 32768):
+            add(f"train_xent_fwd_bwd_512x{v}", "reduction", d, lambda t=t, v=v: (
+                jax.value_and_grad(_xent), [S((512, v), t), S((512,), jnp.int32)]))
+        add("train_layernorm_bwd_512x768", "reduction", d, lambda t=t: (
+            jax.value_and_grad(_ln_loss), [(S((768,), t), S((768,), t)), S((512, 768), t)]))
+        add("train_gelu_mlp_bwd_512x768x3072", "matmul_epilogue", d, lambda t=t: (
+            jax.value_and_grad(_mlp_loss),
+            [(S((768, 3072), t), S((3072,), t), S((3072, 768), t)), S((512, 768), t)]))
 
     # int8 where a family supports it: elementwise (gpu; TPU kernels take no 8/16-bit ints)
     add("tiny", "elementwise", "int8", lambda: (

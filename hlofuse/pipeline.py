@@ -286,6 +286,9 @@ PIPELINES: dict[str, list[tuple[str, str]]] = {
         ("algebraic-simplify", "exact identities (x*1, double transpose, relu o relu, ...) as a table"),
         ("batchnorm-fold", "fold inference BatchNorm scale/shift into constant conv/dot weights"),
         ("layout-assignment", "target layouts (NHWC convs on gpu/tpu); sink and cancel transposes"),
+        ("row-gather-scatter", "per-row gathers/scatters (cross-entropy labels) and size-1 reduces as row-view ops, "
+                               "so the loss forward and backward form one row region; before the second "
+                               "cse/constant-fold/algebraic-simplify, which clean up what it builds"),
         ("cse", "upstream: merge what the cleanups made identical (e.g. boundary transposes)"),
         ("constant-fold", "again: fold what simplification and cse exposed (e.g. x|x of two merged "
                           "constants); without it a second run of the pipeline still changes the module"),

@@ -8,7 +8,8 @@ values ``(1, 1)`` (or ``()`` for rank-0 values), optionally with a leading batch
 * ``broadcast_in_dim`` becomes ``broadcast_to`` the result class's block shape,
 * ``reshape`` is the identity (it never leaves its class's view),
 * a row ``reduce`` reduces the block's last axis (``keepdims``), masking lanes past the real
-  row length when the block is padded (Triton blocks are powers of two),
+  row length when the block is padded (Triton blocks are powers of two); a column ``reduce``
+  (over every row) gives the block's partial ``(1, bc)``, which the kernel writes per row block,
 * splat constants become literals of the class's block shape,
 * every other op comes from the op rule table (:mod:`hlofuse.ops`), operands of a smaller
   class broadcast to the result's block first.
@@ -26,9 +27,9 @@ import jax.numpy as jnp
 from hlofuse import ir as hir
 from hlofuse.ops import EmitError, const_value, emit_op, splat_scalar
 from hlofuse.kernels.interpret import Rule, eval_reference, interpret, reduce_init, reduce_with_init
-from hlofuse.kernels.support import ROW, SCALAR
+from hlofuse.kernels.support import COL, REDUCERS, ROW, SCALAR, reduce_info
 
-__all__ = ["block_rules", "eval_block", "eval_reference", "reduce_rows"]
+__all__ = ["block_rules", "eval_block", "eval_reference", "reduce_rows", "reduce_cols_partial"]
 
 
 def reduce_rows(op, x, *, valid=None, f32_math: bool = False):
@@ -41,6 +42,23 @@ def reduce_rows(op, x, *, valid=None, f32_math: bool = False):
     if valid is not None:
         x = jnp.where(valid, x, jnp.asarray(init, x.dtype))
     return reduce_with_init(op, x, axis=-1, keepdims=True).astype(dt)
+
+
+def reduce_cols_partial(op, x, *, row_valid=None):
+    """A column reduce's partial result over the rows of block ``x``: ``(1, bc)``, reduced with
+    the reducer's identity (the init is combined once, after the last block; see
+    :func:`~hlofuse.kernels.reduction.build_reduction`), rows outside ``row_valid`` (past the
+    last real row of a partial last block) masked out; 16-bit floats accumulate in f32 and the
+    partial stays f32."""
+    kind, _, _ = reduce_info(op)
+    ident = {k: v for k, v in REDUCERS.values()}[kind]
+    if x.dtype in _LOW:
+        x = x.astype(jnp.float32)
+    if row_valid is not None:
+        x = jnp.where(row_valid, x, jnp.asarray(ident, x.dtype))
+    fn = {"sum": jnp.sum, "max": jnp.max, "min": jnp.min, "prod": jnp.prod, "all": jnp.all,
+          "any": jnp.any}[kind]
+    return fn(x, axis=0, keepdims=True)
 
 
 _NO_UPCAST = {"stablehlo.convert", "stablehlo.select", "stablehlo.bitcast_convert", "stablehlo.and",
@@ -98,7 +116,8 @@ def _to_shape(a, shape: tuple):
     return jnp.broadcast_to(a, shape) if shape != () else jnp.reshape(a, ())
 
 
-def block_rules(classes: dict, shapes: dict, *, valid=None, f32_math: bool = False) -> tuple[dict, Rule]:
+def block_rules(classes: dict, shapes: dict, *, valid=None, f32_math: bool = False,
+                row_valid=None) -> tuple[dict, Rule]:
     """The block view of :func:`eval_block` as interpreter ``(rules, emit)``
     (see :mod:`hlofuse.kernels.interpret`)."""
     def cls_of(op):
@@ -122,6 +141,8 @@ def block_rules(classes: dict, shapes: dict, *, valid=None, f32_math: bool = Fal
         return [args[0] if cls_of(op) != SCALAR else jnp.reshape(args[0], shape_of(op))]
 
     def reduce(op, args):
+        if cls_of(op) == COL:
+            return [reduce_cols_partial(op, args[0], row_valid=row_valid)]
         if cls_of(op) != ROW:
             raise EmitError("only row reductions are evaluated in a block view")
         return [reduce_rows(op, args[0], valid=valid, f32_math=f32_math)]
@@ -140,7 +161,8 @@ def block_rules(classes: dict, shapes: dict, *, valid=None, f32_math: bool = Fal
     return rules, emit
 
 
-def eval_block(ops, env: dict, classes: dict, shapes: dict, *, valid=None, f32_math: bool = False) -> dict:
+def eval_block(ops, env: dict, classes: dict, shapes: dict, *, valid=None, f32_math: bool = False,
+               row_valid=None) -> dict:
     """Evaluate ``ops`` (program order) on blocks; ``env`` maps input value keys
     (:func:`hlofuse.ir.value_key`) -> block.
 
@@ -151,7 +173,9 @@ def eval_block(ops, env: dict, classes: dict, shapes: dict, *, valid=None, f32_m
       shapes: block shape per class, e.g. ``{'full': (br, bc), 'row': (br, 1), ...}``.
       valid: optional boolean block of the ``full`` shape marking real (unpadded) lanes.
       f32_math: run 16-bit transcendental ops in f32.
+      row_valid: optional boolean ``(br, 1)`` block marking real rows (column reductions of a
+        partial last row block mask the others).
     """
-    rules, emit = block_rules(classes, shapes, valid=valid, f32_math=f32_math)
+    rules, emit = block_rules(classes, shapes, valid=valid, f32_math=f32_math, row_valid=row_valid)
     interpret(ops, env, rules=rules, emit=emit)
     return env

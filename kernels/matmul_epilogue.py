@@ -486,7 +486,10 @@ def build_matmul_epilogue(spec: MatmulSpec, target: Target | str, *, interpret=N
     if target.is_tpu and not integer and any(np.dtype(d) == np.int8 for d in spec.out_dtypes):
         raise EmitError("int8 outputs of a float matmul on tpu (int8 tiles need the int8 dot's 32-row blocks)")
     itemsize = 1 if integer else max(np.dtype(spec.in_dtypes[spec.lhs_arg]).itemsize, 2)
-    n_full_extra = sum(1 for _, c in spec.extra_args if c == FULL)
+    # full-tile VMEM beyond the operands and one output per dot: full extra inputs (residuals)
+    # and extra outputs (a training forward also writes the activation's saved values)
+    n_full_extra = (sum(1 for _, c in spec.extra_args if c == FULL)
+                    + max(0, len(spec.out_dtypes) - len(spec.dots)))
     try:
         blocks = blocks or matmul_blocks(spec.batch, spec.m, spec.n, spec.k, target=target, itemsize=itemsize,
                                          members=len(spec.dots),

@@ -37,8 +37,9 @@ from hlofuse.kernels.interpret import bind, eval_reference
 from hlofuse.kernels.common import (boundary, call_options, check_tpu_dtypes, from_kernel, int32_bools,
                                     kernel_dtypes, max_itemsize, to_kernel)
 from hlofuse.kernels.tiling import RowBlocks, row_blocks
-from hlofuse.kernels.support import (COL, FULL, ROW, SCALAR, ClassError, View, reduce_info,
-                                     view_classes)
+from hlofuse.kernels.support import (COL, FULL, ROW, SCALAR, ClassError, View, is_column_reduce,
+                                     reduce_info, view_classes)
+from hlofuse.kernels.interpret import reduce_with_init
 
 __all__ = ["ReductionSpec", "spec_from_func", "reduction_kernel", "build_reduction",
            "reduction_reference", "pattern_name"]
@@ -58,6 +59,7 @@ class ReductionSpec:
     out_classes: tuple
     pattern: str
     body_text: str
+    col_outputs: tuple   # indices of outputs that are column reductions (per-block partials)
     func_op: object = dataclasses.field(compare=False, hash=False, repr=False)
     classes: dict = dataclasses.field(compare=False, hash=False, repr=False, default=None)
 
@@ -68,7 +70,8 @@ class ReductionSpec:
 
 def pattern_name(ops) -> str:
     """A label for the report, from the region's structure (not its exact op sequence)."""
-    kinds = sorted(reduce_info(o)[0] for o in ops if o.name == "stablehlo.reduce" and reduce_info(o))
+    kinds = sorted(reduce_info(o)[0] for o in ops
+                   if o.name == "stablehlo.reduce" and reduce_info(o) and not is_column_reduce(o))
     names = {o.name for o in ops}
     squares = any(o.name == "stablehlo.multiply" and o.operands[0] == o.operands[1] for o in ops)
     if "max" in kinds and "sum" in kinds and "stablehlo.exponential" in names:
@@ -110,13 +113,26 @@ def spec_from_func(fn_op) -> ReductionSpec:
     if None in in_classes:
         raise EmitError("region input without a view class")
     out_classes = tuple(classes[v] for v in ret.operands)
-    if any(c not in (FULL, ROW) for c in out_classes):
-        raise EmitError(f"region outputs must be full rows or per-row values, got {out_classes}")
+    col_outputs = []
+    for k, (v, c) in enumerate(zip(ret.operands, out_classes)):
+        d = hir.defining_op(v)
+        if c == COL and d is not None and d.name == "stablehlo.reduce" and is_column_reduce(d):
+            col_outputs.append(k)
+        elif c not in (FULL, ROW):
+            raise EmitError(f"region outputs must be full rows, per-row values or column reductions, "
+                            f"got {out_classes}")
+    for o in reduces:
+        if is_column_reduce(o):
+            if any(u.name != "func.return" for u in hir.users(o.results[0])):
+                raise EmitError("a column reduction is read inside the region (complete only after "
+                                "the last row block)")
+            if not hir.tensor_type_info(o.results[0].type).dtype.startswith(("f", "bf")):
+                raise EmitError("column reduction of a non-float value")
     body = "\n".join(hir.op_text(op_) for op_ in ops)
     return ReductionSpec(tuple(domain), view.rows, view.cols,
                          tuple(i.shape for i in ins), tuple(hir.np_dtype(i.dtype) for i in ins), in_classes,
                          tuple(o.shape for o in outs), tuple(hir.np_dtype(o.dtype) for o in outs), out_classes,
-                         pattern_name(ops), body, fn_op, classes)
+                         pattern_name(ops), body, tuple(col_outputs), fn_op, classes)
 
 
 def _view_shape(cls: str, rows: int, cols: int) -> tuple:
@@ -135,16 +151,22 @@ def _spec_for(cls: str, blocks: RowBlocks) -> pl.BlockSpec:
 
 
 def reduction_kernel(*refs, spec: ReductionSpec, n_in: int, shapes: dict, bool_in: tuple,
-                     bool_out: tuple, cols: int, padded: bool, f32_math: bool):
-    """Kernel body: load the row blocks, evaluate the region, store full/row outputs."""
+                     bool_out: tuple, cols: int, padded: bool, f32_math: bool, rows: int = 0):
+    """Kernel body: load the row blocks, evaluate the region, store full/row outputs and the
+    column reductions' partials of this row block. ``rows``: the real row count when the last
+    row block is partial (its extra rows are masked out of column reductions), else 0."""
     in_refs, out_refs = refs[:n_in], refs[n_in:]
     entry = _entry(spec.func_op)
     env = bind(entry, [from_kernel(r[...], b) for r, b in zip(in_refs, bool_in)])
     valid = None
     if padded:
         valid = lax.broadcasted_iota(jnp.int32, shapes[FULL], 1) < cols
+    row_valid = None
+    if rows:
+        br = shapes[ROW][0]
+        row_valid = pl.program_id(0) * br + lax.broadcasted_iota(jnp.int32, shapes[ROW], 0) < rows
     ops = [o.operation for o in entry.operations]
-    eval_block(ops, env, spec.classes, shapes, valid=valid, f32_math=f32_math)
+    eval_block(ops, env, spec.classes, shapes, valid=valid, f32_math=f32_math, row_valid=row_valid)
     ret = ops[-1]
     for r, v, cls, b in zip(out_refs, ret.operands, spec.out_classes, bool_out):
         r[...] = jnp.broadcast_to(to_kernel(env[value_key(v)], b), shapes[cls]).astype(r.dtype)
@@ -170,19 +192,44 @@ def build_reduction(spec: ReductionSpec, target: Target | str, *, interpret=None
     shapes = {c: _block_shape(c, blocks) for c in (FULL, ROW, COL, SCALAR)}
     name = name or f"hlofuse_reduction_{spec.pattern.replace('-', '_')}_{spec.digest}"
     out_dtypes = kernel_dtypes(spec.out_dtypes, bool_out)
+    cols_out = set(spec.col_outputs)
+    partial_rows = spec.rows if (cols_out and spec.rows % blocks.br) else 0
     kernel = functools.partial(reduction_kernel, spec=spec, n_in=len(spec.in_dtypes), shapes=shapes,
                                bool_in=bool_in, bool_out=bool_out, cols=spec.cols, padded=blocks.padded,
-                               f32_math=not target.is_cpu)
+                               f32_math=not target.is_cpu, rows=partial_rows)
+    n_blocks = blocks.grid[0]
+
+    def out_struct(k, c, d):
+        if k in cols_out:   # one partial per row block: (grid, 1, cols), 16-bit floats as f32
+            pd = np.float32 if np.dtype(d) in (np.dtype(jnp.bfloat16), np.dtype(jnp.float16)) else d
+            return jax.ShapeDtypeStruct((n_blocks, 1, spec.cols), pd)
+        return jax.ShapeDtypeStruct(_view_shape(c, spec.rows, spec.cols), d)
+
+    def out_spec(k, c):
+        if k in cols_out:
+            return pl.BlockSpec((None, 1, blocks.bc), lambda i: (i, 0, 0))
+        return _spec_for(c, blocks)
+
     call = pl.pallas_call(
         kernel,
-        out_shape=[jax.ShapeDtypeStruct(_view_shape(c, spec.rows, spec.cols), d)
-                   for c, d in zip(spec.out_classes, out_dtypes)],
+        out_shape=[out_struct(k, c, d) for k, (c, d) in enumerate(zip(spec.out_classes, out_dtypes))],
         grid=blocks.grid,
         in_specs=[_spec_for(c, blocks) for c in spec.in_classes],
-        out_specs=[_spec_for(c, blocks) for c in spec.out_classes],
+        out_specs=[out_spec(k, c) for k, c in enumerate(spec.out_classes)],
         **call_options(target, blocks, interpret),
         name=name,
     )
+    if cols_out:
+        ret = [o.operation for o in _entry(spec.func_op).operations][-1]
+        col_ops = {k: hir.defining_op(ret.operands[k]) for k in cols_out}
+        kernel_call = call
+
+        def call(*views):
+            # the column reductions' partials combined over the row blocks, init applied once
+            outs = list(kernel_call(*views))
+            for k, op in col_ops.items():
+                outs[k] = reduce_with_init(op, outs[k][:, 0, :], axis=0).astype(out_dtypes[k])
+            return outs
     return boundary(call, blocks, name,
                     in_views=[(i, _view_shape(c, spec.rows, spec.cols)) for i, c in enumerate(spec.in_classes)],
                     out_shapes=spec.out_shapes, bool_in=bool_in, bool_out=bool_out)

@@ -33,7 +33,7 @@ from hlofuse.target import Target
 
 __all__ = ["KERNEL_DTYPES", "FULL", "ROW", "COL", "SCALAR", "REDUCERS", "PROLOGUE_OPS", "View",
            "ClassError", "value_info", "types_ok", "domain_shape", "broadcast_class",
-           "is_splat_constant", "size_of", "reduce_info", "dot_layout", "is_scalar_operand",
+           "is_splat_constant", "size_of", "reduce_info", "is_column_reduce", "dot_layout", "is_scalar_operand",
            "prologue_member", "view_classes", "extend_classes", "classify_op", "matmul_dims"]
 
 # Element types a kernel may read or write, per target. 64-bit types are absent because
@@ -204,6 +204,16 @@ def reduce_info(op) -> tuple[str, object, list[int]] | None:
     return REDUCERS[body[0].name][0], hir.defining_op(op.operands[1]), _dims_attr(op, "dimensions")
 
 
+def is_column_reduce(op) -> bool:
+    """A single-operand reduce over every dim but the last of a rank >= 2 value: one value
+    per column of the (rows, cols) view."""
+    ri = reduce_info(op)
+    if ri is None:
+        return False
+    info = value_info(op.operands[0])
+    return info is not None and len(info.shape) >= 2 and ri[2] == list(range(len(info.shape) - 1))
+
+
 def dot_layout(op) -> dict | None:
     """Canonical form of a ``dot_general`` a matmul kernel handles, or None.
 
@@ -364,6 +374,14 @@ def classify_op(op, cls: dict, view: View) -> None:
     if name == "stablehlo.reduce":
         ri = reduce_info(op)
         src = op.operands[0]
+        if ri is not None and is_column_reduce(op):
+            # over every row: one value per column (e.g. a norm's d(scale), a bias gradient),
+            # complete only after the last row block (kernels emit per-block partials)
+            need(src, FULL)
+            if not view.fits(COL, rshape):
+                raise ClassError("column reduction result is not one value per column")
+            _set_result(cls, res, COL, rshape)
+            return
         if ri is None or ri[2] != [len(_shape(src)) - 1]:
             raise ClassError("not a row reduction")
         need(src, FULL)

@@ -22,3 +22,4 @@ from hlofuse.passes import quantize_matmul as quantize_matmul
 from hlofuse.passes import layout_assignment as layout_assignment
 from hlofuse.passes import buffer_aliasing as buffer_aliasing
 from hlofuse.passes import propagate_shardings as propagate_shardings
+from hlofuse.passes import row_gather_scatter as row_gather_scatter

@@ -3,7 +3,10 @@
 Rewrites: every ``stablehlo.reduce`` over the last dim (add/max/min/mul/and/or reducer, constant
 init) anchors a region that grows over producers and users which stay in the anchor's row view
 (elementwise ops on whole rows or on per-row values, broadcasts between them, keepdims reshapes,
-further row reductions over the same rows). Softmax, log-softmax, layernorm, rmsnorm, sum of
+further row reductions over the same rows, and column reductions of its full rows as
+outputs: a norm backward's d(scale)/d(bias), a bias gradient; the kernel writes one partial per
+row block and the partials are combined after it; by default on gpu/tpu only, option
+``column_reductions``). Softmax, log-softmax, layernorm, rmsnorm, sum of
 squares and mean/variance are found this way *structurally* — whatever order, helper ops or
 keepdims style the user wrote them in — and the report labels them (``extra['pattern']``).
 A producer that also feeds ops outside the region is recomputed inside or materialized as an
@@ -18,6 +21,9 @@ row (results within the ``reassociate`` tolerance: a backend may sum a row in an
 
 from __future__ import annotations
 
+import dataclasses
+import typing
+
 from hlofuse import ir as hir
 from hlofuse.ops import OpClass, rule_for
 from hlofuse.pipeline import Pass, register_pass
@@ -27,7 +33,7 @@ from hlofuse.kernels.reduction import pattern_name
 from hlofuse.kernels.tiling import row_blocks
 from hlofuse.passes.fusion.anchored import Grown, fuse_anchored
 from hlofuse.passes.fusion.commit import LeftToXla
-from hlofuse.kernels.support import ClassError, View, extend_classes, view_classes
+from hlofuse.kernels.support import ClassError, View, extend_classes, is_column_reduce, view_classes
 from hlofuse.passes.fusion.predicates import reduction_anchor, reduction_member
 from hlofuse.passes.fusion.regions import grow_region, rematerialize
 
@@ -54,8 +60,10 @@ def _working_set(view: View, members: list, target: Target) -> tuple[int, int]:
     return 0, b.grid[0]
 
 
-def grow(graph, anchor, tried: set, target: Target):
-    """The reduction region around ``anchor`` (see the module docstring), or why none."""
+def grow(graph, anchor, tried: set, target: Target, column_reductions: bool = True,
+         cols_off: set | None = None):
+    """The reduction region around ``anchor`` (see the module docstring), or why none.
+    ``cols_off`` collects the column reductions refused because ``column_reductions`` is off."""
     target = Target.of(target)
     view = View.of(hir.tensor_type_info(anchor.operands[0].type).shape)
     state = {"classes": view_classes([anchor], view), "pending": {}}
@@ -64,6 +72,15 @@ def grow(graph, anchor, tried: set, target: Target):
         why = reduction_member(c, target)
         if why is not None:
             return why
+        if is_column_reduce(c) and not column_reductions:
+            if cols_off is not None:
+                cols_off.add(hir.op_location(c))
+            return ("column reductions off on this target (fuse-reduction{column_reductions=on}; "
+                    "auto: gpu/tpu only, not faster on cpu)")
+        if direction == "producer" and is_column_reduce(c):
+            return "a column reduction joins only as an output of the region that computes its operand"
+        if any(is_column_reduce(p) for p in graph.producers(c) if p in members):
+            return "reads a column reduction (complete only after the last row block)"
         try:
             state["pending"][c] = extend_classes(state["classes"], c, view)
         except ClassError as e:
@@ -95,10 +112,29 @@ def grow(graph, anchor, tried: set, target: Target):
 class FuseReduction(Pass):
     name = "fuse-reduction"
 
+    @dataclasses.dataclass(frozen=True)
+    class Options:
+        # column reductions of a region's rows (a norm's d(scale)/d(bias)) join it as outputs:
+        # "auto" = gpu/tpu only (on cpu the interpret kernel is plain StableHLO and XLA:CPU's
+        # own fusions were not faster: norm+MLP training step 1.035x, p25 1.00, measured
+        # interleaved with python -m bench.train_rest on a shared machine), "on", "off"
+        column_reductions: typing.Literal["auto", "on", "off"] = "auto"
+
+    def _columns(self, ctx) -> bool:
+        mode = self.options.column_reductions
+        return mode == "on" or (mode == "auto" and not ctx.target.is_cpu)
+
     def run(self, module, ctx):
         left = LeftToXla(self.name)
+        cols_off: set = set()
         counts = fuse_anchored(module, ctx, kind=KIND, anchor_name="stablehlo.reduce",
                                check_anchor=reduction_anchor, left=left, what="reduction(s)",
-                               grow=lambda graph, anchor, tried: grow(graph, anchor, tried, ctx.target))
+                               grow=lambda graph, anchor, tried: grow(graph, anchor, tried, ctx.target,
+                                                                      self._columns(ctx), cols_off))
         unfused = left.flush(ctx)
-        return {"regions": counts["regions"], "left_to_xla": counts["left_to_xla"], "not_fused": unfused}
+        if cols_off:
+            ctx.report.note(f"{self.name}: {len(cols_off)} column reduction(s) not joined to their row kernel "
+                            f"at {', '.join(sorted(cols_off)[:3])}: column_reductions is off on {ctx.target} "
+                            "by default (not faster there; fuse-reduction{column_reductions=on})")
+        return {"regions": counts["regions"], "left_to_xla": counts["left_to_xla"], "not_fused": unfused,
+                **({"column_reductions_off": len(cols_off)} if cols_off else {})}

@@ -13,7 +13,8 @@ from jaxlib.mlir import ir
 
 from hlofuse.ops import OpClass, rule_for
 from hlofuse.target import Target
-from hlofuse.kernels.support import (broadcast_class, domain_shape, dot_layout, is_splat_constant,
+from hlofuse.kernels.support import (broadcast_class, domain_shape, dot_layout, is_column_reduce,
+                                     is_splat_constant,
                                      reduce_info, types_ok, value_info)
 from hlofuse.kernels.tiling import max_row_elems
 
@@ -112,6 +113,8 @@ def reduction_member(op, target: str) -> str | None:
     if role is None:
         return f"{rule_for(op.name).cls.value} op"
     if role == Role.ANCHOR:
+        if is_column_reduce(op):
+            return column_reduce_member(op, target)
         return reduction_anchor(op, target)
     if op.name == "stablehlo.reshape":
         return types_ok(op, target)
@@ -121,6 +124,21 @@ def reduction_member(op, target: str) -> str | None:
             return "transposing broadcast"
         return types_ok(op, target)
     return elementwise_member(op, target)
+
+
+def column_reduce_member(op, target: str) -> str | None:
+    """May a column reduction (over every row: a norm's d(scale)/d(bias), a bias gradient) join
+    a reduction region as one of its outputs? None = yes. Never an anchor: it joins the row
+    region that computes its operand, whose kernel writes one partial per row block."""
+    bad = types_ok(op, target)
+    if bad:
+        return bad
+    ri = reduce_info(op)
+    if ri is None or ri[1] is None or not is_splat_constant(ri[1]):
+        return "column reduction with a non-constant init"
+    if not value_info(op.results[0]).dtype.startswith(("f", "bf")):
+        return "column reduction of a non-float value"
+    return None
 
 
 def dot_anchor(op, target: str) -> str | None:

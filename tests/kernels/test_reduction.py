@@ -100,3 +100,20 @@ func.func @main(%arg0: tensor<{shape}xf32>) -> tensor<16384xf32> {{
                                      disable=["algebraic-simplify"])  # see test_elementwise
     assert res["kernels"] == ["reduction"], res["text"][:2000]
     assert grown < 200 * MiB, f"optimizing grew the peak RSS by {grown / MiB:.0f} MiB (splat: 1024 MiB)"
+
+
+def test_layernorm_backward_column_partials_on_gpu_and_tpu_blocks():
+    # 20 rows in row blocks of 8: a partial last block whose extra rows must not reach the column
+    # sums (d(scale), d(bias)); gpu also pads 100 lanes to 128
+    x = R.standard_normal((20, 100)).astype(np.float32)
+    s, b = R.standard_normal(100).astype(np.float32), R.standard_normal(100).astype(np.float32)
+    loss = lambda p, x: (layernorm(x, p["s"], p["b"]) ** 2).sum()  # noqa: E731
+    keep = outline(jax.value_and_grad(loss), ({"s": s, "b": b}, x), "fuse-reduction{column_reductions=on}")
+    (f,) = keep.funcs("reduction")
+    spec = red.spec_from_func(f)
+    assert len(spec.col_outputs) == 2 and spec.pattern == "layernorm"
+    used = check_kernel_everywhere(f, FAM, category="reassociate",
+                                   gpu_blocks=RowBlocks("gpu", 20, 100, 8, 128),
+                                   tpu_blocks=RowBlocks("tpu", 20, 100, 8, 100))
+    assert used["gpu"].grid == (3,) and used["tpu"].grid == (3,) and used["gpu"].padded
+

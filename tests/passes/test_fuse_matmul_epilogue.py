@@ -152,3 +152,79 @@ def test_random_epilogues(epi, mkn, transpose_w):
     f = hlofuse.jit(fn, target="cpu", pipeline=PIPE)
     assert len(kernels(f.report(x, w, b, r), "matmul_epilogue")) == 1
     assert_same(f(x, w, b, r), jax.jit(fn)(x, w, b, r), "reassociate")
+
+
+# -- training: the activation derivative on the backward matmul ---------------------------------
+
+ACTS = {"gelu_tanh": lambda z: jax.nn.gelu(z, approximate=True),
+        "gelu_exact": lambda z: jax.nn.gelu(z, approximate=False),
+        "silu": jax.nn.silu}
+
+
+def _mlp_loss(act):
+    def loss(p, x):
+        h = act(x @ p["w1"] + p["b1"])
+        return jnp.sum((h @ p["w2"]) ** 2)
+    return loss
+
+
+def _mlp_args(dtype):
+    p = {"w1": (R.standard_normal((32, 64)) * 0.1).astype(dtype), "b1": R.standard_normal(64).astype(dtype),
+         "w2": (R.standard_normal((64, 32)) * 0.1).astype(dtype)}
+    return p, R.standard_normal((16, 32)).astype(dtype)
+
+
+def _line_of(text: str) -> str:
+    import inspect
+    src, start = inspect.getsourcelines(_mlp_loss)
+    return f"test_fuse_matmul_epilogue.py:{start + next(i for i, line in enumerate(src) if text in line)}"
+
+
+def _backward_epilogues(report):
+    """Regions of dots whose epilogue multiplies by an activation derivative: the backward
+    dh = (g @ w2ᵀ) * act'(z): the dot of the ``h @ w2`` line with no bias vector and epilogue
+    ops from another line (the activation's derivative)."""
+    w2 = _line_of("@ p[\"w2\"]")
+    return [r for r in report.regions if r.kind == "matmul_epilogue" and "stablehlo.broadcast_in_dim" not in r.ops
+            and r.extra.get("epilogue_ops", 0) >= 2 and any(loc.endswith(w2) for loc in r.locations)
+            and any(not loc.endswith(w2) for loc in r.locations)]
+
+
+@pytest.mark.parametrize("act,dtype", [(a, F32) for a in ACTS] + [("gelu_tanh", jnp.bfloat16)],
+                         ids=[f"{a}-f32" for a in ACTS] + ["gelu_tanh-bf16"])
+def test_activation_derivative_fuses_onto_the_backward_matmul(act, dtype):
+    step = jax.value_and_grad(_mlp_loss(ACTS[act]))
+    p, x = _mlp_args(dtype)
+    f = hlofuse.jit(step, target="cpu", autotune=False)
+    rep = f.report(p, x)
+    bwd = [r for r in _backward_epilogues(rep) if r.kernel]
+    assert len(bwd) == 1, rep
+    # bf16 gradients of this MLP are 10% off f32 wherever XLA rounds (jax.jit too): compare with
+    # the same program without the fusion (the unfused program), f32 also with jax.jit
+    unfused = hlofuse.jit(step, target="cpu", autotune=False, disable=("fuse-matmul-epilogue",))
+    assert_same(f(p, x), unfused(p, x), "grad")
+    if dtype is F32:
+        assert_same(f(p, x), jax.jit(step)(p, x), "grad")
+
+
+def test_activation_derivative_epilogue_on_gpu_and_tpu_blocks():
+    from hlofuse.kernels import FAMILIES
+    from tests.fusion_util import check_kernel_everywhere
+    step = jax.value_and_grad(_mlp_loss(ACTS["gelu_tanh"]))
+    keep = outline(step, _mlp_args(F32), "constant-fold,algebraic-simplify,fuse-matmul-epilogue")
+    (r,) = _backward_epilogues(keep.report)
+    (fn,) = [f for f in keep.funcs("matmul_epilogue") if str(f.attributes["sym_name"]).strip('"') == r.extra["func"]]
+    check_kernel_everywhere(fn, FAMILIES["matmul_epilogue"], category="reassociate")
+
+
+def test_no_match_softmax_activation_backward_reason():
+    # softmax's derivative needs a row sum of dh * y: not elementwise over the dot's result, so
+    # the backward dot keeps only what precedes it and the region says why
+    step = jax.value_and_grad(_mlp_loss(lambda z: jax.nn.softmax(z, axis=-1)))
+    p, x = _mlp_args(F32)
+    f = hlofuse.jit(step, target="cpu", pipeline=PIPE)
+    rep = f.report(p, x)
+    assert _backward_epilogues(rep) == []
+    refused = [why for r in rep.regions if r.kind == "matmul_epilogue" for why in r.extra.get("refused", {}).values()]
+    assert any("epilogue: reduction op" in why for why in refused), refused
+    assert_same(f(p, x), jax.jit(step)(p, x), "grad")

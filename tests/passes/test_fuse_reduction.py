@@ -192,3 +192,62 @@ def test_random_reduction_graphs(prog):
     text = f.lower(x, y).as_text()
     again = hlofuse.optimize(text, target="cpu", pipeline=PIPE)
     assert kernels(again.report) == []
+
+
+# -- training: the norm backward's row and column reductions in one kernel ---------------------
+
+def _ln_loss(p, x):
+    return (layernorm_a(x, p["s"], p["b"]) ** 2).sum()
+
+
+def _rms_loss(p, x):
+    return jnp.sum(rmsnorm(x, p["s"]) * x)
+
+
+@pytest.mark.parametrize("loss,params", [(_ln_loss, ("s", "b")), (_rms_loss, ("s",))], ids=["layernorm", "rmsnorm"])
+@pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16], ids=["f32", "bf16"])
+def test_norm_backward_column_reductions_join_the_row_kernel(loss, params, dtype):
+    x = X.astype(dtype)
+    p = {k: (G if k == "s" else B).astype(dtype) for k in params}
+    step = jax.value_and_grad(loss)
+    # column reductions are off on cpu by default (not faster there): turned on to test them
+    f = hlofuse.jit(step, target="cpu", autotune=False, options={"fuse-reduction": {"column_reductions": "on"}})
+    rep = f.report(p, x)
+    ks = kernels(rep, "reduction")
+    assert len(ks) == 1, rep     # forward statistics, dx rows, d(scale) and d(bias) columns
+    keep = outline(step, (p, x), "fuse-reduction{column_reductions=on}")
+    from hlofuse.kernels.reduction import spec_from_func
+    (region,) = keep.funcs("reduction")
+    assert len(spec_from_func(region).col_outputs) == len(params)   # d(scale), d(bias)
+    assert_same(f(p, x), jax.jit(step)(p, x), "grad")
+
+
+def test_no_match_column_reduction_read_inside_the_region():
+    # the column sums feed the rows again: they are complete only after the last row block, so
+    # the column reduction does not join the softmax's region and the region says why
+    def fn(x):
+        c = jnp.exp(x).sum((0, 1))                 # one value per column
+        return jax.nn.softmax(x * c, axis=-1)
+    out = outline(fn, (X,), "fuse-reduction{column_reductions=on}")
+    for f_ in out.funcs("reduction"):
+        from hlofuse.kernels.reduction import spec_from_func
+        assert spec_from_func(f_).col_outputs == ()
+    reasons = [r.extra.get("refused", {}) for r in out.report.regions if r.kind == "reduction"]
+    assert any("column reduction joins only as an output" in why for rf in reasons for why in rf.values()), \
+        (reasons, out.report.notes)
+    f = hlofuse.jit(fn, target="cpu", pipeline=PIPE)
+    assert_same(f(X), jax.jit(fn)(X), "reassociate")
+
+
+def test_column_reductions_off_on_cpu_by_default_with_reason():
+    step = jax.value_and_grad(_ln_loss)
+    p = {"s": G, "b": B}
+    from hlofuse.kernels.reduction import spec_from_func
+    out = outline(step, (p, X), "fuse-reduction")
+    (region,) = out.funcs("reduction")
+    assert spec_from_func(region).col_outputs == ()
+    assert any("column reduction(s) not joined" in n and "off on cpu" in n for n in out.report.notes), \
+        out.report.notes
+    gpu = outline(step, (p, X), "fuse-reduction", target="gpu")   # auto: on for gpu
+    (region,) = gpu.funcs("reduction")
+    assert len(spec_from_func(region).col_outputs) == 2
