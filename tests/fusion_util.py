@@ -100,3 +100,12 @@ def check_kernel_everywhere(fn_op, family, *, category: str, gpu_blocks=None, tp
             k = family.build(spec, target)
             assert marker in lower_to_text(k, func_avals(fn_op), target)
     return used
+
+
+def run_region(text, ins):
+    """The outlined region compiled by XLA on its own: the ground truth."""
+    from jax.extend import backend
+    be = backend.get_backend()
+    exe = be.compile_and_load(text, jax.devices()[:1],
+                              backend.get_compile_options(num_replicas=1, num_partitions=1))
+    return tuple(np.asarray(o) for o in exe.execute([jax.numpy.asarray(a) for a in ins]))

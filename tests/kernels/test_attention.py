@@ -27,6 +27,7 @@ from hlofuse.kernels import attention as A
 from hlofuse.ops import EmitError
 from hlofuse.testing import assert_same, random_inputs
 from tests.attention_programs import BF16, make_args, make_attention
+from tests.fusion_util import run_region
 
 _KEEP = []  # modules whose ops a spec refers to
 
@@ -51,15 +52,6 @@ def region_of(f, args):
         if d == np.bool_:
             a[..., 0] = True          # no fully masked rows unless a test asks for them
     return spec, text, ins
-
-
-def run_region(text, ins):
-    """The outlined region compiled by XLA on its own: the ground truth."""
-    from jax.extend import backend
-    be = backend.get_backend()
-    exe = be.compile_and_load(text, jax.devices()[:1],
-                              backend.get_compile_options(num_replicas=1, num_partitions=1))
-    return tuple(np.asarray(o) for o in exe.execute([jnp.asarray(a) for a in ins]))
 
 
 CASES = {

@@ -19,8 +19,7 @@ from hlofuse.kernels.common import func_avals
 from hlofuse.ops import EmitError
 from hlofuse.testing import assert_same, random_inputs
 from tests.attention_programs import BF16, make_args, make_attention
-from tests.fusion_util import outline
-from tests.kernels.test_attention import run_region
+from tests.fusion_util import outline, run_region
 
 from hlofuse import ir as hir
 import re
