@@ -93,7 +93,9 @@ def test_training_step_on_gpu_and_tpu_builds_the_pallas_kernels(target, marker):
     """Lowered for gpu/tpu from this machine: the training step gets the Triton/Mosaic forward
     with lse and flash backward (their numerics: tests/kernels/test_attention_backward.py, in
     Pallas interpret mode); f16 on tpu is refused with the reason (the step stays with XLA)."""
-    from tests.fusion_util import lowered_text
+    def lowered_text(fn, args, target):
+        lo = hlofuse.jit(fn, target=target, autotune=False).lower(*args)
+        return lo.as_text(), lo.report
     f, args, argn = _case("bshd-causal-manual-softmax-f32")
 
     def loss(*a):
