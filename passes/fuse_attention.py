@@ -26,7 +26,7 @@ structurally, never by op order or names. Side values (masks, biases, iotas) are
 region while they are cheap generators used only inside it, so the region's inputs are the
 small pre-broadcast tensors, never a materialized ``[B, H, Sq, Sk]`` mask.
 
-Training steps (``hlofuse.jit(jax.value_and_grad(loss))``, cpu): when the forward is refused
+Training steps (``hlofuse.jit(jax.value_and_grad(loss))``; cpu loops, Triton, Mosaic): when the forward is refused
 only because the backward ``jax.grad`` built reads its intermediates, forward and backward are
 matched together (:mod:`.attention_train`: the backward is checked to be the forward's VJP by
 evaluation) and outlined as a forward returning its row statistics (kind
