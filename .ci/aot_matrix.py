@@ -24,7 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-FAMILIES = ("elementwise", "reduction", "matmul_epilogue", "attention", "horizontal")
+FAMILIES = ("elementwise", "reduction", "matmul_epilogue", "attention", "horizontal",
+            "attention_bwd")
 
 # Kernels the compiler rejects today, each with what the compiler says. They go back to XLA
 # for that chip (hlofuse.aot.optimize_for), are listed in the output as "known", and are not
@@ -141,6 +142,23 @@ def _cases() -> list[Case]:
         add("train_gelu_mlp_bwd_512x768x3072", "matmul_epilogue", d, lambda t=t: (
             jax.value_and_grad(_mlp_loss),
             [(S((768, 3072), t), S((3072,), t), S((3072, 768), t)), S((512, 768), t)]))
+
+    # attention training step (issue 15): value_and_grad through attention at S=8192, head dims
+    # 64 and 128 -> the flash forward with lse and the flash backward (dK/dV and dQ kernels);
+    # causal (block skipping) and a padding mask; select them with --only train_attention
+    def _att_loss(q, k, v):
+        return jnp.sum(W.attention(q, k, v, causal=True).astype(jnp.float32) ** 2)
+
+    def _att_mask_loss(q, k, v, m):
+        return jnp.sum(W.attention(q, k, v, mask=m).astype(jnp.float32) ** 2)
+
+    for hd in (64, 128):
+        add(f"train_attention_bwd_s8192_d{hd}_causal", "attention_bwd", "bf16", lambda hd=hd: (
+            jax.value_and_grad(_att_loss, argnums=(0, 1, 2)),
+            [S((1, 8192, 8, hd), jnp.bfloat16)] * 3))
+        add(f"train_attention_bwd_s8192_d{hd}_padmask", "attention_bwd", "bf16", lambda hd=hd: (
+            jax.value_and_grad(_att_mask_loss, argnums=(0, 1, 2)),
+            [S((1, 8192, 8, hd), jnp.bfloat16)] * 3 + [S((1, 1, 1, 8192), jnp.float32)]))
 
     # int8 where a family supports it: elementwise (gpu; TPU kernels take no 8/16-bit ints)
     add("tiny", "elementwise", "int8", lambda: (

@@ -26,7 +26,7 @@ structurally, never by op order or names. Side values (masks, biases, iotas) are
 region while they are cheap generators used only inside it, so the region's inputs are the
 small pre-broadcast tensors, never a materialized ``[B, H, Sq, Sk]`` mask.
 
-Training steps (``hlofuse.jit(jax.value_and_grad(loss))``, cpu): when the forward is refused
+Training steps (``hlofuse.jit(jax.value_and_grad(loss))``; cpu loops, Triton, Mosaic): when the forward is refused
 only because the backward ``jax.grad`` built reads its intermediates, forward and backward are
 matched together (:mod:`.attention_train`: the backward is checked to be the forward's VJP by
 evaluation) and outlined as a forward returning its row statistics (kind
@@ -1087,12 +1087,13 @@ _USED_OUTSIDE = ("used outside", "several users", "shared constant")
 def _training_matches(block, refused: list, found: list, module, target) -> tuple:
     """Candidates refused because a backward reads them: matched again as forward + backward
     (:mod:`.attention_train`). Returns (training matches, the refusals left, reasons updated).
-    cpu only: the flash backward has no Triton/Mosaic kernel yet, and an outlined backward left
-    to XLA would only recompute the forward."""
+    Every target: cpu loops, Triton (gpu) and Mosaic (tpu) kernels. Where the target's kernels
+    would refuse the region (f16 on tpu), the match is refused here with that reason: an outlined
+    backward left to XLA would only recompute the forward."""
     from hlofuse.passes import attention_train as at
     cands = [(op, r) for op, r in refused
              if op.name == "stablehlo.dot_general" and any(w in r for w in _USED_OUTSIDE)]
-    if not cands or not target.is_cpu:
+    if not cands:
         return [], refused
     with module.context:
         at.unshare_generator_trees(block)
@@ -1110,7 +1111,10 @@ def _training_matches(block, refused: list, found: list, module, target) -> tupl
             continue
         try:
             boundary = region_boundary(att.members)
-            region_spec(att, boundary)            # the forward must be expressible as a spec
+            fspec = region_spec(att, boundary)    # the forward must be expressible as a spec
+            why = _training_kernel_refusal(fspec, boundary, target)
+            if why:
+                raise NoMatch(why)
             tr = at.match_training(att, block, index, boundary)
         except (NoMatch, at.TrainNoMatch) as e:
             left.append((op, f"{reason}; as a training step: {e}"))
@@ -1119,6 +1123,18 @@ def _training_matches(block, refused: list, found: list, module, target) -> tupl
         taken.update(tr.bwd_ops)
         trains.append(tr)
     return trains, [(op, r) for op, r in left if op not in taken]
+
+
+def _training_kernel_refusal(spec, boundary, target) -> str | None:
+    """Why the target's training kernels would not build for this forward, or None."""
+    if not target.is_tpu:
+        return None
+    dts = [spec.x_dtype, spec.p_dtype, spec.out_dtype, spec.s_dtype]
+    dts += [hir.tensor_type_info(v.type).dtype for v in boundary.inputs
+            if hir.tensor_type_info(v.type) is not None]
+    if "f16" in dts:
+        return "f16 is not supported by the TPU flash backward kernel"
+    return None
 
 
 def _commit_training(module, ctx, tr) -> None:

@@ -15,8 +15,10 @@ program (``hlofuse.jit(jax.value_and_grad(loss))``) and outlines two regions:
 The gradients are computed in the canonical layout (:mod:`.layout`), brought back to the
 region inputs' layouts, then to the layout the program's gradient values have
 (``outs``: a permutation of the non-unit dims, found when the backward was matched).
-cpu: XLA loops (:func:`build_cpu_bwd`); gpu/tpu kernels for the backward are not written yet
-(:class:`~hlofuse.ops.EmitError`, the region stays with XLA and the report says so).
+cpu: XLA loops (:func:`build_cpu_bwd`); gpu/tpu: Pallas kernels (Triton / Mosaic,
+:mod:`.pallas_bwd`: a dK/dV kernel and a dQ kernel), the forward with lse is the forward kernel
+writing its row statistics too. What a kernel cannot do raises :class:`~hlofuse.ops.EmitError`
+(the region stays with XLA and the report says why).
 """
 
 from __future__ import annotations
@@ -158,10 +160,33 @@ def _lse_out(fs: FwdLseSpec, stats_c):
                           fs.lse_shape).astype(F32)
 
 
+def _pallas_target_check(spec, target):
+    if target.is_tpu and (spec.x_dtype == "f16"
+                          or any(np.dtype(d) == np.float16 for d in spec.in_dtypes)):
+        raise EmitError("f16 is not supported by the TPU kernel")
+
+
 def build_fwd_lse(fs: FwdLseSpec, target, *, interpret=None, blocks=None, name=None):
     target = Target.of(target)
     if not target.is_cpu:
-        raise EmitError(f"the attention forward with lse has no {target.kind} kernel yet")
+        from hlofuse.kernels.attention.pallas_bwd import pallas_stats
+        from hlofuse.kernels.attention.triton import build_gpu
+        from hlofuse.kernels.attention.mosaic import build_tpu
+        if fs.fwd.repeat is not None:
+            raise EmitError("attention forward with lse with K/V repeated inside the region (GQA)")
+        _pallas_target_check(fs.fwd, target)
+        name = name or f"hlofuse_attention_fwd_lse_{fs.fwd.digest}"
+        build = build_gpu if target.is_gpu else build_tpu
+        kern = build(fs.fwd, blocks, interpret=interpret, name=name, with_lse=True)
+
+        def pfn(*inputs):
+            o, stats = kern(*inputs)
+            res = [None, None]
+            res[fs.o_index], res[1 - fs.o_index] = o, _lse_out(fs, pallas_stats(fs.fwd, stats))
+            return tuple(res)
+        pfn.kernel_name = name
+        pfn.blocks = kern.blocks
+        return pfn
     inner = build_cpu(fs.fwd, blocks, with_lse=True)
 
     def fn(*inputs):
@@ -245,9 +270,40 @@ def _check(bs: BwdSpec):
 def build_bwd(bs: BwdSpec, target, *, interpret=None, blocks=None, name=None):
     target = Target.of(target)
     _check(bs)
-    if not target.is_cpu:
-        raise EmitError(f"the flash attention backward has no {target.kind} kernel yet")
-    return build_cpu_bwd(bs, blocks)
+    if target.is_cpu:
+        return build_cpu_bwd(bs, blocks)
+    return build_pallas_bwd(bs, target, interpret=interpret, blocks=blocks, name=name)
+
+
+def build_pallas_bwd(bs: BwdSpec, target, *, interpret=None, blocks=None, name=None):
+    """The flash backward as Pallas kernels (:mod:`.pallas_bwd`): Triton (gpu) or Mosaic (tpu);
+    ``interpret``: True (gpu) or a ``pltpu.InterpretParams`` (tpu) runs them on CPU."""
+    from hlofuse.kernels.attention.blocks import gpu_blocks, tpu_blocks
+    from hlofuse.kernels.attention.pallas_bwd import build_gpu_bwd, build_tpu_bwd, bwd_finish
+    target = Target.of(target)
+    spec = bs.fwd
+    _check(bs)
+    _pallas_target_check(spec, target)
+    name = name or f"hlofuse_attention_bwd_{spec.digest}"
+    if target.is_gpu:
+        kern = build_gpu_bwd(spec, bs.learned, blocks or gpu_blocks(spec), interpret=interpret,
+                             name=name)
+    elif target.is_tpu:
+        kern = build_tpu_bwd(spec, bs.learned, blocks or tpu_blocks(spec), interpret=interpret,
+                             name=name)
+    else:
+        raise ValueError(f"unknown target {target!r}")
+
+    def fn(*inputs):
+        o = to_canonical(inputs[bs.o_arg], spec.out_dims, spec.out_order)
+        do = to_canonical(inputs[bs.do_arg], bs.do_dims, spec.out_order)
+        stats = to_canonical(inputs[bs.lse_arg], tuple(bs.lse_dims) + (STAT,),
+                             spec.out_order[:-1] + [STAT]).astype(F32)
+        dq, dk, dv, dsides = kern(inputs, o, do, stats)
+        return _to_outputs(bs, bwd_finish(spec, inputs, bs.learned, dq, dk, dv, dsides))
+    fn.kernel_name = name
+    fn.blocks = kern.blocks
+    return fn
 
 
 def bwd_reference(bs: BwdSpec):

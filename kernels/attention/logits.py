@@ -191,6 +191,11 @@ def eval_logits(spec: AttentionSpec, s, sides: Sequence, index: Callable[[str], 
             if r not in env and not st.operands:
                 raise EmitError(f"internal: dense constant {r} has no block")
             res = env[r] if r in env else value(st.operands[0])
+        elif name == "stablehlo.select" and st.dtype == "i1":
+            # a select of booleans (jnp.tril of a bool mask) as logic ops, exactly: Mosaic on
+            # v5e cannot relayout an i1 select's (bq, bk) vectors ("Invalid relayout")
+            p_, a_, b_ = [jnp.asarray(value(a)).astype(bool) for a in st.operands]
+            res = (p_ & a_) | (~p_ & b_)
         else:
             args = [value(a) for a in st.operands]
             shape = jnp.broadcast_shapes(*[jnp.shape(a) for a in args])

@@ -25,10 +25,14 @@ LANES = 128   # row statistics are kept lane-replicated: (bq, LANES) scratch
 
 
 def attention_kernel_tpu(lo_ref, hi_ref, q_ref, k_ref, v_ref, *refs, spec: AttentionSpec,
-                         bq: int, bk: int, nk: int, n_side: int):
-    """Mosaic body: one (batch, group, query block, key block) step; scratch accumulators."""
+                         bq: int, bk: int, nk: int, n_side: int, with_lse: bool = False):
+    """Mosaic body: one (batch, group, query block, key block) step; scratch accumulators.
+    ``with_lse``: also write the (lane-replicated) row statistics m and l."""
     side_refs = refs[:n_side]
-    o_ref, m_sc, l_sc, acc_sc = refs[n_side:]
+    if with_lse:
+        o_ref, m_ref, l_ref, m_sc, l_sc, acc_sc = refs[n_side:]
+    else:
+        o_ref, m_sc, l_sc, acc_sc = refs[n_side:]
     n, g, i, j = pl.program_id(0), pl.program_id(1), pl.program_id(2), pl.program_id(3)
 
     @pl.when(j == 0)
@@ -53,10 +57,14 @@ def attention_kernel_tpu(lo_ref, hi_ref, q_ref, k_ref, v_ref, *refs, spec: Atten
     @pl.when(j == nk - 1)
     def _done():
         o_ref[...] = online_finish(l_sc[...], acc_sc[...]).astype(o_ref.dtype)
+        if with_lse:
+            m_ref[...] = m_sc[...]
+            l_ref[...] = l_sc[...]
 
 
 def build_tpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *, interpret=None,
-              name: str | None = None):
+              name: str | None = None, with_lse: bool = False):
+    """The Mosaic forward; ``with_lse``: ``fn`` returns ``(output, stats [N, G, Sqp, 2])``."""
     from jax.experimental.pallas import tpu as pltpu
     blocks = blocks or tpu_blocks(spec)
     bq, bk = blocks.bq, blocks.bk
@@ -81,19 +89,27 @@ def build_tpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *, int
             side_specs.append(pl.BlockSpec(bdims, functools.partial(
                 _side_index_tpu, nb=s.shape[0] > 1, ng=s.shape[1] > 1, nq=s.shape[2] > 1,
                 nkk=s.shape[3] > 1)))
+        o_shape = jax.ShapeDtypeStruct((N, G, sqp, dv), hir.np_dtype(spec.out_dtype))
+        o_spec = pl.BlockSpec((None, None, bq, dv), lambda n, g, i, j, lo_r, hi_r: (n, g, i, 0))
+        if with_lse:
+            st_shape = jax.ShapeDtypeStruct((N, G, sqp, LANES), F32)
+            st_spec = pl.BlockSpec((None, None, bq, LANES),
+                                   lambda n, g, i, j, lo_r, hi_r: (n, g, i, 0))
+            o_shape, o_spec = (o_shape, st_shape, st_shape), (o_spec, st_spec, st_spec)
         grid_spec = pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=2,
             grid=(N, G, nq, nk),
             in_specs=[pl.BlockSpec((None, None, bq, d), lambda n, g, i, j, lo_r, hi_r: (n, g, i, 0)),
                       pl.BlockSpec((None, bk, d), kv_index),
                       pl.BlockSpec((None, bk, dv), kv_index)] + side_specs,
-            out_specs=pl.BlockSpec((None, None, bq, dv), lambda n, g, i, j, lo_r, hi_r: (n, g, i, 0)),
+            out_specs=o_spec,
             scratch_shapes=[pltpu.VMEM((bq, LANES), F32), pltpu.VMEM((bq, LANES), F32),
                             pltpu.VMEM((bq, dv), F32)])
-        kernel = functools.partial(attention_kernel_tpu, spec=spec, bq=bq, bk=bk, nk=nk, n_side=n_side)
+        kernel = functools.partial(attention_kernel_tpu, spec=spec, bq=bq, bk=bk, nk=nk, n_side=n_side,
+                                   with_lse=with_lse)
         call = pl.pallas_call(
             kernel,
-            out_shape=jax.ShapeDtypeStruct((N, G, sqp, dv), hir.np_dtype(spec.out_dtype)),
+            out_shape=o_shape,
             grid_spec=grid_spec,
             compiler_params=None if interpret else pltpu.CompilerParams(
                 dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")),
@@ -101,6 +117,9 @@ def build_tpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *, int
             name=name,
         )
         o = call(jnp.asarray(lo), jnp.asarray(hi), q, k, v, *sides)
+        if with_lse:
+            o, m, l = o
+            return pallas_output(spec, o), jnp.stack([m[..., 0], l[..., 0]], axis=-1)
         return (pallas_output(spec, o),)
 
     fn.kernel_name = name

@@ -22,8 +22,9 @@ __all__ = ["attention_kernel_gpu", "build_gpu"]
 
 
 def attention_kernel_gpu(q_ref, k_ref, v_ref, lo_ref, hi_ref, *refs, spec: AttentionSpec,
-                         bq: int, bk: int, n_side: int, side_full_k: tuple):
-    """Triton body: one (batch, group, query block) program, loop over key blocks."""
+                         bq: int, bk: int, n_side: int, side_full_k: tuple, with_lse: bool = False):
+    """Triton body: one (batch, group, query block) program, loop over key blocks.
+    ``with_lse``: also write the row statistics m and l (training: the flash backward reads them)."""
     side_refs, o_ref = refs[:n_side], refs[n_side]
     n, g, i = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     q = q_ref[...]
@@ -44,10 +45,14 @@ def attention_kernel_gpu(q_ref, k_ref, v_ref, lo_ref, hi_ref, *refs, spec: Atten
 
     m, l, acc = lax.fori_loop(lo, hi, body, online_init((bq,), (bq, dv), spec.m_init))
     o_ref[...] = online_finish(l, acc).astype(o_ref.dtype)
+    if with_lse:
+        refs[n_side + 1][...] = m
+        refs[n_side + 2][...] = l
 
 
 def build_gpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *, interpret=None,
-              name: str | None = None):
+              name: str | None = None, with_lse: bool = False):
+    """The Triton forward; ``with_lse``: ``fn`` returns ``(output, stats [N, G, Sqp, 2])``."""
     blocks = blocks or gpu_blocks(spec)
     bq, bk = blocks.bq, blocks.bk
     dpad = max(16, next_pow2(spec.head_dim))
@@ -69,24 +74,33 @@ def build_gpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *, int
             side_specs.append(pl.BlockSpec(bdims, functools.partial(
                 _side_index, nb=s.shape[0] > 1, ng=s.shape[1] > 1, nq=s.shape[2] > 1)))
         kernel = functools.partial(attention_kernel_gpu, spec=spec, bq=bq, bk=bk, n_side=n_side,
-                                   side_full_k=full_k)
+                                   side_full_k=full_k, with_lse=with_lse)
+        o_shape = jax.ShapeDtypeStruct((N, G, sqp, dvp), hir.np_dtype(spec.out_dtype))
+        o_spec = pl.BlockSpec((None, None, bq, dvp), lambda n, g, i: (n, g, i, 0))
+        if with_lse:
+            st_shape = jax.ShapeDtypeStruct((N, G, sqp), F32)
+            st_spec = pl.BlockSpec((None, None, bq), lambda n, g, i: (n, g, i))
+            o_shape, o_spec = (o_shape, st_shape, st_shape), (o_spec, st_spec, st_spec)
         from jax.experimental.pallas import triton as pltriton
         call = pl.pallas_call(
             kernel,
-            out_shape=jax.ShapeDtypeStruct((N, G, sqp, dvp), hir.np_dtype(spec.out_dtype)),
+            out_shape=o_shape,
             grid=(N, G, nq),
             in_specs=[pl.BlockSpec((None, None, bq, dpad), lambda n, g, i: (n, g, i, 0)),
                       pl.BlockSpec((None, skp, dpad), lambda n, g, i: (n, 0, 0)),
                       pl.BlockSpec((None, skp, dvp), lambda n, g, i: (n, 0, 0)),
                       pl.BlockSpec((lo.shape[0],), lambda n, g, i: (0,)),
                       pl.BlockSpec((hi.shape[0],), lambda n, g, i: (0,))] + side_specs,
-            out_specs=pl.BlockSpec((None, None, bq, dvp), lambda n, g, i: (n, g, i, 0)),
+            out_specs=o_spec,
             compiler_params=None if interpret else pltriton.CompilerParams(
                 num_warps=blocks.num_warps, num_stages=blocks.num_stages),
             interpret=interpret or False,
             name=name,
         )
         o = call(q, k, v, jnp.asarray(lo), jnp.asarray(hi), *sides)
+        if with_lse:
+            o, m, l = o
+            return pallas_output(spec, o), jnp.stack([m, l], axis=-1)
         return (pallas_output(spec, o),)
 
     fn.kernel_name = name

@@ -122,14 +122,81 @@ def test_fully_masked_rows_with_a_finite_fill():
                 "grad")
 
 
-def test_gpu_and_tpu_backward_are_not_written_yet():
-    """No Triton/Mosaic flash backward yet: the build says so (the region stays with XLA), and
-    whole blocks (one query chunk, one key block) are the cpu default for small shapes."""
-    ffn, bfn = _regions("mqa", "bool", np.float32, 16, 16)
+PALLAS_CASES = [("bshd", "causal", np.float32, False), ("bhsd", "bias", np.float32, True),
+                ("mqa", "bool", np.float32, False), ("bhsd", "causal", BF16, False)]
+
+
+def _pallas_blocks(target, sk):
+    return (AttentionBlocks("gpu", 16, 16) if target == "gpu"
+            else AttentionBlocks("tpu", 8, 128))
+
+
+@pytest.mark.parametrize("target", ["gpu", "tpu"])
+@pytest.mark.parametrize("case", PALLAS_CASES, ids=lambda c: f"{c[0]}-{c[1]}-{np.dtype(c[2]).name}"
+                         + ("-learned" if c[3] else ""))
+def test_pallas_training_kernels_in_interpret_mode(case, target):
+    """The Triton (Pallas interpret mode) and Mosaic (TPU interpret mode) forward-with-lse and
+    flash backward against the program's own regions (compiled by XLA): padding rows and keys
+    (Sq=20, Sk=24), several query and key blocks on gpu, causal skipping, a learned bias
+    broadcast over the batch (its gradient summed back), MQA (K/V without a head dim), bf16."""
+    from jax.experimental.pallas import tpu as pltpu
+    layout, mask, dt, learned = case
+    ffn, bfn = _regions(layout, mask, dt, 20, 24, learned)
+    fs, fwd_in, extra, o_lse = _inputs(ffn, bfn)
+    interp = True if target == "gpu" else pltpu.InterpretParams()
+    bl = _pallas_blocks(target, 24)
+    fwd = build_fwd_lse(fs, target, interpret=interp, blocks=bl)
+    got = jax.jit(fwd)(*fwd_in)
+    o_i = fs.o_index
+    assert_same(np.asarray(got[o_i]), np.asarray(o_lse[o_i]), "reassociate")
+    x_dt = np.dtype(hir.np_dtype(fs.fwd.x_dtype))
+    assert_same(np.asarray(got[1 - o_i]).astype(x_dt), np.asarray(o_lse[1 - o_i]).astype(x_dt),
+                "reassociate")
     bs = FAMILIES["attention_bwd"].spec_from_func(bfn)
-    for target in ("gpu", "tpu"):
-        with pytest.raises(EmitError, match="no .* kernel yet"):
-            build_bwd(bs, target)
+    ins = list(fwd_in) + extra
+    truth = run_region(_text(bfn), ins)
+    kernel = build_bwd(bs, target, interpret=interp, blocks=bl)
+    assert kernel.kernel_name.startswith("hlofuse_attention_bwd_")
+    if mask == "causal" and target == "gpu":
+        assert "+skip" in kernel.blocks
+    got = jax.jit(kernel)(*ins)
+    assert len(got) == len(truth) == (4 if learned else 3)
+    assert_same([np.asarray(g) for g in got], [np.asarray(t) for t in truth], "grad")
+
+
+def test_tpu_backward_skips_key_blocks_above_the_diagonal():
+    """Sq=Sk=136: two 128-key blocks, and query blocks of rows < 128 skip the second one in
+    both Mosaic kernels (dK/dV over query blocks, dQ over key blocks)."""
+    from jax.experimental.pallas import tpu as pltpu
+    ffn, bfn = _regions("bhsd", "causal", np.float32, 136, 136)
+    fs, fwd_in, extra, _ = _inputs(ffn, bfn)
+    bs = FAMILIES["attention_bwd"].spec_from_func(bfn)
+    ins = list(fwd_in) + extra
+    kernel = build_bwd(bs, "tpu", interpret=pltpu.InterpretParams(),
+                       blocks=AttentionBlocks("tpu", 64, 128))
+    assert "+skip" in kernel.blocks
+    assert_same([np.asarray(g) for g in jax.jit(kernel)(*ins)],
+                [np.asarray(t) for t in run_region(_text(bfn), ins)], "grad")
+
+
+def test_pallas_backward_lowers_for_gpu_and_tpu():
+    """The kernels lower to a Triton / Mosaic custom call from this machine (the compile proof
+    at S=8192 is the deviceless matrix, .ci/aot_matrix.py)."""
+    from hlofuse.kernels.lowering import lower_to_text
+    ffn, bfn = _regions("bhsd", "causal", np.float32, 256, 256)
+    bs = FAMILIES["attention_bwd"].spec_from_func(bfn)
+    fs = FAMILIES["attention_fwd_lse"].spec_from_func(ffn)
+    for target, marker in (("gpu", "__gpu$xla.gpu.triton"), ("tpu", "tpu_custom_call")):
+        assert lower_to_text(build_bwd(bs, target), func_avals(bfn), target).count(marker) >= 2
+        assert marker in lower_to_text(build_fwd_lse(fs, target), func_avals(ffn), target)
+
+
+def test_f16_on_tpu_is_refused():
+    """f16 has no TPU kernel: the build says so (the region stays with XLA)."""
+    ffn, bfn = _regions("mqa", "bool", np.float16, 16, 16)
+    bs = FAMILIES["attention_bwd"].spec_from_func(bfn)
+    with pytest.raises(EmitError, match="f16"):
+        build_bwd(bs, "tpu")
     fs, fwd_in, extra, _ = _inputs(ffn, bfn)
     ins = list(fwd_in) + extra
     assert_same([np.asarray(g) for g in build_bwd(bs, "cpu")(*ins)],

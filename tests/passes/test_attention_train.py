@@ -85,3 +85,30 @@ def test_rerunning_the_pipeline_changes_nothing():
     assert train_kernels(once.report) == ["attention_bwd", "attention_fwd_lse"]
     twice = hlofuse.optimize(once.text)
     assert train_kernels(twice.report) == [] and twice.text == once.text
+
+
+@pytest.mark.parametrize("target,marker", [("gpu", "__gpu$xla.gpu.triton"),
+                                           ("tpu", "tpu_custom_call")])
+def test_training_step_on_gpu_and_tpu_builds_the_pallas_kernels(target, marker):
+    """Lowered for gpu/tpu from this machine: the training step gets the Triton/Mosaic forward
+    with lse and flash backward (their numerics: tests/kernels/test_attention_backward.py, in
+    Pallas interpret mode); f16 on tpu is refused with the reason (the step stays with XLA)."""
+    def lowered_text(fn, args, target):
+        lo = hlofuse.jit(fn, target=target, autotune=False).lower(*args)
+        return lo.as_text(), lo.report
+    f, args, argn = _case("bshd-causal-manual-softmax-f32")
+
+    def loss(*a):
+        return jnp.sum(f(*a).astype(jnp.float32) ** 2)
+    text, report = lowered_text(jax.value_and_grad(loss, argnums=argn), args, target)
+    assert train_kernels(report) == ["attention_bwd", "attention_fwd_lse"], report
+    assert text.count(marker) >= 3          # forward, dK/dV and dQ kernels
+    if target == "tpu":
+        f, args, argn = _case("bhsd-gqa-repeat-f16")
+
+        def loss16(*a):
+            return jnp.sum(f(*a).astype(jnp.float32) ** 2)
+        _, report = lowered_text(jax.value_and_grad(loss16, argnums=argn), args, target)
+        assert train_kernels(report) == []
+        assert any("f16 is not supported by the TPU flash backward" in n for n in report.notes), \
+            report.notes
