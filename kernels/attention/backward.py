@@ -24,6 +24,7 @@ writing its row statistics too. What a kernel cannot do raises :class:`~hlofuse.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 
 import numpy as np
@@ -37,7 +38,7 @@ from hlofuse import ir as hir
 from hlofuse.ops import EmitError
 from hlofuse.target import Target
 from hlofuse.kernels.attention.blocks import AttentionBlocks, cpu_plan
-from hlofuse.kernels.attention.cpu import build_cpu
+from hlofuse.kernels.attention.cpu import block_index, build_cpu
 from hlofuse.kernels.attention.layout import (canonical_inputs, from_canonical, pad_axis, pad_to,
                                               to_canonical)
 from hlofuse.kernels.attention.logits import F32, eval_logits
@@ -352,23 +353,10 @@ def build_cpu_bwd(bs: BwdSpec, blocks: AttentionBlocks | None = None):
     rank = len(spec.order)
     sq_ax, k_ax = rank - 2, rank - 1
     table = skip_table_cached(spec, bq, bk)
-    sizes = spec.sizes
     learned = bs.learned
     side_pos = [a for a, _ in spec.side_args]
 
-    def index_fn(c, j):
-        def index(lab):
-            shape = [1] * rank
-            if lab == spec.sq:
-                shape[sq_ax] = bq
-                return (c * bq + jnp.arange(bq, dtype=jnp.int32)).reshape(shape)
-            if lab == spec.key:
-                shape[k_ax] = bk
-                return (j * bk + jnp.arange(bk, dtype=jnp.int32)).reshape(shape)
-            ax = spec.order.index(lab)
-            shape[ax] = sizes[lab]
-            return jnp.arange(sizes[lab], dtype=jnp.int32).reshape(shape)
-        return index
+    index_fn = functools.partial(block_index, spec, bq, bk)   # the forward's block iotas
 
     bdims = tuple(range(nb))
     rows_c = tuple(range(nb, nb + nr)) + (sq_ax,)

@@ -7,6 +7,8 @@ Chunk sizes come from :func:`~hlofuse.kernels.attention.blocks.cpu_plan`.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -53,24 +55,7 @@ def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
     qk_prec = _lax_precision(spec.precision[0])
     pv_prec = _lax_precision(spec.precision[1])
     p_dtype = hir.np_dtype(spec.p_dtype)
-    sizes = spec.sizes
-    rep = spec.repeat
-
-    def index_fn(c, j):
-        def index(lab):
-            shape = [1] * rank
-            if lab == spec.sq:
-                shape[sq_ax] = bq
-                return (c * bq + jnp.arange(bq, dtype=jnp.int32)).reshape(shape)
-            if lab == spec.key:
-                shape[k_ax] = bk
-                return (j * bk + jnp.arange(bk, dtype=jnp.int32)).reshape(shape)
-            if rep is not None and lab == rep.label:
-                return index(rep.kv) * rep.groups + index(rep.g)
-            ax = spec.order.index(lab)
-            shape[ax] = sizes[lab]
-            return jnp.arange(sizes[lab], dtype=jnp.int32).reshape(shape)
-        return index
+    index_fn = functools.partial(block_index, spec, bq, bk)
 
     def fn(*inputs):
         q, k, v, sides = canonical_inputs(spec, inputs)
@@ -141,3 +126,26 @@ def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
     fn.kernel_name = f"hlofuse_attention_cpu_{spec.digest}"
     fn.blocks = f"cpu loops {blocks}" + (" +skip" if table is not None else "")
     return fn
+
+
+def block_index(spec: AttentionSpec, bq: int, bk: int, c, j):
+    """``index(label)``: the positions of one (query chunk ``c``, key block ``j``) block along
+    a label, as an int32 array broadcastable over the canonical block (the iotas of the
+    region's logit ops, evaluated blockwise by the forward and the backward loops)."""
+    rank = len(spec.order)
+    sq_ax, k_ax = rank - 2, rank - 1
+    rep = spec.repeat
+
+    def index(lab):
+        shape = [1] * rank
+        if lab == spec.sq:
+            shape[sq_ax] = bq
+            return (c * bq + jnp.arange(bq, dtype=jnp.int32)).reshape(shape)
+        if lab == spec.key:
+            shape[k_ax] = bk
+            return (j * bk + jnp.arange(bk, dtype=jnp.int32)).reshape(shape)
+        if rep is not None and lab == rep.label:
+            return index(rep.kv) * rep.groups + index(rep.g)
+        shape[spec.order.index(lab)] = spec.sizes[lab]
+        return jnp.arange(spec.sizes[lab], dtype=jnp.int32).reshape(shape)
+    return index
