@@ -14,8 +14,10 @@ compiles the dot inside it. Two exact ways to compute an int8 x int8 -> int32 pr
   accumulation.
 
 Prints the median per-round time ratio ``alternative / xla_int8`` (interleaved rounds,
-:func:`bench.runner.interleaved`): above 1 means XLA's int8 dot is faster and the kernel keeps
-it, which is what hlofuse does (``MatmulSpec`` dots keep their own result type on cpu).
+:func:`bench.runner.interleaved`): above 1 means XLA's int8 dot is faster. hlofuse's cpu
+kernels use ``bf16_chunks`` (:data:`hlofuse.kernels.matmul_epilogue.CPU_INT8_DOT`), and
+autotune measures each int8 matmul region against XLA's own int8 dot in the whole program
+(region variants) and keeps XLA's where that is faster.
 """
 
 from __future__ import annotations
