@@ -31,11 +31,6 @@ FAMILIES = ("elementwise", "reduction", "matmul_epilogue", "attention", "horizon
 # for that chip (hlofuse.aot.optimize_for), are listed in the output as "known", and are not
 # counted as passed. (target, case substring, kernel kind, text of the compiler's message).
 KNOWN = [
-    ("tpu", "causal", "attention", "Invalid relayout",
-     "Mosaic cannot relayout the causal mask's i1 (bq, bk) vector in the block-skipping TPU "
-     "attention kernel"),
-    ("tpu", "llama_block", "attention", "Invalid relayout",
-     "same causal-mask relayout in the Llama block's attention"),
     ("tpu", "bf16/train_xent", "reduction", "Lane broadcast",
      "the label bounds mask enters the bf16 cross-entropy row kernel as a (rows, 1) boolean "
      "(int32 across the boundary); Mosaic on v5e/v6e cannot lane-broadcast its i1 compare "
