@@ -59,6 +59,7 @@ from jax.extend import core as jex_core
 
 from hlofuse import ir as hir
 from hlofuse.api import Optimized, optimize
+from hlofuse.pipeline import _disabled_from_env
 from hlofuse.report import Report
 from hlofuse.target import CPU, Target
 from hlofuse.passes.fusion import cost as cost_model
@@ -210,8 +211,8 @@ def _traced_cache_key(closed, sig: Signature, opts: Options, target: Target, nam
         "traced": True, "signature": repr(sig), "shardings": repr(shardings),
         "spmd_devices": spmd_devices, "platform": target.platform, "trace_context": context,
         "target": target.kind, "chip": target.chip_name, "pipeline": opts.pipeline,
-        "disable": list(opts.disable), "options": pass_options, "check": opts.check,
-        "donated": list(donated), "name": name,
+        "disable": list(opts.disable), "env_disable": sorted(_disabled_from_env()),
+        "options": pass_options, "check": opts.check, "donated": list(donated), "name": name,
         "learned": dataclasses.asdict(learned) if learned is not None else None})
 
 
@@ -275,8 +276,8 @@ def _module_cache_key(exp0, opts: Options, target: Target, name: str, donated, l
         return None
     return module_cache.key(exp0.mlir_module_serialized, {
         "target": target.kind, "chip": target.chip_name, "pipeline": opts.pipeline,
-        "disable": list(opts.disable), "options": pass_options, "check": opts.check,
-        "donated": list(donated), "name": name,
+        "disable": list(opts.disable), "env_disable": sorted(_disabled_from_env()),
+        "options": pass_options, "check": opts.check, "donated": list(donated), "name": name,
         "learned": dataclasses.asdict(learned) if learned is not None else None})
 
 

@@ -258,3 +258,15 @@ def test_damaged_traced_entry_falls_back_to_the_module_entry(cache_dir, damage):
         assert_same(f(*args), want, category="reassociate")
     assert mc.STATS["hits"] == 1 and mc.STATS["traced_hits"] == 0   # the module entry answered
     assert json.loads(path.read_text())["key"] == name[:-5]   # rewritten whole
+
+
+def test_disable_env_is_part_of_both_keys(cache_dir, monkeypatch):
+    """``HLOFUSE_DISABLE_PASSES`` changes what the pipeline makes: neither entry of a run
+    without it answers a run with it."""
+    args = _args()
+    monkeypatch.delenv("HLOFUSE_DISABLE_PASSES", raising=False)
+    assert len(hlofuse.jit(_ln, autotune="off").report(*args).kernels) == 1
+    monkeypatch.setenv("HLOFUSE_DISABLE_PASSES", "kernelize")
+    g = hlofuse.jit(_ln, autotune="off")
+    assert_same(g(*args), jax.jit(_ln)(*args), category="reassociate")
+    assert not g.report(*args).kernels and mc.STATS["hits"] == 0
