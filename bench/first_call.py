@@ -10,6 +10,9 @@ compilation cache). Medians are compared with the targets: cold <= 2x, warm <= 1
 hlofuse children also report where the time went (pass pipeline, XLA compile).
 
     python -m bench.first_call [--repeats 3] [--models bert_s128,mlp_3x4096] [--json out.json]
+
+``--models`` takes bench workloads and zoo models (``nnx_bert``, ``eqx_gpt_train``, ...; the
+zoo needs ``pip install -e ".[zoo]"``), or ``default`` (the bench's default workloads).
 """
 
 from __future__ import annotations
@@ -29,13 +32,13 @@ TARGET_WARM = 1.2   # a second process with the caches the first one filled
 def _child(impl: str, model: str) -> None:
     import jax
     import hlofuse
-    from bench import workloads
 
     compile_s = []
     jax.monitoring.register_event_duration_secs_listener(
         lambda ev, secs, **kw: compile_s.append(secs) if ev.endswith("backend_compile_duration") else None)
-    fn, args = workloads.get(model).instantiate(0)
+    fn, args = _instantiate(model)
     args = jax.block_until_ready(args)
+    compile_s.clear()   # the compiles that made the arguments are not the first call's
     f = jax.jit(fn) if impl == "jax" else hlofuse.jit(fn)
     from hlofuse.tools import module_cache
     t0 = time.perf_counter()
@@ -49,6 +52,16 @@ def _child(impl: str, model: str) -> None:
         out["kernels"] = len(rep.kernels)
         out["module_cache"] = dict(module_cache.STATS)
     print(json.dumps(out))
+
+
+def _instantiate(model: str):
+    """A bench workload (bench/workloads.py) or a zoo model (bench/zoo, real config: needs
+    the ``.[zoo]`` extra)."""
+    from bench import workloads
+    if model in workloads.WORKLOADS:
+        return workloads.get(model).instantiate(0)
+    from bench import zoo
+    return zoo.instantiate(model, "real", 0)
 
 
 def run_child(impl: str, model: str, cache_dir: str | None = None) -> dict:
@@ -99,7 +112,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.first_call", description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=3, help="fresh processes per kind")
     ap.add_argument("--models", "--model", default="bert_s128",
-                    help="comma-separated workloads (bench/workloads.py), or 'default'")
+                    help="comma-separated workloads (bench/workloads.py) or zoo models "
+                         "(bench/zoo), or 'default'")
     ap.add_argument("--json", default=None)
     ap.add_argument("--child", nargs=2, metavar=("IMPL", "MODEL"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)

@@ -487,13 +487,15 @@ class HlofuseFunction:
         except Exception as e:  # noqa: BLE001 - tuning never breaks a call
             log.debug("hlofuse: autotune skipped for %s: %s", self._name, e)
             entry = None
-        variants = self._candidates(entry) if entry is not None else {}
+        # the optimized module's text, printed once for both (a first call pays for it)
+        text = entry.optimized.text if entry is not None else None
+        variants = self._candidates(entry, text) if entry is not None else {}
         if entry is None or len(variants) < 2 or mode == "off":
             self._decide(st, at.Decision("default", {}, {}, reason="nothing to tune"),
                          cached=False, record=False)
             return
         st.entry = entry
-        st.key = self._decision_key(entry)
+        st.key = self._decision_key(entry, text)
         cached = at.cache().get(st.key)
         if cached is not None:
             self._decide(st, cached, cached=True)
@@ -502,18 +504,21 @@ class HlofuseFunction:
                                          "decision for this program"), cached=False)
 
     @staticmethod
-    def _decision_key(entry) -> str:
+    def _decision_key(entry, text: str | None = None) -> str:
         """Module decisions are keyed by the module as the passes made it (before cached
-        region decisions changed it), so a later process finds them."""
+        region decisions changed it), so a later process finds them. ``text``: the optimized
+        module's text when the caller has it."""
         opt = entry.optimized
-        return at.cache_key(opt.base_hash or at.module_hash(opt.text), at.device_key())
+        return at.cache_key(opt.base_hash or at.module_hash(text if text is not None else opt.text),
+                            at.device_key())
 
     @staticmethod
-    def _candidates(entry) -> dict:
+    def _candidates(entry, text: str | None = None) -> dict:
         """What tuning times against the program as optimized: XLA-option variants, then one
         variant per distinct kernelized region with that region left to XLA."""
         out = {n: at.Variant.of(o) for n, o in
-               at.applicable_variants(jax.default_backend(), entry.optimized.text).items()}
+               at.applicable_variants(jax.default_backend(),
+                                      text if text is not None else entry.optimized.text).items()}
         out.update(at.region_variants(entry.report.kernels))
         return out
 

@@ -59,6 +59,7 @@ from jax.extend import core as jex_core
 
 from hlofuse import ir as hir
 from hlofuse.api import Optimized, optimize
+from hlofuse.pipeline import _disabled_from_env
 from hlofuse.report import Report
 from hlofuse.target import CPU, Target
 from hlofuse.passes.fusion import cost as cost_model
@@ -115,7 +116,8 @@ class Entry:
 
 def export_optimized(fun: Callable, sig: Signature, opts: Options, *, name: str = "fun",
                      donated: Sequence[int] = (), target: Target | None = None,
-                     shardings: tuple | None = None, spmd_devices: int = 1
+                     shardings: tuple | None = None, spmd_devices: int = 1,
+                     jaxpr: jcore.ClosedJaxpr | None = None
                      ) -> tuple[jexport.Exported, Optimized]:
     """Export ``fun`` (flat arrays -> flat arrays) for the target and optimize its module.
 
@@ -123,11 +125,11 @@ def export_optimized(fun: Callable, sig: Signature, opts: Options, *, name: str 
     them, so ``propagate-shardings`` and ``kernelize`` build kernels that run per shard.
     ``spmd_devices``: the number of devices of the SPMD program the module is inlined into;
     with more than one and no known shardings, gpu/tpu kernels are not built (XLA cannot
-    partition a Pallas custom call: it would gather the kernel's operands)."""
+    partition a Pallas custom call: it would gather the kernel's operands).
+    ``jaxpr``: ``fun``'s traced function when known: a second process finds the optimized
+    ``Exported`` by it in the module cache's traced entries without exporting again."""
     target = target or Target.of(opts.target)
     platform = target.platform
-    jitted = jax.jit(fun) if shardings is None else jax.jit(fun, in_shardings=shardings)
-    exp0 = jexport.export(jitted, platforms=[platform])(*sds(sig))
     pass_options = opts.pass_options
     blind = shardings is None and spmd_devices > 1 and not target.is_cpu
     if blind:
@@ -135,8 +137,22 @@ def export_optimized(fun: Callable, sig: Signature, opts: Options, *, name: str 
                                                          no_kernels=True))
     decisions = at.mode(opts.autotune, platform) != "off"
     learned = learned_for(target) if decisions else None
+    tkey = (_traced_cache_key(jaxpr, sig, opts, target, name, donated, learned, pass_options,
+                              shardings, spmd_devices) if jaxpr is not None else None)
+    traced = module_cache.load_traced(tkey) if tkey else None
+    if traced is not None:
+        exp, module, report = traced
+        opt = Optimized(module, report)
+        if decisions:
+            opt = apply_cached_decisions(opt)
+            if opt.module is not module:
+                exp = dataclasses.replace(exp, mlir_module_serialized=hir.to_bytecode(opt.module))
+        return exp, opt
+    jitted = jax.jit(fun) if shardings is None else jax.jit(fun, in_shardings=shardings)
+    exp0 = jexport.export(jitted, platforms=[platform])(*sds(sig))
     ckey = _module_cache_key(exp0, opts, target, name, donated, learned, pass_options)
     hit = module_cache.load(ckey) if ckey else None
+    optimized = False
     try:  # an optimization never makes a program fail (options={'strict': True} re-raises)
         if hit is not None:
             opt = Optimized(*hit)
@@ -157,16 +173,99 @@ def export_optimized(fun: Callable, sig: Signature, opts: Options, *, name: str 
                                      name=name)
             if ckey:
                 module_cache.store(ckey, opt.module, opt.report)
+        optimized = True
     except Exception as e:
         opt = unoptimized(exp0, dataclasses.replace(opts, target=target), name=name, error=e)
-    if decisions:
-        opt = apply_cached_decisions(opt)
     checks = tuple(exp0.disabled_safety_checks)
     if target.is_gpu:
         checks += (jexport.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton"),)
     exp = dataclasses.replace(exp0, mlir_module_serialized=hir.to_bytecode(opt.module),
                               disabled_safety_checks=checks, _get_vjp=None)
+    if tkey and optimized:
+        try:
+            module_cache.store_traced(tkey, exp.serialize(), opt.report)
+        except Exception:  # noqa: BLE001 - an Exported jax cannot serialize is simply not cached
+            pass
+    if decisions:
+        before = opt.module
+        opt = apply_cached_decisions(opt)
+        if opt.module is not before:
+            exp = dataclasses.replace(exp, mlir_module_serialized=hir.to_bytecode(opt.module))
     return exp, opt
+
+
+def _traced_cache_key(closed, sig: Signature, opts: Options, target: Target, name: str,
+                      donated, learned, pass_options: dict, shardings, spmd_devices: int):
+    """The module cache's traced key (:func:`module_cache.load_traced`): everything the
+    exported module and the optimization depend on, known before export; None when the cache
+    is off or bypassed, or when the traced function cannot be keyed reliably."""
+    if not module_cache.enabled() or opts.dump_dir:
+        return None
+    digest = _jaxpr_digest(closed)
+    if digest is None:
+        return None
+    context = _context_text()
+    if " at 0x" in context:
+        return None
+    return module_cache.key(digest, {
+        "traced": True, "signature": repr(sig), "shardings": repr(shardings),
+        "spmd_devices": spmd_devices, "platform": target.platform, "trace_context": context,
+        "target": target.kind, "chip": target.chip_name, "pipeline": opts.pipeline,
+        "disable": list(opts.disable), "env_disable": sorted(_disabled_from_env()),
+        "options": pass_options, "check": opts.check, "donated": list(donated), "name": name,
+        "learned": dataclasses.asdict(learned) if learned is not None else None})
+
+
+def _context_text() -> str:
+    """jax's tracing/lowering configuration (what jax keys its own caches by) as text; the
+    axis environment by its contents (its repr is an address)."""
+    parts = []
+    for v in jconfig.trace_context():
+        if isinstance(v, jcore.AxisEnv):
+            v = ("AxisEnv", sorted(map(repr, v.axis_sizes.items())),
+                 sorted(map(repr, v.spmd_axis_names)), sorted(map(repr, v.explicit_mesh_axis_names)))
+        parts.append(repr(v))
+    return "(" + ", ".join(parts) + ")"
+
+
+def _jaxpr_digest(closed) -> bytes | None:
+    """sha256 of a closed jaxpr: its text with source locations and name stacks, and the bytes
+    of every constant (also those of closed sub-jaxprs and array-valued parameters, which the
+    text does not show). None when some part has no faithful text (an object printed by its
+    address) or a constant is a tracer."""
+    import hashlib
+    try:
+        text = closed.jaxpr.pretty_print(source_info=True, name_stack=True)
+    except Exception:  # noqa: BLE001 - a jaxpr that does not print is not keyed
+        return None
+    if " at 0x" in text:
+        return None
+    h = hashlib.sha256(text.encode())
+    todo = [closed]
+    seen: set = set()
+    while todo:
+        item = todo.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, jcore.ClosedJaxpr):
+            for c in item.consts:
+                if isinstance(c, jcore.Tracer):
+                    return None
+                a = np.asarray(c)
+                h.update(f"{a.dtype}{a.shape}".encode())
+                h.update(np.ascontiguousarray(a).tobytes())
+            todo.append(item.jaxpr)
+        elif isinstance(item, jcore.Jaxpr):
+            for eqn in item.eqns:
+                todo.extend(eqn.params.values())
+        elif isinstance(item, (tuple, list)):
+            todo.extend(item)
+        elif isinstance(item, (np.ndarray, jax.Array)) and np.ndim(item) > 0:
+            a = np.asarray(item)
+            h.update(f"param{a.dtype}{a.shape}".encode())
+            h.update(np.ascontiguousarray(a).tobytes())
+    return h.digest()
 
 
 def _module_cache_key(exp0, opts: Options, target: Target, name: str, donated, learned,
@@ -177,8 +276,8 @@ def _module_cache_key(exp0, opts: Options, target: Target, name: str, donated, l
         return None
     return module_cache.key(exp0.mlir_module_serialized, {
         "target": target.kind, "chip": target.chip_name, "pipeline": opts.pipeline,
-        "disable": list(opts.disable), "options": pass_options, "check": opts.check,
-        "donated": list(donated), "name": name,
+        "disable": list(opts.disable), "env_disable": sorted(_disabled_from_env()),
+        "options": pass_options, "check": opts.check, "donated": list(donated), "name": name,
         "learned": dataclasses.asdict(learned) if learned is not None else None})
 
 
@@ -358,7 +457,7 @@ class Program:
         fun = _named(functools.partial(_call_jaxpr, self.jaxpr(sig)), self.name)
         exp, opt = export_optimized(fun, sig, self.opts, name=self.name, donated=self.donated,
                                     target=target, shardings=self.shardings,
-                                    spmd_devices=spmd_devices)
+                                    spmd_devices=spmd_devices, jaxpr=self.jaxpr(sig))
         return Entry(exp, opt, tuple(exp.out_avals), tuple(sds(sig)), target)
 
     def plain_entry(self, sig: Signature, target: Target) -> Entry:

@@ -72,12 +72,17 @@ def test_miss_then_hit_skips_the_passes(cache_dir, monkeypatch):
     assert set(rep2.xla_funcs) == set(rep1.xla_funcs)
 
 
+def _traced(d):
+    return sorted(os.listdir(d / "traced")) if (d / "traced").exists() else []
+
+
 @pytest.mark.parametrize("damage", ["truncate", "checksum", "garbage", "wrong_key"])
 def test_damaged_entry_is_a_miss_and_rewritten(cache_dir, damage):
     args = _args()
     want = jax.jit(_ln)(*args)
     hlofuse.jit(_ln, autotune="off")(*args)
     (name,) = _entries(cache_dir)
+    (cache_dir / "traced" / _traced(cache_dir)[0]).unlink()   # the module entry answers
     path = cache_dir / "modules" / name
     raw = path.read_text()
     if damage == "truncate":
@@ -164,3 +169,104 @@ def test_oversized_modules_are_not_cached(cache_dir, monkeypatch):
     monkeypatch.setattr(mc, "MAX_ENTRY_BYTES", 10)
     hlofuse.jit(_ln, autotune="off")(*_args())
     assert _entries(cache_dir) == [] and mc.STATS["writes"] == 0
+
+
+def test_traced_entry_skips_export_and_composes(cache_dir, monkeypatch):
+    """A second process finds the optimized Exported by the traced function, before
+    jax.export: neither export nor the passes run, and grad, vmap and an outer jit still work
+    (their derived programs hit their own traced entries)."""
+    args = _args()
+    want = jax.jit(_ln)(*args)
+
+    def loss(x, g, b):
+        return (_ln(x, g, b) ** 2).sum()
+    want_grad = jax.jit(jax.grad(loss))(*args)
+    want_vmap = jax.jit(jax.vmap(_ln, in_axes=(0, None, None)))(args[0][None], *args[1:])
+    f = hlofuse.jit(_ln, autotune="off")
+    f(*args)
+    jax.grad(lambda *a: (f(*a) ** 2).sum())(*args)
+    jax.vmap(f, in_axes=(0, None, None))(args[0][None], *args[1:])
+    text1 = f.lower(*args).as_text()
+    n_traced, misses = len(_traced(cache_dir)), mc.STATS["misses"]
+    assert mc.STATS["traced_writes"] == n_traced >= 3   # primal, forward, backward, vmap
+    _no_passes(monkeypatch)
+
+    def no_export(*a, **k):
+        raise AssertionError("jax.export ran on a traced hit")
+    monkeypatch.setattr(runtime.jexport, "export", no_export)
+    g = hlofuse.jit(_ln, autotune="off")
+    assert_same(g(*args), want, category="reassociate")
+    assert mc.STATS["traced_hits"] == mc.STATS["hits"] == 1
+    assert g.lower(*args).as_text() == text1
+    assert len(g.report(*args).kernels) == 1
+    assert_same(jax.grad(lambda *a: (g(*a) ** 2).sum())(*args), want_grad, category="reassociate")
+    assert_same(jax.vmap(g, in_axes=(0, None, None))(args[0][None], *args[1:]), want_vmap,
+                category="reassociate")
+    assert_same(jax.jit(g)(*args), want, category="reassociate")
+    assert mc.STATS["misses"] == misses and len(_traced(cache_dir)) == n_traced
+
+
+def test_traced_key_covers_constants_options_and_source(cache_dir):
+    """The traced key changes with a closed-over constant's values (not shown in the jaxpr's
+    text), with the options and with the source location; an unkeyable jaxpr has none."""
+    args = _args()
+    x = args[0]
+
+    def make(scale):
+        c = np.full((128,), scale, np.float32)
+        return lambda x: _ln(x, jnp.asarray(c), jnp.asarray(c))
+    f1, f2 = hlofuse.jit(make(1.0), autotune="off"), hlofuse.jit(make(2.0), autotune="off")
+    r1 = f1(x)
+    assert_same(f2(x), 2 * r1, category="reassociate")  # not the cached module of f1
+    assert mc.STATS["traced_hits"] == 0 and len(_traced(cache_dir)) == 2
+    sig = runtime.signature_of([jax.typeof(x)])
+    j = jax.make_jaxpr(lambda x: x * 2.0)(x)
+    j_other_line = jax.make_jaxpr(
+        lambda x: x * 2.0)(x)
+    opts = runtime.Options(target=None)
+
+    def key(jaxpr, o=opts):
+        return runtime._traced_cache_key(jaxpr, sig, o, runtime.CPU, "f", (), None, o.pass_options,
+                                         None, 1)
+    assert key(j) is not None and key(j) == key(j)
+    assert key(j) != key(j_other_line)
+    o2 = runtime.Options(target=None, pass_options={"kernelize": {"no_kernels": True}})
+    assert key(j) != key(j, o2)
+
+    # a parameter printed as an object's address (here a Python callback): no traced key
+    assert runtime._jaxpr_digest(jax.make_jaxpr(
+        lambda x: jax.pure_callback(lambda v: v, jax.ShapeDtypeStruct(x.shape, x.dtype), x))(x)
+    ) is None
+
+
+@pytest.mark.parametrize("damage", ["truncate", "checksum"])
+def test_damaged_traced_entry_falls_back_to_the_module_entry(cache_dir, damage):
+    args = _args()
+    want = jax.jit(_ln)(*args)
+    hlofuse.jit(_ln, autotune="off")(*args)
+    (name,) = _traced(cache_dir)
+    path = cache_dir / "traced" / name
+    raw = path.read_text()
+    if damage == "truncate":
+        path.write_text(raw[: len(raw) // 2])
+    else:
+        d = json.loads(raw)
+        d["exported_sha256"] = "0" * 64
+        path.write_text(json.dumps(d))
+    with pytest.warns(UserWarning, match="damaged module cache entry"):
+        f = hlofuse.jit(_ln, autotune="off")
+        assert_same(f(*args), want, category="reassociate")
+    assert mc.STATS["hits"] == 1 and mc.STATS["traced_hits"] == 0   # the module entry answered
+    assert json.loads(path.read_text())["key"] == name[:-5]   # rewritten whole
+
+
+def test_disable_env_is_part_of_both_keys(cache_dir, monkeypatch):
+    """``HLOFUSE_DISABLE_PASSES`` changes what the pipeline makes: neither entry of a run
+    without it answers a run with it."""
+    args = _args()
+    monkeypatch.delenv("HLOFUSE_DISABLE_PASSES", raising=False)
+    assert len(hlofuse.jit(_ln, autotune="off").report(*args).kernels) == 1
+    monkeypatch.setenv("HLOFUSE_DISABLE_PASSES", "kernelize")
+    g = hlofuse.jit(_ln, autotune="off")
+    assert_same(g(*args), jax.jit(_ln)(*args), category="reassociate")
+    assert not g.report(*args).kernels and mc.STATS["hits"] == 0

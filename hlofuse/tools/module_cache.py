@@ -23,6 +23,17 @@ are in the report).
 
 ``HLOFUSE_MODULE_CACHE=0`` (or ``off``) turns it off; with ``dump_dir`` set it is bypassed (the
 dumps are the point). Hits and misses are counted in :data:`STATS`.
+
+**Traced entries** (``<dir>/traced/<key>.json``) let a second process skip ``jax.export`` as
+well: they are keyed *before* export, by the traced function (its jaxpr printed with source
+locations and name stacks, every constant's bytes, sub-jaxprs' constants included), the input
+signature and shardings, jax's tracing/lowering configuration (``config.trace_context()``), the
+platform, and the same options and versions as above; they hold the optimized ``Exported``
+(``Exported.serialize()``: calling convention and optimized module) and the report. A jaxpr that
+cannot be keyed reliably (a parameter printed as an object address) has no traced entry: the
+module cache above still answers after export. Hits count in ``STATS['hits']`` and
+``STATS['traced_hits']``; a traced miss falls through to the module cache (which counts the
+miss), and writes count in ``STATS['traced_writes']``.
 """
 
 from __future__ import annotations
@@ -44,7 +55,8 @@ FORMAT = 1
 #: would cost more disk than the passes cost time. Entries are never evicted otherwise (delete
 #: the directory to reclaim the space).
 MAX_ENTRY_BYTES = 64 << 20
-STATS = {"hits": 0, "misses": 0, "writes": 0, "damaged": 0}
+STATS = {"hits": 0, "misses": 0, "writes": 0, "damaged": 0,
+         "traced_hits": 0, "traced_writes": 0}
 
 
 def enabled() -> bool:
@@ -95,6 +107,14 @@ def _path(k: str) -> str:
     return os.path.join(directory(), f"{k}.json")
 
 
+def traced_directory() -> str:
+    return os.path.join(os.path.dirname(directory()), "traced")
+
+
+def _traced_path(k: str) -> str:
+    return os.path.join(traced_directory(), f"{k}.json")
+
+
 def _report_from_dict(d: dict) -> Report:
     names = {f.name for f in dataclasses.fields(Report)}
     rep = Report(**{k: v for k, v in d.items()
@@ -133,9 +153,10 @@ def load(k: str, ctx=None):
     return module, rep
 
 
-def _damaged(path: str, e: BaseException):
+def _damaged(path: str, e: BaseException, miss: bool = True):
     STATS["damaged"] += 1
-    STATS["misses"] += 1
+    if miss:
+        STATS["misses"] += 1
     warnings.warn(f"hlofuse: ignoring the damaged module cache entry {path} "
                   f"({type(e).__name__}: {str(e)[:100]}); it will be rewritten", stacklevel=3)
     return None
@@ -156,6 +177,55 @@ def store(k: str, module, report: Report) -> None:
         os.makedirs(directory(), exist_ok=True)
         formats.atomic_write(_path(k), json.dumps(payload, default=str))
         STATS["writes"] += 1
+    except (OSError, formats.FileError):
+        pass
+
+
+def load_traced(k: str, ctx=None):
+    """``(serialized Exported, module, report)`` for the traced key ``k``, or None (missing:
+    silent, the module cache is asked next; damaged: one warning)."""
+    path = _traced_path(k)
+    try:
+        with open(path) as fh:
+            raw = json.load(fh)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, RecursionError, UnicodeDecodeError) as e:
+        return _damaged(path, e, miss=False)
+    try:
+        if not isinstance(raw, dict) or raw.get("format") != FORMAT or raw.get("key") != k:
+            raise ValueError("wrong format or key")
+        data = base64.b64decode(raw["exported"], validate=True)
+        if hashlib.sha256(data).hexdigest() != raw["exported_sha256"]:
+            raise ValueError("exported checksum mismatch")
+        from jax import export as jexport
+        exp = jexport.deserialize(bytearray(data))
+        rep = _report_from_dict(raw["report"])
+        rep.xla_funcs = {int(i): str(t) for i, t in raw.get("xla_funcs", {}).items()}
+        module = hir.parse(exp.mlir_module_serialized, ctx or hir.new_context(),
+                           source=f"module cache {k}", probe=False)
+    except Exception as e:  # noqa: BLE001 - any damage is a miss
+        return _damaged(path, e, miss=False)
+    STATS["hits"] += 1
+    STATS["traced_hits"] += 1
+    return exp, module, rep
+
+
+def store_traced(k: str, exported_bytes: bytes, report: Report) -> None:
+    """Write a traced entry atomically (same limits as :func:`store`)."""
+    from hlofuse.tools import formats
+    data = bytes(exported_bytes)
+    if len(data) > MAX_ENTRY_BYTES:
+        return
+    payload = {"format": FORMAT, "key": k,
+               "exported": base64.b64encode(data).decode(),
+               "exported_sha256": hashlib.sha256(data).hexdigest(),
+               "report": report.to_dict(),
+               "xla_funcs": {str(i): t for i, t in report.xla_funcs.items()}}
+    try:
+        os.makedirs(traced_directory(), exist_ok=True)
+        formats.atomic_write(_traced_path(k), json.dumps(payload, default=str))
+        STATS["traced_writes"] += 1
     except (OSError, formats.FileError):
         pass
 
