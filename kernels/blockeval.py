@@ -153,6 +153,11 @@ def block_rules(classes: dict, shapes: dict, *, valid=None, f32_math: bool = Fal
             args = [_to_shape(a, shape) for a in args]
         if f32_math and op.name in _ROUNDS:  # gpu/tpu kernels: Triton has no round primitive
             return [round_by_floor(args[0], ties_even=_ROUNDS[op.name])]
+        if f32_math and op.name == "stablehlo.select" and any(getattr(a, "dtype", None) in _LOW for a in args[1:]):
+            # exact in f32; Mosaic (v5e) cannot relayout an i1 mask made beside 32-bit values
+            # ((8, 128) tiles) to the (16, 128) tiles of a 16-bit select ("Invalid relayout")
+            dt = args[1].dtype
+            return [x.astype(dt) for x in emit_op(op, [args[0]] + [a.astype(jnp.float32) for a in args[1:]])]
         out = _upcast_math(op, args) if f32_math else None
         return out or emit_op(op, args)
 

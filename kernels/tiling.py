@@ -398,18 +398,25 @@ def tiled_row_blocks(rows: int, cols: int, *, target: Target | str, itemsize: in
     target = Target.of(target, chip)
     c = target.chip
     if target.is_gpu:
-        bc = min(TILED_GPU_TILE, next_pow2(cols))
-        br = max(1, min(next_pow2(rows), target.gpu_row_block_elems // bc))
+        elems = target.gpu_row_block_elems
+        bc = min(TILED_GPU_TILE, next_pow2(cols), 1 << (elems.bit_length() - 1))
+        br = max(1, min(next_pow2(rows), elems // bc))
         return TiledRowBlocks(target, rows, cols, br, bc, num_warps=_warps(br * bc))
     if target.is_tpu:
         sub = c.sublane_tile(itemsize)
-        bc = cols if cols <= TILED_TPU_TILE else TILED_TPU_TILE
-        br = rows if rows <= 2 * sub else 2 * sub
-        per_row = target.lane_padded(bc) * max(itemsize, 4)
-        while br > sub and br % sub == 0 and 2 * n_arrays * br * per_row > target.vmem_budget:
-            br -= sub
+        size = max(itemsize, 4)
+        for br in ((rows,) if rows <= 2 * sub else (2 * sub, sub)):
+            # lanes that fit the VMEM budget with every array double-buffered
+            fit = target.vmem_budget // (2 * n_arrays * br * size) // TPU_LANES * TPU_LANES
+            if fit >= TPU_LANES:
+                break
+        else:
+            raise ValueError(f"no {TPU_LANES}-lane column tile fits the VMEM of {c.name}")
+        bc = min(TILED_TPU_TILE, fit)
+        if cols <= bc:
+            bc = cols
         return TiledRowBlocks(target, rows, cols, br, bc, sublane=sub,
-                              vmem_bytes=2 * n_arrays * br * per_row)
+                              vmem_bytes=2 * n_arrays * br * target.lane_padded(bc) * size)
     raise ValueError("no column-tiled row kernel on cpu (a cpu row is unbounded)")
 
 
