@@ -35,6 +35,7 @@ reductions (a norm backward's d(scale)) and boolean reductions in a tiled region
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 
@@ -356,6 +357,8 @@ def build_tiled(spec, target: Target | str, *, interpret=None, blocks: TiledRowB
                                             n_arrays=max(2, n_full + 2))
     except ValueError as e:
         raise EmitError(str(e)) from None
+    blocks = copy.copy(blocks)                # (not replace(): that re-resolves the chip by name)
+    object.__setattr__(blocks, "passes", tp.passes)
     check_tpu_dtypes(spec.in_dtypes + spec.out_dtypes, target)
     name = name or f"hlofuse_reduction_tiled_{spec.pattern.replace('-', '_')}_{spec.digest}"
     out_dtypes = kernel_dtypes(spec.out_dtypes, bool_out)

@@ -365,6 +365,7 @@ class TiledRowBlocks:
     num_stages: int = 1
     vmem_bytes: int = 0
     chip: str = ""
+    passes: int = 0               # passes over each row (set by the builder; 0: not yet known)
 
     def __post_init__(self):
         _with_target(self)
@@ -389,7 +390,8 @@ class TiledRowBlocks:
         return self.cols % self.bc != 0
 
     def __str__(self) -> str:
-        return f"{self.br}x{self.bc} column tiles ({self.tiles} per row), grid {self.grid[0]}"
+        passes = f", {self.passes} passes" if self.passes else ""
+        return f"{self.br}x{self.bc} column tiles ({self.tiles} per row{passes}), grid {self.grid[0]}"
 
 
 def tiled_row_blocks(rows: int, cols: int, *, target: Target | str, itemsize: int = 4,

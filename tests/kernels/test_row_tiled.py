@@ -160,3 +160,15 @@ def test_refusals_say_why():
     with pytest.raises(EmitError, match="cpu"):
         row_tiled.build_tiled(FAM.spec_from_func(withcols[0]), "cpu")
     assert max_tiled_row_elems("gpu") == 1 << 24 and max_tiled_row_elems("cpu") >= 1 << 30
+
+
+def test_negate_of_a_constant_lowers_to_triton():
+    # without constant-fold the cross-entropy region holds negate(constant): jax keeps the splat
+    # as a jaxpr literal, which Triton's negate rule cannot take (blockeval folds it on scalars)
+    logits, labels = np.zeros((8, 64), np.float32), np.zeros(8, np.int32)
+    keep, f = _region(jax.value_and_grad(xent), (logits, labels), "row-gather-scatter,fuse-reduction")
+    body = [o.operation for o in f.regions[0].blocks[0].operations]
+    neg = [o for o in body if o.name == "stablehlo.negate"]
+    assert any(o.operands[0].owner.name == "stablehlo.constant" for o in neg), [o.name for o in body]
+    k = FAM.build(FAM.spec_from_func(f), "gpu")
+    assert "__gpu$xla.gpu.triton" in lower_to_text(k, func_avals(f), "gpu")
