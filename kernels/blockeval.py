@@ -62,7 +62,8 @@ def reduce_cols_partial(op, x, *, row_valid=None):
         x = jnp.where(row_valid, x, jnp.asarray(ident, x.dtype))
     fn = {"sum": jnp.sum, "max": jnp.max, "min": jnp.min, "prod": jnp.prod, "all": jnp.all,
           "any": jnp.any}[kind]
-    return fn(x, axis=0, keepdims=True)
+    # every axis but the last (a cpu matmul block keeps its batch dim: (1, M, N))
+    return fn(x, axis=tuple(range(x.ndim - 1)), keepdims=True)
 
 
 _NO_UPCAST = {"stablehlo.convert", "stablehlo.select", "stablehlo.bitcast_convert", "stablehlo.and",
