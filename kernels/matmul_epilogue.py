@@ -514,7 +514,7 @@ def build_matmul_epilogue(spec: MatmulSpec, target: Target | str, *, interpret=N
     # full-tile VMEM beyond the operands and one output per dot: full extra inputs (residuals)
     # and extra outputs (a training forward also writes the activation's saved values)
     n_full_extra = (sum(1 for _, c in spec.extra_args if c == FULL)
-                    + max(0, len(spec.out_dtypes) - len(spec.dots)))
+                    + max(0, len(spec.out_dtypes) - len(spec.col_outputs) - len(spec.dots)))
     try:
         blocks = blocks or matmul_blocks(spec.batch, spec.m, spec.n, spec.k, target=target, itemsize=itemsize,
                                          members=len(spec.dots),
