@@ -13,6 +13,11 @@ and the rhs possibly (N, K) or without batch dims (shared weights). Outside the 
 operand is reshaped (free) to a 3-D/2-D view: lhs (B, M, K), rhs (B, K, N) or (K, N), epilogue
 inputs by view class: full (B, M, N), row (B, M, 1), col (1, N), scalar (1, 1).
 
+Column-sum outputs (``spec.col_outputs``): a ``reduce`` summing an epilogue value over every
+row (a bias gradient) is written as one ``(1, bn)`` partial per (row block, column block) into
+a ``(row blocks, 1, N)`` f32 array (rows past M masked out), combined with the init after the
+kernel. Unbatched dots only.
+
 Quantized matmuls (``quantize-matmul`` makes them from fake-quant code): an int8 x int8 -> int32
 dot accumulates in int32 on every target (exact: the same integers as XLA's dot), and its
 epilogue carries the dequant scale, bias, activation and requantization to int8 for the next
