@@ -82,6 +82,9 @@ def grow(graph, anchor, tried: set, target: Target, column_reductions: bool = Tr
                     "auto: gpu/tpu only, not faster on cpu)")
         if direction == "producer" and is_column_reduce(c):
             return "a column reduction joins only as an output of the region that computes its operand"
+        if is_column_reduce(c) and view.cols > target.max_row_elems:
+            return ("column reductions do not join a region whose rows are walked in column tiles "
+                    f"(rows of {view.cols} > {target.max_row_elems} on {target.describe()})")
         if any(is_column_reduce(p) for p in graph.producers(c) if p in members):
             return "reads a column reduction (complete only after the last row block)"
         try:

@@ -154,6 +154,12 @@ def test_refusals_say_why():
     assert withcols
     with pytest.raises(EmitError, match="column reductions"):
         FAM.build(FAM.spec_from_func(withcols[0]), Target("gpu", _small_chip("gpu")))
+    # ... so with rows over the row budget they do not join the row region at all
+    with chips.use(_small_chip("gpu")):
+        small = outline(jax.grad(ln_loss), (np.ones(200, np.float32), x), "fuse-reduction", target="gpu")
+    assert not [f for f in small.funcs("reduction") if FAM.spec_from_func(f).col_outputs]
+    assert any("walked in column tiles" in str(r.extra.get("refused")) for r in small.report.regions), \
+        small.report
     with pytest.raises(EmitError, match="cpu"):
         row_tiled.build_tiled(FAM.spec_from_func(withcols[0]), "cpu")
     assert max_tiled_row_elems("gpu") == 1 << 24 and max_tiled_row_elems("cpu") >= 1 << 30
