@@ -179,6 +179,26 @@ def _fold_shift(red: Red, by_key: dict, classes: dict):
     return None if found is None else (c, found)
 
 
+def _depths(body, reds, by_key) -> dict:
+    """value key -> how many row reductions must finish before the value is known; sets each
+    reduction's ``stage`` (a folded sum takes its max's)."""
+    depth: dict = {}
+
+    def dep(v):
+        return depth.get(value_key(v), 0)
+
+    for o in body:
+        if o.name == "stablehlo.reduce":
+            _, r = by_key[_okey(o)]
+            r.stage = reds[r.shift_of].stage if r.shift is not None else dep(r.operand)
+            depth[r.key] = r.stage + 1
+        else:
+            d = max([dep(v) for v in o.operands] or [0])
+            for res in o.results:
+                depth[value_key(res)] = d
+    return depth
+
+
 def plan(spec) -> TilePlan:
     """Stage the region of ``spec`` (a :class:`~hlofuse.kernels.reduction.ReductionSpec`)."""
     if spec.col_outputs:
@@ -211,29 +231,23 @@ def plan(spec) -> TilePlan:
         f = _fold_shift(r, by_key, classes)
         if f is not None:
             r.shift, r.shift_of = f
-    depth: dict = {}
+    while True:
+        depth = _depths(body, reds, by_key)
+        # a folded sum whose exp reads values its max's pass does not know yet: unfold it
+        bad = [r for r in reds if r.shift is not None
+               and depth.get(value_key(r.operand), 0) != reds[r.shift_of].stage + 1]
+        if not bad:
+            break
+        for r in bad:
+            r.shift, r.shift_of = None, -1
 
     def dep(v):
         return depth.get(value_key(v), 0)
 
-    for o in body:
-        if o.name == "stablehlo.reduce":
-            _, r = by_key[_okey(o)]
-            r.stage = reds[r.shift_of].stage if r.shift is not None else dep(r.operand)
-            depth[r.key] = r.stage + 1
-        else:
-            d = max([dep(v) for v in o.operands] or [0])
-            for res in o.results:
-                depth[value_key(res)] = d
     for r in reds:
-        if r.shift is None:
-            continue
-        m = reds[r.shift_of]
-        if dep(r.operand) != m.stage + 1:   # the exp reads values of a later pass: no fold
-            r.shift, r.shift_of = None, -1
-            raise EmitError("logsumexp sum reads values of a later pass than its max")
-        r.shift_ops = _cone([r.shift], body, {m.key})
-        r.fold_ops = _cone([r.operand], body)
+        if r.shift is not None:
+            r.shift_ops = _cone([r.shift], body, {reds[r.shift_of].key})
+            r.fold_ops = _cone([r.operand], body)
     outs = list(ret.operands)
     full_outputs = [(i, v) for i, v in enumerate(outs) if spec.out_classes[i] == FULL]
     row_outputs = [(i, v) for i, v in enumerate(outs) if spec.out_classes[i] != FULL]
