@@ -31,11 +31,6 @@ FAMILIES = ("elementwise", "reduction", "matmul_epilogue", "attention", "horizon
 # for that chip (hlofuse.aot.optimize_for), are listed in the output as "known", and are not
 # counted as passed. (target, case substring, kernel kind, text of the compiler's message).
 KNOWN = [
-    ("tpu", "causal", "attention", "Invalid relayout",
-     "Mosaic cannot relayout the causal mask's i1 (bq, bk) vector in the block-skipping TPU "
-     "attention kernel"),
-    ("tpu", "llama_block", "attention", "Invalid relayout",
-     "same causal-mask relayout in the Llama block's attention"),
     # (the bf16 cross-entropy row kernels' "Lane broadcast" failure on v5e/v6e is gone: a select
     # of 16-bit floats runs in f32 in every kernel body, kernels/blockeval.py)
 ]

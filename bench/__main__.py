@@ -23,9 +23,12 @@ import subprocess
 import sys
 import time
 
-#: goals from the project's issues, as hlofuse/jax time ratios on CPU (<= is met)
-GOALS_CPU = {"resnet_nhwc": 0.55, "resnet_nchw": 0.55, "bert_s512": 0.80, "bert_s128": 0.95,
-             "mlp_3x4096": 0.95, "attn_s4096": 0.45, "attn_s2048": 0.55}
+#: goals from the project's issues, as hlofuse/jax time ratios on CPU (<= is met): issue 14
+#: item 5 (attention, BERT, ResNet; MLP and BERT S=128 already run at the machine's FLOP limit
+#: under jax.jit, so there the goal is parity) and issue 17 (the int8 programs)
+GOALS_CPU = {"resnet_nhwc": 0.55, "resnet_nchw": 0.55, "bert_s512": 0.72, "bert_s128": 1.00,
+             "mlp_3x4096": 1.00, "attn_s4096": 0.33, "attn_s2048": 0.55,
+             "int8_mlp": 0.80, "int8_block": 0.80}
 CEILING = 1.02  # nothing may be slower than this
 
 

@@ -414,6 +414,9 @@ def bench_workload(w, cfg: Config, progress=None) -> dict:
                        {"variant": dec.variant, "options": dec.options, "ratios": dec.ratios,
                         "tune_s": dec.tune_s, "rounds": dec.rounds, "reason": dec.reason,
                         "foreign_load": getattr(dec, "foreign_load", None),
+                        # measured kernel-vs-XLA choice per region (cpu int8 matmuls: bf16-chunk
+                        # kernel vs XLA's int8 dot): hash -> choice, ratio, reason
+                        "regions": dict(getattr(dec, "regions", None) or {}),
                         "from_cache": any("cached decision" in n for n in hf.report(*args).notes)})
 
     def prog(i, n):

@@ -24,6 +24,7 @@ layernorm          layernorm micro-benchmark, x[4096, 1024]
 softmax            softmax micro-benchmark, x[4096, 1024]
 int8_mlp           int8 MLP, weights and activations (int8 dots, int32 accumulation), batch 256
 int8_block         GPT-2-small block with int8 linear layers (weights and activations), S=512
+int8_mlp_frozen    int8_mlp with the int8 weights closed over (constants, as deployed)
 tiny               a tiny MLP (used by tests; not in the default list)
 =================  =====================================================================
 """
@@ -392,6 +393,9 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in [
              "softmax x[4096,1024]", "micro"),
     Workload("int8_mlp", int8_mlp, _int8_mlp_args(),
              "int8 MLP (weights+activations) 1024->4096 GELU ->1024, batch 256", "quantized"),
+    Workload("int8_mlp_frozen", int8_mlp, _int8_mlp_args(),
+             "int8_mlp with the weights closed over (constants: XLA folds the cpu kernel's "
+             "int8->bf16 weight conversion)", "quantized", frozen=True),
     Workload("int8_block", int8_block, _int8_block_args(),
              "GPT-2-small block, every linear int8 (weights+activations), B=1 S=512", "quantized"),
     Workload("tiny", tiny_mlp,

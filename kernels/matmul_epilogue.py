@@ -284,7 +284,12 @@ def spec_from_func(fn_op) -> MatmulSpec:
 # f32, and an f32 sum of at most 1024 of them stays below 2^24, so each K chunk of 1024 is
 # exact; chunks are summed in int32: bit-identical). ``python -m bench.int8_cpu`` measures both
 # (2-core x86 host, jax 0.10.2, interleaved, under foreign load): f32 chunks 1.5-1.6x slower
-# than XLA's int8 dot, bf16 chunks 0.6-0.94x of it (three runs).
+# than XLA's int8 dot, bf16 chunks 0.6-0.94x of it (three runs; pinned to one core, CPU time:
+# bf16 chunks 0.88-0.94x, of which ~0.1x is converting int8 weights that are arguments to bf16
+# on every call -- XLA folds that conversion for constant weights: 0.74-0.77x). Because the
+# gain depends on the machine, the choice is measured per program: autotune's region variants
+# (``hlofuse.tools.autotune.region_variants``) time each int8 matmul kernel against the
+# region left to XLA, i.e. XLA's own int8 dot, and keep the faster (tests/test_decisions.py).
 CPU_INT8_DOT = "bf16_chunks"
 CPU_INT8_CHUNK = 1024
 

@@ -92,7 +92,7 @@ def test_table_marks_slower_and_goals():
             "numerics": {"max_rel_diff": 0.0}}
     rows = cli.rows_for_table([fake, dict(fake, name="mlp_3x4096", latency=dict(
         fake["latency"], median_ratio=1.1))], "cpu")
-    assert rows[1][-1] == "goal met (<=0.95)" and rows[2][-1] == "SLOWER"
+    assert rows[1][-1] == "goal met (<=1.0)" and rows[2][-1] == "SLOWER"
 
 
 def test_load_probe_and_fusion_counts():

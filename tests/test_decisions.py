@@ -258,3 +258,47 @@ def test_cli_tune_measures_and_names_the_cache(tmp_path):
     assert "region 0 (reduction, lnmod.py:" in p.stdout
     assert ("kept kernel" in p.stdout) or ("kept XLA" in p.stdout)
     assert f"decisions in {tmp_path / 'ship' / 'autotune.json'}" in p.stdout
+
+
+def _int8_linear(x, w, s, b):
+    xq = jnp.clip(jnp.round(x / 0.05), -127, 127).astype(jnp.int8)
+    acc = jax.lax.dot_general(xq, w, (((1,), (0,)), ((), ())), preferred_element_type=jnp.int32)
+    return acc.astype(jnp.float32) * (0.05 * s) + b
+
+
+def _int8_args():
+    r = np.random.default_rng(1)
+    return (jnp.asarray(r.standard_normal((32, 96)), jnp.float32),
+            jnp.asarray(r.integers(-128, 128, (96, 64)), jnp.int8),
+            jnp.asarray(r.uniform(1e-3, 1e-2, 64), jnp.float32), jnp.zeros((64,), jnp.float32))
+
+
+def _has_int_dot(text: str) -> bool:
+    return any("stablehlo.dot_general" in l and "xi8>" in l and "xi32>" in l.split("->")[-1]
+               for l in text.splitlines())
+
+
+@pytest.mark.parametrize("xla_faster", [True, False])
+def test_cpu_int8_matmul_choice_is_measured(cache_dir, monkeypatch, xla_faster):
+    """On cpu the int8 matmul kernel (exact bf16 dots over K chunks) and XLA's own int8 dot
+    are both candidates; the region measurement picks one. XLA's variant of the region is the
+    program's i8 x i8 -> i32 dot_general, the kernel's has no integer dot; both exact."""
+    _fake_clock(monkeypatch, 0, 0)
+    texts = {}
+
+    def time_once(fn, args, reps, kwargs=None):   # charged by which int8 product it runs
+        if id(fn) not in texts:
+            texts[id(fn)] = fn.lower(*args, **(kwargs or {})).as_text()
+        return 1.0e-3 if _has_int_dot(texts[id(fn)]) == xla_faster else 1.5e-3
+
+    monkeypatch.setattr(at, "_time_once", time_once)
+    args = _int8_args()
+    f = hlofuse.jit(_int8_linear, autotune="on")
+    (k,) = [r for r in f.report(*args).kernels if r.kind == "matmul_epilogue"]
+    assert k.extra.get("region_hash") and not _has_int_dot(f.lower(*args).as_text())
+    f(*args)
+    out = f(*args)
+    d = f.autotune_decision(*args)
+    assert d.regions[k.extra["region_hash"]]["choice"] == ("xla" if xla_faster else "kernel")
+    assert _has_int_dot(f.lower(*args).as_text()) == xla_faster
+    assert_same(out, jax.jit(_int8_linear)(*args), "exact")

@@ -174,3 +174,10 @@ def test_tiling_report_per_matmul_and_convolution():
     assert padding_waste(128, 128, 128, (8, 128, 128)) == 0.0
     cpu = hlofuse.jit(f).report(x, w)
     assert cpu.tiling[0]["tile"] is None and "no native tile" in str(cpu)
+    # the HTML page has the same table: shape, native tile, waste and the kernel's blocks
+    page = html.render(rep)
+    assert "<h2>Tiling</h2>" in page
+    assert (f"<td>M100 N200 K320</td><td>bf16</td><td>16x128x128</td><td>{row['waste_pct']:g}%</td>"
+            f"<td>kernel blocks {row['blocks']}</td>") in page
+    assert "<td>none</td><td>-</td>" in html.render(cpu)
+    assert "<h2>Tiling</h2>" not in html.render(_sized_report())

@@ -12,6 +12,21 @@ from hlofuse.report import Report, fmt_bytes, outcome
 __all__ = ["render"]
 
 
+def _tiling_row(t: dict) -> str:
+    """One row of the tiling table: the same facts as :func:`hlofuse.report.tiling_lines`."""
+    esc = _html.escape
+    shape = (f"{t['batch']}x" if t.get("batch", 1) > 1 else "") + f"M{t['m']} N{t['n']} K{t['k']}"
+    tile = "x".join(map(str, t["tile"])) if t.get("tile") else None
+    waste = f"{t['waste_pct']:g}%" if tile else "-"
+    if t.get("blocks"):
+        by = f"kernel blocks {t['blocks']}"
+    else:
+        by = "XLA" + (f" (region {t['region']})" if t.get("region") is not None else "")
+    where = t.get("where") if t.get("where") not in (None, "unknown") else ""
+    return (f"<tr><td>{esc(str(t['op']))}</td><td>{esc(shape)}</td><td>{esc(str(t['dtype']))}</td>"
+            f"<td>{esc(tile or 'none')}</td><td>{waste}</td><td>{esc(by)}</td><td>{esc(where)}</td></tr>")
+
+
 def render(report: Report) -> str:
     """A self-contained HTML page of the fusion plan (byte counts in the same units as the
     text and Markdown views)."""
@@ -26,6 +41,7 @@ def render(report: Report) -> str:
         f"<td>{esc(', '.join(str(k) + '=' + str(v) for k, v in p.stats.items()))}</td></tr>"
         for p in report.passes)
     notes = "".join(f"<li>{esc(n)}</li>" for n in report.notes)
+    tiling = "".join(_tiling_row(t) for t in report.tiling)
     merged = f", {len(report.merged)} merged into others" if report.merged else ""
     return (
         "<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>hlofuse report</title>"
@@ -38,6 +54,8 @@ def render(report: Report) -> str:
         f"(saved {fmt_bytes(report.bytes_saved)})</p>\n"
         "<table><tr><th>id</th><th>kind</th><th>ops</th><th>kernel / reason</th>"
         f"<th>bytes unfused</th><th>bytes fused</th><th>where</th></tr>{rows}</table>\n"
+        + (f"<h2>Tiling</h2><table><tr><th>op</th><th>GEMM shape</th><th>dtype</th><th>native tile</th>"
+           f"<th>padding waste</th><th>computed by</th><th>where</th></tr>{tiling}</table>\n" if tiling else "")
         + (f"<h2>Notes</h2><ul>{notes}</ul>\n" if notes else "")
         + f"<h2>Passes</h2><table><tr><th>pass</th><th>ms</th><th>stats</th></tr>{passes}</table>\n"
         "</body></html>\n")

@@ -12,7 +12,7 @@ from hlofuse.kernels.attention.spec import AttentionSpec
 from hlofuse.kernels.tiling import Tile, check_block, next_pow2
 
 __all__ = ["AttentionBlocks", "cpu_plan", "gpu_blocks", "tpu_blocks", "CPU_STEP_BUDGET",
-           "CPU_MAX_BLOCK_K", "CPU_SKIP_BLOCK"]
+           "CPU_FWD_STEP_BUDGET", "CPU_MAX_BLOCK_K", "CPU_SKIP_BLOCK"]
 
 # cpu cost model: elements of the per-step logits block ([batch.., rows chunk, key block]);
 # 2M f32 = 8 MiB keeps the step's temporaries (logits, probabilities) near the cache and the
@@ -21,6 +21,17 @@ __all__ = ["AttentionBlocks", "cpu_plan", "gpu_blocks", "tpu_blocks", "CPU_STEP_
 # of jax.jit's time at S=2048/4096; 256..1024-row chunks and 256/512-key blocks were within
 # noise of each other, unchunked rows (a 64 MiB step block) about 15% slower.
 CPU_STEP_BUDGET = 2 * 1024 * 1024
+# the inference forward's budget (the cpu forward loops, also the training forward's): 1M f32 =
+# 4 MiB per step. Per step the forward writes the logits block, reads it for the row max, reads
+# it again for exp and writes the probabilities, reads those for the row sum and for the P·V
+# dot: five passes over the block, so a block that stays nearer the (1 MiB/core) L2 pays.
+# Measured on the shared 2-core host, the kernel built with each budget and timed interleaved
+# with jax.jit in one process (median of 9 rounds while ~10 other processes ran), B=1 H=8 d=64
+# S=4096: process CPU time ratio to jax.jit 0.29 at 1M (256x512 blocks), 0.34 at 2M (512x512),
+# 0.34 at 512K (128x512: smaller dots); wall 0.17 / 0.34 / 0.28. At BERT-base shapes (H=12,
+# S=512, one key block) 128- and 256-row chunks were within noise in CPU time.
+# The backward keeps CPU_STEP_BUDGET (its own loops, tuned separately).
+CPU_FWD_STEP_BUDGET = 1024 * 1024
 CPU_MAX_BLOCK_K = 512
 CPU_SKIP_BLOCK = 256          # blocks when a position mask lets whole blocks be skipped
 
@@ -52,19 +63,21 @@ class AttentionBlocks:
         return f"bq={self.bq} bk={self.bk}"
 
 
-def cpu_plan(spec: AttentionSpec) -> AttentionBlocks:
+def cpu_plan(spec: AttentionSpec, step_budget: int | None = None) -> AttentionBlocks:
     """Cost model for the cpu loops: the largest key block up to ``CPU_MAX_BLOCK_K``, and
     query chunks so one step's logits block ``[batch.., rows.., bq, bk]`` stays within
-    ``CPU_STEP_BUDGET`` elements (cache-resident, small peak memory). Small problems run as
+    ``step_budget`` elements (default ``CPU_STEP_BUDGET``; the forward passes
+    ``CPU_FWD_STEP_BUDGET``) (cache-resident, small peak memory). Small problems run as
     one block (the loop disappears). With a position mask (causal) both blocks are at most
     ``CPU_SKIP_BLOCK`` so whole blocks above the diagonal are skipped."""
+    budget = CPU_STEP_BUDGET if step_budget is None else step_budget
     sq, sk = spec.seq_q, spec.seq_k
     per_row = spec.n_batch * spec.n_group
     bk = sk if sk <= CPU_MAX_BLOCK_K else CPU_MAX_BLOCK_K
     skip = skip_info(spec) is not None and sk > CPU_SKIP_BLOCK
     if skip:
         bk = CPU_SKIP_BLOCK
-    bq = max(1, CPU_STEP_BUDGET // max(1, per_row * bk))
+    bq = max(1, budget // max(1, per_row * bk))
     if skip:
         bq = min(bq, CPU_SKIP_BLOCK)
     if bq >= sq:

@@ -2,7 +2,8 @@
 
 ``lax.map`` over query chunks, ``lax.fori_loop`` over key blocks: only the current logits block
 ``[batch.., rows.., bq, bk]`` is live, never the ``[.., Sq, Sk]`` logits nor whole-array carries.
-Chunk sizes come from :func:`~hlofuse.kernels.attention.blocks.cpu_plan`.
+Chunk sizes come from :func:`~hlofuse.kernels.attention.blocks.cpu_plan` with the forward's
+step budget ``CPU_FWD_STEP_BUDGET``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from hlofuse import ir as hir
-from hlofuse.kernels.attention.blocks import AttentionBlocks, cpu_plan
+from hlofuse.kernels.attention.blocks import CPU_FWD_STEP_BUDGET, AttentionBlocks, cpu_plan
 from hlofuse.kernels.attention.layout import canonical_inputs, output, pad_axis, pad_to
 from hlofuse.kernels.attention.logits import F32, eval_logits, prescale
 from hlofuse.kernels.attention.online_softmax import online_finish, online_init, online_update
@@ -42,7 +43,7 @@ def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
     :func:`~hlofuse.kernels.attention.logits.prescale`). ``k_transposed``: keep K as
     ``[.., D, Sk]`` so QKᵀ is a plain (NN) matmul per block.
     """
-    blocks = blocks or cpu_plan(spec)
+    blocks = blocks or cpu_plan(spec, CPU_FWD_STEP_BUDGET)
     pre = prescale(spec) if fold_scale else None
     bq, bk = blocks.bq, blocks.bk
     sq, sk = spec.seq_q, spec.seq_k

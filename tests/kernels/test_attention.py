@@ -184,6 +184,14 @@ def test_cpu_plan_keeps_the_step_block_within_budget():
     assert (A.cpu_plan(small).bq, A.cpu_plan(small).bk) == (64, 64)  # one block: no loop
 
 
+def test_cpu_forward_plans_its_own_smaller_step_budget():
+    spec = _bench_spec(4096)
+    fwd = A.cpu_plan(spec, A.CPU_FWD_STEP_BUDGET)
+    assert spec.n_batch * fwd.bq * fwd.bk <= A.CPU_FWD_STEP_BUDGET < A.CPU_STEP_BUDGET
+    assert fwd.bk == A.CPU_MAX_BLOCK_K and fwd.bq < A.cpu_plan(spec).bq   # fewer rows per step
+    assert A.build_attention(spec, "cpu").blocks == f"cpu loops {fwd}"  # the forward uses it
+
+
 def test_cpu_plan_uses_skip_blocks_for_causal():
     spec = _bench_spec(1024, causal=True)
     plan = A.cpu_plan(spec)

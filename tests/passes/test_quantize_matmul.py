@@ -201,8 +201,10 @@ func.func @main(%x: tensor<4x8xf32>) -> tensor<4x8xf32> {
 
 def test_int8_transformer_block_fuses_every_int8_linear():
     """A GPT-2-style block with every linear int8 (Q/K/V share their quantized input and
-    become one horizontal int8 kernel): no int8 dot is left to XLA, and on cpu the result
-    is bit-identical to jax.jit of the same program."""
+    become one horizontal int8 kernel): no int8 dot is left to XLA; on cpu every kernel but
+    the attention's is bit-identical to jax.jit of the same program, and with the fused
+    attention (online softmax: reassociated) requantized values may flip by one step, category
+    ``requantize`` (bench int8_block S=512: 3 flips, 3.2e-3 relative)."""
     from bench import workloads as W
     params, x = W._int8_block_args(s=16, d=64, ff=128)(np.random.default_rng(0))
     fn = lambda p, x: W.int8_block(p, x, n_heads=2)  # noqa: E731
@@ -211,4 +213,8 @@ def test_int8_transformer_block_fuses_every_int8_linear():
     assert not any("integer or boolean matmul" in n or "int8" in n for n in rep.notes), rep.notes
     mm = [r for r in rep.kernels if r.kind in ("matmul_epilogue", "horizontal")]
     assert len(mm) >= 4 and all(r.kernel for r in rep.regions if r.kind == "horizontal"), str(rep)
-    assert_same(f(params, x), jax.jit(fn)(params, x), "exact")
+    want = jax.jit(fn)(params, x)
+    assert_same(f(params, x), want, "requantize")
+    g = hlofuse.jit(fn, autotune=False, disable=["fuse-attention"])
+    assert len([r for r in g.report(params, x).kernels if r.kind in ("matmul_epilogue", "horizontal")]) == len(mm)
+    assert_same(g(params, x), want, "exact")
