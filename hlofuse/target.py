@@ -30,6 +30,8 @@ _PLATFORM = {"cpu": "cpu", "gpu": "cuda", "tpu": "tpu"}
 TPU_VMEM_HEADROOM = 0.75
 # what a cpu "kernel" may hold: the CPU path runs plain XLA loops, so rows are unbounded
 _CPU_ROW_LIMIT = 1 << 30
+# the longest gpu/tpu row a column-tiled row kernel walks
+_TILED_ROW_LIMIT = 1 << 24
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -135,6 +137,13 @@ class Target:
         if self.is_tpu:
             return c.scoped_vmem_bytes // (2 * 2 * 2 * 4 * c.sublanes)
         return _CPU_ROW_LIMIT
+
+    @property
+    def max_tiled_row_elems(self) -> int:
+        """Longest row a reduction kernel takes at all: gpu/tpu rows longer than
+        :attr:`max_row_elems` are walked in column tiles (``hlofuse.kernels.row_tiled``) up to
+        2^24 elements (column offsets stay far inside int32); cpu: no limit."""
+        return _CPU_ROW_LIMIT if self.is_cpu else _TILED_ROW_LIMIT
 
     @property
     def gpu_row_block_elems(self) -> int:

@@ -22,10 +22,14 @@ round ops are computed exactly from floor (:func:`round_by_floor`: Triton has no
 
 from __future__ import annotations
 
+import numpy as np
+
+import jax
 import jax.numpy as jnp
 
 from hlofuse import ir as hir
-from hlofuse.ops import EmitError, const_value, emit_op, splat_scalar
+from hlofuse.ir import value_key
+from hlofuse.ops import EmitError, OpClass, const_value, emit_op, rule_for, splat_scalar
 from hlofuse.kernels.interpret import Rule, eval_reference, interpret, reduce_init, reduce_with_init
 from hlofuse.kernels.support import COL, REDUCERS, ROW, SCALAR, reduce_info
 
@@ -58,7 +62,8 @@ def reduce_cols_partial(op, x, *, row_valid=None):
         x = jnp.where(row_valid, x, jnp.asarray(ident, x.dtype))
     fn = {"sum": jnp.sum, "max": jnp.max, "min": jnp.min, "prod": jnp.prod, "all": jnp.all,
           "any": jnp.any}[kind]
-    return fn(x, axis=0, keepdims=True)
+    # every axis but the last (a cpu matmul block keeps its batch dim: (1, M, N))
+    return fn(x, axis=tuple(range(x.ndim - 1)), keepdims=True)
 
 
 _NO_UPCAST = {"stablehlo.convert", "stablehlo.select", "stablehlo.bitcast_convert", "stablehlo.and",
@@ -132,12 +137,17 @@ def block_rules(classes: dict, shapes: dict, *, valid=None, f32_math: bool = Fal
         c = splat_scalar(op)  # one element, whatever the IR shape (never materialized)
         if c is None:
             c = const_value(op).reshape(-1)[0]
+        _note(op, c)
         return [jnp.full(shape_of(op), c, dtype=c.dtype)]
 
     def broadcast(op, args):
+        if value_key(op.operands[0]) in splats:
+            _note(op, splats[value_key(op.operands[0])])
         return [jnp.broadcast_to(args[0], shape_of(op))]
 
     def reshape(op, args):
+        if value_key(op.operands[0]) in splats:
+            _note(op, splats[value_key(op.operands[0])])
         return [args[0] if cls_of(op) != SCALAR else jnp.reshape(args[0], shape_of(op))]
 
     def reduce(op, args):
@@ -147,12 +157,35 @@ def block_rules(classes: dict, shapes: dict, *, valid=None, f32_math: bool = Fal
             raise EmitError("only row reductions are evaluated in a block view")
         return [reduce_rows(op, args[0], valid=valid, f32_math=f32_math)]
 
+    # splat values computed from constants only: value key -> numpy scalar. jax 0.10.2 keeps a
+    # splat constant as a jaxpr literal, and Triton's unary rules (negate's ``_minus``) take no
+    # literal operand: an elementwise op of constants is folded here, on scalars, instead.
+    splats: dict = {}
+
+    def _note(op, c):
+        splats[value_key(op.results[0])] = np.asarray(c)
+
     def emit(op, args):
+        keys = [value_key(v) for v in op.operands]
+        if (keys and len(op.results) == 1 and all(k in splats for k in keys)
+                and rule_for(op.name).cls is OpClass.ELEMENTWISE):
+            with jax.ensure_compile_time_eval():
+                c = np.asarray(emit_op(op, [jnp.asarray(splats[k]) for k in keys])[0])
+            _note(op, c)
+            return [jnp.full(shape_of(op), c, dtype=c.dtype)]
+        return _emit(op, args)
+
+    def _emit(op, args):
         shape = shape_of(op)
         if op.name != "stablehlo.select":   # operands of a smaller class: to the result's block
             args = [_to_shape(a, shape) for a in args]
         if f32_math and op.name in _ROUNDS:  # gpu/tpu kernels: Triton has no round primitive
             return [round_by_floor(args[0], ties_even=_ROUNDS[op.name])]
+        if f32_math and op.name == "stablehlo.select" and any(getattr(a, "dtype", None) in _LOW for a in args[1:]):
+            # exact in f32; Mosaic (v5e) cannot relayout an i1 mask made beside 32-bit values
+            # ((8, 128) tiles) to the (16, 128) tiles of a 16-bit select ("Invalid relayout")
+            dt = args[1].dtype
+            return [x.astype(dt) for x in emit_op(op, [args[0]] + [a.astype(jnp.float32) for a in args[1:]])]
         out = _upcast_math(op, args) if f32_math else None
         return out or emit_op(op, args)
 

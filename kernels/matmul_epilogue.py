@@ -13,6 +13,11 @@ and the rhs possibly (N, K) or without batch dims (shared weights). Outside the 
 operand is reshaped (free) to a 3-D/2-D view: lhs (B, M, K), rhs (B, K, N) or (K, N), epilogue
 inputs by view class: full (B, M, N), row (B, M, 1), col (1, N), scalar (1, 1).
 
+Column-sum outputs (``spec.col_outputs``): a ``reduce`` summing an epilogue value over every
+row (a bias gradient) is written as one ``(1, bn)`` partial per (row block, column block) into
+a ``(row blocks, 1, N)`` f32 array (rows past M masked out), combined with the init after the
+kernel. Unbatched dots only.
+
 Quantized matmuls (``quantize-matmul`` makes them from fake-quant code): an int8 x int8 -> int32
 dot accumulates in int32 on every target (exact: the same integers as XLA's dot), and its
 epilogue carries the dequant scale, bias, activation and requantization to int8 for the next
@@ -53,7 +58,8 @@ from hlofuse.kernels.blockeval import eval_block
 from hlofuse.kernels.interpret import eval_reference
 from hlofuse.kernels.common import boundary, call_options
 from hlofuse.kernels.tiling import MatmulBlocks, matmul_blocks
-from hlofuse.kernels.support import (COL, FULL, ROW, SCALAR, ClassError, View, dot_layout,
+from hlofuse.kernels.interpret import reduce_with_init
+from hlofuse.kernels.support import (COL, FULL, ROW, SCALAR, ClassError, View, dot_layout, is_column_reduce,
                                      is_scalar_operand, prologue_member, view_classes)
 
 __all__ = ["MatmulSpec", "DotSpec", "spec_from_func", "matmul_epilogue_kernel", "build_matmul_epilogue",
@@ -97,6 +103,7 @@ class MatmulSpec:
     classes: dict = dataclasses.field(compare=False, hash=False, repr=False, default=None)
     lhs_prologue: tuple = dataclasses.field(compare=False, hash=False, repr=False, default=())
     epilogue: tuple = dataclasses.field(compare=False, hash=False, repr=False, default=())
+    col_outputs: tuple = ()        # outputs that are column sums of epilogue values (bias grads)
 
     @property
     def digest(self) -> str:
@@ -229,8 +236,20 @@ def spec_from_func(fn_op) -> MatmulSpec:
         classes = view_classes(epilogue, view, seeds={d.results[0]: FULL for d in dots})
     except ClassError as e:
         raise EmitError(f"epilogue has no consistent block view: {e}") from None
-    for v in ret.operands:
-        if classes.get(v) != FULL:
+    col_outputs = []
+    for k_out, v in enumerate(ret.operands):
+        d = hir.defining_op(v)
+        if classes.get(v) == COL and d is not None and d.name == "stablehlo.reduce" and is_column_reduce(d):
+            # a column reduction of an epilogue value (d(bias) of a matmul's backward): each
+            # row block writes its partial, summed after the kernel
+            if batch != 1:
+                raise EmitError("column-reduction outputs of a batched matmul region")
+            if any(u.name != "func.return" for u in hir.users(v)):
+                raise EmitError("a column reduction is read inside the matmul region")
+            if not hir.tensor_type_info(v.type).dtype.startswith(("f", "bf")):
+                raise EmitError("column reduction of a non-float value")
+            col_outputs.append(k_out)
+        elif classes.get(v) != FULL:
             raise EmitError("matmul region outputs must be in the dot's domain")
     extra = []
     used_by = {}
@@ -253,7 +272,7 @@ def spec_from_func(fn_op) -> MatmulSpec:
     return MatmulSpec(batch, m, n, k, tuple(out_shape), args.index(lhs_src), lay0["lhs_t"], tuple(dspecs),
                       tuple(extra), tuple(i.shape for i in ins), tuple(hir.np_dtype(i.dtype) for i in ins),
                       tuple(o.shape for o in outs), tuple(hir.np_dtype(o.dtype) for o in outs), body, fn_op,
-                      classes, lhs_pro, tuple(epilogue))
+                      classes, lhs_pro, tuple(epilogue), tuple(col_outputs))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -371,9 +390,18 @@ def matmul_epilogue_kernel(*refs, spec: MatmulSpec, plan: dict):
         env = dict(extra_vals)
         for ds, acc in zip(spec.dots, accs):
             env[value_key(ds.op.results[0])] = acc.astype(ds.out_dtype)
-        eval_block(list(spec.epilogue), env, spec.classes, plan["shapes"], f32_math=plan["f32_math"])
+        row_valid = None
+        if plan.get("mask_m"):   # rows past M in the last row block: out of column sums
+            bm = plan["shapes"][ROW][0]
+            row_valid = (pl.program_id(1) * bm + lax.broadcasted_iota(jnp.int32, plan["shapes"][ROW], 0)
+                         < spec.m)
+        eval_block(list(spec.epilogue), env, spec.classes, plan["shapes"], f32_math=plan["f32_math"],
+                   row_valid=row_valid)
         ret = [o for o in _entry(spec.func_op).operations][-1]
-        for r, v in zip(out_refs, ret.operands):
+        for k_out, (r, v) in enumerate(zip(out_refs, ret.operands)):
+            if k_out in spec.col_outputs:   # this row block's partial column sums (f32)
+                r[...] = jnp.reshape(env[value_key(v)], r.shape).astype(r.dtype)
+                continue
             r[...] = jnp.broadcast_to(env[value_key(v)], plan["shapes"][FULL]).astype(r.dtype)
 
     if plan["k_in_grid"]:
@@ -428,7 +456,7 @@ def _specs(spec: MatmulSpec, blocks: MatmulBlocks, target: str):
         whole = lambda shape: pl.BlockSpec(shape, lambda i, n=len(shape): (0,) * n)  # noqa: E731
         ins = [whole(v["lhs"])] + [whole(_rhs_view(spec, d)) for d in spec.dots]
         ins += [whole(v[c]) for _, c in spec.extra_args]
-        outs = [whole(v[FULL]) for _ in spec.out_shapes]
+        outs = [whole((1, 1, spec.n) if k in spec.col_outputs else v[FULL]) for k in range(len(spec.out_shapes))]
         shapes = {FULL: v[FULL], ROW: v[ROW], COL: v[COL], SCALAR: v[SCALAR]}
         return ins, outs, shapes
     tpu = target.is_tpu
@@ -473,7 +501,9 @@ def _specs(spec: MatmulSpec, blocks: MatmulBlocks, target: str):
         return pl.BlockSpec(shape, idx)
 
     ins += [by_class(c) for _, c in spec.extra_args]
-    outs = [by_class(FULL) for _ in spec.out_shapes]
+    # column-sum outputs: one (1, bn) partial per (row block, column block)
+    col = pl.BlockSpec((None, 1, bn), (lambda b, i, j, k: (i, 0, j)) if tpu else (lambda b, i, j: (i, 0, j)))
+    outs = [col if k in spec.col_outputs else by_class(FULL) for k in range(len(spec.out_shapes))]
     shapes = {FULL: (bm, bn), ROW: (bm, 1), COL: (1, bn), SCALAR: (1, 1)}
     return ins, outs, shapes
 
@@ -494,7 +524,7 @@ def build_matmul_epilogue(spec: MatmulSpec, target: Target | str, *, interpret=N
     # full-tile VMEM beyond the operands and one output per dot: full extra inputs (residuals)
     # and extra outputs (a training forward also writes the activation's saved values)
     n_full_extra = (sum(1 for _, c in spec.extra_args if c == FULL)
-                    + max(0, len(spec.out_dtypes) - len(spec.dots)))
+                    + max(0, len(spec.out_dtypes) - len(spec.col_outputs) - len(spec.dots)))
     try:
         blocks = blocks or matmul_blocks(spec.batch, spec.m, spec.n, spec.k, target=target, itemsize=itemsize,
                                          members=len(spec.dots),
@@ -510,7 +540,8 @@ def build_matmul_epilogue(spec: MatmulSpec, target: Target | str, *, interpret=N
             # cpu keeps each dot's own result type (XLA:CPU then sees the program's dot unchanged);
             # gpu/tpu tiles accumulate in f32, int8 x int8 dots in int32 (exact)
             "acc": tuple(np.dtype(d.out_dtype) if target.is_cpu or d.integer else np.dtype(np.float32)
-                         for d in spec.dots)}
+                         for d in spec.dots),
+            "mask_m": bool(spec.col_outputs) and not target.is_cpu and spec.m % blocks.bm != 0}
     name = name or f"hlofuse_{_family}_{spec.digest}"
     scratch = []
     if tpu:
@@ -518,9 +549,17 @@ def build_matmul_epilogue(spec: MatmulSpec, target: Target | str, *, interpret=N
         scratch = [pltpu.VMEM((blocks.bm, blocks.bn), a) for a in plan["acc"]]
     v = _views(spec)
     kernel = functools.partial(_body or matmul_epilogue_kernel, spec=spec, plan=plan)
+    n_row_blocks = 1 if target.is_cpu else -(-spec.m // blocks.bm)
+
+    def out_struct(k, d):
+        if k in spec.col_outputs:   # per row block partials, 16-bit floats as f32
+            pd = np.float32 if np.dtype(d).itemsize < 4 else d
+            return jax.ShapeDtypeStruct((n_row_blocks, 1, spec.n), pd)
+        return jax.ShapeDtypeStruct(v[FULL], d)
+
     call = pl.pallas_call(
         kernel,
-        out_shape=[jax.ShapeDtypeStruct(v[FULL], d) for d in spec.out_dtypes],
+        out_shape=[out_struct(k, d) for k, d in enumerate(spec.out_dtypes)],
         grid=blocks.grid,
         in_specs=ins,
         out_specs=outs,
@@ -528,6 +567,17 @@ def build_matmul_epilogue(spec: MatmulSpec, target: Target | str, *, interpret=N
         **call_options(target, blocks, interpret),
         name=name,
     )
+    if spec.col_outputs:
+        ret = [o.operation for o in _entry(spec.func_op).operations][-1]
+        col_ops = {k: hir.defining_op(ret.operands[k]) for k in spec.col_outputs}
+        kernel_call = call
+
+        def call(*views):
+            # the column sums' partials combined over the row blocks, init applied once
+            outs = list(kernel_call(*views))
+            for k, op in col_ops.items():
+                outs[k] = reduce_with_init(op, outs[k][:, 0, :], axis=0).astype(spec.out_dtypes[k])
+            return outs
     in_views = [(spec.lhs_arg, v["lhs"])] + [(d.rhs_arg, _rhs_view(spec, d)) for d in spec.dots]
     in_views += [(i, v[c]) for i, c in spec.extra_args]
     return boundary(call, blocks, name, in_views=in_views, out_shapes=spec.out_shapes)

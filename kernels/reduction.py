@@ -36,7 +36,8 @@ from hlofuse.kernels.blockeval import eval_block
 from hlofuse.kernels.interpret import bind, eval_reference
 from hlofuse.kernels.common import (boundary, call_options, check_tpu_dtypes, from_kernel, int32_bools,
                                     kernel_dtypes, max_itemsize, to_kernel)
-from hlofuse.kernels.tiling import RowBlocks, row_blocks
+from hlofuse.kernels.tiling import RowBlocks, TiledRowBlocks, row_blocks
+from hlofuse.kernels.row_tiled import build_tiled, is_tiled
 from hlofuse.kernels.support import (COL, FULL, ROW, SCALAR, ClassError, View, is_column_reduce,
                                      reduce_info, view_classes)
 from hlofuse.kernels.interpret import reduce_with_init
@@ -176,9 +177,13 @@ def build_reduction(spec: ReductionSpec, target: Target | str, *, interpret=None
                     name: str | None = None):
     """The region as ``f(*inputs) -> outputs`` around one ``pallas_call``.
 
-    ``interpret``: see :func:`~hlofuse.kernels.common.call_options`.
+    ``interpret``: see :func:`~hlofuse.kernels.common.call_options`. A row longer than the
+    target's row budget (or ``blocks`` a :class:`~hlofuse.kernels.tiling.TiledRowBlocks`) is
+    walked in column tiles (:mod:`hlofuse.kernels.row_tiled`).
     """
     target = Target.of(target)
+    if isinstance(blocks, TiledRowBlocks) or (blocks is None and is_tiled(spec, target)):
+        return build_tiled(spec, target, interpret=interpret, blocks=blocks, name=name)
     bool_in = int32_bools(spec.in_dtypes, target, interpret)
     bool_out = int32_bools(spec.out_dtypes, target, interpret)
     n_full = sum(c == FULL for c in spec.in_classes + spec.out_classes)
@@ -187,7 +192,11 @@ def build_reduction(spec: ReductionSpec, target: Target | str, *, interpret=None
                                       itemsize=max_itemsize(spec.in_dtypes + spec.out_dtypes),
                                       n_arrays=max(2, n_full + 2))
     except ValueError as e:
-        raise EmitError(str(e)) from None
+        if target.is_cpu:
+            raise EmitError(str(e)) from None
+        # whole rows do not fit the chip (a tpu row within max_row_elems may still exceed VMEM
+        # once all the region's arrays are double-buffered): walk the rows in column tiles
+        return build_tiled(spec, target, interpret=interpret, name=name)
     check_tpu_dtypes(spec.in_dtypes + spec.out_dtypes, target)
     shapes = {c: _block_shape(c, blocks) for c in (FULL, ROW, COL, SCALAR)}
     name = name or f"hlofuse_reduction_{spec.pattern.replace('-', '_')}_{spec.digest}"

@@ -62,6 +62,10 @@ def max_row_elems(target, chip=None) -> int:
     return Target.of(target, chip).max_row_elems
 
 
+def max_tiled_row_elems(target, chip=None) -> int:
+    return Target.of(target, chip).max_tiled_row_elems
+
+
 def _with_target(blocks) -> None:
     """Blocks' ``target`` as a Target (a name is accepted) and ``chip`` as its chip's name."""
     t = Target.of(blocks.target, blocks.chip or None)
@@ -328,6 +332,94 @@ def row_blocks(rows: int, cols: int, *, target: Target | str, itemsize: int = 4,
         br = rows if rows <= br else br
         return RowBlocks(target, rows, cols, br, cols, sublane=sub,
                          vmem_bytes=2 * n_arrays * min(br, rows) * per_row)
+
+
+
+# ---------------------------------------------------------------------------------------------
+# Column-tiled row blocks (reduction family, rows longer than the target's row budget):
+# :mod:`hlofuse.kernels.row_tiled` walks each row in ``bc``-wide column tiles with running
+# (online) row statistics, so a row of any length is one kernel.
+# ---------------------------------------------------------------------------------------------
+
+TILED_GPU_TILE = 2048       # heuristic: column tile of a gpu tiled row kernel (a power of two)
+TILED_TPU_TILE = 4096       # heuristic: lanes of a tpu column tile (a multiple of 128)
+
+
+@dataclasses.dataclass(frozen=True)
+class TiledRowBlocks:
+    """``(br, bc)`` tiles of a (rows, cols) view whose rows are walked tile by tile.
+
+    gpu: power-of-two ``br`` and ``bc`` within the chip's registers (the grid runs over row
+    blocks; each program loops over the column tiles, once per pass). tpu: ``bc`` a multiple
+    of 128 (or all columns), ``br`` a multiple of the sublane tile (or all rows); the grid is
+    (row blocks, passes x column tiles), the second axis sequential. cpu has no tiled kernel
+    (its rows are unbounded).
+    """
+    target: Target
+    rows: int
+    cols: int
+    br: int
+    bc: int
+    sublane: int = 8
+    num_warps: int = 4
+    num_stages: int = 1
+    vmem_bytes: int = 0
+    chip: str = ""
+    passes: int = 0               # passes over each row (set by the builder; 0: not yet known)
+
+    def __post_init__(self):
+        _with_target(self)
+        if self.target.is_cpu:
+            raise ValueError("no column-tiled row kernel on cpu (a cpu row is unbounded)")
+        check_block(self.target, self, {"gpu": (_within_registers,), "tpu": (_within_vmem,)})
+
+    @property
+    def tiles(self) -> int:
+        return math.ceil(self.cols / self.bc)
+
+    @property
+    def grid(self) -> tuple[int]:
+        return (math.ceil(self.rows / self.br),)
+
+    @property
+    def dimension_semantics(self) -> tuple:
+        return ("parallel", "arbitrary")
+
+    @property
+    def padded(self) -> bool:
+        return self.cols % self.bc != 0
+
+    def __str__(self) -> str:
+        passes = f", {self.passes} passes" if self.passes else ""
+        return f"{self.br}x{self.bc} column tiles ({self.tiles} per row{passes}), grid {self.grid[0]}"
+
+
+def tiled_row_blocks(rows: int, cols: int, *, target: Target | str, itemsize: int = 4,
+                     n_arrays: int = 2, chip=None) -> TiledRowBlocks:
+    """Column tiles for a row longer than the target's row budget (heuristic)."""
+    target = Target.of(target, chip)
+    c = target.chip
+    if target.is_gpu:
+        elems = target.gpu_row_block_elems
+        bc = min(TILED_GPU_TILE, next_pow2(cols), 1 << (elems.bit_length() - 1))
+        br = max(1, min(next_pow2(rows), elems // bc))
+        return TiledRowBlocks(target, rows, cols, br, bc, num_warps=_warps(br * bc))
+    if target.is_tpu:
+        sub = c.sublane_tile(itemsize)
+        size = max(itemsize, 4)
+        for br in ((rows,) if rows <= 2 * sub else (2 * sub, sub)):
+            # lanes that fit the VMEM budget with every array double-buffered
+            fit = target.vmem_budget // (2 * n_arrays * br * size) // TPU_LANES * TPU_LANES
+            if fit >= TPU_LANES:
+                break
+        else:
+            raise ValueError(f"no {TPU_LANES}-lane column tile fits the VMEM of {c.name}")
+        bc = min(TILED_TPU_TILE, fit)
+        if cols <= bc:
+            bc = cols
+        return TiledRowBlocks(target, rows, cols, br, bc, sublane=sub,
+                              vmem_bytes=2 * n_arrays * br * target.lane_padded(bc) * size)
+    raise ValueError("no column-tiled row kernel on cpu (a cpu row is unbounded)")
 
 
 @dataclasses.dataclass(frozen=True)

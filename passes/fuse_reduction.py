@@ -30,7 +30,7 @@ from hlofuse.pipeline import Pass, register_pass
 from hlofuse.target import Target
 from hlofuse.passes.fusion import cost as cost_model
 from hlofuse.kernels.reduction import pattern_name
-from hlofuse.kernels.tiling import row_blocks
+from hlofuse.kernels.tiling import row_blocks, tiled_row_blocks
 from hlofuse.passes.fusion.anchored import Grown, fuse_anchored
 from hlofuse.passes.fusion.commit import LeftToXla
 from hlofuse.kernels.support import ClassError, View, extend_classes, is_column_reduce, view_classes
@@ -52,7 +52,10 @@ def _working_set(view: View, members: list, target: Target) -> tuple[int, int]:
     try:
         b = row_blocks(view.rows, view.cols, target=target, itemsize=4, n_arrays=min(n_full, 4))
     except ValueError:
-        return view.cols * 4 * 3 * 8, 1
+        if target.is_cpu:
+            return view.cols * 4 * 3 * 8, 1
+        # a row longer than a row block: the kernel walks it in column tiles (kernels.row_tiled)
+        b = tiled_row_blocks(view.rows, view.cols, target=target, itemsize=4, n_arrays=min(n_full, 4))
     if target.is_tpu:
         return b.vmem_bytes, b.grid[0]
     if target.is_gpu:
@@ -79,6 +82,9 @@ def grow(graph, anchor, tried: set, target: Target, column_reductions: bool = Tr
                     "auto: gpu/tpu only, not faster on cpu)")
         if direction == "producer" and is_column_reduce(c):
             return "a column reduction joins only as an output of the region that computes its operand"
+        if is_column_reduce(c) and view.cols > target.max_row_elems:
+            return ("column reductions do not join a region whose rows are walked in column tiles "
+                    f"(rows of {view.cols} > {target.max_row_elems} on {target.describe()})")
         if any(is_column_reduce(p) for p in graph.producers(c) if p in members):
             return "reads a column reduction (complete only after the last row block)"
         try:

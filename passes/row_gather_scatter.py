@@ -16,9 +16,9 @@ the backward ((softmax - onehot)·g) form one row region:
   exists in memory anyway, and reading one element per row beats a masked pass over the row;
   optax's loss gathers from the logits themselves) and sits in a row computation (it feeds, or
   is computed from, a reduction over the last dim of the same rows within a few elementwise
-  hops) that fits a row kernel on the target (``max_row_elems``: a gpu row holds 16k elements,
-  so a 32k vocabulary stays with XLA there), so that the masked sum joins a row region that
-  reads those rows anyway and the (rows, vocab) log-probabilities are never written.
+  hops) that a row kernel takes on the target (``max_tiled_row_elems``: rows longer than a gpu
+  row block's 16k elements are walked in column tiles, ``kernels/row_tiled.py``), so that the
+  masked sum joins a row region that reads those rows anyway and the (rows, vocab) log-probabilities are never written.
 * **scatter**-add into ``x`` (same dimension numbers, update combiner ``add``, one index per
   row) -> ``select(j == idx[r], x + broadcast(upd), x)``. Exact: each element receives at most
   one update (one index per row), combined with the same ``add``; out-of-range indices match
@@ -56,7 +56,7 @@ from hlofuse.pipeline import Pass, register_pass
 from hlofuse.report import Refusals
 from hlofuse.passes import graph_util as gu
 from hlofuse.passes.fusion.outline import program_blocks
-from hlofuse.kernels.tiling import max_row_elems
+from hlofuse.kernels.tiling import max_tiled_row_elems
 
 # Why the pass is off on cpu by default (row-gather-scatter{on_cpu=true} turns it on): XLA:CPU
 # runs the row "kernel" (interpret mode: plain StableHLO) as its own loop fusions and library
@@ -349,7 +349,7 @@ class RowGatherScatter(Pass):
                         if d is None or rule_for(d.name).cls is not OpClass.ELEMENTWISE:
                             why = ("operand is materialized anyway (one element per row is cheaper "
                                    "than a masked row sum)")
-                        elif x.shape[-1] > max_row_elems(ctx.target):
+                        elif x.shape[-1] > max_tiled_row_elems(ctx.target):
                             why = (f"row of {x.shape[-1]} elements exceeds the on-chip row limit for "
                                    f"{ctx.target} (no row kernel would read it)")
                         elif not near_row_reduction(op.operands[0], x.shape[-1], list(x.shape[:-1])):

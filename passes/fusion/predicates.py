@@ -16,7 +16,7 @@ from hlofuse.target import Target
 from hlofuse.kernels.support import (broadcast_class, domain_shape, dot_layout, is_column_reduce,
                                      is_splat_constant,
                                      reduce_info, types_ok, value_info)
-from hlofuse.kernels.tiling import max_row_elems
+from hlofuse.kernels.tiling import max_tiled_row_elems
 
 def elementwise_member(op, target: str) -> str | None:
     """May ``op`` be a member of an elementwise (loop) region? None = yes, else the reason."""
@@ -102,7 +102,8 @@ def reduction_anchor(op, target: str) -> str | None:
         return f"reduces dims {dims}, not the last dim only (not a row reduction)"
     if src.shape[-1] < 2 or 0 in src.shape:
         return "degenerate row"
-    if src.shape[-1] > max_row_elems(target):
+    if src.shape[-1] > max_tiled_row_elems(target):
+        # (rows longer than max_row_elems are walked in column tiles: kernels.row_tiled)
         return f"row of {src.shape[-1]} elements exceeds the on-chip row limit for {target}"
     return None
 
