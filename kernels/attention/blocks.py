@@ -11,8 +11,9 @@ from hlofuse.kernels.attention.skip import skip_info
 from hlofuse.kernels.attention.spec import AttentionSpec
 from hlofuse.kernels.tiling import Tile, check_block, next_pow2
 
-__all__ = ["AttentionBlocks", "cpu_plan", "gpu_blocks", "tpu_blocks", "CPU_STEP_BUDGET",
-           "CPU_MAX_BLOCK_K", "CPU_SKIP_BLOCK"]
+__all__ = ["AttentionBlocks", "cpu_plan", "cpu_bwd_plan", "gpu_blocks", "tpu_blocks",
+           "CPU_STEP_BUDGET", "CPU_MAX_BLOCK_K", "CPU_SKIP_BLOCK", "CPU_BWD_STEP_BUDGET",
+           "CPU_BWD_MAX_BLOCK_K"]
 
 # cpu cost model: elements of the per-step logits block ([batch.., rows chunk, key block]);
 # 2M f32 = 8 MiB keeps the step's temporaries (logits, probabilities) near the cache and the
@@ -23,6 +24,15 @@ __all__ = ["AttentionBlocks", "cpu_plan", "gpu_blocks", "tpu_blocks", "CPU_STEP_
 CPU_STEP_BUDGET = 2 * 1024 * 1024
 CPU_MAX_BLOCK_K = 512
 CPU_SKIP_BLOCK = 256          # blocks when a position mask lets whole blocks be skipped
+# cpu backward (kernels/attention/backward.py): one step keeps ~5 block-sized f32 temporaries
+# live (logits, probabilities, dP, dS, and dS's transposed read for dK) against the forward's
+# ~2, so its step block is smaller. Standalone flash backward, B=1 H=8 S=2048 d=64 vs jax.vjp
+# (2 shared cores, load 8-14, medians of 9 interleaved rounds, /tmp script in the trainperf
+# report): step blocks of 2M elements (512x512) 0.49-0.53x of jax's time, 512K (256x256)
+# 0.27-0.32x, 256K (128x256, 256x128) 0.21-0.37x, 128K (128x128, 64x128) 0.18-0.31x, 64K
+# (64x64, 32x128) 0.36-0.39x (loop overhead per step).
+CPU_BWD_STEP_BUDGET = 128 * 1024
+CPU_BWD_MAX_BLOCK_K = 128
 
 
 def _dot_operands(b: Tile) -> str | None:
@@ -52,19 +62,22 @@ class AttentionBlocks:
         return f"bq={self.bq} bk={self.bk}"
 
 
-def cpu_plan(spec: AttentionSpec) -> AttentionBlocks:
+def cpu_plan(spec: AttentionSpec, *, budget: int | None = None,
+             max_block_k: int | None = None) -> AttentionBlocks:
     """Cost model for the cpu loops: the largest key block up to ``CPU_MAX_BLOCK_K``, and
     query chunks so one step's logits block ``[batch.., rows.., bq, bk]`` stays within
     ``CPU_STEP_BUDGET`` elements (cache-resident, small peak memory). Small problems run as
     one block (the loop disappears). With a position mask (causal) both blocks are at most
     ``CPU_SKIP_BLOCK`` so whole blocks above the diagonal are skipped."""
+    budget = CPU_STEP_BUDGET if budget is None else budget
+    max_block_k = CPU_MAX_BLOCK_K if max_block_k is None else max_block_k
     sq, sk = spec.seq_q, spec.seq_k
     per_row = spec.n_batch * spec.n_group
-    bk = sk if sk <= CPU_MAX_BLOCK_K else CPU_MAX_BLOCK_K
+    bk = sk if sk <= max_block_k else max_block_k
     skip = skip_info(spec) is not None and sk > CPU_SKIP_BLOCK
     if skip:
-        bk = CPU_SKIP_BLOCK
-    bq = max(1, CPU_STEP_BUDGET // max(1, per_row * bk))
+        bk = min(bk, CPU_SKIP_BLOCK)
+    bq = max(1, budget // max(1, per_row * bk))
     if skip:
         bq = min(bq, CPU_SKIP_BLOCK)
     if bq >= sq:
@@ -72,6 +85,13 @@ def cpu_plan(spec: AttentionSpec) -> AttentionBlocks:
     elif bq >= 8:
         bq = 1 << (bq.bit_length() - 1)   # a power of two: chunks align with key blocks
     return AttentionBlocks("cpu", bq, bk)
+
+
+def cpu_bwd_plan(spec: AttentionSpec) -> AttentionBlocks:
+    """:func:`cpu_plan` with the backward's smaller step block (:data:`CPU_BWD_STEP_BUDGET`
+    elements, key blocks up to :data:`CPU_BWD_MAX_BLOCK_K`): the flash backward keeps more
+    block-sized temporaries live per step than the forward (measured, see the constants)."""
+    return cpu_plan(spec, budget=CPU_BWD_STEP_BUDGET, max_block_k=CPU_BWD_MAX_BLOCK_K)
 
 
 def gpu_blocks(spec: AttentionSpec) -> AttentionBlocks:
