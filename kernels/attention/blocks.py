@@ -26,13 +26,17 @@ CPU_MAX_BLOCK_K = 512
 CPU_SKIP_BLOCK = 256          # blocks when a position mask lets whole blocks be skipped
 # cpu backward (kernels/attention/backward.py): one step keeps ~5 block-sized f32 temporaries
 # live (logits, probabilities, dP, dS, and dS's transposed read for dK) against the forward's
-# ~2, so its step block is smaller. Standalone flash backward, B=1 H=8 S=2048 d=64 vs jax.vjp
-# (2 shared cores, load 8-14, medians of 9 interleaved rounds, /tmp script in the trainperf
-# report): step blocks of 2M elements (512x512) 0.49-0.53x of jax's time, 512K (256x256)
-# 0.27-0.32x, 256K (128x256, 256x128) 0.21-0.37x, 128K (128x128, 64x128) 0.18-0.31x, 64K
-# (64x64, 32x128) 0.36-0.39x (loop overhead per step).
-CPU_BWD_STEP_BUDGET = 128 * 1024
-CPU_BWD_MAX_BLOCK_K = 128
+# ~2, so its step block is smaller. Measured on the shared 2-core host (load 5-20, so each
+# figure is preliminary), B=1 H=8 S=2048 d=64:
+# * the attention training step, `python -m bench.train_cpu --workloads attn_train_s2048
+#   --no-rss --rounds 11 --bwd-blocks 512x512,128x128` (ratio to jax.jit, two runs):
+#   256x256 0.28 / 0.41, 512x512 (the forward's 2M-element block) 0.32 / 0.43, 128x128 0.34 /
+#   0.42, 128x256 0.31;
+# * a standalone copy of the backward loops, one thread (cpu time / jax.vjp's): 512x512 0.55,
+#   256x256 0.40, 128x256 0.40, 128x128 0.37 (smaller blocks win more when other processes
+#   share the cache, larger ones when the dots run on both cores).
+CPU_BWD_STEP_BUDGET = 512 * 1024
+CPU_BWD_MAX_BLOCK_K = 256
 
 
 def _dot_operands(b: Tile) -> str | None:
