@@ -31,7 +31,9 @@ CPU_SKIP_BLOCK = 256          # blocks when a position mask lets whole blocks be
 # * the attention training step, `python -m bench.train_cpu --workloads attn_train_s2048
 #   --no-rss --rounds 11 --bwd-blocks 512x512,128x128` (ratio to jax.jit, two runs):
 #   256x256 0.28 / 0.41, 512x512 (the forward's 2M-element block) 0.32 / 0.43, 128x128 0.34 /
-#   0.42, 128x256 0.31;
+#   0.42, 128x256 0.31; a third run at load ~2: 256x256 0.40, 512x512 0.38, 128x128 0.38. So in
+#   the whole step the block size is within noise (the step is not decided by it); the rule
+#   rests on the standalone figures below and on the smaller run memory;
 # * a standalone copy of the backward loops, one thread (cpu time / jax.vjp's): 512x512 0.55,
 #   256x256 0.40, 128x256 0.40, 128x128 0.37 (smaller blocks win more when other processes
 #   share the cache, larger ones when the dots run on both cores).
