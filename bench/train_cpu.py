@@ -20,6 +20,11 @@ Workloads (issue 15):
 Modes per workload: ``hlofuse`` (``autotune=False``: fusion alone) and, with ``--autotune``,
 ``hlofuse+tune`` (the default a user gets: XLA options measured on the second call).
 
+``--bwd-blocks 512x512,128x128`` adds one ``hlofuse bwd=BQxBK`` mode per entry: the same step
+with the cpu flash backward built with those blocks instead of ``cpu_bwd_plan``'s (the module
+cache is turned off for this run, so every mode is optimized afresh): the A/B behind
+:data:`hlofuse.kernels.attention.blocks.CPU_BWD_STEP_BUDGET`.
+
 Time: each function compiled and called twice, then rounds that run each once in alternating
 order; the ratio is the median of per-round ratios (robust on a shared machine). Memory: a
 fresh subprocess per function compiles ahead of time, runs one call, resets the peak-RSS mark
@@ -103,7 +108,30 @@ WORKLOADS = {
 }
 
 
-def functions(name: str, autotune: bool) -> dict:
+def _with_bwd_blocks(step, blocks: str):
+    """``hlofuse.jit(step)`` whose cpu attention backward uses ``blocks`` ("BQxBK"): the plan is
+    swapped while the first call builds the kernels."""
+    import jax
+    import hlofuse
+    from hlofuse.kernels.attention import backward
+    from hlofuse.kernels.attention.blocks import AttentionBlocks
+    bq, bk = (int(x) for x in blocks.split("x"))
+    f = hlofuse.jit(step, autotune=False)
+
+    def call(*args):
+        if not getattr(call, "built", False):
+            plan = backward.cpu_bwd_plan
+            backward.cpu_bwd_plan = lambda spec: AttentionBlocks("cpu", bq, bk)
+            try:
+                jax.block_until_ready(f(*args))
+            finally:
+                backward.cpu_bwd_plan = plan
+            call.built = True
+        return f(*args)
+    return call
+
+
+def functions(name: str, autotune: bool, bwd_blocks: tuple = ()) -> dict:
     import jax
     import hlofuse
     step, _ = WORKLOADS[name]
@@ -114,6 +142,8 @@ def functions(name: str, autotune: bool) -> dict:
     fns = {"jax": jax.jit(step), "hlofuse": hlofuse.jit(step, autotune=False)}
     if autotune:
         fns["hlofuse+tune"] = hlofuse.jit(step)
+    for b in bwd_blocks:
+        fns[f"hlofuse bwd={b}"] = _with_bwd_blocks(step, b)
     return fns
 
 
@@ -161,10 +191,10 @@ def measure_rss(name: str, which: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def measure_time(name: str, rounds: int, autotune: bool) -> dict:
+def measure_time(name: str, rounds: int, autotune: bool, bwd_blocks: tuple = ()) -> dict:
     import jax
     args = [jax.tree.map(jax.numpy.asarray, a) for a in WORKLOADS[name][1]()]
-    fns = functions(name, autotune)
+    fns = functions(name, autotune, bwd_blocks)
     compile_s = {}
     for k, f in fns.items():
         t = time.perf_counter()
@@ -203,17 +233,23 @@ def main(argv=None) -> int:
     ap.add_argument("--no-rss", action="store_true")
     ap.add_argument("--autotune", action="store_true")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--bwd-blocks", default="",
+                    help="comma-separated BQxBK: also time the step with these cpu backward blocks")
     ap.add_argument("--rss-child", nargs=2, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.rss_child:
         print(json.dumps(rss_child(*a.rss_child)))
         return 0
+    bwd_blocks = tuple(b for b in a.bwd_blocks.split(",") if b)
+    if bwd_blocks:
+        os.environ["HLOFUSE_MODULE_CACHE"] = "0"   # else every mode would load the same module
     results = {}
     for name in a.workloads:
         r = {"attention_regions": report_regions(name)}
-        r.update(measure_time(name, a.rounds, a.autotune))
+        r.update(measure_time(name, a.rounds, a.autotune, bwd_blocks))
         if not a.no_rss:
-            r["run_mib"] = {k: measure_rss(name, k)["run_mib"] for k in r["median_s"]}
+            r["run_mib"] = {k: measure_rss(name, k)["run_mib"] for k in r["median_s"]
+                            if not k.startswith("hlofuse bwd=")}   # time-only modes
             r["mem_ratio"] = {k: r["run_mib"][k] / r["run_mib"]["jax"] for k in r["run_mib"]
                               if k != "jax"}
         results[name] = r

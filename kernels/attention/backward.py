@@ -37,7 +37,7 @@ from jaxlib.mlir import ir
 from hlofuse import ir as hir
 from hlofuse.ops import EmitError
 from hlofuse.target import Target
-from hlofuse.kernels.attention.blocks import AttentionBlocks, cpu_plan
+from hlofuse.kernels.attention.blocks import AttentionBlocks, cpu_bwd_plan
 from hlofuse.kernels.attention.cpu import block_index, build_cpu
 from hlofuse.kernels.attention.layout import (canonical_inputs, from_canonical, pad_axis, pad_to,
                                               to_canonical)
@@ -344,7 +344,7 @@ def build_cpu_bwd(bs: BwdSpec, blocks: AttentionBlocks | None = None):
     Position-mask skipping (causal) visits the same key blocks as the forward."""
     spec = bs.fwd
     _check(bs)
-    blocks = blocks or cpu_plan(spec)
+    blocks = blocks or cpu_bwd_plan(spec)
     bq, bk = blocks.bq, blocks.bk
     sq, sk = spec.seq_q, spec.seq_k
     nq, nk = -(-sq // bq), -(-sk // bk)
@@ -368,6 +368,7 @@ def build_cpu_bwd(bs: BwdSpec, blocks: AttentionBlocks | None = None):
         stats = to_canonical(inputs[bs.lse_arg], tuple(bs.lse_dims) + (STAT,),
                              spec.out_order[:-1] + [STAT]).astype(F32)
         mx, lsum = stats[..., 0], stats[..., 1]
+        lsum = 1.0 / lsum      # per row once: the blocks multiply (a divide per element costs more)
         dd = jnp.sum(do.astype(F32) * o.astype(F32), axis=-1)              # rowsum(dO·O)
         q, do = pad_to(q, sq_ax, nq * bq), pad_to(do, sq_ax, nq * bq)
         dd, mx, lsum = (pad_to(dd, sq_ax, nq * bq), pad_to(mx, sq_ax, nq * bq),
@@ -406,7 +407,7 @@ def build_cpu_bwd(bs: BwdSpec, blocks: AttentionBlocks | None = None):
                 if nk * bk != sk:
                     valid = (j * bk + jnp.arange(bk, dtype=jnp.int32)) < sk
                     x = jnp.where(valid, x, -jnp.inf)
-                p = jnp.exp(x - mc[..., None]) / lc[..., None]
+                p = jnp.exp(x - mc[..., None]) * lc[..., None]
                 if nq * bq != sq:      # padded query rows (their logits may be anything)
                     rv = (c * bq + jnp.arange(bq, dtype=jnp.int32)) < sq
                     p = jnp.where(rv[:, None], p, 0.0)

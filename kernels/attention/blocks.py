@@ -11,8 +11,9 @@ from hlofuse.kernels.attention.skip import skip_info
 from hlofuse.kernels.attention.spec import AttentionSpec
 from hlofuse.kernels.tiling import Tile, check_block, next_pow2
 
-__all__ = ["AttentionBlocks", "cpu_plan", "gpu_blocks", "tpu_blocks", "CPU_STEP_BUDGET",
-           "CPU_FWD_STEP_BUDGET", "CPU_MAX_BLOCK_K", "CPU_SKIP_BLOCK"]
+__all__ = ["AttentionBlocks", "cpu_plan", "cpu_bwd_plan", "gpu_blocks", "tpu_blocks",
+           "CPU_STEP_BUDGET", "CPU_FWD_STEP_BUDGET", "CPU_MAX_BLOCK_K", "CPU_SKIP_BLOCK",
+           "CPU_BWD_STEP_BUDGET", "CPU_BWD_MAX_BLOCK_K"]
 
 # cpu cost model: elements of the per-step logits block ([batch.., rows chunk, key block]);
 # 2M f32 = 8 MiB keeps the step's temporaries (logits, probabilities) near the cache and the
@@ -30,10 +31,25 @@ CPU_STEP_BUDGET = 2 * 1024 * 1024
 # S=4096: process CPU time ratio to jax.jit 0.29 at 1M (256x512 blocks), 0.34 at 2M (512x512),
 # 0.34 at 512K (128x512: smaller dots); wall 0.17 / 0.34 / 0.28. At BERT-base shapes (H=12,
 # S=512, one key block) 128- and 256-row chunks were within noise in CPU time.
-# The backward keeps CPU_STEP_BUDGET (its own loops, tuned separately).
+# The backward has its own budget (CPU_BWD_STEP_BUDGET below, tuned separately).
 CPU_FWD_STEP_BUDGET = 1024 * 1024
 CPU_MAX_BLOCK_K = 512
 CPU_SKIP_BLOCK = 256          # blocks when a position mask lets whole blocks be skipped
+# cpu backward (kernels/attention/backward.py): one step keeps ~5 block-sized f32 temporaries
+# live (logits, probabilities, dP, dS, and dS's transposed read for dK) against the forward's
+# ~2, so its step block is smaller. Measured on the shared 2-core host (load 5-20, so each
+# figure is preliminary), B=1 H=8 S=2048 d=64:
+# * the attention training step, `python -m bench.train_cpu --workloads attn_train_s2048
+#   --no-rss --rounds 11 --bwd-blocks 512x512,128x128` (ratio to jax.jit, two runs):
+#   256x256 0.28 / 0.41, 512x512 (the forward's 2M-element block) 0.32 / 0.43, 128x128 0.34 /
+#   0.42, 128x256 0.31; a third run at load ~2: 256x256 0.40, 512x512 0.38, 128x128 0.38. So in
+#   the whole step the block size is within noise (the step is not decided by it); the rule
+#   rests on the standalone figures below and on the smaller run memory;
+# * a standalone copy of the backward loops, one thread (cpu time / jax.vjp's): 512x512 0.55,
+#   256x256 0.40, 128x256 0.40, 128x128 0.37 (smaller blocks win more when other processes
+#   share the cache, larger ones when the dots run on both cores).
+CPU_BWD_STEP_BUDGET = 512 * 1024
+CPU_BWD_MAX_BLOCK_K = 256
 
 
 def _dot_operands(b: Tile) -> str | None:
@@ -63,20 +79,22 @@ class AttentionBlocks:
         return f"bq={self.bq} bk={self.bk}"
 
 
-def cpu_plan(spec: AttentionSpec, step_budget: int | None = None) -> AttentionBlocks:
+def cpu_plan(spec: AttentionSpec, *, budget: int | None = None,
+             max_block_k: int | None = None) -> AttentionBlocks:
     """Cost model for the cpu loops: the largest key block up to ``CPU_MAX_BLOCK_K``, and
     query chunks so one step's logits block ``[batch.., rows.., bq, bk]`` stays within
-    ``step_budget`` elements (default ``CPU_STEP_BUDGET``; the forward passes
-    ``CPU_FWD_STEP_BUDGET``) (cache-resident, small peak memory). Small problems run as
+    ``budget`` elements (default ``CPU_STEP_BUDGET``; the forward passes
+    ``CPU_FWD_STEP_BUDGET``, the backward :func:`cpu_bwd_plan`'s) (cache-resident, small peak memory). Small problems run as
     one block (the loop disappears). With a position mask (causal) both blocks are at most
     ``CPU_SKIP_BLOCK`` so whole blocks above the diagonal are skipped."""
-    budget = CPU_STEP_BUDGET if step_budget is None else step_budget
+    budget = CPU_STEP_BUDGET if budget is None else budget
+    max_block_k = CPU_MAX_BLOCK_K if max_block_k is None else max_block_k
     sq, sk = spec.seq_q, spec.seq_k
     per_row = spec.n_batch * spec.n_group
-    bk = sk if sk <= CPU_MAX_BLOCK_K else CPU_MAX_BLOCK_K
+    bk = sk if sk <= max_block_k else max_block_k
     skip = skip_info(spec) is not None and sk > CPU_SKIP_BLOCK
     if skip:
-        bk = CPU_SKIP_BLOCK
+        bk = min(bk, CPU_SKIP_BLOCK)
     bq = max(1, budget // max(1, per_row * bk))
     if skip:
         bq = min(bq, CPU_SKIP_BLOCK)
@@ -85,6 +103,13 @@ def cpu_plan(spec: AttentionSpec, step_budget: int | None = None) -> AttentionBl
     elif bq >= 8:
         bq = 1 << (bq.bit_length() - 1)   # a power of two: chunks align with key blocks
     return AttentionBlocks("cpu", bq, bk)
+
+
+def cpu_bwd_plan(spec: AttentionSpec) -> AttentionBlocks:
+    """:func:`cpu_plan` with the backward's smaller step block (:data:`CPU_BWD_STEP_BUDGET`
+    elements, key blocks up to :data:`CPU_BWD_MAX_BLOCK_K`): the flash backward keeps more
+    block-sized temporaries live per step than the forward (measured, see the constants)."""
+    return cpu_plan(spec, budget=CPU_BWD_STEP_BUDGET, max_block_k=CPU_BWD_MAX_BLOCK_K)
 
 
 def gpu_blocks(spec: AttentionSpec) -> AttentionBlocks:

@@ -43,7 +43,7 @@ def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
     :func:`~hlofuse.kernels.attention.logits.prescale`). ``k_transposed``: keep K as
     ``[.., D, Sk]`` so QKᵀ is a plain (NN) matmul per block.
     """
-    blocks = blocks or cpu_plan(spec, CPU_FWD_STEP_BUDGET)
+    blocks = blocks or cpu_plan(spec, budget=CPU_FWD_STEP_BUDGET)
     pre = prescale(spec) if fold_scale else None
     bq, bk = blocks.bq, blocks.bk
     sq, sk = spec.seq_q, spec.seq_k

@@ -186,7 +186,7 @@ def test_cpu_plan_keeps_the_step_block_within_budget():
 
 def test_cpu_forward_plans_its_own_smaller_step_budget():
     spec = _bench_spec(4096)
-    fwd = A.cpu_plan(spec, A.CPU_FWD_STEP_BUDGET)
+    fwd = A.cpu_plan(spec, budget=A.CPU_FWD_STEP_BUDGET)
     assert spec.n_batch * fwd.bq * fwd.bk <= A.CPU_FWD_STEP_BUDGET < A.CPU_STEP_BUDGET
     assert fwd.bk == A.CPU_MAX_BLOCK_K and fwd.bq < A.cpu_plan(spec).bq   # fewer rows per step
     assert A.build_attention(spec, "cpu").blocks == f"cpu loops {fwd}"  # the forward uses it

@@ -201,3 +201,23 @@ def test_f16_on_tpu_is_refused():
     ins = list(fwd_in) + extra
     assert_same([np.asarray(g) for g in build_bwd(bs, "cpu")(*ins)],
                 [np.asarray(t) for t in run_region(_text(bfn), ins)], "grad")
+
+
+def test_cpu_backward_plans_a_smaller_step_block_than_the_forward():
+    """The backward's own cost-model rule (``cpu_bwd_plan``, :data:`CPU_BWD_STEP_BUDGET`): at
+    S=512 the forward plan is one 512-key block, the backward's step block fits its smaller
+    budget, takes several key blocks, and is the plan ``build_cpu_bwd`` uses by default; the
+    gradients match the program's with it."""
+    from hlofuse.kernels.attention import blocks as B
+    ffn, bfn = _regions("bshd", "none", np.float32, 512, 512)
+    bs = FAMILIES["attention_bwd"].spec_from_func(bfn)
+    fwd, bwd = B.cpu_plan(bs.fwd, budget=B.CPU_FWD_STEP_BUDGET), B.cpu_bwd_plan(bs.fwd)
+    per_row = bs.fwd.n_batch * bs.fwd.n_group
+    assert per_row * bwd.bq * bwd.bk <= B.CPU_BWD_STEP_BUDGET < per_row * fwd.bq * fwd.bk
+    assert bwd.bk == B.CPU_BWD_MAX_BLOCK_K < 512
+    kernel = build_cpu_bwd(bs)
+    assert kernel.blocks == f"cpu loops {bwd}"
+    fs, fwd_in, extra, _ = _inputs(ffn, bfn)
+    ins = list(fwd_in) + extra
+    assert_same([np.asarray(g) for g in jax.jit(kernel)(*ins)],
+                [np.asarray(t) for t in run_region(_text(bfn), ins)], "grad")
