@@ -290,6 +290,7 @@ def match_training(att, block, index: dict, boundary) -> Training:
     if att.repeat is not None:
         raise TrainNoMatch("K/V heads repeated inside the region (GQA): the backward kernel "
                            "does not take them yet")
+    _stat_layouts(att)        # the lse can be formed (raises here, never while committing)
     members = set(att.members)
     leaked = _forward_internal_uses(att)
     if not leaked:
@@ -535,10 +536,7 @@ def add_lse(att, module):
     sm = att.softmax
     r_max, r_sum = sm.r_max, sm.r_sum
     m, l = r_max.results[0], r_sum.results[0]
-    if _shape(m) != _shape(l):
-        raise TrainNoMatch("the softmax max and sum are in different layouts")
-    x_dims = att.dims[att.x_key]
-    lse_dims = tuple(d for i, d in enumerate(x_dims) if i != sm.key_axis)
+    lse_dims, l_perm = _stat_layouts(att)
     shape = list(_shape(m))
     with module.context, r_sum.location:
         f32 = ir.F32Type.get()
@@ -549,7 +547,15 @@ def add_lse(att, module):
         new = []
         with ir.InsertionPoint.after(anchor):
             mm = m if _dtype(m) == "f32" else _append(new, stablehlo.ConvertOp(t, m))
-            ll = l if _dtype(l) == "f32" else _append(new, stablehlo.ConvertOp(t, l))
+            ll = l
+            if l_perm is not None:
+                # the sum in the max's layout (layout-assignment may have moved the exp)
+                if l_perm != sorted(l_perm):
+                    ll = _append(new, stablehlo.TransposeOp(
+                        ll, ir.DenseI64ArrayAttr.get(l_perm)))
+                ll = _append(new, stablehlo.ReshapeOp(
+                    ir.RankedTensorType.get(shape, ir.RankedTensorType(l.type).element_type), ll))
+            ll = ll if _dtype(l) == "f32" else _append(new, stablehlo.ConvertOp(t, ll))
             init = _append(new, stablehlo.ConstantOp(ir.DenseElementsAttr.get_splat(
                 t, ir.FloatAttr.get(f32, float(att.m_init)))))
             mx = _append(new, stablehlo.MaxOp(mm, init))
@@ -557,6 +563,31 @@ def add_lse(att, module):
             l1 = _append(new, stablehlo.ReshapeOp(t1, ll))
             stats = _append(new, stablehlo.ConcatenateOp([m1, l1], len(shape)))
     return new, stats, lse_dims
+
+
+def _stat_layouts(att):
+    """Labels of the row max (the lse's layout) and the permutation putting the row sum's dims
+    in that order (None when it has the max's shape already). Raises :class:`TrainNoMatch` when
+    the two do not reduce the same rows."""
+    sm = att.softmax
+    x_dims = att.dims[att.x_key]
+    m_dims = tuple(d for i, d in enumerate(x_dims) if i != sm.key_axis)
+    e_dims = att.dims.get(hir.value_key(sm.ex.results[0]))
+    axis = [int(x) for x in ir.DenseI64ArrayAttr(sm.r_sum.attributes["dimensions"])]
+    if e_dims is None or len(axis) != 1:
+        raise TrainNoMatch("the softmax sum's layout is unknown")
+    l_dims = tuple(d for i, d in enumerate(e_dims) if i != axis[0])
+    m, l = sm.r_max.results[0], sm.r_sum.results[0]
+    if _shape(m) == _shape(l) and m_dims == l_dims:
+        return m_dims, None
+    m_real = [d for d in m_dims if d is not None]
+    l_pos = {d: i for i, d in enumerate(l_dims) if d is not None}
+    if sorted(m_real) != sorted(l_pos) or len(m_real) != len(set(m_real)):
+        raise TrainNoMatch("the softmax max and sum reduce different rows")
+    if [d for d in l_dims if d is not None] == m_real:
+        return m_dims, list(range(len(l_dims)))          # a reshape does it
+    units = [i for i, d in enumerate(l_dims) if d is None]
+    return m_dims, [l_pos[d] for d in m_real] + units
 
 
 def _append(lst, opview):

@@ -492,12 +492,14 @@ def _analyze(pv, p_idx: int, index: dict | None, relaxed: bool = False) -> Atten
 
 def _match_softmax(pv, p_idx: int, relaxed: bool = False) -> _Softmax:
     """1-2: the P·V operand back to the normalizing divide, exp, and the sum and max."""
-    p_val, p_ops = _walk_back(pv.operands[p_idx], ("stablehlo.convert", "stablehlo.transpose",
-                                                   "stablehlo.reshape", "stablehlo.broadcast_in_dim"),
-                              single_use=not relaxed)
+    through = ("stablehlo.convert", "stablehlo.transpose", "stablehlo.reshape",
+               "stablehlo.broadcast_in_dim")
+    # no exp normalized by a divide behind the operand (a scaled Q, a gradient divided by a
+    # row sum): no candidate at all, whatever the uses on the way
+    if not _softmax_behind(pv.operands[p_idx]):
+        raise NoMatch(NOT_SOFTMAX)
+    p_val, p_ops = _walk_back(pv.operands[p_idx], through, single_use=not relaxed)
     div = hir.defining_op(p_val)
-    if div is None or div.name != "stablehlo.divide":
-        raise NoMatch("P·V operand is not a softmax (no normalizing divide)")
     if len(_users(p_val)) != 1 and not relaxed:
         raise NoMatch("softmax probabilities are used outside the P·V product")
     e_num, den = div.operands
