@@ -112,3 +112,26 @@ def test_training_step_on_gpu_and_tpu_builds_the_pallas_kernels(target, marker):
         assert train_kernels(report) == []
         assert any("f16 is not supported by the TPU flash backward" in n for n in report.notes), \
             report.notes
+
+
+
+def test_dots_reading_a_divide_of_no_exp_are_no_candidates():
+    """Q projected and scaled by a divide (as Flax and Equinox write it): the projection's
+    gradient dot reads ``dQ / c``, a divide of no exp. It is no softmax, so no candidate is
+    reported refused (before: 'softmax numerator is not exp'); the inference program's QKᵀ
+    dot likewise."""
+    def out(x, wq, k, v):
+        q = jnp.einsum("bhqe,ed->bhqd", x, wq) / np.float32(np.sqrt(wq.shape[-1]))
+        p = jax.nn.softmax(jnp.einsum("bhqd,bhkd->bhqk", q, k), axis=-1)
+        return jnp.einsum("bhqk,bhkd->bhqd", p, v)
+    args = make_args("bhsd", "none", 1, np.float32, 16, 16)
+    args.insert(1, np.random.default_rng(1).standard_normal((8, 8)).astype(np.float32))
+    step = jax.value_and_grad(lambda *a: jnp.sum(out(*a) ** 2), argnums=(0, 1, 2, 3))
+    for fn, kinds in ((step, ["attention_bwd", "attention_fwd_lse"]), (out, [])):
+        g = hlofuse.jit(fn, autotune=False)
+        report = g.report(*args)
+        assert train_kernels(report) == kinds, report
+        assert sum(r.kind == "attention" and bool(r.kernel) for r in report.regions) == \
+            (not kinds), report
+        assert not [n for n in report.notes if n.startswith("fuse-attention:")], report.notes
+        assert_same(g(*args), jax.jit(fn)(*args), "grad" if kinds else "reassociate")
