@@ -129,6 +129,13 @@ def test_training_step_on_gpu_and_tpu_builds_the_pallas_kernels(target, marker):
     text, report = lowered_text(jax.value_and_grad(loss, argnums=argn), args, target)
     assert train_kernels(report) == ["attention_bwd", "attention_fwd_lse"], report
     assert text.count(marker) >= 3          # forward, dK/dV and dQ kernels
+    # GQA with the repeat inside the regions: the kernels take the unrepeated K/V
+    f, args, argn = _case("bshd-gqa-repeat-causal-f32")
+    text, report = lowered_text(jax.value_and_grad(loss, argnums=argn), args, target)
+    assert train_kernels(report) == ["attention_bwd", "attention_fwd_lse"], report
+    assert text.count(marker) >= 3
+    (fwd,) = [r for r in report.regions if r.kind == "attention_fwd_lse"]
+    assert fwd.inputs.count("f32[2,24,2,8]") == 2, fwd
     if target == "tpu":
         f, args, argn = _case("bhsd-gqa-repeat-f16")
 
