@@ -6,11 +6,15 @@ probabilities, ``exp``, the row sum) are read outside the region. :func:`match_t
 1. takes the *backward set* ``B``: the ops that read those intermediates (transitively), up to
    and including the ``dot_general`` ops that end there (dQ, dK, dV), plus the ``dP = dO·Vᵀ``
    product and the layout/convert ops between it and ``B``; a ``B`` value read outside ``B`` is a
-   gradient output. The cotangent ``dO`` is the one value (through reshapes/transposes) that
+   gradient output. GQA with the K/V repeat in the forward: ``dP`` reads the repeated V (a
+   forward value, not a gradient product), and the repeat's transpose after the dK/dV products
+   (layout ops, a reduce-add over the group dim) joins ``B``, so its outputs are the gradients
+   of the unrepeated K/V. The cotangent ``dO`` is the one value (through reshapes/transposes) that
    ``B`` reads from outside besides the forward's inputs and splat constants.
 2. checks, by evaluation, that ``B`` computes the vector-Jacobian product of the forward region:
    the forward's ops and ``B``'s ops are evaluated by a small interpreter on the same random
-   inputs, every dim shrunk (sizes 2, 3, 4, ... by distinct size, dense constants sliced), and
+   inputs, every dim shrunk (sizes 2, 3, 4, ... by distinct size, dense constants sliced; the
+   repeated head count shrunk to the product of the kv heads' and the group's), and
    ``jax.vjp`` of the forward evaluation must give each output of ``B`` (each up to a
    permutation of its non-unit dims, found here and recorded). Layouts, converts, the order
    jax's transpose rules and the cleanups left the ops in do not matter; what is checked is the
@@ -56,7 +60,12 @@ _FAST_COMPILE = {"xla_llvm_disable_expensive_passes": True}
 
 
 class TrainNoMatch(Exception):
-    """The backward around a forward match is not the attention backward; says which part."""
+    """The backward around a forward match is not the attention backward; says which part.
+    ``op``: the op where it did not match, when known (the report shows its source line)."""
+
+    def __init__(self, msg: str, op=None):
+        super().__init__(msg)
+        self.op = op
 
 
 def _users(v) -> list:
@@ -149,11 +158,23 @@ def _clone_tree(op, before):
 # ---------------------------------------------------------------------------------------------
 
 class _Shrink:
-    """Actual dim sizes -> small sizes (distinct sizes stay distinct; 1 stays 1)."""
+    """Actual dim sizes -> small sizes (distinct sizes stay distinct; 1 stays 1). ``products``:
+    ``(n, a, b)`` with ``n = a·b`` actual sizes (GQA: heads = kv heads × group) keep ``n``
+    the product of the small ``a`` and ``b``, so the repeat's reshapes still hold."""
 
-    def __init__(self, values):
-        sizes = sorted({n for v in values for n in _shape(v) if n > 1})
-        self.map = {n: i + 2 for i, n in enumerate(sizes)}
+    def __init__(self, values, products=()):
+        prod = {n: (a, b) for n, a, b in products}
+        sizes = sorted({n for v in values for n in _shape(v) if n > 1} - set(prod))
+        self.map, small = {}, 2
+        for n in sizes:
+            self.map[n] = small
+            small += 1
+        for n, (a, b) in prod.items():
+            for x in (a, b):
+                if x > 1 and x not in self.map:
+                    self.map[x] = small
+                    small += 1
+            self.map[n] = self.map.get(a, 1) * self.map.get(b, 1)
 
     def __call__(self, shape) -> tuple:
         return tuple(self.map.get(n, 1) for n in shape)
@@ -193,7 +214,7 @@ def _eval_op(op, args, shrink: _Shrink):
     if name == "stablehlo.reduce":
         kind = _reducer_kind(op)
         if kind is None:
-            raise TrainNoMatch("a reduce that is not a single add/max")
+            raise TrainNoMatch("a reduce that is not a single add/max", op)
         dims = tuple(int(x) for x in ir.DenseI64ArrayAttr(op.attributes["dimensions"]))
         if kind == "add":
             return jnp.sum(args[0], axis=dims) + args[1]
@@ -207,13 +228,13 @@ def _eval_op(op, args, shrink: _Shrink):
                                precision=lax.Precision.HIGHEST,
                                preferred_element_type=jnp.float32)
     if len(op.regions):
-        raise TrainNoMatch(f"'{name}' with a region")
+        raise TrainNoMatch(f"'{name}' with a region", op)
     try:
         res = emit_op(op, list(args))
     except EmitError as e:
-        raise TrainNoMatch(f"cannot evaluate '{name}': {e}") from None
+        raise TrainNoMatch(f"cannot evaluate '{name}': {e}", op) from None
     if len(res) != 1:
-        raise TrainNoMatch(f"'{name}' with several results")
+        raise TrainNoMatch(f"'{name}' with several results", op)
     r = res[0]
     if out_t is not None and out_t.dtype in _FLOATS:
         r = r.astype(jnp.float32)
@@ -287,9 +308,7 @@ def _forward_internal_uses(att) -> dict:
 
 def match_training(att, block, index: dict, boundary) -> Training:
     """The backward of the forward match ``att`` in ``block``; raises :class:`TrainNoMatch`."""
-    if att.repeat is not None:
-        raise TrainNoMatch("K/V heads repeated inside the region (GQA): the backward kernel "
-                           "does not take them yet")
+    _stat_layouts(att)        # the lse can be formed (raises here, never while committing)
     members = set(att.members)
     leaked = _forward_internal_uses(att)
     if not leaked:
@@ -297,8 +316,11 @@ def match_training(att, block, index: dict, boundary) -> Training:
     ops = hir.block_ops(block)
     start = index[att.members[0]]
     tainted = set(leaked)
+    # GQA with the repeat inside: dP = dO·Vᵀ reads the repeated V, a forward value; it is an
+    # intermediate of the backward, not one of its gradient products
+    rep_keys = {hir.value_key(r) for o in getattr(att, "repeat_ops", []) for r in o.results}
     bset, dots = set(), set()
-    v_key = hir.value_key(att.pv.operands[1 - _p_index(att)])
+    v_val = att.pv.operands[1 - _p_index(att)]
     for op in ops[start:]:
         if op in members:
             continue
@@ -308,11 +330,12 @@ def match_training(att, block, index: dict, boundary) -> Training:
             continue
         if any(hir.value_key(a) in {hir.value_key(r) for d in dots for r in d.results}
                for a in op.operands):
-            raise TrainNoMatch(f"'{op.name}' combines a gradient with the backward")
+            raise TrainNoMatch(f"'{op.name}' combines a gradient with the backward", op)
         if len(op.regions) and op.name != "stablehlo.reduce":
-            raise TrainNoMatch(f"the backward reads the forward in '{op.name}'")
+            raise TrainNoMatch(f"the backward reads the forward in '{op.name}'", op)
         bset.add(op)
-        if op.name == "stablehlo.dot_general":
+        if op.name == "stablehlo.dot_general" and not all(
+                hir.value_key(a) in rep_keys for a in op.operands if hir.value_key(a) in tainted):
             dots.add(op)
             continue
         for r in op.results:
@@ -321,6 +344,8 @@ def match_training(att, block, index: dict, boundary) -> Training:
             raise TrainNoMatch("the ops reading the forward are too many to be its backward")
     if not bset:
         raise TrainNoMatch("no op reads them but the program's return (returned attention weights)")
+    if att.repeat is not None:
+        _absorb_group_sums(att, bset, dots)
     fwd_in = {hir.value_key(v) for v in boundary.inputs}
     # absorb dP = dO·Vᵀ (it reads no forward intermediate) and its layout/convert chain
     changed = True
@@ -334,7 +359,7 @@ def match_training(att, block, index: dict, boundary) -> Training:
                     if p is None or p in bset or p in members or hir.value_key(v) in fwd_in:
                         break
                     if p.name == "stablehlo.dot_general" and any(
-                            hir.value_key(x) == v_key for x in p.operands):
+                            _same_value(x, v_val) for x in p.operands):
                         chain.append(p)
                         if all(u in bset or u in chain for c in chain for r in c.results
                                for u in _users(r)):
@@ -348,7 +373,7 @@ def match_training(att, block, index: dict, boundary) -> Training:
     bwd_ops = sorted(bset, key=lambda o: index[o])
     # what B reads from outside: forward inputs, forward intermediates, constants, generated
     # masks, and dO
-    outside, seen = [], set()
+    outside, seen, reader = [], set(), {}
     for op in list(bwd_ops):
         for a in op.operands:
             k = hir.value_key(a)
@@ -363,7 +388,8 @@ def match_training(att, block, index: dict, boundary) -> Training:
                 continue
             seen.add(k)
             outside.append(a)
-    roots, do_chain = {}, []
+            reader[k] = op
+    roots, do_chain, root_reader = {}, [], {}
     for a in outside:
         v, chain = a, []
         while True:
@@ -373,14 +399,19 @@ def match_training(att, block, index: dict, boundary) -> Training:
             chain.append(p)
             v = p.operands[0]
         roots[hir.value_key(v)] = v
+        root_reader.setdefault(hir.value_key(v), reader[hir.value_key(a)])
         do_chain += [c for c in chain if c not in do_chain]
     if len(roots) != 1:
+        # where: the first op reading one of them that is no product (dO is read by the
+        # dP = dO·Vᵀ and dV = Pᵀ·dO products; an extra value is added or multiplied in)
+        odd = [root_reader[k] for k in roots if root_reader[k].name != "stablehlo.dot_general"]
         raise TrainNoMatch(f"the backward reads {len(roots)} values besides the forward's "
-                           "(expected one cotangent dO)" if roots else "the backward reads no cotangent")
+                           "(expected one cotangent dO)" if roots else "the backward reads no cotangent",
+                           odd[0] if odd else None)
     do_root = next(iter(roots.values()))
     bwd_ops = sorted(bset, key=lambda o: index[o])
     if _dtype(do_root) not in _FLOATS:
-        raise TrainNoMatch("the cotangent is not floating point")
+        raise TrainNoMatch("the cotangent is not floating point", root_reader[hir.value_key(do_root)])
     do_chain.sort(key=lambda o: index[o])
     outputs = []
     for op in bwd_ops:
@@ -392,6 +423,52 @@ def match_training(att, block, index: dict, boundary) -> Training:
     # no output may feed B back (B is replaced by one call after its last op)
     grads, do_dims = _check_vjp(att, boundary, bwd_ops, outputs, do_root, do_chain)
     return Training(att, bwd_ops, outputs, grads, do_root, do_chain, do_dims, list(boundary.inputs))
+
+
+def _absorb_group_sums(att, bset: set, dots: set) -> None:
+    """GQA with the K/V repeat inside the region: the gradients of the repeated K and V (dot
+    results) are summed over each group of query heads by the repeat's transpose (layout ops,
+    then a reduce-add over a dim of the group size). Those ops join ``B``, so its outputs are
+    the gradients of the unrepeated K/V (the check by evaluation confirms it)."""
+    groups = att.repeat.groups
+    for d in list(dots):
+        v, chain = d.results[0], []
+        while True:
+            us = _users(v)
+            if len(us) != 1 or us[0] in bset:
+                break
+            u = us[0]
+            if u.name in _LAYOUT + ("stablehlo.convert",):
+                chain.append(u)
+                v = u.results[0]
+                continue
+            if u.name == "stablehlo.reduce" and _reducer_kind(u) == "add" and \
+                    hir.value_key(u.operands[0]) == hir.value_key(v):
+                red = [int(x) for x in ir.DenseI64ArrayAttr(u.attributes["dimensions"])]
+                init = hir.defining_op(u.operands[1])
+                if [_shape(v)[i] for i in red] == [groups] and init is not None and \
+                        init.name == "stablehlo.constant" and splat_scalar(init) == 0:
+                    bset.update(chain + [u])
+            break
+
+
+def _same_value(a, b, depth: int = 0) -> bool:
+    """``a`` is ``b`` or the same computation of the same values: a copy of a cheap broadcast
+    tree (``unshare_generator_trees`` gives the forward and the backward each their own copy of
+    ``broadcast_to``/``repeat`` of K and V)."""
+    if hir.value_key(a) == hir.value_key(b):
+        return True
+    pa, pb = hir.defining_op(a), hir.defining_op(b)
+    if depth > 8 or pa is None or pb is None or pa.name != pb.name or a.type != b.type or \
+            pa.name == "stablehlo.constant" or len(pa.regions) or len(pa.results) != 1 or \
+            len(pa.operands) != len(pb.operands):
+        return False
+    def attrs(op):
+        return {str(getattr(n, "name", n)): str(op.attributes[str(getattr(n, "name", n))])
+                for n in op.attributes}
+    if attrs(pa) != attrs(pb):
+        return False
+    return all(_same_value(x, y, depth + 1) for x, y in zip(pa.operands, pb.operands))
 
 
 def _splits(op) -> bool:
@@ -447,7 +524,11 @@ def _check_vjp(att, boundary, bwd_ops, outputs, do_root, do_chain):
     Returns ([(input value, perm)] per output, labels of dO)."""
     values = list(boundary.inputs) + [r for o in att.members + bwd_ops + do_chain for r in o.results]
     values += [do_root]
-    shrink = _Shrink(values)
+    products = ()
+    if att.repeat is not None:
+        sz = att.label_sizes()
+        products = [(sz[att.repeat.label], sz[att.repeat.kv], sz[att.repeat.g])]
+    shrink = _Shrink(values, products)
     rng = np.random.default_rng(0)
     ins = [_random_input(v, shrink, rng) for v in boundary.inputs]
     float_in = [i for i, v in enumerate(boundary.inputs) if _dtype(v) in _FLOATS]
@@ -491,7 +572,7 @@ def _check_vjp(att, boundary, bwd_ops, outputs, do_root, do_chain):
         raise TrainNoMatch(f"the backward could not be evaluated ({type(e).__name__}: {msg})") from None
     outs = [np.asarray(o) for o in outs]
     out_dims = [d for d in att.out_dims if d is not None]
-    tried = 0
+    tried, best = 0, -1
     for perm, cts in zip(perms, all_cts):
         tried += 1
         cts = [np.asarray(c) for c in cts]
@@ -506,6 +587,7 @@ def _check_vjp(att, boundary, bwd_ops, outputs, do_root, do_chain):
                 if hit:
                     break
             if hit is None:
+                best = max(best, len(found))
                 break
             found.append(hit)
         if len(found) == len(outs):
@@ -519,8 +601,10 @@ def _check_vjp(att, boundary, bwd_ops, outputs, do_root, do_chain):
             return found, do_dims
     if not tried:
         raise TrainNoMatch("the cotangent does not have the attention output's dims")
+    # where: the first output that is no input's gradient under the best cotangent layout
     raise TrainNoMatch("the ops reading the forward do not compute its gradient (they are not "
-                       "the attention backward: e.g. returned weights, a gradient through the max)")
+                       "the attention backward: e.g. returned weights, a gradient through the max)",
+                       hir.defining_op(outputs[best]) if best >= 0 else None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -535,10 +619,7 @@ def add_lse(att, module):
     sm = att.softmax
     r_max, r_sum = sm.r_max, sm.r_sum
     m, l = r_max.results[0], r_sum.results[0]
-    if _shape(m) != _shape(l):
-        raise TrainNoMatch("the softmax max and sum are in different layouts")
-    x_dims = att.dims[att.x_key]
-    lse_dims = tuple(d for i, d in enumerate(x_dims) if i != sm.key_axis)
+    lse_dims, l_perm = _stat_layouts(att)
     shape = list(_shape(m))
     with module.context, r_sum.location:
         f32 = ir.F32Type.get()
@@ -549,7 +630,15 @@ def add_lse(att, module):
         new = []
         with ir.InsertionPoint.after(anchor):
             mm = m if _dtype(m) == "f32" else _append(new, stablehlo.ConvertOp(t, m))
-            ll = l if _dtype(l) == "f32" else _append(new, stablehlo.ConvertOp(t, l))
+            ll = l
+            if l_perm is not None:
+                # the sum in the max's layout (layout-assignment may have moved the exp)
+                if l_perm != sorted(l_perm):
+                    ll = _append(new, stablehlo.TransposeOp(
+                        ll, ir.DenseI64ArrayAttr.get(l_perm)))
+                ll = _append(new, stablehlo.ReshapeOp(
+                    ir.RankedTensorType.get(shape, ir.RankedTensorType(l.type).element_type), ll))
+            ll = ll if _dtype(l) == "f32" else _append(new, stablehlo.ConvertOp(t, ll))
             init = _append(new, stablehlo.ConstantOp(ir.DenseElementsAttr.get_splat(
                 t, ir.FloatAttr.get(f32, float(att.m_init)))))
             mx = _append(new, stablehlo.MaxOp(mm, init))
@@ -557,6 +646,31 @@ def add_lse(att, module):
             l1 = _append(new, stablehlo.ReshapeOp(t1, ll))
             stats = _append(new, stablehlo.ConcatenateOp([m1, l1], len(shape)))
     return new, stats, lse_dims
+
+
+def _stat_layouts(att):
+    """Labels of the row max (the lse's layout) and the permutation putting the row sum's dims
+    in that order (None when it has the max's shape already). Raises :class:`TrainNoMatch` when
+    the two do not reduce the same rows."""
+    sm = att.softmax
+    x_dims = att.dims[att.x_key]
+    m_dims = tuple(d for i, d in enumerate(x_dims) if i != sm.key_axis)
+    e_dims = att.dims.get(hir.value_key(sm.ex.results[0]))
+    axis = [int(x) for x in ir.DenseI64ArrayAttr(sm.r_sum.attributes["dimensions"])]
+    if e_dims is None or len(axis) != 1:
+        raise TrainNoMatch("the softmax sum's layout is unknown", sm.r_sum)
+    l_dims = tuple(d for i, d in enumerate(e_dims) if i != axis[0])
+    m, l = sm.r_max.results[0], sm.r_sum.results[0]
+    if _shape(m) == _shape(l) and m_dims == l_dims:
+        return m_dims, None
+    m_real = [d for d in m_dims if d is not None]
+    l_pos = {d: i for i, d in enumerate(l_dims) if d is not None}
+    if sorted(m_real) != sorted(l_pos) or len(m_real) != len(set(m_real)):
+        raise TrainNoMatch("the softmax max and sum reduce different rows", sm.r_sum)
+    if [d for d in l_dims if d is not None] == m_real:
+        return m_dims, list(range(len(l_dims)))          # a reshape does it
+    units = [i for i, d in enumerate(l_dims) if d is None]
+    return m_dims, [l_pos[d] for d in m_real] + units
 
 
 def _append(lst, opview):

@@ -31,7 +31,10 @@ only because the backward ``jax.grad`` built reads its intermediates, forward an
 matched together (:mod:`.attention_train`: the backward is checked to be the forward's VJP by
 evaluation) and outlined as a forward returning its row statistics (kind
 ``attention_fwd_lse``) and a flash backward (kind ``attention_bwd``); statistic
-``attention_training``. A multiplier on the probabilities that does not vary along the key
+``attention_training``. GQA: the K/V repeat is taken into both regions (the backward's group
+sums of dK/dV with it; the kernels sum over each group's query heads, nothing repeated is
+materialized), else, when that does not match, left outside as before. A refused training
+match is reported at the op where it failed when known (else at the P·V candidate). A multiplier on the probabilities that does not vary along the key
 (a head mask) is moved after P·V first (``row_multipliers_moved``); a transpose between exp
 and the divide is read as a layout of the numerator.
 
@@ -261,6 +264,7 @@ class Attention:
     out_dtype: str
     precision: tuple                 # (QKᵀ precision, P·V precision)
     softmax: object = None           # the _Softmax ops (set by _analyze)
+    repeat_ops: list = dataclasses.field(default_factory=list)   # GQA: the K/V repeat's ops
 
     def label_sizes(self) -> dict:
         s = dict(self.sizes)
@@ -349,21 +353,22 @@ def _row_stat_dims(ops, in_dims, axis, key, want_dims) -> None:
         raise NoMatch("softmax statistic is not broadcast back along the reduced dim")
 
 
-def _match_repeat(v: ir.Value, head_axis: int):
+def _match_repeat(v: ir.Value, head_axis: int, relaxed: bool = False):
     """K/V heads shared by groups of query heads? -> (unshared x, G, ops) or None.
 
     ``reshape(broadcast_in_dim(x))`` is ``jnp.repeat(x, G, axis=head_axis)``; a lone
     ``broadcast_in_dim`` from one head (``jnp.broadcast_to``) shares it with all G heads.
     """
     rs = hir.defining_op(v)
-    if rs is not None and rs.name == "stablehlo.broadcast_in_dim" and len(_users(v)) == 1:
+    one_use = relaxed or len(_users(v)) == 1      # training: the backward reads it too
+    if rs is not None and rs.name == "stablehlo.broadcast_in_dim" and one_use:
         src = rs.operands[0]
         s_in, s_out = shape_of(src), shape_of(v)
         if (_i64s(rs, "broadcast_dimensions") == list(range(len(s_in))) and s_in[head_axis] == 1
                 and all(a == b for i, (a, b) in enumerate(zip(s_in, s_out)) if i != head_axis)):
             return src, s_out[head_axis], [rs]
         return None
-    if rs is None or rs.name != "stablehlo.reshape" or len(_users(v)) != 1:
+    if rs is None or rs.name != "stablehlo.reshape" or not one_use:
         return None
     b = hir.defining_op(rs.operands[0])
     if b is None or b.name != "stablehlo.broadcast_in_dim" or len(_users(rs.operands[0])) != 1:
@@ -456,24 +461,26 @@ def analyze(pv, index: dict | None = None) -> Attention:
     return att
 
 
-def _try_analyze(pv, index: dict | None, relaxed: bool = False) -> tuple:
+def _try_analyze(pv, index: dict | None, relaxed: bool = False, gqa: bool = True) -> tuple:
     """(the match, []) or (None, the distinct reasons, one per P·V operand tried)."""
     if pv.name != "stablehlo.dot_general":
         return None, ["not a dot_general"]
     reasons = []
     for p_idx in (0, 1):
         try:
-            return _analyze(pv, p_idx, index, relaxed), []
+            return _analyze(pv, p_idx, index, relaxed, gqa), []
         except NoMatch as e:
             reasons.append(str(e))
     return None, list(dict.fromkeys(reasons))
 
 
-def _analyze(pv, p_idx: int, index: dict | None, relaxed: bool = False) -> Attention:
+def _analyze(pv, p_idx: int, index: dict | None, relaxed: bool = False,
+             gqa: bool = True) -> Attention:
     """P·V operand ``p_idx`` as the probabilities: the steps below, in order.
 
     ``relaxed``: forward intermediates may have users outside the region (a training step's
-    backward reads them); :mod:`.attention_train` then matches those users as the backward."""
+    backward reads them, the repeated K/V too); :mod:`.attention_train` then matches those users
+    as the backward. ``gqa=False``: K/V repeats stay outside the region."""
     sm = _match_softmax(pv, p_idx, relaxed)
     cx = _Ctx(pv.block, index)
     qk, visited = _find_qk(sm.x_val, cx)
@@ -482,22 +489,26 @@ def _analyze(pv, p_idx: int, index: dict | None, relaxed: bool = False) -> Atten
     key, xs_dims = _softmax_dims(sm, cx)
     ops = _qk_operands(qk, parts, sizes, key)
     _pv_operand(pv, p_idx, sm, xs_dims, ops, cx)
-    _match_gqa(ops)
+    if gqa:
+        _match_gqa(ops, relaxed)
     members = set(main_ops) | {qk, pv} | sm.ops | set(ops.repeat_ops)
     side_inputs = _take_side_values(members, side_reqs, sizes, cx)
     att = _close_region(pv, qk, p_idx, sm, ops, members, sizes, side_inputs, cx, relaxed)
     att.softmax = sm
+    att.repeat_ops = list(ops.repeat_ops)
     return att
 
 
 def _match_softmax(pv, p_idx: int, relaxed: bool = False) -> _Softmax:
     """1-2: the P·V operand back to the normalizing divide, exp, and the sum and max."""
-    p_val, p_ops = _walk_back(pv.operands[p_idx], ("stablehlo.convert", "stablehlo.transpose",
-                                                   "stablehlo.reshape", "stablehlo.broadcast_in_dim"),
-                              single_use=not relaxed)
+    through = ("stablehlo.convert", "stablehlo.transpose", "stablehlo.reshape",
+               "stablehlo.broadcast_in_dim")
+    # no exp normalized by a divide behind the operand (a scaled Q, a gradient divided by a
+    # row sum): no candidate at all, whatever the uses on the way
+    if not _softmax_behind(pv.operands[p_idx]):
+        raise NoMatch(NOT_SOFTMAX)
+    p_val, p_ops = _walk_back(pv.operands[p_idx], through, single_use=not relaxed)
     div = hir.defining_op(p_val)
-    if div is None or div.name != "stablehlo.divide":
-        raise NoMatch("P·V operand is not a softmax (no normalizing divide)")
     if len(_users(p_val)) != 1 and not relaxed:
         raise NoMatch("softmax probabilities are used outside the P·V product")
     e_num, den = div.operands
@@ -724,11 +735,11 @@ def _pv_operand(pv, p_idx: int, sm: _Softmax, xs_dims, ops: _Operands, cx: "_Ctx
                                                 else [v_dims[a] for a in vf] + [pd[a] for a in pf]))
 
 
-def _match_gqa(ops: _Operands) -> None:
+def _match_gqa(ops: _Operands, relaxed: bool = False) -> None:
     """6: K and V repeated along the same batch label (GQA/MQA): read the unrepeated ones."""
     for lab in ops.batch:
         kax, vax = ops.k_dims.index(lab), ops.v_dims.index(lab)
-        mk, mv = _match_repeat(ops.k, kax), _match_repeat(ops.v, vax)
+        mk, mv = _match_repeat(ops.k, kax, relaxed), _match_repeat(ops.v, vax, relaxed)
         if mk and mv and mk[1] == mv[1] and hir.value_key(ops.k) != hir.value_key(ops.v):
             rep = Repeat(lab, mk[1])
             ops.repeat, ops.repeat_ops = rep, mk[2] + mv[2]
@@ -1109,20 +1120,37 @@ def _training_matches(block, refused: list, found: list, module, target) -> tupl
         if any(m in taken for m in att.members):
             left.append((op, "overlaps an attention matched before it"))
             continue
-        try:
-            boundary = region_boundary(att.members)
-            fspec = region_spec(att, boundary)    # the forward must be expressible as a spec
-            why = _training_kernel_refusal(fspec, boundary, target)
-            if why:
-                raise NoMatch(why)
-            tr = at.match_training(att, block, index, boundary)
-        except (NoMatch, at.TrainNoMatch) as e:
-            left.append((op, f"{reason}; as a training step: {e}"))
+        tr, err, where = _try_training(att, block, index, target)
+        if tr is None and att.repeat is not None:
+            # GQA: with the repeated K/V as the region's inputs instead (dK/dV summed by XLA)
+            att2, _ = _try_analyze(op, index, relaxed=True, gqa=False)
+            if att2 is not None and not any(m in taken for m in att2.members):
+                tr, err2, _ = _try_training(att2, block, index, target)
+                err = f"{err} (and with the K/V repeat outside the region: {err2})" if tr is None \
+                    else None
+        if tr is None:
+            # reported at the op where the match failed when known, else at the candidate
+            left.append((where or op, f"{reason}; as a training step: {err}"))
             continue
+        att = tr.att
         taken.update(att.members)
         taken.update(tr.bwd_ops)
         trains.append(tr)
     return trains, [(op, r) for op, r in left if op not in taken]
+
+
+def _try_training(att, block, index, target) -> tuple:
+    """(the training match, None, None) or (None, why not, the op where it failed or None)."""
+    from hlofuse.passes import attention_train as at
+    try:
+        boundary = region_boundary(att.members)
+        fspec = region_spec(att, boundary)    # the forward must be expressible as a spec
+        why = _training_kernel_refusal(fspec, boundary, target)
+        if why:
+            raise NoMatch(why)
+        return at.match_training(att, block, index, boundary), None, None
+    except (NoMatch, at.TrainNoMatch) as e:
+        return None, str(e), getattr(e, "op", None)
 
 
 def _training_kernel_refusal(spec, boundary, target) -> str | None:

@@ -158,7 +158,7 @@ STAT = "<stat>"   # the trailing dim of the row statistics: (m, l)
 def _lse_out(fs: FwdLseSpec, stats_c):
     spec = fs.fwd
     return from_canonical(stats_c, spec.out_order[:-1] + [STAT], tuple(fs.lse_dims) + (STAT,),
-                          fs.lse_shape).astype(F32)
+                          fs.lse_shape, spec.repeat).astype(F32)
 
 
 def _pallas_target_check(spec, target):
@@ -173,8 +173,6 @@ def build_fwd_lse(fs: FwdLseSpec, target, *, interpret=None, blocks=None, name=N
         from hlofuse.kernels.attention.pallas_bwd import pallas_stats
         from hlofuse.kernels.attention.triton import build_gpu
         from hlofuse.kernels.attention.mosaic import build_tpu
-        if fs.fwd.repeat is not None:
-            raise EmitError("attention forward with lse with K/V repeated inside the region (GQA)")
         _pallas_target_check(fs.fwd, target)
         name = name or f"hlofuse_attention_fwd_lse_{fs.fwd.digest}"
         build = build_gpu if target.is_gpu else build_tpu
@@ -256,21 +254,28 @@ def _to_outputs(bs: BwdSpec, grads: dict) -> tuple:
     res = []
     for (g, perm), shape, dt in zip(bs.outs, bs.out_shapes, bs.out_dtypes):
         order, dims, in_shape = _grad_layout(bs, g)
-        x = from_canonical(grads[g], order, dims, in_shape)
+        x = from_canonical(grads[g], order, dims, in_shape, bs.fwd.repeat)
         x = x.reshape([n for n in x.shape if n != 1])
         x = jnp.transpose(x, perm)
         res.append(x.reshape(shape).astype(dt))
     return tuple(res)
 
 
-def _check(bs: BwdSpec):
-    if bs.fwd.repeat is not None:
-        raise EmitError("attention backward with K/V repeated inside the region (GQA)")
+def _canonical_o_do_stats(bs: BwdSpec, inputs):
+    """O, dO and the row statistics in the canonical layout (GQA: the query heads split into
+    (kv head, group), the group a row dim: the dK/dV contractions over the rows sum each
+    group's gradients, nothing is repeated)."""
+    spec = bs.fwd
+    rep = spec.repeat
+    o = to_canonical(inputs[bs.o_arg], spec.out_dims, spec.out_order, rep)
+    do = to_canonical(inputs[bs.do_arg], bs.do_dims, spec.out_order, rep)
+    stats = to_canonical(inputs[bs.lse_arg], tuple(bs.lse_dims) + (STAT,),
+                         spec.out_order[:-1] + [STAT], rep).astype(F32)
+    return o, do, stats
 
 
 def build_bwd(bs: BwdSpec, target, *, interpret=None, blocks=None, name=None):
     target = Target.of(target)
-    _check(bs)
     if target.is_cpu:
         return build_cpu_bwd(bs, blocks)
     return build_pallas_bwd(bs, target, interpret=interpret, blocks=blocks, name=name)
@@ -283,7 +288,6 @@ def build_pallas_bwd(bs: BwdSpec, target, *, interpret=None, blocks=None, name=N
     from hlofuse.kernels.attention.pallas_bwd import build_gpu_bwd, build_tpu_bwd, bwd_finish
     target = Target.of(target)
     spec = bs.fwd
-    _check(bs)
     _pallas_target_check(spec, target)
     name = name or f"hlofuse_attention_bwd_{spec.digest}"
     if target.is_gpu:
@@ -296,10 +300,7 @@ def build_pallas_bwd(bs: BwdSpec, target, *, interpret=None, blocks=None, name=N
         raise ValueError(f"unknown target {target!r}")
 
     def fn(*inputs):
-        o = to_canonical(inputs[bs.o_arg], spec.out_dims, spec.out_order)
-        do = to_canonical(inputs[bs.do_arg], bs.do_dims, spec.out_order)
-        stats = to_canonical(inputs[bs.lse_arg], tuple(bs.lse_dims) + (STAT,),
-                             spec.out_order[:-1] + [STAT]).astype(F32)
+        o, do, stats = _canonical_o_do_stats(bs, inputs)
         dq, dk, dv, dsides = kern(inputs, o, do, stats)
         return _to_outputs(bs, bwd_finish(spec, inputs, bs.learned, dq, dk, dv, dsides))
     fn.kernel_name = name
@@ -326,15 +327,15 @@ def bwd_reference(bs: BwdSpec):
         grads = {}
         for g, ct in zip(wanted, cts):
             order, dims, _ = _grad_layout(bs, g)
-            grads[g] = to_canonical(ct, dims, order)
+            grads[g] = to_canonical(ct, dims, order, spec.repeat)
         return _to_outputs(bs, grads)
     return f
 
 
 def _do_in_out_layout(bs: BwdSpec, inputs):
     spec = bs.fwd
-    do = to_canonical(inputs[bs.do_arg], bs.do_dims, spec.out_order)
-    return from_canonical(do, spec.out_order, spec.out_dims, spec.out_shape).astype(
+    do = to_canonical(inputs[bs.do_arg], bs.do_dims, spec.out_order, spec.repeat)
+    return from_canonical(do, spec.out_order, spec.out_dims, spec.out_shape, spec.repeat).astype(
         bs.in_dtypes[bs.o_arg])
 
 
@@ -343,7 +344,6 @@ def build_cpu_bwd(bs: BwdSpec, blocks: AttentionBlocks | None = None):
     learned side gradients, O(S·D)), inside it a loop over key blocks (carrying the chunk's dQ).
     Position-mask skipping (causal) visits the same key blocks as the forward."""
     spec = bs.fwd
-    _check(bs)
     blocks = blocks or cpu_bwd_plan(spec)
     bq, bk = blocks.bq, blocks.bk
     sq, sk = spec.seq_q, spec.seq_k
@@ -363,10 +363,7 @@ def build_cpu_bwd(bs: BwdSpec, blocks: AttentionBlocks | None = None):
 
     def fn(*inputs):
         q, k, v, sides = canonical_inputs(spec, inputs)
-        o = to_canonical(inputs[bs.o_arg], spec.out_dims, spec.out_order)
-        do = to_canonical(inputs[bs.do_arg], bs.do_dims, spec.out_order)
-        stats = to_canonical(inputs[bs.lse_arg], tuple(bs.lse_dims) + (STAT,),
-                             spec.out_order[:-1] + [STAT]).astype(F32)
+        o, do, stats = _canonical_o_do_stats(bs, inputs)
         mx, lsum = stats[..., 0], stats[..., 1]
         lsum = 1.0 / lsum      # per row once: the blocks multiply (a divide per element costs more)
         dd = jnp.sum(do.astype(F32) * o.astype(F32), axis=-1)              # rowsum(dO·O)

@@ -35,9 +35,9 @@ def _text(fn):
                                   flags=re.M) + "\n}"
 
 
-def _regions(layout, mask, dtype, sq, sk, learned=False, softmax="nn"):
-    f = make_attention(layout, mask, 1, softmax, "mul")
-    args = make_args(layout, mask, 1, dtype, sq, sk)
+def _regions(layout, mask, dtype, sq, sk, learned=False, softmax="nn", gqa=1):
+    f = make_attention(layout, mask, gqa, softmax, "mul")
+    args = make_args(layout, mask, gqa, dtype, sq, sk)
     argn = tuple(range(len(args))) if learned else (0, 1, 2)
 
     def loss(*a):
@@ -64,15 +64,27 @@ def _inputs(ffn, bfn, seed=1):
 
 
 CASES = [(("bshd", "causal", np.float32, False), (8, 16)),
-         (("bhsd", "bias", np.float32, True), (8, 16))]
+         (("bhsd", "bias", np.float32, True), (8, 16)),
+         (("bshd", "causal", np.float32, False, 2), (8, 16)),      # GQA, repeat in the region
+         (("bhsd", "bias", np.float32, True, 2), None)]
 
 
 @pytest.mark.parametrize("case,blocks", CASES, ids=lambda c: (
-    f"{c[0]}-{c[1]}-{np.dtype(c[2]).name}" + ("-learned" if c[3] else "")) if isinstance(c, tuple)
-    and len(c) == 4 else (f"blocks{c[0]}x{c[1]}" if c else "whole"))
+    f"{c[0]}-{c[1]}-{np.dtype(c[2]).name}" + ("-learned" if c[3] else "")
+    + (f"-gqa{c[4]}" if len(c) > 4 else "")) if isinstance(c, tuple)
+    and len(c) >= 4 else (f"blocks{c[0]}x{c[1]}" if c else "whole"))
 def test_flash_backward_matches_the_program(case, blocks):
-    layout, mask, dt, learned = case
-    ffn, bfn = _regions(layout, mask, dt, 20, 24, learned)
+    layout, mask, dt, learned = case[:4]
+    gqa = case[4] if len(case) > 4 else 1
+    ffn, bfn = _regions(layout, mask, dt, 20, 24, learned, gqa=gqa)
+    if gqa > 1:
+        # the K/V heads are repeated inside the regions: both read the unrepeated K/V and the
+        # backward returns their gradients (summed over each group of query heads)
+        fspec = FAMILIES["attention_fwd_lse"].spec_from_func(ffn).fwd
+        assert fspec.repeat is not None and fspec.repeat.groups == gqa
+        kv_shape = tuple(func_avals(ffn)[fspec.k_arg].shape)
+        assert kv_shape in [tuple(r.shape) for r in func_avals(bfn)]
+        assert [tuple(t.shape) for t in bfn.type.results].count(kv_shape) == 2
     fs, fwd_in, extra, o_lse = _inputs(ffn, bfn)
     bl = AttentionBlocks("cpu", *blocks) if blocks else None
     # the forward: output and logsumexp
@@ -123,7 +135,8 @@ def test_fully_masked_rows_with_a_finite_fill():
 
 
 PALLAS_CASES = [("bshd", "causal", np.float32, False), ("bhsd", "bias", np.float32, True),
-                ("mqa", "bool", np.float32, False), ("bhsd", "causal", BF16, False)]
+                ("mqa", "bool", np.float32, False), ("bhsd", "causal", BF16, False),
+                ("bshd", "causal", np.float32, False, 2)]
 
 
 def _pallas_blocks(target, sk):
@@ -133,15 +146,18 @@ def _pallas_blocks(target, sk):
 
 @pytest.mark.parametrize("target", ["gpu", "tpu"])
 @pytest.mark.parametrize("case", PALLAS_CASES, ids=lambda c: f"{c[0]}-{c[1]}-{np.dtype(c[2]).name}"
-                         + ("-learned" if c[3] else ""))
+                         + ("-learned" if c[3] else "") + (f"-gqa{c[4]}" if len(c) > 4 else ""))
 def test_pallas_training_kernels_in_interpret_mode(case, target):
     """The Triton (Pallas interpret mode) and Mosaic (TPU interpret mode) forward-with-lse and
     flash backward against the program's own regions (compiled by XLA): padding rows and keys
     (Sq=20, Sk=24), several query and key blocks on gpu, causal skipping, a learned bias
-    broadcast over the batch (its gradient summed back), MQA (K/V without a head dim), bf16."""
+    broadcast over the batch (its gradient summed back), MQA (K/V without a head dim), bf16,
+    GQA with the K/V repeat inside the regions (dK/dV summed over each group's query heads)."""
     from jax.experimental.pallas import tpu as pltpu
-    layout, mask, dt, learned = case
-    ffn, bfn = _regions(layout, mask, dt, 20, 24, learned)
+    layout, mask, dt, learned = case[:4]
+    gqa = case[4] if len(case) > 4 else 1
+    ffn, bfn = _regions(layout, mask, dt, 20, 24, learned, gqa=gqa)
+    assert (FAMILIES["attention_fwd_lse"].spec_from_func(ffn).fwd.repeat is not None) == (gqa > 1)
     fs, fwd_in, extra, o_lse = _inputs(ffn, bfn)
     interp = True if target == "gpu" else pltpu.InterpretParams()
     bl = _pallas_blocks(target, 24)

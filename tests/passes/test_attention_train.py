@@ -25,8 +25,20 @@ def _dpa(q, k, v, b):
     return jax.nn.dot_product_attention(q, k, v, bias=b, is_causal=True)
 
 
+def _mqa_broadcast_to(q, k, v):
+    k, v = jnp.broadcast_to(k, q.shape), jnp.broadcast_to(v, q.shape)
+    p = jax.nn.softmax(jnp.einsum("bhqd,bhkd->bhqk", q, k) * 0.3, axis=-1)
+    return jnp.einsum("bhqk,bhkd->bhqd", p, v)
+
+
 def _case(name):
     rng = np.random.default_rng(0)
+    if name == "bhsd-mqa-broadcast-to-f32":
+        # one K/V head broadcast to all: the forward and the backward each get their own copy
+        # of the broadcast (generator trees are unshared), both read the one head
+        args = [rng.standard_normal(s).astype(np.float32)
+                for s in ((2, 4, 16, 8), (2, 1, 16, 8), (2, 1, 16, 8))]
+        return _mqa_broadcast_to, args, (0, 1, 2)
     if name == "dpa-causal-learned-bias-bf16":
         args = [rng.standard_normal((1, 24, 4, 8)).astype(BF16) for _ in range(3)]
         args.append(rng.standard_normal((1, 4, 24, 24)).astype(BF16))
@@ -35,13 +47,15 @@ def _case(name):
         "mqa-bool-f32": ("mqa", "bool", 1, "nn", np.float32),
         "bshd-causal-manual-softmax-f32": ("bshd", "causal", 1, "manual", np.float32),
         "bhsd-gqa-repeat-f16": ("bhsd", "none", 2, "nn", np.float16),
+        "bshd-gqa-repeat-causal-f32": ("bshd", "causal", 2, "nn", np.float32),
     }[name]
     f = make_attention(layout, mask, gqa, softmax, "mul")
     return f, make_args(layout, mask, gqa, dt, 16, 24), (0, 1, 2)
 
 
 @pytest.mark.parametrize("name", ["dpa-causal-learned-bias-bf16", "mqa-bool-f32",
-                                  "bshd-causal-manual-softmax-f32", "bhsd-gqa-repeat-f16"])
+                                  "bshd-causal-manual-softmax-f32", "bhsd-gqa-repeat-f16",
+                                  "bshd-gqa-repeat-causal-f32", "bhsd-mqa-broadcast-to-f32"])
 def test_training_step_gets_flash_forward_and_backward(name):
     f, args, argn = _case(name)
 
@@ -53,6 +67,18 @@ def test_training_step_gets_flash_forward_and_backward(name):
     assert train_kernels(report) == ["attention_bwd", "attention_fwd_lse"], report
     (stats,) = [p.stats for p in report.passes if p.name == "fuse-attention"]
     assert stats["attention_training"] == 1
+    if "gqa" in name or "mqa-broadcast" in name:
+        # the K/V repeat is inside both regions: they read the unrepeated K/V (nothing of the
+        # repeated size is materialized) and the backward returns dK/dV of that size (dims in
+        # the program's order for them, unit dims aside)
+        kv = f"{np.dtype(args[1].dtype).name.replace('float', 'f')}[{','.join(map(str, args[1].shape))}]"
+        (fwd,) = [r for r in report.regions if r.kind == "attention_fwd_lse"]
+        (bwd,) = [r for r in report.regions if r.kind == "attention_bwd"]
+
+        def numel(t):
+            return int(np.prod([int(n) for n in t[t.index("[") + 1:-1].split(",")]))
+        assert fwd.inputs.count(kv) == 2, fwd
+        assert [numel(t) for t in bwd.outputs].count(args[1].size) == 2, bwd
     (val, grads), (val0, grads0) = g(*args), jax.jit(step)(*args)
     assert_same(grads, grads0, "grad")
     # the loss is f32 but carries the attention output's precision
@@ -103,6 +129,13 @@ def test_training_step_on_gpu_and_tpu_builds_the_pallas_kernels(target, marker):
     text, report = lowered_text(jax.value_and_grad(loss, argnums=argn), args, target)
     assert train_kernels(report) == ["attention_bwd", "attention_fwd_lse"], report
     assert text.count(marker) >= 3          # forward, dK/dV and dQ kernels
+    # GQA with the repeat inside the regions: the kernels take the unrepeated K/V
+    f, args, argn = _case("bshd-gqa-repeat-causal-f32")
+    text, report = lowered_text(jax.value_and_grad(loss, argnums=argn), args, target)
+    assert train_kernels(report) == ["attention_bwd", "attention_fwd_lse"], report
+    assert text.count(marker) >= 3
+    (fwd,) = [r for r in report.regions if r.kind == "attention_fwd_lse"]
+    assert fwd.inputs.count("f32[2,24,2,8]") == 2, fwd
     if target == "tpu":
         f, args, argn = _case("bhsd-gqa-repeat-f16")
 
@@ -112,3 +145,48 @@ def test_training_step_on_gpu_and_tpu_builds_the_pallas_kernels(target, marker):
         assert train_kernels(report) == []
         assert any("f16 is not supported by the TPU flash backward" in n for n in report.notes), \
             report.notes
+
+
+
+def test_dots_reading_a_divide_of_no_exp_are_no_candidates():
+    """Q projected and scaled by a divide (as Flax and Equinox write it): the projection's
+    gradient dot reads ``dQ / c``, a divide of no exp. It is no softmax, so no candidate is
+    reported refused (before: 'softmax numerator is not exp'); the inference program's QKᵀ
+    dot likewise."""
+    def out(x, wq, k, v):
+        q = jnp.einsum("bhqe,ed->bhqd", x, wq) / np.float32(np.sqrt(wq.shape[-1]))
+        p = jax.nn.softmax(jnp.einsum("bhqd,bhkd->bhqk", q, k), axis=-1)
+        return jnp.einsum("bhqk,bhkd->bhqd", p, v)
+    args = make_args("bhsd", "none", 1, np.float32, 16, 16)
+    args.insert(1, np.random.default_rng(1).standard_normal((8, 8)).astype(np.float32))
+    step = jax.value_and_grad(lambda *a: jnp.sum(out(*a) ** 2), argnums=(0, 1, 2, 3))
+    for fn, kinds in ((step, ["attention_bwd", "attention_fwd_lse"]), (out, [])):
+        g = hlofuse.jit(fn, autotune=False)
+        report = g.report(*args)
+        assert train_kernels(report) == kinds, report
+        assert sum(r.kind == "attention" and bool(r.kernel) for r in report.regions) == \
+            (not kinds), report
+        assert not [n for n in report.notes if n.startswith("fuse-attention:")], report.notes
+        assert_same(g(*args), jax.jit(fn)(*args), "grad" if kinds else "reassociate")
+
+
+def test_a_failed_training_match_is_reported_at_the_failing_op():
+    """The logits' max also feeds the loss: the backward reads a second cotangent. The note is
+    at the line that adds it in, not at the attention candidate's line (before: the P·V line)."""
+    import inspect
+
+    def loss(q, k, v):
+        s = jnp.einsum("bhqd,bhkd->bhqk", q, k)
+        o = jax.nn.softmax(s, axis=-1) @ v
+        return jnp.sum(o ** 2) + jnp.sum(jnp.max(s, -1) * 3.0)
+    first = inspect.getsourcelines(loss)[1]
+    pv_line, extra_line = first + 2, first + 3
+    args = make_args("bhsd", "none", 1, np.float32, 16, 16)
+    step = jax.value_and_grad(loss, argnums=(0, 1, 2))
+    g = hlofuse.jit(step, autotune=False)
+    report = g.report(*args)
+    assert train_kernels(report) == []
+    (note,) = [n for n in report.notes if "as a training step: the backward reads 2" in n]
+    assert f"test_attention_train.py:{extra_line}:" in note, note
+    assert f":{pv_line}:" not in note
+    assert_same(g(*args), jax.jit(step)(*args), "grad")
