@@ -40,6 +40,7 @@ import contextlib
 import copy
 import dataclasses
 import functools
+import os
 import threading
 from typing import Callable, Sequence
 
@@ -179,7 +180,8 @@ def _module_cache_key(exp0, opts: Options, target: Target, name: str, donated, l
         "target": target.kind, "chip": target.chip_name, "pipeline": opts.pipeline,
         "disable": list(opts.disable), "options": pass_options, "check": opts.check,
         "donated": list(donated), "name": name,
-        "learned": dataclasses.asdict(learned) if learned is not None else None})
+        "learned": dataclasses.asdict(learned) if learned is not None else None,
+        "cpu_elementwise_env": os.environ.get("HLOFUSE_CPU_ELEMENTWISE_KERNELS", "")})
 
 
 _FITS: dict = {}
