@@ -40,6 +40,7 @@ import contextlib
 import copy
 import dataclasses
 import functools
+import os
 import threading
 from typing import Callable, Sequence
 
@@ -210,10 +211,19 @@ def _traced_cache_key(closed, sig: Signature, opts: Options, target: Target, nam
     return module_cache.key(digest, {
         "traced": True, "signature": repr(sig), "shardings": repr(shardings),
         "spmd_devices": spmd_devices, "platform": target.platform, "trace_context": context,
+        **_optimization_key(opts, target, name, donated, learned, pass_options)})
+
+
+def _optimization_key(opts: Options, target: Target, name: str, donated, learned,
+                      pass_options: dict) -> dict:
+    """What the optimization of an exported module depends on besides the module: the key
+    fields both module-cache entries (traced and exported) share, so neither can miss one."""
+    return {
         "target": target.kind, "chip": target.chip_name, "pipeline": opts.pipeline,
         "disable": list(opts.disable), "env_disable": sorted(_disabled_from_env()),
         "options": pass_options, "check": opts.check, "donated": list(donated), "name": name,
-        "learned": dataclasses.asdict(learned) if learned is not None else None})
+        "learned": dataclasses.asdict(learned) if learned is not None else None,
+        "cpu_elementwise_env": os.environ.get("HLOFUSE_CPU_ELEMENTWISE_KERNELS", "")}
 
 
 def _context_text() -> str:
@@ -274,11 +284,8 @@ def _module_cache_key(exp0, opts: Options, target: Target, name: str, donated, l
     is off, bypassed (``dump_dir``) or the options cannot be keyed."""
     if not module_cache.enabled() or opts.dump_dir:
         return None
-    return module_cache.key(exp0.mlir_module_serialized, {
-        "target": target.kind, "chip": target.chip_name, "pipeline": opts.pipeline,
-        "disable": list(opts.disable), "env_disable": sorted(_disabled_from_env()),
-        "options": pass_options, "check": opts.check, "donated": list(donated), "name": name,
-        "learned": dataclasses.asdict(learned) if learned is not None else None})
+    return module_cache.key(exp0.mlir_module_serialized,
+                            _optimization_key(opts, target, name, donated, learned, pass_options))
 
 
 _FITS: dict = {}

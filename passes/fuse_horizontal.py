@@ -26,6 +26,8 @@ Preconditions: after ``fuse-matmul-epilogue`` and ``fuse-reduction``, before
 
 from __future__ import annotations
 
+import dataclasses
+
 from jaxlib.mlir import ir
 
 from hlofuse import ir as hir
@@ -180,7 +182,7 @@ def merge_sibling_dots(module, ctx, block, refused: Refusals) -> int:
     return merged
 
 
-def merge_sibling_elementwise(module, ctx, block, refused: Refusals) -> int:
+def merge_sibling_elementwise(module, ctx, block, refused: Refusals, cpu_kernels: bool = False) -> int:
     ops = [o for o in hir.block_ops(block) if not o.name.endswith("return")]
     groups = form_regions(ops, lambda op: elementwise_member(op, ctx.target) is None, domain_shape)
     groups = [g for g in groups if any(rule_for(m.name).cls is OpClass.ELEMENTWISE for m in g)
@@ -200,6 +202,8 @@ def merge_sibling_elementwise(module, ctx, block, refused: Refusals) -> int:
             continue
 
         def decision_for(cost):
+            if ctx.target.is_cpu and cost_model.cpu_elementwise_kernels(cpu_kernels):
+                return cost_model.Decision(True)
             return cost_model.decide("elementwise", cost, ctx.target, grid_steps=1)
         commit_region(module, ctx, "elementwise", members, decision_for=decision_for, horizontal=True)
         done += 1
@@ -210,12 +214,19 @@ def merge_sibling_elementwise(module, ctx, block, refused: Refusals) -> int:
 class FuseHorizontal(Pass):
     name = "fuse-horizontal"
 
+    @dataclasses.dataclass(frozen=True)
+    class Options:
+        # merged sibling elementwise chains become kernels on cpu although the cost model's cpu
+        # rule leaves elementwise loops to XLA:CPU (tests and experiments; no effect on gpu/tpu)
+        cpu_kernels: bool = False
+
     def run(self, module, ctx):
         dots = elementwise = 0
         refused = Refusals(self.name, outcome="not merged")
         for block in program_blocks(module):
             dots += merge_sibling_dots(module, ctx, block, refused)
         for block in program_blocks(module):
-            elementwise += merge_sibling_elementwise(module, ctx, block, refused)
+            elementwise += merge_sibling_elementwise(module, ctx, block, refused,
+                                                     self.options.cpu_kernels)
         refused.flush(ctx)
         return {"dot_groups": dots, "elementwise_groups": elementwise, **refused.stats()}

@@ -14,3 +14,6 @@ def rng():
 
 os.environ.setdefault("HLOFUSE_AUTOTUNE", "0")  # no timing-based tuning inside unit tests
 os.environ.setdefault("HLOFUSE_MODULE_CACHE", "0")  # no optimized modules from earlier runs
+# elementwise regions are the suite's smallest kernels (kernelize, verify, jit front end); on cpu
+# the cost model leaves them to XLA by default, so ask for them (tests of that rule unset this)
+os.environ.setdefault("HLOFUSE_CPU_ELEMENTWISE_KERNELS", "1")

@@ -59,17 +59,17 @@ def _cost():
 
 
 def test_decide_refuses_kinds_predicted_slower():
-    slow = cost.fit([_rec("elementwise", 2.0)] * 5 + [_rec("reduction", 0.9)] * 5)
-    assert cost.decide("elementwise", _cost(), "cpu").fuse  # no model in force: the rules
+    slow = cost.fit([_rec("horizontal", 2.0)] * 5 + [_rec("reduction", 0.9)] * 5)
+    assert cost.decide("horizontal", _cost(), "cpu").fuse  # no model in force: the rules
     with cost.learned_model("cpu", slow):
-        d = cost.decide("elementwise", _cost(), "cpu")
+        d = cost.decide("horizontal", _cost(), "cpu")
         assert not d.fuse and "predicted" in d.reason and "fitted on 5 measurements" in d.reason
         assert cost.decide("reduction", _cost(), "cpu").fuse
-        assert cost.decide("elementwise", _cost(), "gpu").fuse   # another target's model
-    few = cost.fit([_rec("elementwise", 2.0)] * (cost.MIN_RECORDS - 1))
+        assert cost.decide("horizontal", _cost(), "gpu").fuse   # another target's model
+    few = cost.fit([_rec("horizontal", 2.0)] * (cost.MIN_RECORDS - 1))
     with cost.learned_model("cpu", few):
-        assert cost.decide("elementwise", _cost(), "cpu").fuse   # too little evidence
-    assert cost.decide("elementwise", _cost(), "cpu").fuse       # restored after the block
+        assert cost.decide("horizontal", _cost(), "cpu").fuse   # too little evidence
+    assert cost.decide("horizontal", _cost(), "cpu").fuse       # restored after the block
 
 
 @pytest.fixture

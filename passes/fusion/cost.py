@@ -229,8 +229,27 @@ CPU_RULES = {
                               "K-chunk dots (bench.int8_cpu: 0.6-0.94x of XLA's int8 dot; int8 MLP "
                               "0.73-0.83x, int8 GPT-2 block 0.69-0.75x of jax.jit, python -m bench)"),
     "horizontal": (True, "one grid step: XLA:CPU sees the same dots (Q/K/V projections 0.97x)"),
-    "elementwise": (True, "whole-array kernel: the same loop XLA fuses (siblings 1.01x)"),
+    # Measured on the zoo's BatchNorm convnets (python -m bench --zoo): with and without their
+    # 19-88 elementwise kernels XLA:CPU compiles the same number and kinds of fusions (the
+    # kernel is inlined and re-fused); the kernels' 2-D block views only reshape them, and in
+    # linen_resnet_train that cost 18 MB more bytes accessed (649 vs 631 MB, XLA's cost
+    # analysis) plus lowering time on the first call. Nothing to win, so XLA keeps them.
+    "elementwise": (False, "XLA:CPU fuses the same elementwise loop itself (a whole-array kernel "
+                           "is inlined and re-fused: same fusions, measured on BatchNorm convnets); "
+                           "the kernel would only add reshapes and lowering time"),
 }
+
+
+#: environment variable: "1" builds cpu elementwise kernels although the cpu rule leaves those
+#: loops to XLA (the test suite sets it: elementwise regions are its smallest kernels for testing
+#: kernelize, verification and the jit front end; the tests of the rule itself unset it)
+CPU_ELEMENTWISE_ENV = "HLOFUSE_CPU_ELEMENTWISE_KERNELS"
+
+
+def cpu_elementwise_kernels(option: bool) -> bool:
+    """Build elementwise kernels on cpu anyway? The pass option, or :data:`CPU_ELEMENTWISE_ENV`."""
+    import os
+    return bool(option) or os.environ.get(CPU_ELEMENTWISE_ENV, "") == "1"
 
 
 # ---------------------------------------------------------------------------------------------

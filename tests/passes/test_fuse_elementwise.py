@@ -175,3 +175,25 @@ func.func @main(%x: tensor<4xcomplex<f32>>) -> tensor<4xcomplex<f32>> {
     assert "complex" in next(iter(refused)), refused
     (note,) = [n for n in opt.report.notes if n.startswith("fuse-elementwise:")]
     assert note.startswith("fuse-elementwise: 2 elementwise op(s) left to XLA"), note
+
+
+def test_cpu_leaves_elementwise_loops_to_xla_and_says_why(monkeypatch):
+    """The cpu rule (cost.CPU_RULES): XLA:CPU fuses the loop itself, so the region is outlined,
+    marked hlofuse.xla with the reason and built as no kernel; gpu still gets its kernel, and
+    ``cpu_kernels`` builds the cpu kernel anyway. Results are the same in every case."""
+    monkeypatch.delenv("HLOFUSE_CPU_ELEMENTWISE_KERNELS", raising=False)  # conftest sets it
+    full = FUSE + ["kernelize", "symbol-dce", "canonicalize"]
+    cpu = hlofuse.optimize(CHAIN, pipeline=full)
+    (region,) = cpu.report.regions
+    assert not cpu.report.kernels and region.reason.startswith("cost model: XLA:CPU fuses")
+    (stats,) = [p.stats for p in cpu.report.passes if p.name == "fuse-elementwise"]
+    assert stats["left_to_xla"] == 1
+    forced = hlofuse.optimize(CHAIN, pipeline=full, options={"fuse-elementwise": {"cpu_kernels": True}})
+    assert len(forced.report.kernels) == 1 and not forced.report.regions[0].reason
+    gpu = hlofuse.optimize(CHAIN, target="gpu", pipeline=FUSE)
+    assert len(gpu.report.regions) == 1 and not gpu.report.regions[0].reason  # a kernel there
+    monkeypatch.setenv("HLOFUSE_CPU_ELEMENTWISE_KERNELS", "1")  # what the suite runs with
+    assert len(hlofuse.optimize(CHAIN, pipeline=full).report.kernels) == 1
+    x = _inputs(CHAIN)
+    for opt in (cpu, forced):
+        assert_same(_run(opt.text, x), _run(CHAIN, x), "exact")

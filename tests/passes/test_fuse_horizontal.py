@@ -82,13 +82,20 @@ def test_different_shapes_do_not_merge():
     assert note.endswith(": sibling dots with different shapes")
 
 
-def test_sibling_elementwise_chains_merge():
+def test_sibling_elementwise_chains_merge(monkeypatch):
     fn = lambda x, y: (jnp.exp(x) * 2.0, jnp.sin(x) + y, jnp.cos(y))  # noqa: E731
-    out = outline(fn, (X, X), "fuse-horizontal")
+    out = outline(fn, (X, X), "fuse-horizontal{cpu_kernels=true}")
     merged = [r for r in out.report.regions if r.extra.get("horizontal")]
     assert len(merged) == 1 and len(merged[0].outputs) == 3
-    f = hlofuse.jit(fn, target="cpu", pipeline=pipe("fuse-horizontal"))
+    f = hlofuse.jit(fn, target="cpu", pipeline=pipe("fuse-horizontal{cpu_kernels=true}"))
     assert len(kernels(f.report(X, X), "elementwise")) == 1
+    assert_same(f(X, X), jax.jit(fn)(X, X), "kernel")
+    # by default the cpu rule leaves the merged loop to XLA:CPU, which fuses it itself
+    monkeypatch.delenv("HLOFUSE_CPU_ELEMENTWISE_KERNELS", raising=False)  # conftest sets it
+    f = hlofuse.jit(fn, target="cpu", pipeline=pipe("fuse-horizontal"))
+    rep = f.report(X, X)
+    assert not kernels(rep, "elementwise")
+    assert [r.reason for r in rep.regions if r.extra.get("horizontal")][0].startswith("cost model: XLA:CPU")
     assert_same(f(X, X), jax.jit(fn)(X, X), "kernel")
 
 
