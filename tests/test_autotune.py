@@ -474,3 +474,23 @@ def test_a_noisy_slow_first_timing_does_not_tune_a_short_program(cache_dir):
     m = at.measure(_f, (x, w), variants, budget_s=5, default_s=0.01)   # claimed 10 ms
     assert m.rounds == 0 and "too short" in m.skipped, m
     assert m.default_s < at.MIN_CALL_S
+
+
+def test_an_option_that_changes_the_results_is_no_candidate(cache_dir):
+    """An XLA option may change numerics (issue 14 zoo: under a library-dot option a CNN's
+    logits moved by 80 of 3e5, beyond the tolerance table). A variant whose results on the
+    tuning arguments differ from the default's beyond 'reassociate' is never timed nor chosen,
+    and the decision's reason names it; a variant within tolerance is still timed."""
+    x, w = _args()
+    base = jax.jit(_f)
+    off = jax.jit(lambda x, w: _f(x, w) * (1 + 1e-3))     # 1e-3 relative: beyond 2e-5
+    near = jax.jit(lambda x, w: _f(x, w) * (1 + 1e-7))    # within 'reassociate'
+    fns = {(): base, (("a", "1"),): off, (("b", "1"),): near}
+    make = at.factory(lambda opts: fns[at.Variant.of(opts).options])
+    variants = {"default": {}, "changes-results": {"a": "1"}, "same-results": {"b": "1"}}
+    m = at.measure(make, (x, w), variants, budget_s=30.0, default_s=0.05)
+    assert set(m.differs) == {"changes-results"} and "differ beyond" in m.differs["changes-results"]
+    assert "changes-results" not in m.ratios and "changes-results" not in m.eligible
+    assert "same-results" in m.ratios and m.rounds >= at.MIN_ROUNDS, m
+    d = at.tune(make, (x, w), None, variants, budget_s=30.0, default_s=0.05, min_call_s=0.0)
+    assert d.variant != "changes-results" and "changes-results" in d.reason

@@ -64,6 +64,8 @@ from typing import Any, Callable, Sequence
 
 import jax
 
+from hlofuse.testing import compare
+
 __all__ = ["VARIANTS", "applicable_variants", "Measurement", "measure", "decide", "Decision",
            "DecisionCache", "mode", "enabled_by_default", "device_key", "module_hash",
            "cache_key", "cache", "cached_options", "options_of", "tune", "ForeignLoad",
@@ -666,6 +668,7 @@ class Measurement:
     skipped: str = ""            # why no timing happened (empty when it did)
     foreign_load: float = 0.0    # CPU share other processes took during the timed rounds
     unmeasured: list = dataclasses.field(default_factory=list)  # left out for the budget
+    differs: dict = dataclasses.field(default_factory=dict)  # variant -> how its results differ
 
 
 def _jit_factory(call: Callable, jit_kwargs: dict | None) -> Callable[[dict], Callable]:
@@ -760,9 +763,28 @@ def measure(make: Callable, args: Sequence, variants: dict[str, dict], *,
         return Measurement({"default": 1.0}, [], t_def, 0, dup,
                            f"compiling the variants took {spent:.1f}s: {MIN_ROUNDS} rounds "
                            f"no longer fit the {budget_s:.0f}s budget", unmeasured=unmeasured)
-    for n, f in fns.items():
-        if n != "default" or default_s is not None:
+    # an XLA option may change numerics (a library dot sums in another order): its results on
+    # these arguments must agree with the default program's within the tolerance table's
+    # 'reassociate' category, or it is no candidate (a zoo CNN's logits moved by 80 of 3e5 under
+    # one library-dot option). Region variants run the program's own ops instead of a kernel
+    # that hlofuse already verified, so they are not held to it. The call doubles as warm-up.
+    reference = None
+    differs: dict[str, str] = {}
+    for n, f in list(fns.items()):
+        if n != "default" and Variant.of(variants[n]).options:
+            if reference is None:
+                reference = jax.device_get(base(*args, **kwargs))
+            problems = compare(jax.device_get(f(*args, **kwargs)), reference, "reassociate")
+            if problems:
+                differs[n] = problems[0]
+                del fns[n]
+                say(f"{n}: results differ from the default beyond 'reassociate', not a candidate")
+        elif n != "default" or default_s is not None:
             _time_once(f, args, 1, kwargs)         # warm up
+    if len(fns) < 2:
+        return Measurement({"default": 1.0}, [], t_def, 0, dup,
+                           "no variant computes the default's results within tolerance",
+                           unmeasured=unmeasured, differs=differs)
     names = list(fns)
     times: dict[str, list[float]] = {n: [] for n in names}
     n_rounds = 0
@@ -784,7 +806,8 @@ def measure(make: Callable, args: Sequence, variants: dict[str, dict], *,
     # a variant must also win most rounds to count (guards against a few lucky rounds)
     eligible = [n for n in names if n != "default" and wins[n] >= MIN_WIN_SHARE * n_rounds]
     return Measurement(ratios, eligible, statistics.median(times["default"]), n_rounds, dup,
-                       foreign_load=round(probe.foreign, 3), unmeasured=unmeasured)
+                       foreign_load=round(probe.foreign, 3), unmeasured=unmeasured,
+                       differs=differs)
 
 
 class _Factory:
@@ -895,6 +918,9 @@ def tune(make: Callable[[dict], Callable], args: Sequence, kwargs: dict | None,
         dups = [n for n in m.duplicates if not n.startswith(REGION_PREFIX)]
         if dups:
             reason += f"; same HLO as another variant: {', '.join(dups)}"
+    if m.differs:
+        reason += ("; not candidates, their results differ from the default's beyond "
+                   "'reassociate': " + ", ".join(sorted(m.differs)))
     busy = m.foreign_load > BUSY_SHARE
     if busy:
         reason += (f"; machine busy while measuring (other processes used "
