@@ -3,6 +3,7 @@
     python bench/attention_cpu.py                  # S=2048 and 4096, 10 interleaved rounds
     python bench/attention_cpu.py --seq 4096 --rounds 20 --json out.json
     python bench/attention_cpu.py --no-rss         # time only
+    python bench/attention_cpu.py --seq 4096 --no-rss --profile   # + where the kernel's time goes
 
 Workload: B=1, H=8, d=64, f32, ``softmax(QKᵀ/√d)·V`` written as models write it (BSHD einsums,
 ``jax.nn.softmax``). Goals (issue 4): time ratio hlofuse/jax <= 0.45 at S=4096 and <= 0.55 at
@@ -140,9 +141,52 @@ def measure_time(seq: int, rounds: int) -> dict:
         "jax_s": statistics.median(wall["jax"]), "hlofuse_s": statistics.median(wall["hlofuse"]),
         "time_ratio": statistics.median(ratio), "time_ratio_min": min(ratio),
         "time_ratio_max": max(ratio), "cpu_time_ratio": statistics.median(cratio),
+        # cores kept busy (process CPU time / wall): jax.jit's big ops use every core; where the
+        # kernel's figure is lower, its wall ratio is above its cpu-time ratio by that much
+        "cores": {n: statistics.median(c / w for c, w in zip(cpu[n], wall[n])) for n in fns},
         "load_avg": os.getloadavg()[0],
     }
 
+
+
+def profile_ops(seq: int, top: int = 12) -> list:
+    """Where one ``hlofuse.jit`` call spends its time: XLA:CPU's per-thunk trace events
+    (``jax.profiler``, perfetto JSON) summed per fusion, largest first, as
+    ``(name, calls, ms, what)`` with ``what`` the fusion's root ops from the optimized HLO
+    (e.g. the block dots, the row max/sum, the exp pass, the K/V block slices)."""
+    import collections
+    import glob
+    import gzip
+    import re
+    import tempfile
+    import jax
+    f = functions()["hlofuse"]
+    args = [jax.device_put(a) for a in make_inputs(seq)]
+    for _ in range(2):
+        jax.block_until_ready(f(*args))
+    hlo = re.sub(r", metadata=\{[^}]*\}", "", f.lower(*args).compile().as_text())
+    bodies = {m.group(1): m.group(2) for m in
+              re.finditer(r"^%(\S+) \(.*?\) -> .*? \{\n(.*?)\n\}", hlo, re.S | re.M)}
+    calls = dict(re.findall(r"%(\S+) = .*? fusion\(.*?calls=%([\w.\-]+)", hlo))
+    with tempfile.TemporaryDirectory() as d:
+        with jax.profiler.trace(d, create_perfetto_trace=True):
+            jax.block_until_ready(f(*args))
+        path = glob.glob(f"{d}/**/*perfetto_trace.json.gz", recursive=True)[0]
+        ev = json.load(gzip.open(path))
+    ev = ev["traceEvents"] if isinstance(ev, dict) else ev
+    tot, cnt = collections.defaultdict(float), collections.Counter()
+    for e in ev:
+        if e.get("ph") == "X" and e["name"] in calls:
+            tot[e["name"]] += e["dur"] / 1e3
+            cnt[e["name"]] += 1
+    out = []
+    for n, ms in sorted(tot.items(), key=lambda x: -x[1])[:top]:
+        ops = re.findall(r"= \S+ ([a-z\-]+)\(", bodies.get(calls[n], ""))
+        what = ",".join(dict.fromkeys(o for o in ops if o not in (
+            "parameter", "bitcast", "broadcast", "constant", "select", "compare", "add",
+            "multiply")))
+        out.append((n, cnt[n], ms, what or "elementwise"))
+    return out
 
 
 GOALS = {2048: 0.55, 4096: 0.45}
@@ -155,6 +199,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--no-rss", action="store_true")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--profile", action="store_true",
+                    help="print where the kernel's time goes (per fusion, one traced call)")
     ap.add_argument("--rss-child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--peak-child", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -170,7 +216,8 @@ def main(argv=None) -> int:
         goal = GOALS.get(seq)
         line = (f"S={seq}: jax {t['jax_s']:.3f}s, hlofuse {t['hlofuse_s']:.3f}s, time ratio "
                 f"{t['time_ratio']:.3f} (min {t['time_ratio_min']:.3f}, max {t['time_ratio_max']:.3f};"
-                f" cpu-time ratio {t['cpu_time_ratio']:.3f}; goal <= {goal}) kernel={t['kernel']} "
+                f" cpu-time ratio {t['cpu_time_ratio']:.3f}; cores busy jax {t['cores']['jax']:.2f}"
+                f" hlofuse {t['cores']['hlofuse']:.2f}; goal <= {goal}) kernel={t['kernel']} "
                 f"[{t['blocks']}] same results: {t['same_results']} load {t['load_avg']:.1f}")
         print(line, flush=True)
         if not a.no_rss:
@@ -188,6 +235,14 @@ def main(argv=None) -> int:
             print(f"  whole-process peak RSS (import + compile + 3 runs): jax "
                   f"{mib(pj['process_peak_kib']):.0f} MiB, hlofuse {mib(ph['process_peak_kib']):.0f} MiB,"
                   f" ratio {t['process_peak_ratio']:.3f}", flush=True)
+        if a.profile:
+            rows = profile_ops(seq)
+            total = sum(r[2] for r in rows)
+            print(f"  per-fusion time of one hlofuse call (XLA:CPU trace; top {len(rows)}, "
+                  f"{total:.0f} ms):", flush=True)
+            for n, c, ms, what in rows:
+                print(f"    {ms:8.1f} ms {ms / total:6.1%}  x{c:<4d} {n:32s} {what}", flush=True)
+            t["profile"] = [list(r) for r in rows]
         results.append(t)
     if a.json:
         with open(a.json, "w") as fh:
