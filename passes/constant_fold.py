@@ -11,7 +11,11 @@ or when it is at most ``max_bytes`` (option, default 1 MiB) *and* no larger than
 the constant data it is computed from (plus 256 bytes). So ``W * 2`` or ``transpose(W)`` fold,
 but ``broadcast_in_dim(bias)`` to an activation shape stays a broadcast of the (folded) bias;
 when a frontier op is refused, its operands are folded instead. Intermediates larger than
-4x the limit are not evaluated at all.
+4x the limit are not evaluated at all. Values generated from iotas alone (and splats: no dense
+constant data) are materialized only up to ``GENERATED_MAX_BYTES`` (64 KiB): a causal mask
+``iota >= iota`` is cheaper to compute where it is used than to load as a 1 MiB constant, and
+folded into a dense constant it would hide its structure from ``fuse-attention`` (position
+masks let the attention kernels skip whole key blocks; a dense mask argument does not).
 
 Not folded: ops with side effects or regions, integer divide/remainder by zero, results whose
 emitter gives another dtype or shape than the IR type, 64-bit or complex inputs the emitter
@@ -42,6 +46,12 @@ from hlofuse.passes.fusion.outline import program_blocks
 
 DEFAULT_MAX_BYTES = 1 << 20
 SMALL_BYTES = 256
+# largest value generated from iotas alone (no dense constant data) that is materialized: a
+# GPT-2 training step at S=1024 with its causal mask folded to a 1 MiB i1 constant ran its
+# attention kernels without block skipping (bench.attribute: the step ~10% slower than with
+# constant-fold disabled, two runs on the shared 2-core host)
+GENERATED_MAX_BYTES = 64 * 1024
+SCALAR_BYTES = 16             # constant data this small is a scalar (a splat, or one broadcast)
 # ops that create data from (almost) nothing: only their splat results are materialized
 EXPANSION_OPS = {"stablehlo.broadcast_in_dim", "stablehlo.iota"}
 
@@ -227,6 +237,7 @@ class _Folder:
         self.const: dict = {}      # op -> bool  (constant-valued?)
         self.source: dict = {}     # op -> bytes of constant data it derives from
         self.values: dict = {}     # op -> np.ndarray
+        self.generated: set = set()  # ops whose value derives from iotas and splats only
         self.failed: set = set()
 
     def analyze(self, blocks) -> list:
@@ -246,6 +257,10 @@ class _Folder:
             if gu.info(op.results[0]).nbytes > 4 * self.max_bytes:
                 continue
             self.const[gu.op_key(op)] = True
+            keys = [gu.op_key(p) for p in prods]
+            if op.name == "stablehlo.iota" or (keys and any(k in self.generated for k in keys) and all(
+                    k in self.generated or self.source[k] <= SCALAR_BYTES for k in keys)):
+                self.generated.add(gu.op_key(op))   # iotas, and scalars (splats) broadcast
             # an iota is generated data: count it as a constant of its own size
             self.source[gu.op_key(op)] = sum(self.source[k] for k in {gu.op_key(p) for p in prods}) \
                 if prods else gu.info(op.results[0]).nbytes
@@ -284,6 +299,9 @@ class _Folder:
         if t.dtype == "i1" and op.name == "stablehlo.broadcast_in_dim" and \
                 gu.is_op(op.operands[0], "stablehlo.constant") and gu.info(op.operands[0]).size == 1:
             return ""  # already the canonical form of a boolean splat (see _materialize)
+        if gu.op_key(op) in self.generated and t.nbytes > GENERATED_MAX_BYTES and \
+                op.name not in EXPANSION_OPS:
+            return "generated from iotas, larger than GENERATED_MAX_BYTES"
         if op.name in EXPANSION_OPS or t.nbytes > self.max_bytes or \
                 t.nbytes > self.source[gu.op_key(op)] + SMALL_BYTES:
             # only a splat result is worth it; decide without evaluating large values

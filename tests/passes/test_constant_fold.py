@@ -253,3 +253,31 @@ def test_zero_divisor_from_a_huge_splat_is_still_refused():
     grown, res = optimize_rss_growth(SPLAT_DIV_ZERO, "16384x4096", "64x64", pipeline=PASS)
     assert "stablehlo.divide" in res["text"], res["text"]
     assert grown < 100 * MiB, f"constant-fold grew the peak RSS by {grown / MiB:.0f} MiB (splat: 256 MiB)"
+
+
+# a causal mask as jnp.tril / attention code builds it: generated from iotas only. 512x512 i1
+# is 256 KiB: folding it would load a dense constant instead of computing it where it is used,
+# and hide the position mask from fuse-attention (no block skipping).
+CAUSAL = """
+func.func @main(%x: tensor<512x512xf32>) -> tensor<512x512xf32> {
+  %r = stablehlo.iota dim = 0 : tensor<512x512xi32>
+  %c = stablehlo.iota dim = 1 : tensor<512x512xi32>
+  %p = stablehlo.compare GE, %r, %c, SIGNED : (tensor<512x512xi32>, tensor<512x512xi32>) -> tensor<512x512xi1>
+  %f = stablehlo.constant dense<0xFF800000> : tensor<f32>
+  %fb = stablehlo.broadcast_in_dim %f, dims = [] : (tensor<f32>) -> tensor<512x512xf32>
+  %y = stablehlo.select %p, %x, %fb : tensor<512x512xi1>, tensor<512x512xf32>
+  return %y : tensor<512x512xf32>
+}"""
+
+
+def test_generated_mask_not_folded():
+    o = optimize(CAUSAL)
+    assert "tensor<512x512xi1> = dense" not in o.text and "stablehlo.iota" in o.text
+    assert refusals(o)["refused[generated from iotas, larger than GENERATED_MAX_BYTES]"] == 1, \
+        refusals(o)
+    x = np.random.default_rng(0).standard_normal((512, 512)).astype(np.float32)
+    assert_same(run_module(o.text, [x]), run_module(CAUSAL, [x]), "exact")
+    # a small generated value still folds (an 8x8 mask: 64 bytes)
+    small = CAUSAL.replace("512x512", "8x8")
+    o = optimize(small)
+    assert "stablehlo.iota" not in o.text and stats(o)["folded"] >= 1
