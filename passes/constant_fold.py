@@ -12,7 +12,7 @@ the constant data it is computed from (plus 256 bytes). So ``W * 2`` or ``transp
 but ``broadcast_in_dim(bias)`` to an activation shape stays a broadcast of the (folded) bias;
 when a frontier op is refused, its operands are folded instead. Intermediates larger than
 4x the limit are not evaluated at all. Values generated from iotas alone (and splats: no dense
-constant data) are materialized only up to ``GENERATED_MAX_BYTES`` (64 KiB): a causal mask
+constant data) are materialized only up to ``GENERATED_MAX_BYTES`` (4 KiB): a causal mask
 ``iota >= iota`` is cheaper to compute where it is used than to load as a 1 MiB constant, and
 folded into a dense constant it would hide its structure from ``fuse-attention`` (position
 masks let the attention kernels skip whole key blocks; a dense mask argument does not).
@@ -46,11 +46,12 @@ from hlofuse.passes.fusion.outline import program_blocks
 
 DEFAULT_MAX_BYTES = 1 << 20
 SMALL_BYTES = 256
-# largest value generated from iotas alone (no dense constant data) that is materialized: a
+# largest value generated from iotas alone (no dense constant data) that is materialized (a
+# small table; a 64x64 mask): a
 # GPT-2 training step at S=1024 with its causal mask folded to a 1 MiB i1 constant ran its
 # attention kernels without block skipping (bench.attribute: the step ~10% slower than with
 # constant-fold disabled, two runs on the shared 2-core host)
-GENERATED_MAX_BYTES = 64 * 1024
+GENERATED_MAX_BYTES = 4 * 1024
 SCALAR_BYTES = 16             # constant data this small is a scalar (a splat, or one broadcast)
 # ops that create data from (almost) nothing: only their splat results are materialized
 EXPANSION_OPS = {"stablehlo.broadcast_in_dim", "stablehlo.iota"}
