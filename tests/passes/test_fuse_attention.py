@@ -352,6 +352,43 @@ def test_matched_attention_reports_no_refusal():
 
 # ---------------------------------------------------------------------------------------------
 # targets and pipeline
+def _padding_masked(form):
+    """BERT-style attention with a [B, S] padding mask read as the key-side mask and as the
+    query-side one (Transformers/Flax ``mask[:, None, None, :]``, Flax
+    ``make_attention_mask(keep, keep)``, Haiku's ``keep[:, None, None, :] & keep[:, None, :, None]``)."""
+    def f(q, k, v, keep):
+        s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.float32(math.sqrt(q.shape[-1]))
+        if form == "key":
+            m = keep[:, None, None, :] > 0
+        elif form == "product":
+            m = keep[:, None, :, None] * keep[:, None, None, :] > 0
+        else:  # "and" of a bool mask, and an additive key-side bias from it as well
+            m = keep[:, None, :, None] & keep[:, None, None, :]
+            s = s + jnp.where(keep, 0.0, -1e4).astype(s.dtype)[:, None, None, :]
+        s = jnp.where(m, s, jnp.finfo(s.dtype).min)
+        return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, -1), v)
+    return f
+
+
+@pytest.mark.parametrize("form,dtype", [("key", np.float32), ("product", np.float32),
+                                        ("and", np.float32), ("product", BF16)])
+def test_padding_mask_read_as_query_and_key_mask(form, dtype):
+    """One [B, S] mask in two layouts (query rows and key): the region takes it once per layout
+    (two arguments, the same value at the call), never a materialized [B, 1, S, S] mask."""
+    rng = np.random.default_rng(0)
+    b, s, h, d = 3, 16, 2, 8
+    q, k, v = [rng.standard_normal((b, s, h, d)).astype(dtype) for _ in range(3)]
+    keep = np.arange(s)[None, :] < np.array([[s], [s // 2], [3]])     # row 2: 3 positions kept
+    keep = keep if form == "and" else keep.astype(dtype)
+    report = check(_padding_masked(form), (q, k, v, keep), grad=form == "product" and dtype != BF16)
+    (r,) = attention_regions(report)
+    n_mask = 1 if form == "key" else 2
+    mask_t = ("i1" if form == "and" else ("bf16" if dtype == BF16 else "f32")) + f"[{b},{s}]"
+    assert r.inputs.count(mask_t) == n_mask, r.inputs
+    qkv = [i for i in r.inputs if i.endswith(f"[{b},{s},{h},{d}]")]
+    assert len(qkv) == 3 and len(r.inputs) == 3 + n_mask, r.inputs    # no [B, 1, S, S] mask
+
+
 # ---------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("target,marker", [("gpu", "__gpu$xla.gpu.triton"), ("tpu", "tpu_custom_call")])
