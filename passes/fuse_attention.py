@@ -24,7 +24,12 @@ feeds it (QKᵀ). Every dim of every value in between gets a *label* (a batch di
 dim, the key dim, or none for unit dims) so layouts, transposes and broadcasts are understood
 structurally, never by op order or names. Side values (masks, biases, iotas) are pulled into the
 region while they are cheap generators used only inside it, so the region's inputs are the
-small pre-broadcast tensors, never a materialized ``[B, H, Sq, Sk]`` mask.
+small pre-broadcast tensors, never a materialized ``[B, H, Sq, Sk]`` mask. A side value read in
+several layouts (a ``[B, S]`` padding mask broadcast along the query rows and along the key,
+``mask[:, None, :, None] * mask[:, None, None, :]``) is a region input once per layout (the call
+passes it twice). A cheap side chain shared with other code (one mask broadcast for every
+layer, as CSE leaves it) is copied into each region that reads it, when its leaves are no more
+bytes than its result (statistic ``side_chains_rematerialized``).
 
 Training steps (``hlofuse.jit(jax.value_and_grad(loss))``; cpu loops, Triton, Mosaic): when the forward is refused
 only because the backward ``jax.grad`` built reads its intermediates, forward and backward are
@@ -68,6 +73,7 @@ from hlofuse.ops import EmitError, OpClass, rule_for, splat_scalar
 from hlofuse.pipeline import Pass, register_pass
 from hlofuse.kernels.attention import (SPEC_ATTR, AttentionSpec, LogitStep, Repeat, Splat,
                                        mask_select)
+from hlofuse.kernels.support import is_splat_constant
 from hlofuse.passes.fusion.commit import LeftToXla, record_region
 from hlofuse.passes.fusion.outline import outline_region, program_blocks, region_boundary
 
@@ -1069,6 +1075,74 @@ def _rewrite_row_multiplier(dot, pi, mul, mi, bc, pc, pb, pf) -> bool:
     return True
 
 
+# Rounds of rematerializing shared side chains (each round takes one more region's copies).
+MAX_REMAT_ROUNDS = 8
+
+
+def _rematerialize_shared_sides(att: "Attention", block) -> int:
+    """Side inputs that are cheap side chains shared with other code (a padding mask broadcast
+    to ``[B, H, S, S]`` once and read by every layer's attention, as CSE leaves it): give this
+    region its own copy of the chain, so its inputs are the chain's small leaves (the ``[B, S]``
+    mask) instead of the materialized result. Only when the leaves are no more bytes than the
+    value they replace; dense constants are leaves (never copied). Exact: the same ops on the
+    same values. The originals stay for their other users (dead ones are removed later).
+    Returns the number of side inputs rematerialized."""
+    members = set(att.members)
+    n = 0
+    for v, _ in list(att.side_inputs):
+        p = hir.defining_op(v)
+        if p is None or not _remat_op_ok(p, block):
+            continue
+        tree, leaves, stack, seen = [], {}, [p], set()
+        while stack:
+            op = stack.pop()
+            if op in seen:
+                continue
+            seen.add(op)
+            tree.append(op)
+            for a in op.operands:
+                q = hir.defining_op(a)
+                if q is not None and is_splat_constant(q):
+                    continue
+                if q is not None and _remat_op_ok(q, block):
+                    stack.append(q)
+                else:
+                    leaves[hir.value_key(a)] = a
+        info = hir.tensor_type_info(v.type)
+        leaf_bytes = sum(hir.tensor_type_info(a.type).nbytes for a in leaves.values())
+        if info is None or leaf_bytes > info.nbytes:
+            continue
+        users = [(hir.as_op(u.owner), u.operand_number) for u in v.uses
+                 if hir.as_op(u.owner) in members]
+        if not users:
+            continue
+        index = block_index(block)
+        first = min((u for u, _ in users), key=lambda o: index[o])
+        mapping = {}
+        with ir.InsertionPoint(first):
+            for op in sorted(tree, key=lambda o: index[o]):
+                new = op.clone()
+                for j, a in enumerate(op.operands):
+                    k = hir.value_key(a)
+                    if k in mapping:
+                        new.operands[j] = mapping[k]
+                mapping[hir.value_key(op.results[0])] = new.results[0]
+        for u, j in users:
+            u.operands[j] = mapping[hir.value_key(v)]
+        n += 1
+    return n
+
+
+def _remat_op_ok(op, block) -> bool:
+    """A cheap side op that may be copied into a region: a layout op or an elementwise op with
+    one result, in ``block``; no dense constant, no iota-free region op."""
+    if not _same_block(op, block) or len(op.results) != 1 or len(op.regions):
+        return False
+    if op.name == "stablehlo.constant":
+        return False
+    return _side_op_ok(op)
+
+
 def _unshare_generators(block) -> int:
     """Give each user of a shared iota / splat broadcast its own copy (CSE merged them).
 
@@ -1101,7 +1175,7 @@ class FuseAttention(Pass):
     name = "fuse-attention"
 
     def run(self, module, ctx):
-        n = n_train = moved = 0
+        n = n_train = moved = remat = 0
         left = LeftToXla(self.name)
         for block in program_blocks(module):
             ops = hir.block_ops(block)
@@ -1117,6 +1191,14 @@ class FuseAttention(Pass):
             # every match as data first: outlining one replaces values the next may read
             matches, refused = [], []
             found = find_attention(block, refused)
+            for _ in range(MAX_REMAT_ROUNDS):
+                with module.context:
+                    n_remat = sum([_rematerialize_shared_sides(att, block) for att in found])
+                if not n_remat:
+                    break
+                remat += n_remat
+                refused = []
+                found = find_attention(block, refused)
             for att in found:
                 with module.context:
                     copies = apply_layout_copies(att)
@@ -1148,7 +1230,8 @@ class FuseAttention(Pass):
                 n_train += 1
         left.flush(ctx)
         return {"attention_regions": n, "attention_training": n_train,
-                "row_multipliers_moved": moved, **left.stats()}
+                "row_multipliers_moved": moved, "side_chains_rematerialized": remat,
+                **left.stats()}
 
 
 # Reasons a forward match refuses only because a backward reads its intermediates.

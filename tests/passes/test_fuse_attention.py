@@ -389,6 +389,28 @@ def test_padding_mask_read_as_query_and_key_mask(form, dtype):
     assert len(qkv) == 3 and len(r.inputs) == 3 + n_mask, r.inputs    # no [B, 1, S, S] mask
 
 
+def test_mask_shared_by_two_layers_is_rematerialized_per_region():
+    """A [B, 1, S, S] mask built once and read by two attention layers (CSE shares it): each
+    region gets its own copy of the cheap chain and reads the [B, S] mask, not the broadcast."""
+    def f(q, k, v, keep):
+        m = keep[:, None, :, None] & keep[:, None, None, :]
+
+        def layer(x):
+            s = jnp.einsum("bqhd,bkhd->bhqk", x, k) / 4.0
+            s = jnp.where(m, s, -1e9)
+            return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, -1), v)
+        return layer(layer(q))
+    rng = np.random.default_rng(0)
+    b, s, h, d = 2, 16, 2, 8
+    q, k, v = [rng.standard_normal((b, s, h, d)).astype(np.float32) for _ in range(3)]
+    keep = np.arange(s)[None, :] < np.array([[s], [5]])
+    report = check(f, (q, k, v, keep), grad=False, n_kernels=2)
+    for r in attention_regions(report):
+        assert r.inputs.count(f"i1[{b},{s}]") == 2 and len(r.inputs) == 5, r.inputs
+    (st,) = [p.stats for p in report.passes if p.name == "fuse-attention"]
+    assert st["side_chains_rematerialized"] >= 1
+
+
 # ---------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("target,marker", [("gpu", "__gpu$xla.gpu.triton"), ("tpu", "tpu_custom_call")])
