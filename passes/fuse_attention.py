@@ -1084,8 +1084,10 @@ def _rematerialize_shared_sides(att: "Attention", block) -> int:
     to ``[B, H, S, S]`` once and read by every layer's attention, as CSE leaves it): give this
     region its own copy of the chain, so its inputs are the chain's small leaves (the ``[B, S]``
     mask) instead of the materialized result. Only when the leaves are no more bytes than the
-    value they replace; dense constants are leaves (never copied). Exact: the same ops on the
-    same values. The originals stay for their other users (dead ones are removed later).
+    value they replace. Exact: the same ops on the
+    same values. Dense constants (a folded causal mask shared by every layer) are copied too:
+    the kernel reads them statically. The originals stay for their other users (dead ones are
+    removed later).
     Returns the number of side inputs rematerialized."""
     members = set(att.members)
     n = 0
@@ -1134,11 +1136,10 @@ def _rematerialize_shared_sides(att: "Attention", block) -> int:
 
 
 def _remat_op_ok(op, block) -> bool:
-    """A cheap side op that may be copied into a region: a layout op or an elementwise op with
-    one result, in ``block``; no dense constant, no iota-free region op."""
+    """A cheap side op that may be copied into a region: a layout op, an elementwise op or a
+    dense constant (up to :data:`MAX_CONST_BYTES`: a folded causal mask, which the kernel then
+    reads statically and skips masked blocks by), one result, in ``block``."""
     if not _same_block(op, block) or len(op.results) != 1 or len(op.regions):
-        return False
-    if op.name == "stablehlo.constant":
         return False
     return _side_op_ok(op)
 

@@ -65,7 +65,12 @@ def skip_table(spec: AttentionSpec, bq: int, bk: int):
             m = eval_logits(spec, s, [None] * len(spec.side_args) + consts, index, upto=pred)
         except EmitError:
             return None
-        m = np.broadcast_to(np.asarray(m), [1] * (rank - 2) + [sq, sk]).reshape(sq, sk)
+        m = np.asarray(m)
+        m = m.reshape((1,) * (rank - m.ndim) + m.shape)
+        m = np.broadcast_to(m, m.shape[:-2] + (sq, sk)).reshape(-1, sq, sk)
+    if not (m == m[:1]).all():
+        return None    # a dense constant that differs between heads/batches: no one table
+    m = m[0]
     if fill != -math.inf and not m.any(axis=1).all():
         return None    # a fully masked row must see every key's fill (uniform weights)
     nq, nk = -(-sq // bq), -(-sk // bk)

@@ -411,6 +411,39 @@ def test_mask_shared_by_two_layers_is_rematerialized_per_region():
     assert st["side_chains_rematerialized"] >= 1
 
 
+def test_causal_mask_shared_by_two_layers_is_a_position_mask_in_each():
+    """jax.nn.dot_product_attention(is_causal=True) with GQA in two layers: the causal mask is
+    one folded constant, broadcast once, read by both (CSE) and transposed after the select
+    (the grouped layout). Each region takes its own copy of the constant and reads it as a
+    position mask: key blocks above the diagonal are skipped."""
+    def f(q, k, v):
+        x = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+        return jax.nn.dot_product_attention(x, k, v, is_causal=True)
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((1, 384, 4, 8)).astype(np.float32)
+    k, v = [rng.standard_normal((1, 384, 2, 8)).astype(np.float32) for _ in range(2)]
+    report = check(f, (q, k, v), grad=False, n_kernels=2)
+    for r in attention_regions(report):
+        assert r.extra["mask"] == "select(positions)" and "+skip" in r.block, (r.extra, r.block)
+        assert len(r.inputs) == 3, r.inputs      # Q, K, V: no materialized [B, H, S, S] mask
+
+
+def test_constant_mask_differing_between_heads_is_not_skipped_by_one_table():
+    """A captured [H, S, S] mask, causal in head 0 and banded in head 1: a position mask, but no
+    single skip table fits both heads, so no block is skipped and the results stay exact."""
+    s_len = 384
+    i, j = np.arange(s_len)[:, None], np.arange(s_len)[None, :]
+    mask = np.stack([i >= j, abs(i - j) < 200])
+
+    def f(q, k, v):
+        s = jnp.einsum("bhqd,bhkd->bhqk", q, k)
+        s = jnp.where(mask[None], s, -jnp.inf)
+        return jax.nn.softmax(s, axis=-1) @ v
+    args = make_args("bhsd", "none", 1, np.float32, s_len, s_len, h=2, d=8)
+    (r,) = attention_regions(check(f, args, grad=False))
+    assert r.extra["mask"] == "select(positions)" and "+skip" not in r.block, r.block
+
+
 # ---------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("target,marker", [("gpu", "__gpu$xla.gpu.triton"), ("tpu", "tpu_custom_call")])
