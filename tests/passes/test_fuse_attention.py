@@ -459,6 +459,17 @@ def test_gpu_and_tpu_kernels_lower_from_cpu(target, marker, case):
     assert r.kernel and marker in low.as_text()
 
 
+
+@pytest.mark.parametrize("target,marker", [("gpu", "__gpu$xla.gpu.triton"), ("tpu", "tpu_custom_call")])
+def test_padding_mask_in_two_layouts_lowers_for_gpu_and_tpu(target, marker):
+    rng = np.random.default_rng(0)
+    q, k, v = [rng.standard_normal((2, 64, 2, 64)).astype(np.float32) for _ in range(3)]
+    keep = (np.arange(64)[None, :] < np.array([[64], [9]])).astype(np.float32)
+    low = hlofuse.jit(_padding_masked("product"), target=target, autotune=False,
+                      options={"strict": True}).lower(q, k, v, keep)
+    (r,) = attention_regions(low.report)
+    assert r.kernel and marker in low.as_text() and r.inputs.count("f32[2,64]") == 2
+
 def test_pass_is_registered_in_the_default_pipeline():
     names = [n for n, _ in hlofuse.PIPELINES["default"]]
     i = names.index("fuse-attention")
