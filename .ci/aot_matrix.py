@@ -155,6 +155,18 @@ def _cases() -> list[Case]:
             jax.value_and_grad(_att_mask_loss, argnums=(0, 1, 2)),
             [S((1, 8192, 8, hd), jnp.bfloat16)] * 3 + [S((1, 1, 1, 8192), jnp.float32)]))
 
+    # grouped-query attention in a training step: the K/V repeat (32 query heads over 8 K/V
+    # heads) is inside both regions, so the kernels read the unrepeated K/V and the backward
+    # sums dK/dV over each group without a repeated tensor
+    def _gqa_loss(q, k, v):
+        k, v = jnp.repeat(k, 4, axis=2), jnp.repeat(v, 4, axis=2)
+        return jnp.sum(W.attention(q, k, v, causal=True).astype(jnp.float32) ** 2)
+
+    for hd in (64, 128):
+        add(f"train_attention_bwd_gqa_s4096_d{hd}_causal", "attention_bwd", "bf16", lambda hd=hd: (
+            jax.value_and_grad(_gqa_loss, argnums=(0, 1, 2)),
+            [S((1, 4096, 32, hd), jnp.bfloat16)] + [S((1, 4096, 8, hd), jnp.bfloat16)] * 2))
+
     # int8 where a family supports it: elementwise (gpu; TPU kernels take no 8/16-bit ints)
     add("tiny", "elementwise", "int8", lambda: (
         lambda x, y: jnp.maximum(x, y) + jnp.minimum(x, y) * 2, [S((8, 128), jnp.int8)] * 2), ("gpu",))

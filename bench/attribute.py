@@ -1,6 +1,7 @@
 """Which hlofuse pass or kernel makes a workload slower (or faster) than plain XLA?
 
     python -m bench.attribute bert_s128 [--rounds 5] [--options default|ynn-off|...]
+    python -m bench.attribute zoo:nnx_llama      # a zoo model (bench/zoo), its real config
 
 Builds, from one export of the workload, several versions of the module and times them
 interleaved against the *unrewritten* module run through the same ``Exported`` path (so only
@@ -129,7 +130,11 @@ def main(argv=None) -> int:
     ap.add_argument("--options", default="default", choices=list(autotune.VARIANTS["cpu"]),
                     help="XLA:CPU compiler-option variant held fixed for every version")
     a = ap.parse_args(argv)
-    fn, args = workloads.get(a.model).instantiate(0)
+    if a.model.startswith("zoo:"):
+        from bench import zoo
+        fn, args = zoo.instantiate(a.model[4:], "real")
+    else:
+        fn, args = workloads.get(a.model).instantiate(0)
     t0 = time.perf_counter()
     variants, ctx = build_variants(fn, args)
     res = time_variants(variants, ctx["exp0"], ctx["leaves"], autotune.VARIANTS["cpu"][a.options],

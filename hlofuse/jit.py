@@ -321,6 +321,13 @@ class HlofuseFunction:
             self._fast = False  # a new signature: the next concrete call decides its options
         xs = [x for x, d in zip(leaves, dyn) if d]
         concrete = getattr(_CALL, "args", None)
+        if concrete is not None and "xla_cache" not in _CALL.__dict__:
+            # this call compiles the new signature next: a second process finds it in jax's
+            # cache however short it was (left when the call returns, in __call__)
+            ctx = module_cache.cache_every_compile()
+            if ctx is not None:
+                ctx.__enter__()
+                _CALL.xla_cache = ctx
         if shardings is None and xs and concrete is not None and not any(
                 isinstance(x, jcore.Tracer) for x in tree_util.tree_leaves(concrete)):
             xs = _on_inner_mesh(program, xs)   # a top-level call with uncommitted inputs
@@ -409,6 +416,9 @@ class HlofuseFunction:
             return self._tuned_call(args, kwargs)
         finally:
             _CALL.args = None
+            ctx = _CALL.__dict__.pop("xla_cache", None)
+            if ctx is not None:
+                ctx.__exit__(None, None, None)
 
     def _tuned_call(self, args, kwargs, done=None):
         """A call while some signature's options are undecided or not XLA's defaults.

@@ -118,7 +118,12 @@ class Report:
 
     @property
     def pass_seconds(self) -> dict[str, float]:
-        return {p.name: p.seconds for p in self.passes if not p.disabled}
+        """Seconds per pass name, summed over its runs (a pipeline may run a pass twice)."""
+        out: dict[str, float] = {}
+        for p in self.passes:
+            if not p.disabled:
+                out[p.name] = out.get(p.name, 0.0) + p.seconds
+        return out
 
     def to_dict(self) -> dict:
         return {

@@ -215,6 +215,24 @@ def _broadcast(op):
     return None
 
 
+def _broadcast_unit_dims(op):
+    # a broadcast that only inserts size-1 dims (in order) keeps the element order: it is a
+    # reshape (vmapped Equinox convolutions add a unit dim this way and reshape it away, which
+    # hid the pair from reshape(reshape(x)) -> x and left layout copies between convolutions)
+    x = op.operands[0]
+    t, r = gu.info(x), gu.info(op.results[0])
+    if t is None or r is None or len(r.shape) == len(t.shape):
+        return None
+    users = list(hir.users(op.results[0]))
+    if users and all(u.name == "stablehlo.broadcast_in_dim" for u in users):
+        return None       # B(B(x)) -> B(x) absorbs it (per-channel parameters [C] -> [1, C] -> [N, C])
+    dims = gu.i64_array(op, "broadcast_dimensions")
+    if dims != sorted(dims) or any(t.shape[i] != r.shape[d] for i, d in enumerate(dims)) or \
+            any(r.shape[d] != 1 for d in range(len(r.shape)) if d not in dims):
+        return None
+    return gu.create("stablehlo.reshape", [x], [op.results[0].type], before=op).results[0]
+
+
 # Widening conversions that represent every value of the source exactly.
 _FLOAT_BITS = {"f16": (11, 5), "bf16": (8, 8), "f32": (24, 8), "f64": (53, 11)}
 _INT_BITS = {"i1": (1, False), "i8": (8, True), "i16": (16, True), "i32": (32, True),
@@ -327,6 +345,8 @@ PATTERNS: list[Pattern] = [
             "transpose moving only size-1 dims -> reshape (e.g. [1,S,D] -> [S,1,D])"),
     Pattern("reshape", S + "reshape", _reshape, "no-op reshape -> x; reshape(reshape(x)) -> reshape(x)"),
     Pattern("broadcast", S + "broadcast_in_dim", _broadcast, "no-op broadcast -> x; B(B(x)) -> B(x)"),
+    Pattern("broadcast-unit-dims", S + "broadcast_in_dim", _broadcast_unit_dims,
+            "broadcast inserting only size-1 dims -> reshape (e.g. [B,C,H,W] -> [B,1,C,H,W])"),
     Pattern("convert", S + "convert", _convert, "no-op convert -> x; exact widening chain -> one convert"),
     Pattern("select", S + "select", _select, "select(const p, a, b) -> a|b; select(p, x, x) -> x"),
     Pattern("slice-noop", S + "slice", _slice, "full slice -> x"),

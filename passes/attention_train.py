@@ -446,7 +446,9 @@ def _absorb_group_sums(att, bset: set, dots: set) -> None:
                     hir.value_key(u.operands[0]) == hir.value_key(v):
                 red = [int(x) for x in ir.DenseI64ArrayAttr(u.attributes["dimensions"])]
                 init = hir.defining_op(u.operands[1])
-                if [_shape(v)[i] for i in red] == [groups] and init is not None and \
+                # (unit dims may be reduced with the group: jax folds B=1 into the sum)
+                if [_shape(v)[i] for i in red if _shape(v)[i] != 1] == [groups] and \
+                        init is not None and \
                         init.name == "stablehlo.constant" and splat_scalar(init) == 0:
                     bset.update(chain + [u])
             break
@@ -493,9 +495,12 @@ def _absorb_tree(op, bset: set, root_numel: int | None = None) -> None:
 
 
 def _p_index(att) -> int:
-    """Which P·V operand is P (the one in the forward's softmax ops)."""
+    """Which P·V operand is P (the one in the forward's softmax ops). GQA with the repeat
+    inside: the repeated V is made by members too (the repeat's ops), so those do not count;
+    jnp.einsum may put V first."""
     p0 = hir.defining_op(att.pv.operands[0])
-    return 0 if p0 is not None and p0 in set(att.members) else 1
+    softmax_ops = set(att.members) - set(getattr(att, "repeat_ops", []))
+    return 0 if p0 is not None and p0 in softmax_ops else 1
 
 
 def _perms(a_shape, b_shape):

@@ -125,6 +125,92 @@ DATA_EMITTERS = {
 }
 
 
+def _kind(x) -> str:
+    return np.asarray(x).dtype.kind
+
+
+def _ints(*xs) -> bool:
+    """Every value an integer (signed or unsigned) array: numpy wraps like XLA does."""
+    return all(_kind(x) in "iu" for x in xs)
+
+
+def _int_or_bool(*xs) -> bool:
+    return all(_kind(x) in "iub" for x in xs)
+
+
+def _compare_np(op, a, b):
+    from hlofuse.ops import _attr_enum
+    ctype = _attr_enum(op, "compare_type")
+    signed = np.asarray(a).dtype.kind == "i"
+    if not _int_or_bool(a, b) or ctype not in (None, "SIGNED" if signed else "UNSIGNED"):
+        return None
+    fn = {"EQ": np.equal, "NE": np.not_equal, "LT": np.less, "LE": np.less_equal,
+          "GT": np.greater, "GE": np.greater_equal}.get(_attr_enum(op, "comparison_direction"))
+    return None if fn is None else fn(a, b)
+
+
+def _convert_np(op, x):
+    from hlofuse.ops import element_dtype
+    to = np.dtype(element_dtype(op.results[0].type))
+    x = np.asarray(x)
+    if x.dtype.kind not in "iub":
+        return None
+    if to.kind in "iub":
+        return x.astype(to)   # two's complement wrap-around / != 0, as XLA converts
+    if to in (np.float32, np.float64) and x.dtype.itemsize <= 4:
+        return x.astype(to)   # one round-to-nearest-even step (exact for f64), as XLA's
+    return None
+
+
+def _select_np(op, p, a, b):
+    if np.asarray(p).dtype != np.bool_ or np.asarray(a).dtype != np.asarray(b).dtype:
+        return None
+    return np.where(p, a, b)   # picks elements bit for bit, whatever their dtype
+
+
+def _int_op(fn, allow_bool=False):
+    def emit(op, *xs):
+        ok = _int_or_bool(*xs) if allow_bool else _ints(*xs)
+        return fn(*xs) if ok else None
+    return emit
+
+
+# Integer and boolean arithmetic is exact, and numpy computes it as XLA does (two's complement
+# wrap-around, no flushing, no approximation), so it needs no per-op XLA compilation (each one
+# costs ~10-50 ms of a first call: causal masks are iota/add/compare/select on integers).
+# An emitter returns None where its operands are outside that exact domain (floats); the op then
+# goes through its jax emitter. Not here: integer divide/remainder (XLA truncates, numpy floors)
+# and shifts (numpy leaves shifts by the bit width or more undefined).
+EXACT_EMITTERS = {
+    "stablehlo.add": _int_op(np.add),
+    "stablehlo.subtract": _int_op(np.subtract),
+    "stablehlo.multiply": _int_op(np.multiply),
+    "stablehlo.negate": _int_op(np.negative),
+    "stablehlo.abs": _int_op(np.abs),
+    "stablehlo.sign": _int_op(np.sign),
+    "stablehlo.maximum": _int_op(np.maximum, allow_bool=True),
+    "stablehlo.minimum": _int_op(np.minimum, allow_bool=True),
+    "stablehlo.clamp": _int_op(lambda lo, x, hi: np.minimum(np.maximum(x, lo), hi), allow_bool=True),
+    "stablehlo.and": _int_op(np.bitwise_and, allow_bool=True),
+    "stablehlo.or": _int_op(np.bitwise_or, allow_bool=True),
+    "stablehlo.xor": _int_op(np.bitwise_xor, allow_bool=True),
+    "stablehlo.not": _int_op(np.invert, allow_bool=True),
+    "stablehlo.compare": _compare_np,
+    "stablehlo.convert": _convert_np,
+    "stablehlo.select": _select_np,
+}
+
+
+def _exact(op, args: list) -> np.ndarray | None:
+    """``op`` on ``args`` with numpy when :data:`EXACT_EMITTERS` covers it exactly, else None."""
+    emit = EXACT_EMITTERS.get(op.name)
+    if emit is None:
+        return None
+    with np.errstate(over="ignore"):
+        out = emit(op, *[np.asarray(a) for a in args])
+    return None if out is None else np.asarray(out)
+
+
 def foldable(op) -> bool:
     """Is ``op`` of a kind this pass evaluates (no effects, no regions, static shapes)?"""
     if len(op.regions) or len(op.results) != 1:
@@ -139,6 +225,8 @@ def foldable(op) -> bool:
 def _evaluate(op, args: list) -> np.ndarray:
     if op.name in DATA_EMITTERS:
         out = np.asarray(DATA_EMITTERS[op.name](op, *[np.asarray(a) for a in args]))
+    elif (out := _exact(op, args)) is not None:
+        pass
     else:
         import jax
         with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):
@@ -192,8 +280,12 @@ def _subnormal_risk(op, args: list) -> bool:
     Such ops are left for XLA to fold (found by tests/test_fuzz.py: sign(-1e-40) folded to -0)."""
     if op.name in DATA_EMITTERS:
         return False  # numpy moves data bit-exactly
+    if op.name in EXACT_EMITTERS and _int_or_bool(*args):
+        return False  # integer/boolean operands: no float value can be subnormal
     if any(_has_subnormal(a) for a in args):
         return True
+    if op.name == "stablehlo.select":
+        return False  # it picks operand elements, none of which is subnormal
     t = gu.info(op.results[0])
     out_dt = hir.np_dtype(t.dtype)
     if out_dt.kind != "f" and out_dt.name != "bfloat16":

@@ -24,7 +24,12 @@ feeds it (QKᵀ). Every dim of every value in between gets a *label* (a batch di
 dim, the key dim, or none for unit dims) so layouts, transposes and broadcasts are understood
 structurally, never by op order or names. Side values (masks, biases, iotas) are pulled into the
 region while they are cheap generators used only inside it, so the region's inputs are the
-small pre-broadcast tensors, never a materialized ``[B, H, Sq, Sk]`` mask.
+small pre-broadcast tensors, never a materialized ``[B, H, Sq, Sk]`` mask. A side value read in
+several layouts (a ``[B, S]`` padding mask broadcast along the query rows and along the key,
+``mask[:, None, :, None] * mask[:, None, None, :]``) is a region input once per layout (the call
+passes it twice). A cheap side chain shared with other code (one mask broadcast for every
+layer, as CSE leaves it) is copied into each region that reads it, when its leaves are no more
+bytes than its result (statistic ``side_chains_rematerialized``).
 
 Training steps (``hlofuse.jit(jax.value_and_grad(loss))``; cpu loops, Triton, Mosaic): when the forward is refused
 only because the backward ``jax.grad`` built reads its intermediates, forward and backward are
@@ -68,6 +73,7 @@ from hlofuse.ops import EmitError, OpClass, rule_for, splat_scalar
 from hlofuse.pipeline import Pass, register_pass
 from hlofuse.kernels.attention import (SPEC_ATTR, AttentionSpec, LogitStep, Repeat, Splat,
                                        mask_select)
+from hlofuse.kernels.support import is_splat_constant
 from hlofuse.passes.fusion.commit import LeftToXla, record_region
 from hlofuse.passes.fusion.outline import outline_region, program_blocks, region_boundary
 
@@ -265,6 +271,9 @@ class Attention:
     precision: tuple                 # (QKᵀ precision, P·V precision)
     softmax: object = None           # the _Softmax ops (set by _analyze)
     repeat_ops: list = dataclasses.field(default_factory=list)   # GQA: the K/V repeat's ops
+    # side values read in a second layout: [(value, dims, [(op, operand)])], given values of
+    # their own by apply_layout_copies before region_spec
+    layout_copies: list = dataclasses.field(default_factory=list)
 
     def label_sizes(self) -> dict:
         s = dict(self.sizes)
@@ -492,8 +501,9 @@ def _analyze(pv, p_idx: int, index: dict | None, relaxed: bool = False,
     if gqa:
         _match_gqa(ops, relaxed)
     members = set(main_ops) | {qk, pv} | sm.ops | set(ops.repeat_ops)
-    side_inputs = _take_side_values(members, side_reqs, sizes, cx)
+    side_inputs, copies = _take_side_values(members, side_reqs, sizes, cx)
     att = _close_region(pv, qk, p_idx, sm, ops, members, sizes, side_inputs, cx, relaxed)
+    att.layout_copies = copies
     att.softmax = sm
     att.repeat_ops = list(ops.repeat_ops)
     return att
@@ -632,7 +642,7 @@ def _main_chain(qk, visited_ops, x_val, cx: "_Ctx"):
         cx.set_dims(op.results[0], out)
         for j, a in enumerate(op.operands):
             if hir.value_key(a) not in main_vals:
-                side_reqs.append((a, bwd_dims(op, out, j), op))
+                side_reqs.append((a, bwd_dims(op, out, j), op, j))
     return main_ops, side_reqs
 
 
@@ -749,22 +759,28 @@ def _match_gqa(ops: _Operands, relaxed: bool = False) -> None:
             return
 
 
-def _take_side_values(members: set, side_reqs: list, sizes: dict, cx: "_Ctx") -> list:
+def _take_side_values(members: set, side_reqs: list, sizes: dict, cx: "_Ctx") -> tuple:
     """7: pull cheap generators (iotas, constants, broadcasts, elementwise ops used only inside)
     into ``members``, latest first; what stays outside is a region input. Returns the side
-    inputs ``[(value, dims)]``."""
+    inputs ``[(value, dims)]`` and the layout copies ``[(value, dims, uses)]``.
+
+    A value the chain reads in several layouts (a ``[B, S]`` padding mask broadcast along the
+    query rows and along the key, as ``mask[:, None, :, None] * mask[:, None, None, :]`` makes
+    it) stays outside and is a region input once per layout: the first layout is a side input,
+    each other one a *layout copy*, its uses (``(op, operand index)``) read by a function
+    argument of its own (:func:`apply_layout_copies`), so every argument has one layout."""
     reqs: dict = {}
     heap, tick = [], itertools.count()
 
-    def require(v, dims):
+    def require(v, dims, user, j):
         k = hir.value_key(v)
-        reqs.setdefault(k, (v, []))[1].append(tuple(dims))
+        reqs.setdefault(k, (v, []))[1].append((tuple(dims), user, j))
         p = hir.defining_op(v)
         if p is not None and _same_block(p, cx.block) and p not in members:
             heapq.heappush(heap, (-cx.index[p], next(tick), p))
 
-    for v, dims, _ in side_reqs:
-        require(v, dims)
+    for v, dims, user, j in side_reqs:
+        require(v, dims, user, j)
     done = set()
     while heap:
         _, _, p = heapq.heappop(heap)
@@ -773,31 +789,81 @@ def _take_side_values(members: set, side_reqs: list, sizes: dict, cx: "_Ctx") ->
         done.add(p)
         r = p.results[0] if len(p.results) == 1 else None
         ok = (r is not None and not len(p.regions) and _side_op_ok(p)
-              and all(u in members for u in _users(r)))
+              and all(u in members for u in _users(r))
+              and len(_layouts(reqs[hir.value_key(r)][1])) == 1)
         if not ok:
             continue  # its result stays a region input
-        dims = _merge(reqs[hir.value_key(r)][1])
+        dims = _layouts(reqs[hir.value_key(r)][1])[0]
         members.add(p)
         cx.set_dims(r, dims)
         for j, a in enumerate(p.operands):
-            require(a, bwd_dims(p, dims, j))
-    side_inputs = []
+            require(a, bwd_dims(p, dims, j), p, j)
+    side_inputs, copies = [], []
     for k, (v, dl) in reqs.items():
         p = hir.defining_op(v)
-        dims = _merge(dl)
+        layouts = _layouts(dl)
         if p is None or p not in members:
             if p is not None and p.name == "stablehlo.constant" and _splat(v) is not None:
-                cx.set_dims(v, dims)   # splat constants are cloned into the region
-                continue
-            cx.set_dims(v, dims)
-            side_inputs.append((v, dims))
+                continue   # splat constants are cloned into the region, in any layout
+            cx.set_dims(v, layouts[0])
+            side_inputs.append((v, layouts[0]))
+            for dims in layouts[1:]:
+                copies.append((v, dims, [(u, j) for d, u, j in dl if d == dims]))
     # every side input's labels must be known logits labels
-    for v, dims in side_inputs + [(op.results[0], cx.dims[hir.value_key(op.results[0])]) for op in members
-                                  if op.name == "stablehlo.constant"]:
+    for v, dims in side_inputs + [(v, d) for v, d, _ in copies] + [
+            (op.results[0], cx.dims[hir.value_key(op.results[0])]) for op in members
+            if op.name == "stablehlo.constant"]:
         for d, n in zip(dims, shape_of(v)):
             if d is not None and sizes.get(d) != n:
                 raise NoMatch("side input does not line up with the logits")
-    return side_inputs
+    return side_inputs, copies
+
+
+def _layouts(reqs: list) -> list:
+    """The distinct layouts of a value's requirements ``[(dims, user, operand)]``, first use
+    first."""
+    return list(dict.fromkeys(d for d, _, _ in reqs))
+
+
+def apply_layout_copies(att: "Attention") -> list:
+    """Give each extra layout of a side value (:attr:`Attention.layout_copies`) a value of its
+    own before the region is outlined: an identity ``reshape`` of it, placed before its first
+    use, read by that layout's uses; the copy becomes a side input with that layout, so the
+    region function takes the value once per layout. Returns the copy ops, for
+    :func:`drop_layout_copies` once the region is outlined (or the match given up)."""
+    if not att.layout_copies:
+        return []
+    # an operation's hash changes with its operands: value keys are taken again afterwards
+    dims_by_value = [(_value_of(k), d) for k, d in att.dims.items()]
+    s_val, x_val = _value_of(att.s_key), _value_of(att.x_key)
+    made = []
+    for v, dims, uses in att.layout_copies:
+        first = min((u for u, _ in uses), key=lambda o: att.members.index(o))
+        with first.location, ir.InsertionPoint(first):
+            cp = stablehlo.ReshapeOp(v.type, v).operation
+        for u, j in uses:
+            u.operands[j] = cp.results[0]
+        att.side_inputs.append((cp.results[0], tuple(dims)))
+        dims_by_value.append((cp.results[0], tuple(dims)))
+        made.append(cp)
+    att.dims = {hir.value_key(v): d for v, d in dims_by_value}
+    att.s_key, att.x_key = hir.value_key(s_val), hir.value_key(x_val)
+    att.layout_copies = []
+    return made
+
+
+def _value_of(key) -> ir.Value:
+    """The value a :func:`hlofuse.ir.value_key` names."""
+    kind, owner, i = key
+    return owner.arguments[i] if kind == "arg" else owner.results[i]
+
+
+def drop_layout_copies(copies: list) -> None:
+    """Replace each identity copy of :func:`apply_layout_copies` by its source again (after
+    outlining only the call reads it: the call then passes the same value twice)."""
+    for cp in copies:
+        cp.results[0].replace_all_uses_with(cp.operands[0])
+        hir.safe_erase(cp)
 
 
 def _close_region(pv, qk, p_idx: int, sm: _Softmax, ops: _Operands, members: set, sizes: dict,
@@ -843,15 +909,6 @@ def _side_op_ok(op) -> bool:
     return rule.cls is OpClass.ELEMENTWISE and rule.emit is not None
 
 
-def _merge(dl: list) -> tuple:
-    first = dl[0]
-    for d in dl[1:]:
-        if d != first:
-            raise NoMatch(f"side value used with conflicting layouts {first} vs {d}")
-    return first
-
-
-
 def find_attention(block, refused: list | None = None) -> list[Attention]:
     """Every non-overlapping attention match in ``block``, program order of the P·V products.
 
@@ -884,7 +941,12 @@ def find_attention(block, refused: list | None = None) -> list[Attention]:
 def region_spec(att: Attention, boundary) -> AttentionSpec:
     """The match as an :class:`AttentionSpec`, values named by their position in the function
     ``outline_region`` makes of it: arguments are ``boundary.inputs``; the body is
-    ``boundary.constants`` (cloned splats), then ``att.members``, in order."""
+    ``boundary.constants`` (cloned splats), then ``att.members``, in order. Side values read in
+    several layouts need their copies first (:func:`apply_layout_copies`)."""
+    if att.layout_copies:
+        v, dims, _ = att.layout_copies[0]
+        first = next(d for w, d in att.side_inputs if hir.value_key(w) == hir.value_key(v))
+        raise NoMatch(f"side value used with conflicting layouts {first} vs {tuple(dims)}")
     pos = {hir.value_key(v): ("arg", i) for i, v in enumerate(boundary.inputs)}
     body = list(boundary.constants) + list(att.members)
     for j, op in enumerate(body):
@@ -1013,6 +1075,75 @@ def _rewrite_row_multiplier(dot, pi, mul, mi, bc, pc, pb, pf) -> bool:
     return True
 
 
+# Rounds of rematerializing shared side chains (each round takes one more region's copies).
+MAX_REMAT_ROUNDS = 8
+
+
+def _rematerialize_shared_sides(att: "Attention", block) -> int:
+    """Side inputs that are cheap side chains shared with other code (a padding mask broadcast
+    to ``[B, H, S, S]`` once and read by every layer's attention, as CSE leaves it): give this
+    region its own copy of the chain, so its inputs are the chain's small leaves (the ``[B, S]``
+    mask) instead of the materialized result. Only when the leaves are no more bytes than the
+    value they replace. Exact: the same ops on the
+    same values. Dense constants (a folded causal mask shared by every layer) are copied too:
+    the kernel reads them statically. The originals stay for their other users (dead ones are
+    removed later).
+    Returns the number of side inputs rematerialized."""
+    members = set(att.members)
+    n = 0
+    for v, _ in list(att.side_inputs):
+        p = hir.defining_op(v)
+        if p is None or not _remat_op_ok(p, block):
+            continue
+        tree, leaves, stack, seen = [], {}, [p], set()
+        while stack:
+            op = stack.pop()
+            if op in seen:
+                continue
+            seen.add(op)
+            tree.append(op)
+            for a in op.operands:
+                q = hir.defining_op(a)
+                if q is not None and is_splat_constant(q):
+                    continue
+                if q is not None and _remat_op_ok(q, block):
+                    stack.append(q)
+                else:
+                    leaves[hir.value_key(a)] = a
+        info = hir.tensor_type_info(v.type)
+        leaf_bytes = sum(hir.tensor_type_info(a.type).nbytes for a in leaves.values())
+        if info is None or leaf_bytes > info.nbytes:
+            continue
+        users = [(hir.as_op(u.owner), u.operand_number) for u in v.uses
+                 if hir.as_op(u.owner) in members]
+        if not users:
+            continue
+        index = block_index(block)
+        first = min((u for u, _ in users), key=lambda o: index[o])
+        mapping = {}
+        with ir.InsertionPoint(first):
+            for op in sorted(tree, key=lambda o: index[o]):
+                new = op.clone()
+                for j, a in enumerate(op.operands):
+                    k = hir.value_key(a)
+                    if k in mapping:
+                        new.operands[j] = mapping[k]
+                mapping[hir.value_key(op.results[0])] = new.results[0]
+        for u, j in users:
+            u.operands[j] = mapping[hir.value_key(v)]
+        n += 1
+    return n
+
+
+def _remat_op_ok(op, block) -> bool:
+    """A cheap side op that may be copied into a region: a layout op, an elementwise op or a
+    dense constant (up to :data:`MAX_CONST_BYTES`: a folded causal mask, which the kernel then
+    reads statically and skips masked blocks by), one result, in ``block``."""
+    if not _same_block(op, block) or len(op.results) != 1 or len(op.regions):
+        return False
+    return _side_op_ok(op)
+
+
 def _unshare_generators(block) -> int:
     """Give each user of a shared iota / splat broadcast its own copy (CSE merged them).
 
@@ -1045,7 +1176,7 @@ class FuseAttention(Pass):
     name = "fuse-attention"
 
     def run(self, module, ctx):
-        n = n_train = moved = 0
+        n = n_train = moved = remat = 0
         left = LeftToXla(self.name)
         for block in program_blocks(module):
             ops = hir.block_ops(block)
@@ -1061,10 +1192,21 @@ class FuseAttention(Pass):
             # every match as data first: outlining one replaces values the next may read
             matches, refused = [], []
             found = find_attention(block, refused)
+            for _ in range(MAX_REMAT_ROUNDS):
+                with module.context:
+                    n_remat = sum([_rematerialize_shared_sides(att, block) for att in found])
+                if not n_remat:
+                    break
+                remat += n_remat
+                refused = []
+                found = find_attention(block, refused)
             for att in found:
+                with module.context:
+                    copies = apply_layout_copies(att)
                 try:
-                    matches.append((att, region_spec(att, region_boundary(att.members))))
+                    matches.append((att, region_spec(att, region_boundary(att.members)), copies))
                 except NoMatch as e:
+                    drop_layout_copies(copies)
                     refused.append((att.members[-1], str(e)))
             trains, refused = _training_matches(block, refused, found, module, ctx.target)
             for op, reason in refused:
@@ -1072,7 +1214,7 @@ class FuseAttention(Pass):
             if not found and not refused and not trains:
                 left.add(WHAT, next(o for o in ops if o.name == "stablehlo.dot_general"),
                          NO_SOFTMAX_DOT)
-            for att, spec in matches:
+            for att, spec, copies in matches:
                 boundary = region_boundary(att.members)
                 region = record_region(
                     ctx, KIND, att.members, boundary, layout=_layout_str(spec),
@@ -1082,13 +1224,15 @@ class FuseAttention(Pass):
                                           region_id=region.id, kind=KIND)
                 with module.context:
                     fn.operation.attributes[SPEC_ATTR] = ir.StringAttr.get(spec.to_attr())
+                drop_layout_copies(copies)
                 n += 1
             for tr in trains:
                 _commit_training(module, ctx, tr)
                 n_train += 1
         left.flush(ctx)
         return {"attention_regions": n, "attention_training": n_train,
-                "row_multipliers_moved": moved, **left.stats()}
+                "row_multipliers_moved": moved, "side_chains_rematerialized": remat,
+                **left.stats()}
 
 
 # Reasons a forward match refuses only because a backward reads its intermediates.

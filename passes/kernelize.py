@@ -42,24 +42,33 @@ KERNEL_INFO_ATTR = "hlofuse.kernel"   # on a kernel's entry function: "kind|regi
 _CACHE_LOCK = threading.Lock()
 
 
-def region_hash(fn_op, kind: str, target: Target) -> str:
+def body_text(fn_op) -> str:
+    """An outlined function's body ops, printed without source locations (what
+    :func:`region_hash` and :func:`lower_region` key on; printing is a visible part of a first
+    call, so kernelize prints each body once for both)."""
+    return "\n".join(hir.op_text(op_) for op_ in fn_op.regions[0].blocks[0].operations)
+
+
+def region_hash(fn_op, kind: str, target: Target, body: str | None = None) -> str:
     """Identity of a region for measured decisions (``region.extra['region_hash']``): its
     kind, the target (kind and chip) and its outlined function's type and body without source
-    locations, so the same region in another module or process has the same hash."""
+    locations, so the same region in another module or process has the same hash.
+    ``body``: :func:`body_text` of ``fn_op`` when the caller has it."""
     target = Target.of(target)
-    body = "\n".join(hir.op_text(op_) for op_ in fn_op.regions[0].blocks[0].operations)
+    body = body_text(fn_op) if body is None else body
     sig = str(fn_op.attributes["function_type"])
     text = f"{kind}|{target.kind}|{target.chip_name}|{sig}|{body}"
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def lower_region(fn_op, kind: str, target: Target) -> tuple[str, str, str]:
-    """(kernel module text, kernel name, block description), cached by region body + target."""
+def lower_region(fn_op, kind: str, target: Target, body: str | None = None) -> tuple[str, str, str]:
+    """(kernel module text, kernel name, block description), cached by region body + target.
+    ``body``: :func:`body_text` of ``fn_op`` when the caller has it."""
     target = Target.of(target)
     family = FAMILIES.get(kind)
     if family is None:
         raise NotImplementedError(f"no kernel family for region kind '{kind}'")
-    body = "\n".join(hir.op_text(op_) for op_ in fn_op.regions[0].blocks[0].operations)
+    body = body_text(fn_op) if body is None else body
     sig = str(fn_op.attributes["function_type"])
     # tiles are per chip: the key holds the target's chip
     key = (target.kind, target.chip_name, kind, hashlib.sha1((sig + body).encode()).hexdigest())
@@ -156,7 +165,8 @@ class Kernelize(Pass):
                 region.reason = "kernels disabled by option"
                 leave_to_xla(fn_op, region.reason)
                 continue
-            original = fn_op.operation.get_asm(enable_debug_info=True)
+            # (every pass's output verified: printing need not verify the function again)
+            original = fn_op.operation.get_asm(enable_debug_info=True, assume_verified=True)
             per_shard = None
             manual = _enclosing_manual(call)
             if manual is not None and not manual[1]:
@@ -174,13 +184,14 @@ class Kernelize(Pass):
                     leave_to_xla(fn_op, region.reason)
                     n_not_local += 1
                     continue
-            region.extra["region_hash"] = region_hash(fn_op, kind, ctx.target)
+            body = body_text(fn_op)
+            region.extra["region_hash"] = region_hash(fn_op, kind, ctx.target, body)
             try:
                 if per_shard is not None:
                     local_mod = per_shard[0]
                     text, kname, blocks = lower_region(hir.funcs(local_mod)[0], kind, ctx.target)
                 else:
-                    text, kname, blocks = lower_region(fn_op, kind, ctx.target)
+                    text, kname, blocks = lower_region(fn_op, kind, ctx.target, body)
                 kmod = hir.parse(text, module.context, source=f"kernel for region {rid}")
                 # the cleanups later runs apply to the whole module, applied now (idempotence)
                 hir.run_upstream_passes(kmod, "builtin.module(canonicalize,cse,canonicalize)")

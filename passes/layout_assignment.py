@@ -226,8 +226,13 @@ class _Layout:
             elif d is not None and d.name == "stablehlo.broadcast_in_dim":
                 dims = [p[k] for k in gu.i64_array(d, "broadcast_dimensions")]
                 src = d.operands[0]
+                keep = [k for k, n in enumerate(gu.info(src).shape) if n != 1]
                 if dims == sorted(dims):
                     plan.append(("bcast", src, dims))
+                elif [dims[k] for k in keep] == sorted(dims[k] for k in keep):
+                    # unit dims out of order ([1, C, 1, 1] per-channel BatchNorm parameters of
+                    # an NCHW program): a reshape drops them, the rest keeps its order
+                    plan.append(("bcast_squeezed", src, [dims[k] for k in keep]))
                 elif gu.constant_array(src) is not None:
                     order = list(np.argsort(dims))
                     plan.append(("bcast_const", np.transpose(gu.constant_array(src), order),
@@ -257,6 +262,12 @@ class _Layout:
                 new = gu.make_constant(step[1], gu.tensor_type(pre_shape, et), before=e)
             elif kind == "bcast":
                 new = gu.make_broadcast(step[1], step[2], gu.tensor_type(pre_shape, et), before=e)
+            elif kind == "bcast_squeezed":
+                src, dims = step[1], step[2]
+                sq = gu.create("stablehlo.reshape", [src], [gu.tensor_type(
+                    [n for n in gu.info(src).shape if n != 1], gu.element_type(src))],
+                    before=e).results[0]
+                new = gu.make_broadcast(sq, dims, gu.tensor_type(pre_shape, et), before=e)
             elif kind == "bcast_const":
                 arr, dims, sel = step[1], step[2], step[3]
                 c = gu.make_constant(arr, gu.tensor_type(arr.shape, sel), before=e)

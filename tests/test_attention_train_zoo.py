@@ -88,3 +88,19 @@ def test_attention_module_training_step_gets_flash_forward_and_backward(lib, cau
     (val, grads), (val0, grads0) = g(*args), jax.jit(step)(*args)
     assert_same(grads, grads0, "grad")
     assert_same(val, val0, "grad")
+
+
+def test_llama_training_step_gets_both_kernels_per_layer():
+    """The zoo's Llama training step (nnx, GQA through jax.nn.dot_product_attention, RoPE,
+    causal; next-token CE and optax.adamw): every layer's attention gets the flash forward
+    and backward, and the step matches jax.jit's."""
+    from bench.zoo import flax_zoo
+    m = zoo.get("nnx_llama_train")
+    fn, args = flax_zoo.nnx_llama_train(dict(m.small, layers=2), 0)     # two layers
+    g = hlofuse.jit(fn, autotune=False)
+    report = g.report(*args)
+    kinds = sorted(r.kind for r in report.regions
+                   if r.kind in ("attention_fwd_lse", "attention_bwd") and r.kernel)
+    assert kinds == ["attention_bwd"] * 2 + ["attention_fwd_lse"] * 2, report
+    assert not [n for n in report.notes if n.startswith("fuse-attention:")], report.notes
+    assert_same(g(*args), jax.jit(fn)(*args), m.category)

@@ -270,3 +270,38 @@ def test_disable_env_is_part_of_both_keys(cache_dir, monkeypatch):
     g = hlofuse.jit(_ln, autotune="off")
     assert_same(g(*args), jax.jit(_ln)(*args), category="reassociate")
     assert not g.report(*args).kernels and mc.STATS["hits"] == 0
+
+
+_XLA_CACHE_CHILD = """
+import os, sys
+import numpy as np
+import jax, jax.numpy as jnp
+import hlofuse
+from jax._src import config as jconfig
+d = os.path.join(os.environ["HLOFUSE_CACHE_DIR"], "xla")
+def n():
+    return len(os.listdir(d)) if os.path.isdir(d) else 0
+f = hlofuse.jit(lambda x: jnp.tanh(x) * 2.0 + 1.0, autotune="off")
+f(jnp.ones((4, 8), jnp.float32)).block_until_ready()
+after_call = n()
+restored = jconfig.persistent_cache_min_compile_time_secs.value
+(jnp.arange(7.0) * 3.0).block_until_ready()   # an eager op of the application: not cached
+print(after_call, n(), restored)
+"""
+
+
+def test_hlofuse_compiles_enter_its_own_xla_cache_however_short(tmp_path):
+    """A second process skips XLA's compile of hlofuse's call even when it took less than
+    XLA_MIN_COMPILE_S (warm first calls of small models), while the application's own short
+    compiles stay out of the cache (fresh process: jax's cache configuration is global)."""
+    import subprocess
+    import sys
+    env = dict(os.environ, HLOFUSE_CACHE_DIR=str(tmp_path), HLOFUSE_XLA_CACHE="1",
+               HLOFUSE_MODULE_CACHE="1", JAX_PLATFORMS="cpu")
+    p = subprocess.run([sys.executable, "-c", _XLA_CACHE_CHILD], capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    after_call, after_eager, restored = p.stdout.split()
+    assert int(after_call) >= 1                 # hlofuse's compile is in jax's cache
+    assert int(after_eager) == int(after_call)  # the eager op after it is not
+    assert float(restored) == mc.XLA_MIN_COMPILE_S

@@ -66,6 +66,12 @@ def test_small_model_matches_jax_jit(name):
     # the rewrite fired: fusion regions were formed, each kernelized or left to XLA with a reason
     assert rep.regions, f"{name}: hlofuse formed no fusion region"
     assert all(r.kernel or r.reason for r in rep.regions), name
+    if m.kind in ("encoder", "decoder", "vit"):
+        # every zoo transformer gets its attention kernel (the region that pays on cpu): padding
+        # masks read as query and key masks, causal masks folded to constants included
+        want_kind = "attention" if m.mode == "inference" else "attention_fwd_lse"
+        assert any(r.kind == want_kind for r in rep.kernels), \
+            (name, [(r.kind, r.reason) for r in rep.left_to_xla], rep.notes)
     for x in jax.tree_util.tree_leaves(got):
         assert np.isfinite(np.asarray(x, np.float64)).all(), name
     if m.mode == "train":

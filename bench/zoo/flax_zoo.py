@@ -146,6 +146,28 @@ def nnx_llama(cfg, seed):
     return fn, (state, _ids(rng, (cfg["batch"], cfg["seq"]), cfg["vocab"]))
 
 
+def nnx_llama_train(cfg, seed):
+    """A Llama training step: next-token cross-entropy over every position, optax.adamw.
+    The GQA attention (jax.nn.dot_product_attention) is differentiated through."""
+    rng = np.random.default_rng(seed)
+    graphdef, params = nnx.split(Llama(cfg, rngs=nnx.Rngs(seed)), nnx.Param)
+    tx = optax.adamw(1e-3)
+
+    def step(params, opt_state, ids):
+        def loss_fn(p):
+            m = nnx.merge(graphdef, p)
+            x = m.embed(ids[:, :-1])
+            for layer in m.layers:
+                x = layer(x)
+            logits = m.head(m.norm(x)).astype(jnp.float32)
+            return optax.softmax_cross_entropy_with_integer_labels(logits, ids[:, 1:]).mean()
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return loss, optax.apply_updates(params, updates), opt_state
+
+    return step, (params, tx.init(params), _ids(rng, (cfg["batch"], cfg["seq"] + 1), cfg["vocab"]))
+
+
 # ------------------------------------------------------------------------------------------
 # NNX ViT
 # ------------------------------------------------------------------------------------------
@@ -332,5 +354,5 @@ def linen_resnet_train(cfg, seed):
     return step, (params, v["batch_stats"], tx.init(params), x, y)
 
 
-__all__ = ["nnx_bert", "nnx_llama", "nnx_vit", "nnx_mlp_train", "linen_resnet",
+__all__ = ["nnx_bert", "nnx_llama", "nnx_llama_train", "nnx_vit", "nnx_mlp_train", "linen_resnet",
            "linen_resnet_train", "rope"]

@@ -262,3 +262,15 @@ def enable_xla_cache() -> str | None:
         cc.reset_cache()  # jax decided "no cache" at an earlier compile: decide again
     _xla_cache_set = True
     return path
+
+
+def cache_every_compile():
+    """A context manager under which every XLA compile of this thread is written to jax's
+    persistent cache, whatever it took (``hlofuse.jit`` enters it for the call that traces a
+    new signature, so the second process also skips compiles under
+    :data:`XLA_MIN_COMPILE_S`: a 0.15 s compile is half a small model's first call); None
+    when the cache in use is not hlofuse's own (an application's settings stay untouched)."""
+    if not _xla_cache_set:
+        return None
+    from jax._src import config as jconfig
+    return jconfig.persistent_cache_min_compile_time_secs(0.0)   # this thread only

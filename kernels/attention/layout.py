@@ -14,7 +14,6 @@ from typing import Sequence
 
 import numpy as np
 
-import jax
 import jax.numpy as jnp
 
 from hlofuse.ops import EmitError
@@ -36,9 +35,10 @@ def _split_repeat(x, dims, repeat):
     return x.reshape(shape), dims
 
 
-def to_canonical(x, dims, order: Sequence[str], repeat=None):
-    """Transpose/reshape ``x`` (per-dim labels ``dims``) to ``order``, size 1 where absent."""
-    x, dims = _split_repeat(jnp.asarray(x), dims, repeat)
+def to_canonical(x, dims, order: Sequence[str], repeat=None, xp=jnp):
+    """Transpose/reshape ``x`` (per-dim labels ``dims``) to ``order``, size 1 where absent.
+    ``xp``: the array module (numpy for static constants: no XLA compile)."""
+    x, dims = _split_repeat(xp.asarray(x), dims, repeat)
     keep = [i for i, d in enumerate(dims) if d is not None]
     labs = [dims[i] for i in keep]
     x = x.reshape([x.shape[i] for i in keep])
@@ -46,7 +46,7 @@ def to_canonical(x, dims, order: Sequence[str], repeat=None):
         if lab not in order:
             raise EmitError(f"internal: label {lab} not in the canonical order {order}")
     present = [lab for lab in order if lab in labs]
-    x = jnp.transpose(x, [labs.index(lab) for lab in present])
+    x = xp.transpose(x, [labs.index(lab) for lab in present])
     return x.reshape([x.shape[present.index(lab)] if lab in labs else 1 for lab in order])
 
 
@@ -85,10 +85,10 @@ def canonical_inputs(spec: AttentionSpec, inputs: Sequence) -> tuple:
 
 
 def const_sides(spec: AttentionSpec) -> list:
-    """The region's dense constants, aligned to the logits (numpy, static)."""
-    with jax.ensure_compile_time_eval():
-        return [np.asarray(to_canonical(a, dims, spec.order, spec.repeat))
-                for a, (_, dims) in zip(const_arrays(spec), spec.const_sides)]
+    """The region's dense constants, aligned to the logits (numpy, static: reshapes and
+    transposes move the same bits as jax would, without a compile per op)."""
+    return [np.asarray(to_canonical(np.asarray(a), dims, spec.order, spec.repeat, xp=np))
+            for a, (_, dims) in zip(const_arrays(spec), spec.const_sides)]
 
 
 def pad_to(x, axis: int, to: int):

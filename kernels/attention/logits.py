@@ -63,12 +63,14 @@ def splat_of(spec: AttentionSpec, a) -> float | None:
 
 
 def mask_select(spec: AttentionSpec):
-    """(predicate operand, fill) when x == select(pred, logits, fill) with ``pred`` built from
-    iotas and constants only (no region input, not the logits): causal and other position
-    masks. Iotas over labels other than Sq and the key are rejected when a table is evaluated."""
+    """(predicate operand, fill) when x == select(pred, logits, fill) (through converts and
+    layout ops) with ``pred`` built from iotas and constants only (no region input, not the
+    logits): causal and other position masks. Iotas over labels other than Sq and the key are rejected when a table is evaluated."""
     by_ref = {st.ref: st for st in spec.steps}
     x = by_ref.get(spec.x_ref)
-    while x is not None and x.name == "stablehlo.convert":  # converts keep -inf / huge fills
+    # converts keep -inf / huge fills; layout ops (a transpose of the masked logits, as
+    # jax.nn.dot_product_attention's grouped layout has) are identities in the label view
+    while x is not None and x.name in ("stablehlo.convert",) + _LAYOUT_OPS:
         x = by_ref.get(x.operands[0])
     if x is None or x.name != "stablehlo.select":
         return None

@@ -15,7 +15,6 @@ import math
 import numpy as np
 
 import jax
-import jax.numpy as jnp
 
 from hlofuse.ops import EmitError
 from hlofuse.kernels.attention.layout import const_sides
@@ -59,13 +58,20 @@ def skip_table(spec: AttentionSpec, bq: int, bk: int):
         raise EmitError("position mask depends on another label")
 
     consts = const_sides(spec)
-    with jax.ensure_compile_time_eval():
-        s = jnp.zeros([1] * rank, F32)
-        try:
-            m = eval_logits(spec, s, [None] * len(spec.side_args) + consts, index, upto=pred)
-        except EmitError:
-            return None
-        m = np.broadcast_to(np.asarray(m), [1] * (rank - 2) + [sq, sk]).reshape(sq, sk)
+
+    def predicate(s):
+        return eval_logits(spec, s, [None] * len(spec.side_args) + consts, index, upto=pred)
+    # one jitted evaluation (one XLA compile of a first call), not one eager compile per op;
+    # position-only predicates are integer/boolean ops, exact however XLA fuses them
+    try:
+        m = np.asarray(jax.jit(predicate)(np.zeros([1] * rank, F32)))
+    except EmitError:
+        return None
+    m = m.reshape((1,) * (rank - m.ndim) + m.shape)
+    m = np.broadcast_to(m, m.shape[:-2] + (sq, sk)).reshape(-1, sq, sk)
+    if not (m == m[:1]).all():
+        return None    # a dense constant that differs between heads/batches: no one table
+    m = m[0]
     if fill != -math.inf and not m.any(axis=1).all():
         return None    # a fully masked row must see every key's fill (uniform weights)
     nq, nk = -(-sq // bq), -(-sk // bk)

@@ -135,6 +135,7 @@ class BlockGraph:
         self.ops = list(ops)
         self.index = {op: i for i, op in enumerate(self.ops)}
         self._users: dict = {}
+        self._preds: dict = {}
 
     def users(self, op) -> list:
         cached = self._users.get(op)
@@ -175,6 +176,51 @@ class BlockGraph:
                     stack.append(u)
         return True
 
+    def preds(self, op) -> list:
+        """The block ops ``op`` is a user of (:meth:`users` reversed): producers of its
+        operands and of values read inside its regions."""
+        cached = self._preds.get(op)
+        if cached is not None:
+            return cached
+        inner = []
+        if len(op.regions):
+            hir.walk(op, inner.append)
+        out = []
+        for o in inner or [op]:
+            for v in o.operands:
+                p = hir.defining_op(v)
+                if p is not None and p != op and p in self.index and p not in out:
+                    out.append(p)
+        self._preds[op] = out
+        return out
+
+    def stays_convex(self, members, c, bounds: tuple[int, int] | None = None) -> bool:
+        """``is_convex(members | {c})`` for a convex ``members`` (growing a region one op at a
+        time): only paths through ``c`` can newly leave and re-enter, so only ``c``'s
+        neighbourhood is searched (not every member's users again): no path
+        ``c -> outside.. -> member`` (forwards) and no ``member -> outside.. -> c``
+        (backwards, over :meth:`preds`). ``bounds``: the members' (lowest, highest) index
+        when the caller keeps them."""
+        mset = members if isinstance(members, (set, frozenset)) else set(members)
+        index = self.index
+        lo, hi = bounds if bounds is not None else (min(index[m] for m in mset),
+                                                    max(index[m] for m in mset))
+        last, first = max(index[c], hi), min(index[c], lo)
+        for step, bound_ok in ((self.users, lambda i: i < last), (self.preds, lambda i: i > first)):
+            stack = [u for u in step(c) if u not in mset and bound_ok(index[u])]
+            seen: set = set()
+            while stack:
+                op = stack.pop()
+                if op in seen:
+                    continue
+                seen.add(op)
+                for u in step(op):
+                    if u in mset:
+                        return False
+                    if u != c and u not in seen and bound_ok(index[u]):
+                        stack.append(u)
+        return True
+
     def outside_users(self, op, members) -> list:
         mset = set(members)
         return [u for u in self.users(op) if u not in mset]
@@ -195,6 +241,7 @@ def grow_region(graph: BlockGraph, anchor, admit: Callable, *, claimed=frozenset
       (members in program order, {op: reason} for neighbours that were refused).
     """
     members = {anchor}
+    bounds = (graph.index[anchor], graph.index[anchor])   # lowest and highest member index
     refused: dict = {}
     changed = True
     while changed and len(members) < max_ops:
@@ -205,13 +252,14 @@ def grow_region(graph: BlockGraph, anchor, admit: Callable, *, claimed=frozenset
                 if c in members or c in claimed:
                     continue
                 reason = admit(c, members, direction)
-                if reason is None and not graph.is_convex(members | {c}):
+                if reason is None and not graph.stays_convex(members, c, bounds):
                     reason = "joining would create a cycle (a path leaves the region and re-enters it)"
                 if reason is not None:
                     refused[c] = reason
                     continue
                 refused.pop(c, None)
                 members.add(c)
+                bounds = (min(bounds[0], graph.index[c]), max(bounds[1], graph.index[c]))
                 if on_admit is not None:
                     on_admit(c)
                 changed = True

@@ -122,6 +122,44 @@ def test_causal_skip_table():
     np.testing.assert_array_equal(hi, [1, 2, 3, 4, 5])
 
 
+def test_folded_mask_builds_its_skip_table_in_one_compile():
+    """A causal mask constant-fold made a dense constant: aligning it to the logits is numpy
+    (the same bits as the jax ops, no compile) and the skip table one jitted evaluation, not
+    one XLA compile per op (each a visible part of a cold first call)."""
+    from hlofuse.kernels.attention.layout import const_sides, to_canonical
+    from hlofuse.kernels.attention.logits import const_arrays
+
+    def f(q, k, v):
+        s = jnp.einsum("bhqd,bhkd->bhqk", q, k)
+        s = jnp.where(jnp.tril(jnp.ones((24, 24), bool)), s, -jnp.inf)
+        return jax.nn.softmax(s, axis=-1) @ v
+    args = make_args("bhsd", "none", 1, np.float32, 24, 24)
+    exp = jax.export.export(jax.jit(f), platforms=["cpu"])(*args)
+    opt = hlofuse.optimize(exp.mlir_module(), pipeline=["inline-calls", "canonicalize", "cse",
+                                                         "constant-fold", "fuse-attention"])
+    (fn,) = [fo for fo in hir.funcs(opt.module) if hir.func_name(fo).startswith("hlofuse_attention")]
+    spec = A.spec_from_func(fn)
+    assert spec.const_sides   # the folded mask
+    compiles = []
+    listener = (lambda ev, secs, **kw: compiles.append(ev)
+                if ev.endswith("backend_compile_duration") else None)
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        sides = const_sides(spec)
+        n_sides = len(compiles)
+        lo, hi = A.skip_table(spec, 8, 8)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert n_sides == 0 and len(compiles) == 1
+    np.testing.assert_array_equal(lo, [0, 0, 0])
+    np.testing.assert_array_equal(hi, [1, 2, 3])
+    with jax.ensure_compile_time_eval():   # what the sides were computed with before
+        want = [np.asarray(to_canonical(a, dims, spec.order, spec.repeat))
+                for a, (_, dims) in zip(const_arrays(spec), spec.const_sides)]
+    for got, w in zip(sides, want):
+        assert got.dtype == w.dtype and got.shape == w.shape and (got == w).all()
+
+
 def test_no_skipping_with_a_small_finite_fill_or_an_input_mask():
     for case in ("causal-finite-fill", "bool-padding", "plain-odd-cross"):  # -1e9: not exact
         spec, _, _ = _region(case)

@@ -35,9 +35,9 @@ def _text(fn):
                                   flags=re.M) + "\n}"
 
 
-def _regions(layout, mask, dtype, sq, sk, learned=False, softmax="nn", gqa=1):
+def _regions(layout, mask, dtype, sq, sk, learned=False, softmax="nn", gqa=1, b=2):
     f = make_attention(layout, mask, gqa, softmax, "mul")
-    args = make_args(layout, mask, gqa, dtype, sq, sk)
+    args = make_args(layout, mask, gqa, dtype, sq, sk, h=max(4, 2 * gqa), b=b)
     argn = tuple(range(len(args))) if learned else (0, 1, 2)
 
     def loss(*a):
@@ -136,7 +136,10 @@ def test_fully_masked_rows_with_a_finite_fill():
 
 PALLAS_CASES = [("bshd", "causal", np.float32, False), ("bhsd", "bias", np.float32, True),
                 ("mqa", "bool", np.float32, False), ("bhsd", "causal", BF16, False),
-                ("bshd", "causal", np.float32, False, 2)]
+                ("bshd", "causal", np.float32, False, 2),
+                # B=1, 8 query heads over 2 K/V heads: jax sums dK/dV over the unit batch dim
+                # and the group in one reduce, so the region's dK/dV have no batch dim
+                ("bshd", "causal", np.float32, False, 4, 1)]
 
 
 def _pallas_blocks(target, sk):
@@ -146,7 +149,8 @@ def _pallas_blocks(target, sk):
 
 @pytest.mark.parametrize("target", ["gpu", "tpu"])
 @pytest.mark.parametrize("case", PALLAS_CASES, ids=lambda c: f"{c[0]}-{c[1]}-{np.dtype(c[2]).name}"
-                         + ("-learned" if c[3] else "") + (f"-gqa{c[4]}" if len(c) > 4 else ""))
+                         + ("-learned" if c[3] else "") + (f"-gqa{c[4]}" if len(c) > 4 else "")
+                         + (f"-b{c[5]}" if len(c) > 5 else ""))
 def test_pallas_training_kernels_in_interpret_mode(case, target):
     """The Triton (Pallas interpret mode) and Mosaic (TPU interpret mode) forward-with-lse and
     flash backward against the program's own regions (compiled by XLA): padding rows and keys
@@ -156,7 +160,7 @@ def test_pallas_training_kernels_in_interpret_mode(case, target):
     from jax.experimental.pallas import tpu as pltpu
     layout, mask, dt, learned = case[:4]
     gqa = case[4] if len(case) > 4 else 1
-    ffn, bfn = _regions(layout, mask, dt, 20, 24, learned, gqa=gqa)
+    ffn, bfn = _regions(layout, mask, dt, 20, 24, learned, gqa=gqa, b=case[5] if len(case) > 5 else 2)
     assert (FAMILIES["attention_fwd_lse"].spec_from_func(ffn).fwd.repeat is not None) == (gqa > 1)
     fs, fwd_in, extra, o_lse = _inputs(ffn, bfn)
     interp = True if target == "gpu" else pltpu.InterpretParams()

@@ -63,6 +63,11 @@ CASES = [
                        "  %r = stablehlo.reshape %a : (tensor<3x4xf32>) -> tensor<2x6xf32>", "%r", "tensor<2x6xf32>"),
      "stablehlo.reshape"),
     ("broadcast", fx(f"  %r = stablehlo.broadcast_in_dim %x, dims = [0] : ({F}) -> {F}"), "stablehlo.broadcast_in_dim"),
+    # a vmapped Equinox convolution's unit batch dim, added and reshaped away: both go
+    ("broadcast-unit-dims", module("%x: tensor<2x3x13xf32>",
+                                   "  %a = stablehlo.broadcast_in_dim %x, dims = [0, 2, 3] : (tensor<2x3x13xf32>) -> tensor<2x1x3x13xf32>\n"
+                                   "  %r = stablehlo.reshape %a : (tensor<2x1x3x13xf32>) -> tensor<2x3x13xf32>",
+                                   "%r", "tensor<2x3x13xf32>"), "stablehlo.broadcast_in_dim"),
     ("convert", fx(f"  %a = stablehlo.convert %x : ({F}) -> tensor<13xf64>\n  %r = stablehlo.convert %a : (tensor<13xf64>) -> {F}"),
      "stablehlo.convert"),
     ("convert", ix(f"  %a = stablehlo.convert %x : ({I}) -> tensor<7xi64>\n  %r = stablehlo.convert %a : (tensor<7xi64>) -> {I}"),

@@ -48,14 +48,25 @@ def _case(name):
         "bshd-causal-manual-softmax-f32": ("bshd", "causal", 1, "manual", np.float32),
         "bhsd-gqa-repeat-f16": ("bhsd", "none", 2, "nn", np.float16),
         "bshd-gqa-repeat-causal-f32": ("bshd", "causal", 2, "nn", np.float32),
+        # 8 query heads over 2 K/V heads: jnp.einsum puts V first in P·V here
+        "bshd-gqa4-repeat-causal-f32": ("bshd", "causal", 4, "nn", np.float32),
+        # B=1: jax sums dK/dV over the unit batch dim and the group in one reduce
+        "bshd-gqa4-b1-repeat-causal-f32": ("bshd", "causal", 4, "nn", np.float32),
+        # MQA as jnp.repeat of one K/V head (Gemma-2B style): dK/dV sum over the unit K/V head
+        # dim and the group in one reduce
+        "bshd-mqa-repeat-causal-f32": ("bshd", "causal", 4, "nn", np.float32),
     }[name]
     f = make_attention(layout, mask, gqa, softmax, "mul")
-    return f, make_args(layout, mask, gqa, dt, 16, 24), (0, 1, 2)
+    return f, make_args(layout, mask, gqa, dt, 16, 24,
+                         h=gqa if "mqa-repeat" in name else max(4, 2 * gqa),
+                         b=1 if "-b1-" in name else 2), (0, 1, 2)
 
 
 @pytest.mark.parametrize("name", ["dpa-causal-learned-bias-bf16", "mqa-bool-f32",
                                   "bshd-causal-manual-softmax-f32", "bhsd-gqa-repeat-f16",
-                                  "bshd-gqa-repeat-causal-f32", "bhsd-mqa-broadcast-to-f32"])
+                                  "bshd-gqa-repeat-causal-f32", "bshd-gqa4-repeat-causal-f32",
+                                  "bshd-gqa4-b1-repeat-causal-f32", "bshd-mqa-repeat-causal-f32",
+                                  "bhsd-mqa-broadcast-to-f32"])
 def test_training_step_gets_flash_forward_and_backward(name):
     f, args, argn = _case(name)
 

@@ -281,3 +281,92 @@ def test_generated_mask_not_folded():
     small = CAUSAL.replace("512x512", "8x8")
     o = optimize(small)
     assert "stablehlo.iota" not in o.text and stats(o)["folded"] >= 1
+
+# ---------------------------------------------------------------------------------------------
+# integer/boolean ops fold with numpy: the same values as the jax emitters, no XLA compiles
+# ---------------------------------------------------------------------------------------------
+CAUSAL_MASK = """
+func.func @main(%x: tensor<8x8xf32>) -> tensor<8x8xf32> {
+  %r = stablehlo.iota dim = 0 : tensor<8x8xi32>
+  %c = stablehlo.iota dim = 1 : tensor<8x8xi32>
+  %one = stablehlo.constant dense<1> : tensor<i32>
+  %b1 = stablehlo.broadcast_in_dim %one, dims = [] : (tensor<i32>) -> tensor<8x8xi32>
+  %r1 = stablehlo.add %r, %b1 : tensor<8x8xi32>
+  %m = stablehlo.compare LT, %c, %r1, SIGNED : (tensor<8x8xi32>, tensor<8x8xi32>) -> tensor<8x8xi1>
+  %t = stablehlo.constant dense<true> : tensor<i1>
+  %f = stablehlo.constant dense<false> : tensor<i1>
+  %bt = stablehlo.broadcast_in_dim %t, dims = [] : (tensor<i1>) -> tensor<8x8xi1>
+  %bf = stablehlo.broadcast_in_dim %f, dims = [] : (tensor<i1>) -> tensor<8x8xi1>
+  %s = stablehlo.select %m, %bt, %bf : tensor<8x8xi1>, tensor<8x8xi1>
+  %n = stablehlo.constant dense<-1.0e30> : tensor<f32>
+  %bn = stablehlo.broadcast_in_dim %n, dims = [] : (tensor<f32>) -> tensor<8x8xf32>
+  %y = stablehlo.select %s, %x, %bn : tensor<8x8xi1>, tensor<8x8xf32>
+  return %y : tensor<8x8xf32>
+}"""
+
+
+def test_causal_mask_folds_without_xla_compiles():
+    import jax
+    compiles = []
+    listener = (lambda ev, secs, **kw: compiles.append(ev)
+                if ev.endswith("backend_compile_duration") else None)
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        o = optimize(CAUSAL_MASK)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert stats(o)["folded"] >= 1 and "stablehlo.compare" not in o.text
+    assert compiles == []   # iota, add, compare and select on integers/booleans: numpy only
+    x = np.arange(64, dtype=np.float32).reshape(8, 8)
+    assert_same(run_module(o.text, [x]), run_module(CAUSAL_MASK, [x]), "exact")
+
+
+_EDGES = {np.int8: [-128, -1, 0, 1, 127], np.int32: [-2**31, -7, 0, 5, 2**31 - 1],
+          np.uint8: [0, 1, 128, 255], np.uint32: [0, 3, 2**31, 2**32 - 1],
+          np.int64: [-2**63, -3, 0, 9, 2**63 - 1]}
+
+
+@pytest.mark.parametrize("dtype", list(_EDGES), ids=lambda d: np.dtype(d).name)
+def test_exact_numpy_emitters_match_the_jax_emitters(dtype):
+    """Every numpy emitter of EXACT_EMITTERS against the op's jax emitter (what folding used
+    before, and what XLA runs), on the overflow edges of each integer type."""
+    import itertools
+    from hlofuse import ir as hir
+    from hlofuse.ops import emit_op
+    from hlofuse.passes import constant_fold as cf
+    import jax
+    vals = np.array(_EDGES[dtype], dtype)
+    a, b = (np.array(p, dtype) for p in zip(*itertools.product(vals, vals)))
+    n = a.size
+    ety = {"int8": "i8", "int32": "i32", "int64": "i64", "uint8": "ui8", "uint32": "ui32"}[np.dtype(dtype).name]
+    t = f"tensor<{n}x{ety}>"
+    signed = "SIGNED" if np.dtype(dtype).kind == "i" else "UNSIGNED"
+    bodies = [f"stablehlo.{o} %a, %b : {t}" for o in
+              ("add", "subtract", "multiply", "maximum", "minimum", "and", "or", "xor")]
+    bodies.append(f"stablehlo.not %a : {t}")
+    if signed == "SIGNED":   # (signless integers only)
+        bodies += [f"stablehlo.{o} %a : {t}" for o in ("negate", "abs", "sign")]
+    bodies.append(f"stablehlo.clamp %b, %a, %b : {t}")
+    bodies += [f"stablehlo.compare {d}, %a, %b, {signed} : ({t}, {t}) -> tensor<{n}xi1>"
+               for d in ("EQ", "NE", "LT", "LE", "GT", "GE")]
+    bodies += [f"stablehlo.convert %a : ({t}) -> tensor<{n}x{to}>"
+               for to in ("i8", "ui8", "i32", "ui32", "i64", "i1")]
+    if np.dtype(dtype).itemsize <= 4:
+        bodies += [f"stablehlo.convert %a : ({t}) -> tensor<{n}x{to}>" for to in ("f32", "f64")]
+    ctx = hir.new_context()
+    ops, modules = [], []   # the modules own the ops: keep them alive
+    for body in bodies:
+        m = hir.parse(f"func.func @main(%a: {t}, %b: {t}) -> () {{\n  %r = {body}\n  return\n}}", ctx)
+        modules.append(m)
+        ops.append(hir.block_ops(hir.main_func(m).regions[0].blocks[0])[0])
+
+    def operands(op, a, b):
+        return [b, a, b] if op.name == "stablehlo.clamp" else [a, b][:len(op.operands)]
+    with jax.enable_x64(True):   # integer ops are exact: one compile for all of them
+        wants = jax.jit(lambda a, b: [emit_op(op, operands(op, a, b))[0] for op in ops])(a, b)
+    for body, op, want in zip(bodies, ops, wants):
+        got = cf._exact(op, operands(op, a, b))
+        want = np.asarray(want)
+        assert got is not None, body
+        assert got.dtype == want.dtype and got.shape == want.shape, body
+        np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8), err_msg=body)

@@ -352,6 +352,98 @@ def test_matched_attention_reports_no_refusal():
 
 # ---------------------------------------------------------------------------------------------
 # targets and pipeline
+def _padding_masked(form):
+    """BERT-style attention with a [B, S] padding mask read as the key-side mask and as the
+    query-side one (Transformers/Flax ``mask[:, None, None, :]``, Flax
+    ``make_attention_mask(keep, keep)``, Haiku's ``keep[:, None, None, :] & keep[:, None, :, None]``)."""
+    def f(q, k, v, keep):
+        s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.float32(math.sqrt(q.shape[-1]))
+        if form == "key":
+            m = keep[:, None, None, :] > 0
+        elif form == "product":
+            m = keep[:, None, :, None] * keep[:, None, None, :] > 0
+        else:  # "and" of a bool mask, and an additive key-side bias from it as well
+            m = keep[:, None, :, None] & keep[:, None, None, :]
+            s = s + jnp.where(keep, 0.0, -1e4).astype(s.dtype)[:, None, None, :]
+        s = jnp.where(m, s, jnp.finfo(s.dtype).min)
+        return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, -1), v)
+    return f
+
+
+@pytest.mark.parametrize("form,dtype", [("key", np.float32), ("product", np.float32),
+                                        ("and", np.float32), ("product", BF16)])
+def test_padding_mask_read_as_query_and_key_mask(form, dtype):
+    """One [B, S] mask in two layouts (query rows and key): the region takes it once per layout
+    (two arguments, the same value at the call), never a materialized [B, 1, S, S] mask."""
+    rng = np.random.default_rng(0)
+    b, s, h, d = 3, 16, 2, 8
+    q, k, v = [rng.standard_normal((b, s, h, d)).astype(dtype) for _ in range(3)]
+    keep = np.arange(s)[None, :] < np.array([[s], [s // 2], [3]])     # row 2: 3 positions kept
+    keep = keep if form == "and" else keep.astype(dtype)
+    report = check(_padding_masked(form), (q, k, v, keep), grad=form == "product" and dtype != BF16)
+    (r,) = attention_regions(report)
+    n_mask = 1 if form == "key" else 2
+    mask_t = ("i1" if form == "and" else ("bf16" if dtype == BF16 else "f32")) + f"[{b},{s}]"
+    assert r.inputs.count(mask_t) == n_mask, r.inputs
+    qkv = [i for i in r.inputs if i.endswith(f"[{b},{s},{h},{d}]")]
+    assert len(qkv) == 3 and len(r.inputs) == 3 + n_mask, r.inputs    # no [B, 1, S, S] mask
+
+
+def test_mask_shared_by_two_layers_is_rematerialized_per_region():
+    """A [B, 1, S, S] mask built once and read by two attention layers (CSE shares it): each
+    region gets its own copy of the cheap chain and reads the [B, S] mask, not the broadcast."""
+    def f(q, k, v, keep):
+        m = keep[:, None, :, None] & keep[:, None, None, :]
+
+        def layer(x):
+            s = jnp.einsum("bqhd,bkhd->bhqk", x, k) / 4.0
+            s = jnp.where(m, s, -1e9)
+            return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, -1), v)
+        return layer(layer(q))
+    rng = np.random.default_rng(0)
+    b, s, h, d = 2, 16, 2, 8
+    q, k, v = [rng.standard_normal((b, s, h, d)).astype(np.float32) for _ in range(3)]
+    keep = np.arange(s)[None, :] < np.array([[s], [5]])
+    report = check(f, (q, k, v, keep), grad=False, n_kernels=2)
+    for r in attention_regions(report):
+        assert r.inputs.count(f"i1[{b},{s}]") == 2 and len(r.inputs) == 5, r.inputs
+    (st,) = [p.stats for p in report.passes if p.name == "fuse-attention"]
+    assert st["side_chains_rematerialized"] >= 1
+
+
+def test_causal_mask_shared_by_two_layers_is_a_position_mask_in_each():
+    """jax.nn.dot_product_attention(is_causal=True) with GQA in two layers: the causal mask is
+    one folded constant, broadcast once, read by both (CSE) and transposed after the select
+    (the grouped layout). Each region takes its own copy of the constant and reads it as a
+    position mask: key blocks above the diagonal are skipped."""
+    def f(q, k, v):
+        x = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+        return jax.nn.dot_product_attention(x, k, v, is_causal=True)
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((1, 384, 4, 8)).astype(np.float32)
+    k, v = [rng.standard_normal((1, 384, 2, 8)).astype(np.float32) for _ in range(2)]
+    report = check(f, (q, k, v), grad=False, n_kernels=2)
+    for r in attention_regions(report):
+        assert r.extra["mask"] == "select(positions)" and "+skip" in r.block, (r.extra, r.block)
+        assert len(r.inputs) == 3, r.inputs      # Q, K, V: no materialized [B, H, S, S] mask
+
+
+def test_constant_mask_differing_between_heads_is_not_skipped_by_one_table():
+    """A captured [H, S, S] mask, causal in head 0 and banded in head 1: a position mask, but no
+    single skip table fits both heads, so no block is skipped and the results stay exact."""
+    s_len = 384
+    i, j = np.arange(s_len)[:, None], np.arange(s_len)[None, :]
+    mask = np.stack([i >= j, abs(i - j) < 200])
+
+    def f(q, k, v):
+        s = jnp.einsum("bhqd,bhkd->bhqk", q, k)
+        s = jnp.where(mask[None], s, -jnp.inf)
+        return jax.nn.softmax(s, axis=-1) @ v
+    args = make_args("bhsd", "none", 1, np.float32, s_len, s_len, h=2, d=8)
+    (r,) = attention_regions(check(f, args, grad=False))
+    assert r.extra["mask"] == "select(positions)" and "+skip" not in r.block, r.block
+
+
 # ---------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("target,marker", [("gpu", "__gpu$xla.gpu.triton"), ("tpu", "tpu_custom_call")])
@@ -366,6 +458,17 @@ def test_gpu_and_tpu_kernels_lower_from_cpu(target, marker, case):
     (r,) = attention_regions(low.report)
     assert r.kernel and marker in low.as_text()
 
+
+
+@pytest.mark.parametrize("target,marker", [("gpu", "__gpu$xla.gpu.triton"), ("tpu", "tpu_custom_call")])
+def test_padding_mask_in_two_layouts_lowers_for_gpu_and_tpu(target, marker):
+    rng = np.random.default_rng(0)
+    q, k, v = [rng.standard_normal((2, 64, 2, 64)).astype(np.float32) for _ in range(3)]
+    keep = (np.arange(64)[None, :] < np.array([[64], [9]])).astype(np.float32)
+    low = hlofuse.jit(_padding_masked("product"), target=target, autotune=False,
+                      options={"strict": True}).lower(q, k, v, keep)
+    (r,) = attention_regions(low.report)
+    assert r.kernel and marker in low.as_text() and r.inputs.count("f32[2,64]") == 2
 
 def test_pass_is_registered_in_the_default_pipeline():
     names = [n for n, _ in hlofuse.PIPELINES["default"]]

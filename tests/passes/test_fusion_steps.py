@@ -126,6 +126,81 @@ def test_grow_region_refuses_cycles():
     assert not g.is_convex(set(members) | {add})
 
 
+def _random_block(rng, n):
+    """A random DAG of ``n`` elementwise ops over two arguments, one of them a while loop
+    whose body reads a value of the block (a use the block graph maps to the loop)."""
+    vals, lines = ["%a", "%b"], []
+    t = "tensor<4xf32>"
+    for i in range(n):
+        if i == n // 2:
+            cap = vals[rng.integers(len(vals))]
+            lines.append(f"%v{i}:2 = stablehlo.while(%it = %a, %k = {vals[-1]}) : {t}, {t}\n"
+                         f"  cond {{\n    %c = stablehlo.constant dense<false> : tensor<i1>\n"
+                         f"    stablehlo.return %c : tensor<i1>\n  }} do {{\n"
+                         f"    %s = stablehlo.add %k, {cap} : {t}\n"
+                         f"    stablehlo.return %it, %s : {t}, {t}\n  }}")
+            vals.append(f"%v{i}#1")
+            continue
+        x, y = (vals[j] for j in rng.integers(len(vals), size=2))
+        lines.append(f"%v{i} = stablehlo.{'add' if rng.random() < .5 else 'multiply'} {x}, {y} : {t}")
+        vals.append(f"%v{i}")
+    body = "\n".join(lines) + f"\nreturn {vals[-1]} : {t}"
+    return f"func.func @main(%a: {t}, %b: {t}) -> {t} {{\n{body}\n}}"
+
+
+def test_incremental_convexity_matches_the_full_check():
+    """grow_region's one-op check (BlockGraph.stays_convex) decides as is_convex of the grown
+    set on random DAGs (with a loop capturing a block value), so regions are unchanged."""
+    rng = np.random.default_rng(0)
+    checked = refused = 0
+    for trial in range(25):
+        m = hir.parse(_random_block(rng, 24))
+        ops = [o for o in hir.block_ops(hir.main_func(m).regions[0].blocks[0]) if o.name != "func.return"]
+        g = BlockGraph(ops)
+        members = {ops[rng.integers(len(ops))]}
+        for _ in range(40):
+            c = ops[rng.integers(len(ops))]
+            if c in members:
+                continue
+            want = g.is_convex(members | {c})
+            assert g.stays_convex(members, c) == want
+            checked += 1
+            refused += not want
+            if want:
+                members.add(c)
+    assert checked > 300 and refused > 50   # both outcomes were exercised
+
+
+def test_growing_a_long_chain_checks_convexity_in_linear_work():
+    """Growing over a chain of n ops visits O(n) neighbours in the convexity checks, not
+    O(n^2) (the full check walked every member's users for every candidate)."""
+    n = 120
+    t = "tensor<4xf32>"
+    lines = [f"%v{i} = stablehlo.{'tanh' if i % 2 else 'negate'} {'%a' if i == 0 else f'%v{i - 1}'} : {t}"
+             for i in range(n)]
+    m = hir.parse(f"func.func @main(%a: {t}) -> {t} {{\n" + "\n".join(lines)
+                  + f"\nreturn %v{n - 1} : {t}\n}}")
+    ops = [o for o in hir.block_ops(hir.main_func(m).regions[0].blocks[0]) if o.name != "func.return"]
+    g = BlockGraph(ops)
+    calls, inside = [], []
+    users, preds, stays = g.users, g.preds, g.stays_convex
+
+    def counted(fn):
+        return lambda op: (calls.append(op) if inside else None) or fn(op)
+    g.users, g.preds = counted(users), counted(preds)
+
+    def check(*a):
+        inside.append(1)
+        try:
+            return stays(*a)
+        finally:
+            inside.pop()
+    g.stays_convex = check
+    members, refused = grow_region(g, ops[n // 2], lambda c, members, d: None)
+    assert len(members) == n and not refused
+    assert 0 < len(calls) < 8 * n, len(calls)   # the full check: > n * n / 4
+
+
 def test_merge_siblings_needs_shared_input_and_no_path():
     m, ops = module_of(lambda x, y: (jnp.exp(x), jnp.sin(x), jnp.cos(y), jnp.tanh(jnp.exp(x))), (4, 8), (4, 8))
     g = BlockGraph(ops)

@@ -60,3 +60,23 @@ def test_build_failure_leaves_region_to_xla_with_reason(monkeypatch):
 def test_no_kernels_option():
     opt = hlofuse.optimize(CHAIN, pipeline=PIPE, options={"no_kernels": True})
     assert not opt.report.kernels and "disabled" in opt.report.regions[0].reason
+
+
+def test_region_texts_printed_once_match_the_verifying_printer():
+    """kernelize prints each region body once (for its hash and its kernel cache key) and
+    without re-verifying: the very texts str() and get_asm() give, so region hashes (keys of
+    cached measured decisions) and kernel names do not change."""
+    from jaxlib.mlir import ir
+    from hlofuse.passes import kernelize
+    from hlofuse.passes.fusion.outline import KIND_ATTR
+    opt = hlofuse.optimize(CHAIN, pipeline=["fuse-elementwise"], target="gpu")
+    fns = [f for f in hir.funcs(opt.module) if KIND_ATTR in f.attributes]
+    assert fns
+    for f in fns:
+        kind = ir.StringAttr(f.attributes[KIND_ATTR]).value
+        body = kernelize.body_text(f)
+        assert body == "\n".join(str(o) for o in f.regions[0].blocks[0].operations)
+        assert kernelize.region_hash(f, kind, "gpu", body) == kernelize.region_hash(f, kind, "gpu")
+        assert (f.operation.get_asm(enable_debug_info=True, assume_verified=True)
+                == f.operation.get_asm(enable_debug_info=True))
+        assert f.operation.get_asm(assume_verified=True) == f.operation.get_asm()

@@ -143,6 +143,43 @@ def test_nchw_net_becomes_nhwc_with_boundary_transposes(target):
     check_same(o, NET, ints((2, 4, 6, 6)))
 
 
+# the same with inference BatchNorm as models write it: per-channel parameters (arguments)
+# reshaped to [1, C, 1, 1] and broadcast (the unit dims are out of order once the transpose
+# sinks: the broadcast reads a reshape that drops them)
+BN_NET = f"""
+func.func @main(%x: {A}, %w1: tensor<4x4x3x3xf32>, %w2: tensor<4x4x3x3xf32>, %m: tensor<4xf32>,
+                %g: tensor<4xf32>) -> {A} {{
+  %z = stablehlo.constant dense<0.0> : {A}
+{conv("x", "w1", "c1", 4, 4)}
+  %m4 = stablehlo.reshape %m : (tensor<4xf32>) -> tensor<1x4x1x1xf32>
+  %mb = stablehlo.broadcast_in_dim %m4, dims = [0, 1, 2, 3] : (tensor<1x4x1x1xf32>) -> {A}
+  %g4 = stablehlo.reshape %g : (tensor<4xf32>) -> tensor<1x4x1x1xf32>
+  %gb = stablehlo.broadcast_in_dim %g4, dims = [0, 1, 2, 3] : (tensor<1x4x1x1xf32>) -> {A}
+  %d1 = stablehlo.subtract %c1, %mb : {A}
+  %n1 = stablehlo.multiply %d1, %gb : {A}
+  %r1 = stablehlo.maximum %n1, %z : {A}
+{conv("r1", "w2", "c2", 4, 4)}
+  %d2 = stablehlo.subtract %c2, %mb : {A}
+  %n2 = stablehlo.multiply %d2, %gb : {A}
+  %s = stablehlo.add %n2, %x : {A}
+  return %s : {A}
+}}"""
+
+
+@pytest.mark.parametrize("target", ["gpu", "tpu"])
+def test_nchw_batchnorm_net_keeps_only_boundary_transposes(target):
+    o = hlofuse.optimize(BN_NET, pipeline=PASS, target=target)
+    s = stats(o)
+    assert s["convs_to_channels_last"] == 2
+    # the input, the output and the two (argument) kernels; none between the convolutions
+    assert o.text.count("stablehlo.transpose") == 4 and s["transposes_after"] == 4, o.text
+    assert s["sunk_elementwise"] >= 5
+    rng = np.random.default_rng(1)
+    args = [ints((2, 4, 6, 6))[0]] + [rng.integers(-2, 3, sh).astype(np.float32)
+                                      for sh in ((4, 4, 3, 3), (4, 4, 3, 3), (4,), (4,))]
+    check_same(o, BN_NET, args)
+
+
 def test_cpu_keeps_convolution_layout_unless_asked():
     o = hlofuse.optimize(NET, pipeline=PASS, target="cpu")
     assert stats(o)["convs_to_channels_last"] == 0 and "[b, f, 0, 1]" in o.text
