@@ -92,7 +92,7 @@ def test_attention_module_training_step_gets_flash_forward_and_backward(lib, cau
 
 def test_llama_training_step_gets_both_kernels_per_layer():
     """The zoo's Llama training step (nnx, GQA through jax.nn.dot_product_attention, RoPE,
-    causal; next-token CE and optax.adamw): every layer's attention gets the flash forward
+    causal; next-token CE and SGD with momentum): every layer's attention gets the flash forward
     and backward, and the step matches jax.jit's."""
     from bench.zoo import flax_zoo
     m = zoo.get("nnx_llama_train")

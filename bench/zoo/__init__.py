@@ -97,7 +97,8 @@ MODELS: dict[str, ZooModel] = {m.name: m for m in [
        dict(layers=1, d=32, heads=4, kv_heads=2, ff=64, seq=8, batch=2, vocab=64, dtype="float32"),
        dict(layers=2, d=256, heads=8, kv_heads=2, ff=704, seq=256, batch=4, vocab=4096,
             dtype="float32"),
-       "Llama training step (GQA 8q/2kv, RoPE, causal, SwiGLU; next-token CE, optax.adamw), "
+       "Llama training step (GQA 8q/2kv, RoPE, causal, SwiGLU; next-token CE, optax.sgd "
+       "momentum), "
        "d=256, 2 layers, B=4 S=256", "grad", _NNX),
     _m("nnx_vit", "flax.nnx", "vit", "inference", "flax_zoo:nnx_vit",
        dict(layers=1, d=32, heads=4, ff=64, image=16, patch=8, batch=2, classes=10),
