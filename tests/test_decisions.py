@@ -47,9 +47,9 @@ def _fake_clock(monkeypatch, kernel_s: float, xla_s: float):
     texts = {}
 
     def time_once(fn, args, reps, kwargs=None):
-        if id(fn) not in texts:
-            texts[id(fn)] = fn.lower(*args, **(kwargs or {})).as_text()
-        has_kernel = "hlofuse_k" in texts[id(fn)]
+        if id(fn) not in texts:   # fn is kept alive with its text: its id is never reused
+            texts[id(fn)] = (fn, fn.lower(*args, **(kwargs or {})).as_text())
+        has_kernel = "hlofuse_k" in texts[id(fn)][1]
         seen.append(has_kernel)
         return kernel_s if has_kernel else xla_s
 
@@ -189,8 +189,8 @@ def test_choices_are_confirmed_together(cache_dir, monkeypatch):
             lowered = fn.lower(*args, **(kwargs or {}))
             # the option variant compiles without YNNPACK fusions
             known[id(fn)] = ("hlofuse_k" in lowered.as_text(),
-                             "ynn" not in lowered.compile().as_text())
-        has_kernel, ynn_off = known[id(fn)]
+                             "ynn" not in lowered.compile().as_text(), fn)  # fn kept alive
+        has_kernel, ynn_off, _ = known[id(fn)]
         seen.append((has_kernel, ynn_off))
         if has_kernel and not ynn_off:
             return 2.0e-3         # the program as optimized
@@ -287,9 +287,9 @@ def test_cpu_int8_matmul_choice_is_measured(cache_dir, monkeypatch, xla_faster):
     texts = {}
 
     def time_once(fn, args, reps, kwargs=None):   # charged by which int8 product it runs
-        if id(fn) not in texts:
-            texts[id(fn)] = fn.lower(*args, **(kwargs or {})).as_text()
-        return 1.0e-3 if _has_int_dot(texts[id(fn)]) == xla_faster else 1.5e-3
+        if id(fn) not in texts:   # fn is kept alive with its text: its id is never reused
+            texts[id(fn)] = (fn, fn.lower(*args, **(kwargs or {})).as_text())
+        return 1.0e-3 if _has_int_dot(texts[id(fn)][1]) == xla_faster else 1.5e-3
 
     monkeypatch.setattr(at, "_time_once", time_once)
     args = _int8_args()
