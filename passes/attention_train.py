@@ -48,6 +48,7 @@ from jaxlib.mlir.dialects import stablehlo
 from hlofuse import ir as hir
 from hlofuse.ops import EmitError, const_value, emit_op, splat_scalar
 from hlofuse.kernels.support import is_splat_constant
+from hlofuse.passes import graph_util as gu
 
 __all__ = ["TrainNoMatch", "Training", "match_training", "unshare_generator_trees"]
 
@@ -135,22 +136,9 @@ def unshare_generator_trees(block) -> int:
 
 def _clone_tree(op, before):
     """Clone ``op`` and its producers inside the cheap tree right before ``before``."""
-    mapping = {}
     root_numel = _numel(op.results[0])
-
-    def go(o, v):
-        if o is None or o.name == "stablehlo.constant" or not _cheap_tree(o, root_numel):
-            return v
-        if o in mapping:
-            return mapping[o]
-        args = [go(hir.defining_op(a), a) for a in o.operands]
-        with ir.InsertionPoint(before), o.location:
-            c = o.clone()
-        for i, a in enumerate(args):
-            c.operands[i] = a
-        mapping[o] = c.results[0]
-        return c.results[0]
-    return go(op, op.results[0])
+    return gu.clone_tree(op, before, lambda o: o.name != "stablehlo.constant"
+                         and _cheap_tree(o, root_numel))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -74,6 +74,7 @@ from hlofuse.pipeline import Pass, register_pass
 from hlofuse.kernels.attention import (SPEC_ATTR, AttentionSpec, LogitStep, Repeat, Splat,
                                        mask_select)
 from hlofuse.kernels.support import is_splat_constant
+from hlofuse.passes import graph_util as gu
 from hlofuse.passes.fusion.commit import LeftToXla, record_region
 from hlofuse.passes.fusion.outline import outline_region, program_blocks, region_boundary
 
@@ -1118,19 +1119,11 @@ def _rematerialize_shared_sides(att: "Attention", block) -> int:
                  if hir.as_op(u.owner) in members]
         if not users:
             continue
-        index = block_index(block)
-        first = min((u for u, _ in users), key=lambda o: index[o])
-        mapping = {}
-        with ir.InsertionPoint(first):
-            for op in sorted(tree, key=lambda o: index[o]):
-                new = op.clone()
-                for j, a in enumerate(op.operands):
-                    k = hir.value_key(a)
-                    if k in mapping:
-                        new.operands[j] = mapping[k]
-                mapping[hir.value_key(op.results[0])] = new.results[0]
+        first = min((u for u, _ in users), key=att.members.index)   # members: program order
+        in_tree = set(tree)
+        copy = gu.clone_tree(p, first, lambda o: o in in_tree)
         for u, j in users:
-            u.operands[j] = mapping[hir.value_key(v)]
+            u.operands[j] = copy
         n += 1
     return n
 

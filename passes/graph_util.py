@@ -229,6 +229,27 @@ def make_broadcast(v: ir.Value, dims: Sequence[int], result_type: ir.Type, *, be
                   before=before, after=after, loc=loc).results[0]
 
 
+def clone_tree(op, before, in_tree) -> ir.Value:
+    """Clone ``op`` and, recursively, the producers of its operands for which ``in_tree(producer)``
+    holds, right before ``before`` (producers first); operands from outside the tree are read as
+    they are. Returns the clone of ``op``'s result. The originals stay for their other users."""
+    mapping: dict = {}
+
+    def go(o, v):
+        if o is None or not in_tree(o):
+            return v
+        if o in mapping:
+            return mapping[o]
+        args = [go(defining_op(a), a) for a in o.operands]
+        with ir.InsertionPoint(as_op(before)), o.location:
+            c = o.clone()
+        for i, a in enumerate(args):
+            c.operands[i] = a
+        mapping[o] = c.results[0]
+        return c.results[0]
+    return go(op, op.results[0])
+
+
 def i64_array(op, key: str) -> list[int]:
     return [int(x) for x in ir.DenseI64ArrayAttr(op.attributes[key])]
 
