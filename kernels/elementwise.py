@@ -102,7 +102,7 @@ def spec_from_func(fn_op) -> ElementwiseSpec:
         raise EmitError("outputs of different shapes")
     entry = fn_op.regions[0].blocks[0]
     classes = tuple(_class_of_value(a, domain) for a in entry.arguments)
-    body = "\n".join(hir.op_text(op) for op in entry.operations)
+    body = hir.ops_text(entry.operations)
     return ElementwiseSpec(domain, tuple(i.shape for i in ins), tuple(hir.np_dtype(i.dtype) for i in ins),
                            classes, tuple(hir.np_dtype(o.dtype) for o in outs), body, fn_op)
 

@@ -268,7 +268,7 @@ def spec_from_func(fn_op) -> MatmulSpec:
             extra.append((i, c))
     ins = [hir.tensor_type_info(a.type) for a in args]
     outs = [hir.tensor_type_info(v.type) for v in ret.operands]
-    body = "\n".join(hir.op_text(op_) for op_ in ops)
+    body = hir.ops_text(ops)
     return MatmulSpec(batch, m, n, k, tuple(out_shape), args.index(lhs_src), lay0["lhs_t"], tuple(dspecs),
                       tuple(extra), tuple(i.shape for i in ins), tuple(hir.np_dtype(i.dtype) for i in ins),
                       tuple(o.shape for o in outs), tuple(hir.np_dtype(o.dtype) for o in outs), body, fn_op,

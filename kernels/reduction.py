@@ -129,7 +129,7 @@ def spec_from_func(fn_op) -> ReductionSpec:
                                 "the last row block)")
             if not hir.tensor_type_info(o.results[0].type).dtype.startswith(("f", "bf")):
                 raise EmitError("column reduction of a non-float value")
-    body = "\n".join(hir.op_text(op_) for op_ in ops)
+    body = hir.ops_text(ops)
     return ReductionSpec(tuple(domain), view.rows, view.cols,
                          tuple(i.shape for i in ins), tuple(hir.np_dtype(i.dtype) for i in ins), in_classes,
                          tuple(o.shape for o in outs), tuple(hir.np_dtype(o.dtype) for o in outs), out_classes,

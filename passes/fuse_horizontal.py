@@ -98,7 +98,7 @@ def _matmul_calls(ops, table, ctx) -> list:
 
 def _group_key(call, spec) -> tuple:
     lhs = call.operands[spec.lhs_arg]
-    prologue = "\n".join(hir.op_text(op_) for op_ in spec.lhs_prologue)
+    prologue = hir.ops_text(spec.lhs_prologue)
     return (lhs, spec.lhs_t, spec.batch, spec.m, spec.n, spec.k, prologue,
             tuple(str(d.out_dtype) for d in spec.dots))
 

@@ -46,7 +46,7 @@ def body_text(fn_op) -> str:
     """An outlined function's body ops, printed without source locations (what
     :func:`region_hash` and :func:`lower_region` key on; printing is a visible part of a first
     call, so kernelize prints each body once for both)."""
-    return "\n".join(hir.op_text(op_) for op_ in fn_op.regions[0].blocks[0].operations)
+    return hir.ops_text(fn_op.regions[0].blocks[0].operations)
 
 
 def region_hash(fn_op, kind: str, target: Target, body: str | None = None) -> str:

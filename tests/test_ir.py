@@ -127,3 +127,24 @@ def test_eval_module_runs_in_a_subprocess():
       func.return %0 : tensor<f32> }"""
     with pytest.raises(hir.IRError, match="reference interpreter failed"):
         hir.eval_module(bad, [np.float32(1.0)])
+
+
+def test_ops_text_is_op_text_of_each_op():
+    """ops_text names SSA values once per function; the text must be op_text's, op by op,
+    for every function of a module with several (values numbered per function), regions
+    (a reduce body) and ops taken out of order."""
+    def f(x, w):
+        y = jnp.tanh(x @ w) + x * 2.0
+        return jax.nn.softmax(y).sum(axis=0), jax.jit(lambda a: a * 3.0)(y)
+
+    text = jax.jit(f).lower(jnp.ones((8, 8)), jnp.ones((8, 8))).as_text()
+    m = hir.parse(text)
+    seen = 0
+    for fn in hir.funcs(m):
+        ops = list(fn.regions[0].blocks[0].operations)
+        for sub in (ops, ops[::-1], ops[1:3]):
+            assert hir.ops_text(sub) == "\n".join(hir.op_text(o) for o in sub)
+            seen += len(sub)
+        assert "stablehlo" in hir.ops_text(ops)
+    assert len(hir.funcs(m)) >= 2 and seen > 10
+    assert hir.ops_text([]) == ""

@@ -123,7 +123,7 @@ def _fwd_from(d, ins, outs, ops, fn_op, o_shape) -> AttentionSpec:
     return AttentionSpec.from_attr(
         d["fwd"], in_shapes=tuple(i.shape for i in ins),
         in_dtypes=tuple(hir.np_dtype(i.dtype) for i in ins), out_shape=tuple(o_shape),
-        body_text="\n".join(hir.op_text(o) for o in ops),
+        body_text=hir.ops_text(ops),
         func_text=fn_op.operation.get_asm(assume_verified=True))
 
 

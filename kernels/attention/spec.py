@@ -234,7 +234,7 @@ def spec_from_func(fn_op) -> AttentionSpec:
     spec = AttentionSpec.from_attr(
         ir.StringAttr(fn_op.attributes[SPEC_ATTR]).value,
         in_shapes=tuple(i.shape for i in ins), in_dtypes=tuple(hir.np_dtype(i.dtype) for i in ins),
-        out_shape=outs[0].shape, body_text="\n".join(hir.op_text(op_) for op_ in ops),
+        out_shape=outs[0].shape, body_text=hir.ops_text(ops),
         func_text=fn_op.operation.get_asm(assume_verified=True))
     _check_agrees(spec, ops, outs[0])
     return spec
