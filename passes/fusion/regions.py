@@ -36,6 +36,7 @@ class Partition:
         self.users = graph.users
         self.group: dict = {}        # op -> group id
         self.members: dict[int, list] = {}
+        self.spans: dict[int, tuple[int, int]] = {}   # multi-member group -> first, last index
 
     def add(self, op) -> None:
         gid = len(self.members)
@@ -51,10 +52,30 @@ class Partition:
         """
         return self._path_outside(ga, gb) or self._path_outside(gb, ga)
 
+    def _horizon(self, dst_ops) -> int:
+        """The program index past which no path reaches ``dst_ops``.
+
+        Def-use edges go forward in program order; only a jump inside a merged group (entering
+        one member reaches the users of all) can come back. From index ``t`` on, nothing at or
+        before ``t`` is reachable once no multi-member group straddles ``t`` (a member at or
+        before it and one after it): sweep the groups by their first member, pushing ``t`` past
+        every group that straddles it. Without this bound every failed query walked everything
+        downstream of ``src`` (to the end of the function): most of fuse-elementwise's time in
+        a training step."""
+        t = max(self.index[o] for o in dst_ops)
+        for lo, hi in sorted(self.spans.values()):
+            if lo > t:
+                break
+            t = max(t, hi)
+        return t
+
     def _path_outside(self, src: int, dst: int) -> bool:
         src_ops = set(self.members[src])
         dst_ops = set(self.members[dst])
-        stack = [u for o in src_ops for u in self.users(o) if u not in src_ops and u not in dst_ops]
+        horizon = self._horizon(dst_ops)
+        index = self.index
+        stack = [u for o in src_ops for u in self.users(o)
+                 if u not in src_ops and u not in dst_ops and index[u] <= horizon]
         seen: set = set()
         seen_groups: set = set()
         while stack:
@@ -72,7 +93,7 @@ class Partition:
                 for u in self.users(n):
                     if u in dst_ops:
                         return True
-                    if u not in src_ops and u not in seen:
+                    if u not in src_ops and u not in seen and index[u] <= horizon:
                         stack.append(u)
         return False
 
@@ -82,6 +103,9 @@ class Partition:
             self.group[op] = keep
             self.members[keep].append(op)
         self.members[keep].sort(key=self.index.__getitem__)
+        self.spans.pop(drop, None)
+        m = self.members[keep]
+        self.spans[keep] = (self.index[m[0]], self.index[m[-1]])
         return keep
 
 

@@ -324,3 +324,74 @@ def test_fusion_engine_is_idempotent():
         assert {k.kind for k in first.report.kernels} >= {"horizontal", "reduction", "matmul_epilogue"}
         again = hlofuse.optimize(first.as_text(), target=target, pipeline=FULL_PIPE)
         assert again.text == first.as_text() and again.report.regions == []
+
+
+def test_cycle_check_horizon_matches_the_unbounded_search():
+    """Partition._path_outside stops at a program-order horizon (only merged groups can jump
+    back). On random DAGs with random merges, every answer must equal a search without the
+    bound, and the merges it allows must leave the graph of groups acyclic."""
+    from hlofuse.passes.fusion.regions import Partition
+
+    class Graph:  # BlockGraph's interface over ints: index and users
+        def __init__(self, n, edges):
+            self.index = {i: i for i in range(n)}
+            self._u = {i: sorted({b for a, b in edges if a == i}) for i in range(n)}
+
+        def users(self, op):
+            return self._u[op]
+
+    def unbounded(part, src, dst):
+        src_ops, dst_ops = set(part.members[src]), set(part.members[dst])
+        # a direct edge src -> dst is no cycle: the path needs a node outside both
+        stack = [u for o in src_ops for u in part.users(o) if u not in src_ops | dst_ops]
+        seen = set()
+        while stack:
+            op = stack.pop()
+            if op in dst_ops:
+                return True
+            if op in seen:
+                continue
+            seen.add(op)
+            g = part.group[op]
+            for n in part.members[g]:
+                seen.add(n)
+                stack += [u for u in part.users(n) if u not in src_ops]
+        return False
+
+    rng = np.random.default_rng(0)
+    checked = refused = 0
+    for trial in range(60):
+        n = int(rng.integers(8, 40))
+        edges = {(a, b) for a in range(n) for b in range(a + 1, min(n, a + 6)) if rng.random() < 0.35}
+        part = Partition(Graph(n, edges))
+        for i in range(n):
+            part.add(i)
+        for _ in range(3 * n):
+            ga, gb = (int(x) for x in rng.integers(0, n, 2))
+            ga, gb = part.group[ga], part.group[gb]
+            if ga == gb:
+                continue
+            for a, b in ((ga, gb), (gb, ga)):
+                assert part._path_outside(a, b) == unbounded(part, a, b)
+                checked += 1
+            if part.creates_cycle(ga, gb):
+                refused += 1
+            else:
+                part.merge(ga, gb)
+        # the groups form a DAG: order them by a DFS over group edges
+        gedges = {(part.group[a], part.group[b]) for a, b in edges if part.group[a] != part.group[b]}
+        state = {}
+
+        def visit(g):
+            state[g] = 1
+            for a, b in gedges:
+                if a == g:
+                    assert state.get(b) != 1, "merged groups form a cycle"
+                    if b not in state:
+                        visit(b)
+            state[g] = 2
+
+        for g in list(part.members):
+            if g not in state:
+                visit(g)
+    assert checked > 1000 and refused > 50
