@@ -27,6 +27,9 @@ from hlofuse.kernels.attention.blocks import (CPU_MAX_BLOCK_K as CPU_MAX_BLOCK_K
                                               cpu_plan as cpu_plan, gpu_blocks as gpu_blocks,
                                               tpu_blocks as tpu_blocks)
 from hlofuse.kernels.attention.cpu import build_cpu as build_cpu
+from hlofuse.kernels.attention.short import (CPU_SHORT_MAX_ELEMS as CPU_SHORT_MAX_ELEMS,
+                                             build_cpu_short as build_cpu_short,
+                                             short_fits as short_fits)
 from hlofuse.kernels.attention.logits import mask_select as mask_select, prescale as prescale
 from hlofuse.kernels.attention.mosaic import attention_kernel_tpu as attention_kernel_tpu
 from hlofuse.kernels.attention.mosaic import build_tpu as build_tpu
@@ -44,7 +47,8 @@ def build_attention(spec: AttentionSpec, target: Target | str, *, interpret=None
                     blocks: AttentionBlocks | None = None, name: str | None = None):
     """The region as a JAX function ``f(*inputs) -> (output,)``.
 
-    cpu: the loop implementation (:func:`build_cpu`). gpu / tpu: the Pallas kernel for that
+    cpu: the loop implementation (:func:`build_cpu`), or for short sequences without given
+    ``blocks`` the loop-free one (:func:`build_cpu_short`). gpu / tpu: the Pallas kernel for that
     target; with ``interpret=True`` (gpu) or a ``pltpu.InterpretParams`` (tpu) it runs on CPU
     in Pallas interpret mode for verification.
     """
@@ -52,6 +56,8 @@ def build_attention(spec: AttentionSpec, target: Target | str, *, interpret=None
     if target.is_cpu:
         if interpret is not None:
             raise ValueError("the cpu attention path is plain JAX; interpret the gpu/tpu kernels")
+        if blocks is None and short_fits(spec):
+            return build_cpu_short(spec)   # short sequences: no loops (kernels/attention/short.py)
         return build_cpu(spec, blocks)
     if target.is_gpu:
         return build_gpu(spec, blocks, interpret=interpret, name=name)
