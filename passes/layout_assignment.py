@@ -570,8 +570,10 @@ class LayoutAssignment(Pass):
                  "copies_before": c_before, "copies_after": c_after, **lay.stats, **refused.stats()}
         if ctx.target.is_tpu:
             stats["tpu_lane_unaligned"] = unaligned
-        if t_before != t_after or lay.stats["convs_to_channels_last"]:
+        if t_before != t_after or lay.stats["convs_to_channels_last"] or lay.stats["conv1x1_to_channel_dot"]:
+            dots = lay.stats["conv1x1_to_channel_dot"]
             ctx.report.note(f"layout-assignment ({ctx.target}): {lay.stats['convs_to_channels_last']} "
-                            f"convolution(s) to channels-last; transposes {t_before} -> {t_after}, "
-                            f"copies {c_before} -> {c_after}")
+                            f"convolution(s) to channels-last"
+                            + (f", {dots} channels-first 1x1 convolution(s) as channel dots" if dots else "")
+                            + f"; transposes {t_before} -> {t_after}, copies {c_before} -> {c_after}")
         return stats
