@@ -27,7 +27,7 @@ def test_conv1x1_becomes_matmul_with_bn_relu_residual_epilogue():
         out = outline(fn, (x, w, sc, sh), "conv1x1-to-dot,fuse-matmul-epilogue", target=target)
         (r,) = [r for r in out.report.regions if r.kind == "matmul_epilogue"]
         assert r.extra["conv1x1"] and r.reason is None and "stablehlo.maximum" in r.ops
-    f = hlofuse.jit(fn, target="cpu", pipeline=PIPE, options={"conv1x1_as_dot": True})
+    f = hlofuse.jit(fn, target="cpu", pipeline=PIPE)  # cpu: on by default
     (k,) = kernels(f.report(x, w, sc, sh), "matmul_epilogue")
     assert k.extra["conv1x1"]
     assert_same(f(x, w, sc, sh), jax.jit(fn)(x, w, sc, sh), "reassociate")
@@ -38,13 +38,14 @@ def test_other_convolutions_are_reported_and_left_to_xla():
     w3 = (R.standard_normal((3, 3, 8, 8)) * 0.2).astype(F32)
     w1 = (R.standard_normal((1, 1, 8, 8)) * 0.2).astype(F32)
     fn = lambda x, a, b: (jax.nn.relu(_conv(x, a)), _conv(x, b))  # noqa: E731
-    f = hlofuse.jit(fn, target="cpu", pipeline=PIPE)
+    f = hlofuse.jit(fn, target="cpu", pipeline=PIPE, options={"conv1x1_as_dot": False})
     notes = f.report(x, w3, w1).notes
     assert any("1 convolution(s) left to XLA" in n and "3x3 kernel" in n for n in notes), notes
-    assert any("1 1x1 convolution(s) left to XLA" in n and "cost model" in n for n in notes), notes
+    assert any("1 1x1 convolution(s) left to XLA" in n and "conv1x1_as_dot=False" in n for n in notes), notes
     assert_same(f(x, w3, w1), jax.jit(fn)(x, w3, w1), "exact")
     # a second run over the optimized module finds nothing new (idempotence)
-    again = hlofuse.optimize(f.lower(x, w3, w1).as_text(), target="cpu", pipeline=PIPE)
+    again = hlofuse.optimize(f.lower(x, w3, w1).as_text(), target="cpu", pipeline=PIPE,
+                             options={"conv1x1_as_dot": False})
     assert again.report.regions == []
     (stats,) = [p.stats for p in again.report.passes if p.name == "conv1x1-to-dot"]
     assert stats == {"conv1x1_as_dot": 0}
