@@ -318,3 +318,27 @@ def test_no_match(text, reason):
     assert stats(o)["sunk_elementwise"] == 0
     assert o.text == hlofuse.optimize(text, pipeline="none").text
     assert {k: v for k, v in stats(o).items() if k.startswith("refused[")} == {f"refused[{reason}]": 1}
+
+
+def test_cpu_nchw_resnet_stage_end_to_end():
+    """The bench's NCHW ResNet stage (small): through the whole cpu pipeline its 1x1
+    convolutions are channel dots, its 3x3 ones NHWC, and the only copies left are the 3x3
+    kernels (arguments) and the 3x3 convolutions' inputs; jax.jit's result to the last bit
+    (integer-valued data)."""
+    import jax
+    from bench.workloads import _resnet_args, resnet_stage
+    params, x = _resnet_args("NCHW", hw=6, c_in=8, width=4, c_out=16, blocks=2)(np.random.default_rng(3))
+    params = jax.tree.map(lambda a: np.round(a * 2).astype(np.float32), params)
+    for blk in params:  # BatchNorm as exact arithmetic: var + 1e-5 ~ 1, rsqrt ~ 1
+        for bn in (v for v in blk.values() if isinstance(v, dict)):
+            bn["var"] = np.ones_like(bn["var"])
+    x = np.round(x * 2).astype(np.float32)
+    fn = lambda p, x: resnet_stage(p, x, "NCHW")  # noqa: E731
+    f = hlofuse.jit(fn, target="cpu", autotune=False)
+    rep = f.report(params, x)
+    (s,) = [p.stats for p in rep.passes if p.name == "layout-assignment"]
+    assert s["conv1x1_to_channel_dot"] == 5 and s["convs_to_channels_last"] == 2
+    text = f.lower(params, x).as_text()
+    assert "stablehlo.convolution" in text and text.count("stablehlo.dot_general") == 5
+    assert s["copies_after"] == 4, s  # 2 kernels + 2 activations into the 3x3 convolutions
+    assert_same(f(params, x), jax.jit(fn)(params, x), "reassociate")
