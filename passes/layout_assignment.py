@@ -44,8 +44,10 @@ operand would need a new transpose, a non-elementwise user, ...), and each convo
 channels-last layout that is kept (the target prefers none, or ``conv_layout='keep'``).
 Not done: transposes into Pallas kernel index maps.
 Preconditions: calls inlined. Invariant: the same arithmetic on the same values (only data
-movement changes), so results are bit-exact except that a backend may pick another convolution
-or reduction algorithm for the new layout (summation order: ``kernel`` tolerance); the module
+movement changes), so results are bit-exact except that a backend may pick another convolution,
+dot (a channel dot, a dot with swapped operands) or reduction algorithm for the new layout
+(summation order: ``kernel``/``reassociate`` tolerance; the tests use integer-valued data and
+are exact); the module
 verifies; rerunning the pass changes nothing.
 """
 
