@@ -1,13 +1,19 @@
 """``conv1x1-to-dot``: a 1x1 convolution is a matmul over channels; rewrite it to one.
 
-Rewrites (gpu/tpu): a 1x1, stride-1, unpadded, ungrouped NHWC/HWIO convolution *is* a
+Rewrites (every target): a 1x1, stride-1, unpadded, ungrouped NHWC/HWIO convolution *is* a
 matmul over the channel dim; it is rewritten to ``reshape(kernel)`` + ``dot_general`` (same
 sums) so its BatchNorm scale/shift, activation and residual fuse as the dot's epilogue. Other
 convolutions stay with XLA (its conv emitters / cuDNN); their elementwise epilogue is left to
-``fuse-elementwise``. On cpu 1x1 convolutions stay too: as a dot XLA:CPU measured 0.73x at
-256->64 channels but 1.13x-1.7x at 64->256 (8x28x28 / 8x56x56 NHWC, f32), so no rule pays.
-Every convolution left alone gets a report note saying why. The pass option
-``conv1x1_as_dot=True`` applies the rewrite on cpu too (for shapes where it measured faster).
+``fuse-elementwise``. On cpu the dot is never slower than the convolution under the same XLA
+options: with XLA's library fusions off XLA:CPU rewrites the 1x1 convolution to the very same
+dot itself, and with them on (its default) the library *dot* beats the library *convolution*
+(min of 40 interleaved rounds, 1x56x56 NHWC f32, 2-core Zen4: 64->256 0.61 vs 1.13 ms,
+256->64 0.60 vs 1.26 ms; XLA's own dot with library fusions off 0.71 / 0.69 ms, its 3x3
+convolution 1.81 ms vs 2.36 ms in the library). Having dots also lets the XLA-option
+autotune try ``ynn-individual-dot`` (library dots, XLA's own convolutions), the fastest mix
+of the two on the ResNet stage. (An earlier note measured the dot 1.13x-1.7x slower at
+64->256; that compared against XLA's convolution under other options.) Every convolution
+left alone gets a report note saying why. ``conv1x1_as_dot=False`` keeps them on cpu.
 
 The dots it makes carry ``hlofuse.conv1x1`` until ``fuse-matmul-epilogue``, which runs next,
 drops the marker and labels their regions (``extra['conv1x1']``).
@@ -33,22 +39,26 @@ from hlofuse.passes.fusion.outline import program_blocks
 CONV1X1_ATTR = "hlofuse.conv1x1"   # on a dot made from a 1x1 convolution, until the next pass
 
 
-def conv1x1_as_dot_reason(op) -> str | None:
+def conv1x1_as_dot_reason(op, any_layout: bool = False) -> str | None:
     """None when ``op`` is a convolution that is exactly a matmul over channels (1x1 kernel,
-    stride 1, no padding/dilation, one group, NHWC input/output and HWIO kernel)."""
+    stride 1, no padding/dilation, one group, NHWC input/output and HWIO kernel; any layout
+    with ``any_layout``)."""
     x, w = value_info(op.operands[0]), value_info(op.operands[1])
     if x is None or w is None:
         return "dynamic shape"
     dn = stablehlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
     rank = len(x.shape)
     spatial = list(range(1, rank - 1))
-    if not (dn.input_batch_dimension == 0 and dn.input_feature_dimension == rank - 1
+    if any_layout:
+        if any(w.shape[d] != 1 for d in dn.kernel_spatial_dimensions):
+            return "not a 1x1 kernel"
+    elif not (dn.input_batch_dimension == 0 and dn.input_feature_dimension == rank - 1
             and list(dn.input_spatial_dimensions) == spatial and dn.output_batch_dimension == 0
             and dn.output_feature_dimension == rank - 1 and list(dn.output_spatial_dimensions) == spatial
             and list(dn.kernel_spatial_dimensions) == list(range(rank - 2))
             and dn.kernel_input_feature_dimension == rank - 2 and dn.kernel_output_feature_dimension == rank - 1):
         return "layout is not NHWC/HWIO"
-    if any(d != 1 for d in w.shape[:rank - 2]):
+    elif any(d != 1 for d in w.shape[:rank - 2]):
         return f"{'x'.join(map(str, w.shape[:rank - 2]))} kernel (only 1x1 convolutions are matmuls)"
     attrs = op.attributes
     for key in ("window_strides", "lhs_dilation", "rhs_dilation"):
@@ -98,8 +108,7 @@ def handle_convolutions(ctx, block, left, as_dot_on_cpu: bool) -> int:
             rewritten += 1
             continue
         if why is None:
-            left.add("1x1 convolution(s)", op, "cost model: on cpu XLA's convolution is kept (as a dot "
-                                               "measured 0.73x at 256->64 channels but 1.13x-1.7x at 64->256)")
+            left.add("1x1 convolution(s)", op, "conv1x1_as_dot=False: on cpu XLA's convolution is kept")
         else:
             left.add("convolution(s)", op, f"{why}; the elementwise epilogue is fused separately")
     return rewritten
@@ -112,7 +121,7 @@ class Conv1x1ToDot(Pass):
 
     @dataclasses.dataclass(frozen=True)
     class Options:
-        conv1x1_as_dot: bool = False  # also on cpu (always on gpu/tpu)
+        conv1x1_as_dot: bool = True  # on cpu too (always on gpu/tpu)
 
     def run(self, module, ctx):
         left = LeftToXla(self.name)

@@ -80,7 +80,7 @@ def test_unknown_option_lists_the_known_ones():
 
 @pytest.mark.parametrize("options, match", [
     ({"no_kernels": "yes"}, "option 'no_kernels' of pass 'kernelize': expected bool, got 'yes'"),
-    ({"conv_layout": "nchw"}, "expected one of 'channels_last', 'keep'"),
+    ({"conv_layout": "nchw"}, "expected one of 'channels_last', 'from_channels_first', 'keep'"),
     ({"constant-fold": 16}, r"options\['constant-fold'\]: expected a dict"),
     ({"strict": 1}, "option 'strict' of hlofuse: expected bool"),
 ])

@@ -27,9 +27,13 @@ def test_conv1x1_becomes_matmul_with_bn_relu_residual_epilogue():
         out = outline(fn, (x, w, sc, sh), "conv1x1-to-dot,fuse-matmul-epilogue", target=target)
         (r,) = [r for r in out.report.regions if r.kind == "matmul_epilogue"]
         assert r.extra["conv1x1"] and r.reason is None and "stablehlo.maximum" in r.ops
-    f = hlofuse.jit(fn, target="cpu", pipeline=PIPE, options={"conv1x1_as_dot": True})
-    (k,) = kernels(f.report(x, w, sc, sh), "matmul_epilogue")
-    assert k.extra["conv1x1"]
+    # cpu: a dot by default, left to XLA's library dot and epilogue fusion (no kernel)
+    f = hlofuse.jit(fn, target="cpu", pipeline=PIPE)
+    rep = f.report(x, w, sc, sh)
+    assert not kernels(rep, "matmul_epilogue")
+    (r,) = [r for r in rep.regions if r.kind == "matmul_epilogue"]
+    assert r.extra["conv1x1"] and "1x1 convolution's dot on cpu" in r.reason
+    assert "stablehlo.convolution" not in f.lower(x, w, sc, sh).as_text()
     assert_same(f(x, w, sc, sh), jax.jit(fn)(x, w, sc, sh), "reassociate")
 
 
@@ -38,13 +42,14 @@ def test_other_convolutions_are_reported_and_left_to_xla():
     w3 = (R.standard_normal((3, 3, 8, 8)) * 0.2).astype(F32)
     w1 = (R.standard_normal((1, 1, 8, 8)) * 0.2).astype(F32)
     fn = lambda x, a, b: (jax.nn.relu(_conv(x, a)), _conv(x, b))  # noqa: E731
-    f = hlofuse.jit(fn, target="cpu", pipeline=PIPE)
+    f = hlofuse.jit(fn, target="cpu", pipeline=PIPE, options={"conv1x1_as_dot": False})
     notes = f.report(x, w3, w1).notes
     assert any("1 convolution(s) left to XLA" in n and "3x3 kernel" in n for n in notes), notes
-    assert any("1 1x1 convolution(s) left to XLA" in n and "cost model" in n for n in notes), notes
+    assert any("1 1x1 convolution(s) left to XLA" in n and "conv1x1_as_dot=False" in n for n in notes), notes
     assert_same(f(x, w3, w1), jax.jit(fn)(x, w3, w1), "exact")
     # a second run over the optimized module finds nothing new (idempotence)
-    again = hlofuse.optimize(f.lower(x, w3, w1).as_text(), target="cpu", pipeline=PIPE)
+    again = hlofuse.optimize(f.lower(x, w3, w1).as_text(), target="cpu", pipeline=PIPE,
+                             options={"conv1x1_as_dot": False})
     assert again.report.regions == []
     (stats,) = [p.stats for p in again.report.passes if p.name == "conv1x1-to-dot"]
     assert stats == {"conv1x1_as_dot": 0}
