@@ -18,7 +18,7 @@ import hlofuse
 from hlofuse.kernels import attention as A
 from hlofuse.testing import assert_same
 from tests.fusion_util import run_region
-from tests.kernels.test_attention import _bench_spec, _region, region_of
+from tests.attention_regions import bench_spec as _bench_spec, region as _region, region_of
 from tests.attention_programs import make_args
 
 
