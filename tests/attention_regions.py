@@ -75,3 +75,13 @@ def bench_spec(seq, causal=False):
     _KEEP.append(opt)
     (fn,) = [fo for fo in hir.funcs(opt.module) if hir.func_name(fo).startswith("hlofuse_attention")]
     return A.spec_from_func(fn)
+
+
+def strict_causal_region(n=24):
+    """(spec, region text, inputs) of a strict causal attention (key j < query i) filled with
+    -inf: row 0 sees no key, and the original softmax gives NaN there."""
+    def f(q, k, v):
+        s = jnp.einsum("bhqd,bhkd->bhqk", q, k)
+        s = jnp.where(jnp.arange(n)[:, None] > jnp.arange(n)[None, :], s, -jnp.inf)
+        return jax.nn.softmax(s, axis=-1) @ v
+    return region_of(f, make_args("bhsd", "none", 1, np.float32, n, n))

@@ -25,7 +25,8 @@ from hlofuse.kernels import attention as A
 from hlofuse.ops import EmitError
 from hlofuse.testing import assert_same
 from tests.attention_programs import make_args, make_attention
-from tests.attention_regions import _KEEP, CASES, bench_spec as _bench_spec, region as _region, region_of
+from tests.attention_regions import (_KEEP, CASES, bench_spec as _bench_spec, region as _region,
+                                     region_of, strict_causal_region)
 from tests.fusion_util import run_region
 
 
@@ -126,11 +127,7 @@ def test_no_skipping_with_a_small_finite_fill_or_an_input_mask():
 def test_skipping_keeps_fully_masked_rows_nan():
     """Strict causal (j < i) with -inf: row 0 sees nothing. Its key blocks are all skipped and
     0/0 gives NaN, as the original does."""
-    def f(q, k, v):
-        s = jnp.einsum("bhqd,bhkd->bhqk", q, k)
-        s = jnp.where(jnp.arange(24)[:, None] > jnp.arange(24)[None, :], s, -jnp.inf)
-        return jax.nn.softmax(s, axis=-1) @ v
-    spec, text, ins = region_of(f, make_args("bhsd", "none", 1, np.float32, 24, 24))
+    spec, text, ins = strict_causal_region()
     want = run_region(text, ins)
     assert np.isnan(want[0][:, :, 0]).all()
     fn = A.build_attention(spec, "cpu", blocks=A.AttentionBlocks("cpu", 8, 8))

@@ -18,8 +18,7 @@ import hlofuse
 from hlofuse.kernels import attention as A
 from hlofuse.testing import assert_same
 from tests.fusion_util import run_region
-from tests.attention_regions import bench_spec as _bench_spec, region as _region, region_of
-from tests.attention_programs import make_args
+from tests.attention_regions import bench_spec as _bench_spec, region as _region, strict_causal_region
 
 
 @pytest.mark.parametrize("case", ["plain-odd-cross", "causal-gqa", "causal-finite-fill", "tril-mqa",
@@ -34,11 +33,7 @@ def test_short_path_matches_the_region(case):
 
 def test_short_path_keeps_fully_masked_rows_nan():
     """Strict causal with -inf: row 0 sees no key; the original softmax gives NaN there."""
-    def f(q, k, v):
-        s = jnp.einsum("bhqd,bhkd->bhqk", q, k)
-        s = jnp.where(jnp.arange(24)[:, None] > jnp.arange(24)[None, :], s, -jnp.inf)
-        return jax.nn.softmax(s, axis=-1) @ v
-    spec, text, ins = region_of(f, make_args("bhsd", "none", 1, np.float32, 24, 24))
+    spec, text, ins = strict_causal_region()
     want = run_region(text, ins)
     assert np.isnan(want[0][:, :, 0]).all()
     fn = A.build_attention(spec, "cpu")
