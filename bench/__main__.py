@@ -8,7 +8,9 @@ Usage::
 
 Time ratios are hlofuse.jit / jax.jit (below 1: hlofuse is faster), the median of per-round
 ratios of interleaved rounds. On a GPU/TPU machine the same command measures that device; on
-CPU it measures CPU time. Figures labelled *modeled* come from hlofuse's cost model.
+CPU it measures CPU time. Figures labelled *modeled* come from hlofuse's cost model. The
+HLOFUSE cache is a fresh temporary directory unless ``HLOFUSE_CACHE_DIR`` is set, so a run
+measures what a new user gets (decisions measured in this run, tuning included).
 """
 
 from __future__ import annotations
@@ -282,9 +284,11 @@ def main(argv=None) -> int:
     for n in names:
         workloads.get(n)  # fail early on a typo
 
+    cache_dir = runner.fresh_cache_dir()
     meta = {"command": "python -m bench " + " ".join(sys.argv[1:] if argv is None else argv),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "versions": _versions(), "device": _device(), "config": vars(cfg).copy(),
+            "cache_dir": cache_dir,
             "foreign_load_flag": runner.FOREIGN_LOAD_FLAG, "goals_cpu": GOALS_CPU,
             "ceiling": CEILING}
     meta["config"]["modeled_targets"] = list(cfg.modeled_targets)

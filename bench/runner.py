@@ -86,6 +86,17 @@ from hlofuse.tools.autotune import ForeignLoad as LoadProbe  # noqa: E402
 # ------------------------------------------------------------------------------------------
 # helpers
 # ------------------------------------------------------------------------------------------
+def fresh_cache_dir(prefix: str = "hlofuse-bench-cache-") -> str:
+    """Point ``HLOFUSE_CACHE_DIR`` at a new temporary directory unless the caller set one, so a
+    run measures what a new user gets: decisions measured in this run, no learned cost model
+    or cached modules from earlier runs (which may have been measured on a busy machine).
+    Returns the directory in use."""
+    import tempfile
+    if not os.environ.get("HLOFUSE_CACHE_DIR"):
+        os.environ["HLOFUSE_CACHE_DIR"] = tempfile.mkdtemp(prefix=prefix)
+    return os.environ["HLOFUSE_CACHE_DIR"]
+
+
 def _block(x):
     import jax
     return jax.block_until_ready(x)

@@ -30,7 +30,6 @@ import math
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections import Counter
 
@@ -259,8 +258,7 @@ def main(args) -> int:
     if args.rounds is not None:
         cfg.rounds = cfg.min_rounds = max(1, args.rounds)
     cfg.autotune = {"auto": None, "on": True, "off": False}[args.autotune]
-    if not os.environ.get("HLOFUSE_CACHE_DIR"):
-        os.environ["HLOFUSE_CACHE_DIR"] = tempfile.mkdtemp(prefix="hlofuse-zoo-cache-")
+    runner.fresh_cache_dir("hlofuse-zoo-cache-")
     import jax
     dev = jax.devices()[0]
     meta = {"command": "python -m bench " + " ".join(sys.argv[1:]),
