@@ -240,6 +240,8 @@ def main(argv=None) -> int:
     if a.rss_child:
         print(json.dumps(rss_child(*a.rss_child)))
         return 0
+    from bench import runner
+    runner.fresh_cache_dir("hlofuse-train-cache-")   # measure what a new user gets
     bwd_blocks = tuple(b for b in a.bwd_blocks.split(",") if b)
     if bwd_blocks:
         os.environ["HLOFUSE_MODULE_CACHE"] = "0"   # else every mode would load the same module
