@@ -249,7 +249,10 @@ def _run(ops: list, env: dict, shrink: _Shrink) -> dict:
                 if p is not None and p.name == "stablehlo.constant":
                     env[k] = _eval_op(p, [], shrink)
                 else:
-                    raise TrainNoMatch(f"internal: '{op.name}' reads a value not evaluated")
+                    src = f"'{p.name}' at {hir.op_location(p)}" if p is not None else "an argument"
+                    raise TrainNoMatch(f"'{op.name}' reads a value computed outside the matched "
+                                       f"forward and backward ({src}): the gradient would need "
+                                       f"ops the match did not take", op)
             args.append(env[k])
         env[hir.value_key(op.results[0])] = _eval_op(op, args, shrink)
     return env

@@ -201,3 +201,25 @@ def test_a_failed_training_match_is_reported_at_the_failing_op():
     assert f"test_attention_train.py:{extra_line}:" in note, note
     assert f":{pv_line}:" not in note
     assert_same(g(*args), jax.jit(step)(*args), "grad")
+
+
+def test_a_value_from_outside_the_match_is_named_with_its_producer():
+    """_run evaluates the matched ops alone; an operand computed by an op the match did not
+    take is refused with that op's name and source line (it was an 'internal' message)."""
+    from hlofuse import ir as hir
+    from hlofuse.passes import attention_train as at
+    text = """module {
+  func.func @main(%x: tensor<4x4xf32>) -> tensor<4x4xf32> {
+    %0 = stablehlo.exponential %x : tensor<4x4xf32> loc("model.py":7:3)
+    %1 = stablehlo.add %0, %x : tensor<4x4xf32>
+    return %1 : tensor<4x4xf32>
+  }
+}"""
+    m = hir.parse(text)
+    ops = hir.block_ops(hir.main_func(m).regions[0].blocks[0])
+    x = hir.main_func(m).regions[0].blocks[0].arguments[0]
+    env = {hir.value_key(x): np.ones((4, 4), np.float32)}
+    with pytest.raises(at.TrainNoMatch) as e:
+        at._run([ops[1]], env, at._Shrink([x], ()))
+    assert "'stablehlo.exponential' at model.py:7" in str(e.value), str(e.value)
+    assert "internal" not in str(e.value) and e.value.op == ops[1]
