@@ -24,6 +24,7 @@ from jaxlib.mlir import ir
 import hlofuse
 from hlofuse import ir as hir
 from hlofuse.kernels import attention as A
+from hlofuse.kernels.attention.cpu import cpu_split
 from hlofuse.ops import EmitError
 from hlofuse.testing import assert_same, random_inputs
 from tests.attention_programs import BF16, make_args, make_attention
@@ -77,8 +78,12 @@ def test_cpu_loops_match_the_region(case):
     spec, text, ins = _region(case)
     want = run_region(text, ins)
     assert_same(jax.jit(A.attention_reference(spec))(*ins), want, "reassociate")
-    for bq, bk in [(8, 8), (16, 32), (spec.seq_q, spec.seq_k)]:   # padded, several blocks, one
-        fn = A.build_attention(spec, "cpu", blocks=A.AttentionBlocks("cpu", bq, bk))
+    # padded, several blocks, one; split into 1, 3 (uneven) and 2 independent loops per batch axis
+    for (bq, bk), parts in [((8, 8), 1), ((16, 32), 3), ((spec.seq_q, spec.seq_k), 2)]:
+        fn = A.build_cpu(spec, A.AttentionBlocks("cpu", bq, bk), parts=parts)
+        n = len(cpu_split(spec, parts)[1])
+        assert n == min(parts, max(spec.sizes[b] for b in spec.batch))
+        assert (f" x{n}" in fn.blocks) == (n > 1)
         assert_same(jax.jit(fn)(*ins), want, "reassociate")
     fn = A.build_attention(spec, "cpu")                            # the cost model's blocks
     assert_same(jax.jit(fn)(*ins), want, "reassociate")
@@ -227,7 +232,11 @@ def test_cpu_forward_plans_its_own_smaller_step_budget():
     fwd = A.cpu_plan(spec, budget=A.CPU_FWD_STEP_BUDGET)
     assert spec.n_batch * fwd.bq * fwd.bk <= A.CPU_FWD_STEP_BUDGET < A.CPU_STEP_BUDGET
     assert fwd.bk == A.CPU_MAX_BLOCK_K and fwd.bq < A.cpu_plan(spec).bq   # fewer rows per step
-    assert A.build_attention(spec, "cpu").blocks == f"cpu loops {fwd}"  # the forward uses it
+    assert A.build_cpu(spec, parts=1).blocks == f"cpu loops {fwd}"  # the forward uses it
+    # split over the 8 heads into 2 loops: the budget is per loop (4 heads)
+    two = A.cpu_plan(spec, budget=A.CPU_FWD_STEP_BUDGET, parts=2)
+    assert spec.n_batch // 2 * two.bq * two.bk <= A.CPU_FWD_STEP_BUDGET and two.bq == 2 * fwd.bq
+    assert A.build_cpu(spec, parts=2).blocks == f"cpu loops {two} x2"
 
 
 def test_cpu_plan_uses_skip_blocks_for_causal():
