@@ -117,8 +117,6 @@ def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
         q = pad_to(q, sq_ax, nq * bq)
         k = pad_to(k, nb, nk * bk)
         v = pad_to(v, nb, nk * bk)
-        if k_transposed:
-            k = jnp.swapaxes(k, -1, -2)                                  # [.., D, Skp]
         sides = [pad_axis(pad_axis(s, k_ax, nk * bk), sq_ax, nq * bq) for s in sides]
         res = [run_part(qp, kp, vp, sp, None if ax is None else (spec.batch[ax], a, b - a))
                for (qp, kp, vp, *sp), (a, b) in zip(split_parts(ax, bounds, q, k, v, *sides),
@@ -133,6 +131,8 @@ def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
     def run_part(q, k, v, sides, part):
         """The loops over one part (``part``: its (batch label, start, size), or None)."""
         index_fn = functools.partial(block_index, spec, bq, bk, part=part)
+        if k_transposed:     # per part, after the split: a whole-K block folds it into the dot
+            k = jnp.swapaxes(k, -1, -2)                                  # [.., D, Skp]
         acc_shape = list(q.shape[:-1]) + [v.shape[-1]]
         acc_shape[sq_ax] = bq
 
