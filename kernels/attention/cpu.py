@@ -42,8 +42,16 @@ def _usable_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def _parts_setting() -> int:
+    """``HLOFUSE_CPU_ATTENTION_PARTS`` (a positive integer; for A/B measurements, with
+    ``HLOFUSE_MODULE_CACHE=0`` since the module cache does not key on it), else the usable
+    cores."""
+    env = os.environ.get("HLOFUSE_CPU_ATTENTION_PARTS", "")
+    return int(env) if env.isdigit() and int(env) > 0 else _usable_cores()
+
+
 #: independent loops per attention kernel on cpu (one per usable core; see the module docstring)
-CPU_PARTS = _usable_cores()
+CPU_PARTS = _parts_setting()
 
 
 def cpu_split(spec: AttentionSpec, parts: int | None = None) -> tuple:

@@ -24,7 +24,7 @@ from jaxlib.mlir import ir
 import hlofuse
 from hlofuse import ir as hir
 from hlofuse.kernels import attention as A
-from hlofuse.kernels.attention.cpu import cpu_split
+from hlofuse.kernels.attention.cpu import block_index, cpu_split
 from hlofuse.ops import EmitError
 from hlofuse.testing import assert_same, random_inputs
 from tests.attention_programs import BF16, make_args, make_attention
@@ -237,6 +237,22 @@ def test_cpu_forward_plans_its_own_smaller_step_budget():
     two = A.cpu_plan(spec, budget=A.CPU_FWD_STEP_BUDGET, parts=2)
     assert spec.n_batch // 2 * two.bq * two.bk <= A.CPU_FWD_STEP_BUDGET and two.bq == 2 * fwd.bq
     assert A.build_cpu(spec, parts=2).blocks == f"cpu loops {two} x2"
+
+
+def test_split_loops_see_their_own_batch_positions():
+    """A part of the split loops (``cpu_split``) evaluates iotas over the split batch axis at
+    its own positions (``block_index(part=...)``), the rest as before."""
+    spec = _bench_spec(64)                       # B=1, H=8: split along the heads
+    ax, bounds = cpu_split(spec, 2)
+    assert spec.sizes[spec.batch[ax]] == 8 and bounds == ((0, 4), (4, 8))
+    lab = spec.batch[ax]
+    whole = block_index(spec, 64, 64, 0, 0)
+    part = block_index(spec, 64, 64, 0, 0, part=(lab, 4, 4))
+    assert np.asarray(part(lab)).ravel().tolist() == [4, 5, 6, 7]
+    assert np.asarray(part(lab)).shape[ax] == 4
+    for other in (spec.sq, spec.key):
+        assert np.array_equal(np.asarray(part(other)), np.asarray(whole(other)))
+    assert cpu_split(spec, 1) == (None, ((0, 1),))   # one part: the loops as they were
 
 
 def test_cpu_plan_uses_skip_blocks_for_causal():
