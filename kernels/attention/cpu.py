@@ -8,9 +8,13 @@ step budget ``CPU_FWD_STEP_BUDGET``.
 Parallelism: XLA:CPU runs each block dot of such a loop on one thread (the dots are too small
 for its intra-op split), so one loop keeps one core busy. The loops are therefore split along
 a batch axis (heads, batch) into :data:`CPU_PARTS` independent loops (:func:`cpu_split`), one
-per core: XLA's thunk executor runs independent while loops concurrently. Measured (B=1 H=8
-d=64 S=4096, shared 2-core host, `python -m bench.attention_cpu --seq 4096 --no-rss`): one loop
-kept 1.0 core busy, two loops over 4 heads each 1.8-1.9.
+per core: XLA's thunk executor runs independent while loops concurrently (each part gets its
+own sliced K/V buffers; loops that share one read-only buffer were run one after the other).
+Measured on the shared 2-core host with a standalone copy of these loops (B=1 H=8 d=64
+S=4096, jax.jit, process CPU time / wall): one loop kept 1.0 core busy (~510 ms), two loops
+over 4 heads each 1.8-1.9 cores (~260-290 ms), two loops over halves of the query rows
+sharing K/V 1.05. While other processes hold a core the split neither helps nor costs
+(`python -m bench.attention_cpu --seq 4096 --no-rss`: 0.99 cores, the same CPU time).
 """
 
 from __future__ import annotations
