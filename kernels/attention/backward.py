@@ -345,8 +345,8 @@ def build_cpu_bwd(bs: BwdSpec, blocks: AttentionBlocks | None = None, *,
     """The flash backward as XLA loops: a loop over query chunks (carrying dK, dV and the
     learned side gradients, O(S·D)), inside it a loop over key blocks (carrying the chunk's dQ).
     Position-mask skipping (causal) visits the same key blocks as the forward. Like the
-    forward, the loops are split along a batch axis into ``parts`` independent loops (default
-    :data:`~.cpu.CPU_PARTS`, :func:`~.cpu.cpu_split`: one per core); a learned side input that
+    forward, the loops can be split along a batch axis into ``parts`` independent loops
+    (default :data:`~.cpu.CPU_PARTS`, :func:`~.cpu.cpu_split`); a learned side input that
     broadcasts along that axis gets the sum of the parts' gradients."""
     spec = bs.fwd
     ax, bounds = cpu_split(spec, parts)

@@ -32,10 +32,10 @@ CPU_STEP_BUDGET = 2 * 1024 * 1024
 # 0.34 at 512K (128x512: smaller dots); wall 0.17 / 0.34 / 0.28. At BERT-base shapes (H=12,
 # S=512, one key block) 128- and 256-row chunks were within noise in CPU time.
 # The backward has its own budget (CPU_BWD_STEP_BUDGET below, tuned separately).
-# Both budgets are per loop: the cpu loops are split along a batch axis into one loop per core
-# (kernels/attention/cpu.py, cpu_split; cpu_plan(parts=...)), so at B=1 H=8 S=4096 on 2 cores
-# each of the 2 loops steps over 4 heads x 512 rows x 512 keys (1M elements per core, as the
-# one loop's 8 x 256 x 512 measured above).
+# Both budgets are per loop: when the cpu loops are split along a batch axis into independent
+# loops (opt-in, kernels/attention/cpu.py: cpu_split, CPU_PARTS; cpu_plan(parts=...)), at B=1
+# H=8 S=4096 each of 2 loops steps over 4 heads x 512 rows x 512 keys (1M elements per loop,
+# as the one loop's 8 x 256 x 512 measured above).
 CPU_FWD_STEP_BUDGET = 1024 * 1024
 CPU_MAX_BLOCK_K = 512
 CPU_SKIP_BLOCK = 256          # blocks when a position mask lets whole blocks be skipped

@@ -5,16 +5,17 @@
 Chunk sizes come from :func:`~hlofuse.kernels.attention.blocks.cpu_plan` with the forward's
 step budget ``CPU_FWD_STEP_BUDGET``.
 
-Parallelism: XLA:CPU runs each block dot of such a loop on one thread (the dots are too small
-for its intra-op split), so one loop keeps one core busy. The loops are therefore split along
-a batch axis (heads, batch) into :data:`CPU_PARTS` independent loops (:func:`cpu_split`), one
-per core: XLA's thunk executor runs independent while loops concurrently (each part gets its
-own sliced K/V buffers; loops that share one read-only buffer were run one after the other).
-Measured on the shared 2-core host with a standalone copy of these loops (B=1 H=8 d=64
-S=4096, jax.jit, process CPU time / wall): one loop kept 1.0 core busy (~510 ms), two loops
-over 4 heads each 1.8-1.9 cores (~260-290 ms), two loops over halves of the query rows
-sharing K/V 1.05. While other processes hold a core the split neither helps nor costs
-(`python -m bench.attention_cpu --seq 4096 --no-rss`: 0.99 cores, the same CPU time).
+Splitting (opt-in): the loops can be split along a batch axis (heads, batch) into
+:data:`CPU_PARTS` independent loops (:func:`cpu_split`), meant as one per core: XLA's thunk
+executor runs independent while loops concurrently (each part gets its own sliced K/V buffers;
+loops that share one read-only buffer were run one after the other). Measured on the shared
+2-core host: a standalone copy of these loops (B=1 H=8 d=64 S=4096, plain jax.jit) ran in
+261 ms split in two (1.87 cores busy) against 316 ms as one loop (1.56); but the kernel itself,
+A/B'd with ``python -m bench.attention_parts`` (fresh builds, interleaved, load 2-3), was
+neutral: two loops / one loop 1.04, 1.03 at S=4096 and 0.98 at S=2048 (one loop already keeps
+~1.8 cores busy when both are free: YNN threads its block dots). So the default stays one
+loop (``CPU_PARTS = 1``); ``HLOFUSE_CPU_ATTENTION_PARTS=N`` turns the split on, for an A/B on
+a quiet machine.
 """
 
 from __future__ import annotations
@@ -47,14 +48,16 @@ def _usable_cores() -> int:
 
 
 def _parts_setting() -> int:
-    """``HLOFUSE_CPU_ATTENTION_PARTS`` (a positive integer; for A/B measurements, with
-    ``HLOFUSE_MODULE_CACHE=0`` since the module cache does not key on it), else the usable
-    cores."""
-    env = os.environ.get("HLOFUSE_CPU_ATTENTION_PARTS", "")
-    return int(env) if env.isdigit() and int(env) > 0 else _usable_cores()
+    """``HLOFUSE_CPU_ATTENTION_PARTS``: a positive integer, or ``cores`` for the usable cores
+    (for A/B measurements, with ``HLOFUSE_MODULE_CACHE=0``: the module cache does not key on
+    it); else 1 (measured neutral, see the module docstring)."""
+    env = os.environ.get("HLOFUSE_CPU_ATTENTION_PARTS", "").strip().lower()
+    if env == "cores":
+        return _usable_cores()
+    return int(env) if env.isdigit() and int(env) > 0 else 1
 
 
-#: independent loops per attention kernel on cpu (one per usable core; see the module docstring)
+#: independent loops per attention kernel on cpu (see the module docstring; 1: no split)
 CPU_PARTS = _parts_setting()
 
 
