@@ -38,7 +38,7 @@ from hlofuse import ir as hir
 from hlofuse.ops import EmitError
 from hlofuse.target import Target
 from hlofuse.kernels.attention.blocks import AttentionBlocks, cpu_bwd_plan
-from hlofuse.kernels.attention.cpu import block_index, build_cpu
+from hlofuse.kernels.attention.cpu import block_index, build_cpu, cpu_split, split_parts
 from hlofuse.kernels.attention.layout import (canonical_inputs, from_canonical, pad_axis, pad_to,
                                               to_canonical)
 from hlofuse.kernels.attention.logits import F32, eval_logits
@@ -340,12 +340,17 @@ def _do_in_out_layout(bs: BwdSpec, inputs):
         bs.in_dtypes[bs.o_arg])
 
 
-def build_cpu_bwd(bs: BwdSpec, blocks: AttentionBlocks | None = None):
+def build_cpu_bwd(bs: BwdSpec, blocks: AttentionBlocks | None = None, *,
+                  parts: int | None = None):
     """The flash backward as XLA loops: a loop over query chunks (carrying dK, dV and the
     learned side gradients, O(S·D)), inside it a loop over key blocks (carrying the chunk's dQ).
-    Position-mask skipping (causal) visits the same key blocks as the forward."""
+    Position-mask skipping (causal) visits the same key blocks as the forward. Like the
+    forward, the loops can be split along a batch axis into ``parts`` independent loops
+    (default :data:`~.cpu.CPU_PARTS`, :func:`~.cpu.cpu_split`); a learned side input that
+    broadcasts along that axis gets the sum of the parts' gradients."""
     spec = bs.fwd
-    blocks = blocks or cpu_bwd_plan(spec)
+    ax, bounds = cpu_split(spec, parts)
+    blocks = blocks or cpu_bwd_plan(spec, parts=len(bounds))
     bq, bk = blocks.bq, blocks.bk
     sq, sk = spec.seq_q, spec.seq_k
     nq, nk = -(-sq // bq), -(-sk // bk)
@@ -356,8 +361,6 @@ def build_cpu_bwd(bs: BwdSpec, blocks: AttentionBlocks | None = None):
     table = skip_table_cached(spec, bq, bk)
     learned = bs.learned
     side_pos = [a for a, _ in spec.side_args]
-
-    index_fn = functools.partial(block_index, spec, bq, bk)   # the forward's block iotas
 
     bdims = tuple(range(nb))
     rows_c = tuple(range(nb, nb + nr)) + (sq_ax,)
@@ -374,6 +377,30 @@ def build_cpu_bwd(bs: BwdSpec, blocks: AttentionBlocks | None = None):
         k, v = pad_to(k, nb, nk * bk), pad_to(v, nb, nk * bk)
         sides = [pad_axis(pad_axis(s, k_ax, nk * bk), sq_ax, nq * bq) for s in sides]
         do = do.astype(v.dtype)
+        res = [run_part(*xs, part=None if ax is None else (spec.batch[ax], a, b - a))
+               for xs, (a, b) in zip(split_parts(ax, bounds, q, k, v, do, dd, mx, lsum, *sides),
+                                     bounds)]
+        if len(res) == 1:
+            dq, dk, dv, dsd = res[0]
+        else:
+            cat = lambda *xs: jnp.concatenate(xs, axis=ax)   # noqa: E731
+            dq, dk, dv = (cat(*[r[i] for r in res]) for i in range(3))
+            dsd = tuple(cat(*gs) if sides[i].shape[ax] > 1 else functools.reduce(jnp.add, gs)
+                        for i, gs in zip(learned, zip(*[r[3] for r in res])))
+        grads = {spec.q_arg: lax.slice_in_dim(dq, 0, sq, axis=sq_ax),
+                 spec.k_arg: lax.slice_in_dim(dk, 0, sk, axis=nb),
+                 spec.v_arg: lax.slice_in_dim(dv, 0, sk, axis=nb)}
+        for i, g in zip(learned, dsd):
+            if g.shape[k_ax] > 1:
+                g = lax.slice_in_dim(g, 0, sk, axis=k_ax)
+            if g.shape[sq_ax] > 1:
+                g = lax.slice_in_dim(g, 0, sq, axis=sq_ax)
+            grads[side_pos[i]] = g
+        return _to_outputs(bs, grads)
+
+    def run_part(q, k, v, do, dd, mx, lsum, *sides, part):
+        """The loops over one part (``part``: its (batch label, start, size), or None)."""
+        index_fn = functools.partial(block_index, spec, bq, bk, part=part)  # the forward's iotas
         init = (jnp.zeros(q.shape, F32), jnp.zeros(k.shape, F32), jnp.zeros(v.shape, F32),
                 tuple(jnp.zeros(sides[i].shape, F32) for i in learned))
 
@@ -447,22 +474,12 @@ def build_cpu_bwd(bs: BwdSpec, blocks: AttentionBlocks | None = None):
             return dq_all, dk, dv, dsd
 
         if nq == 1:
-            dq, dk, dv, dsd = chunk(0, init)
-        else:
-            dq, dk, dv, dsd = lax.fori_loop(0, nq, chunk, init)
-        grads = {spec.q_arg: lax.slice_in_dim(dq, 0, sq, axis=sq_ax),
-                 spec.k_arg: lax.slice_in_dim(dk, 0, sk, axis=nb),
-                 spec.v_arg: lax.slice_in_dim(dv, 0, sk, axis=nb)}
-        for i, g in zip(learned, dsd):
-            if g.shape[k_ax] > 1:
-                g = lax.slice_in_dim(g, 0, sk, axis=k_ax)
-            if g.shape[sq_ax] > 1:
-                g = lax.slice_in_dim(g, 0, sq, axis=sq_ax)
-            grads[side_pos[i]] = g
-        return _to_outputs(bs, grads)
+            return chunk(0, init)
+        return lax.fori_loop(0, nq, chunk, init)
 
     fn.kernel_name = f"hlofuse_attention_bwd_cpu_{spec.digest}"
-    fn.blocks = f"cpu loops {blocks}" + (" +skip" if table is not None else "")
+    fn.blocks = (f"cpu loops {blocks}" + (f" x{len(bounds)}" if len(bounds) > 1 else "")
+                 + (" +skip" if table is not None else ""))
     return fn
 
 

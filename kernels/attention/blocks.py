@@ -32,6 +32,10 @@ CPU_STEP_BUDGET = 2 * 1024 * 1024
 # 0.34 at 512K (128x512: smaller dots); wall 0.17 / 0.34 / 0.28. At BERT-base shapes (H=12,
 # S=512, one key block) 128- and 256-row chunks were within noise in CPU time.
 # The backward has its own budget (CPU_BWD_STEP_BUDGET below, tuned separately).
+# Both budgets are per loop: when the cpu loops are split along a batch axis into independent
+# loops (opt-in, kernels/attention/cpu.py: cpu_split, CPU_PARTS; cpu_plan(parts=...)), at B=1
+# H=8 S=4096 each of 2 loops steps over 4 heads x 512 rows x 512 keys (1M elements per loop,
+# as the one loop's 8 x 256 x 512 measured above).
 CPU_FWD_STEP_BUDGET = 1024 * 1024
 CPU_MAX_BLOCK_K = 512
 CPU_SKIP_BLOCK = 256          # blocks when a position mask lets whole blocks be skipped
@@ -80,17 +84,24 @@ class AttentionBlocks:
 
 
 def cpu_plan(spec: AttentionSpec, *, budget: int | None = None,
-             max_block_k: int | None = None) -> AttentionBlocks:
+             max_block_k: int | None = None, parts: int = 1) -> AttentionBlocks:
     """Cost model for the cpu loops: the largest key block up to ``CPU_MAX_BLOCK_K``, and
     query chunks so one step's logits block ``[batch.., rows.., bq, bk]`` stays within
     ``budget`` elements (default ``CPU_STEP_BUDGET``; the forward passes
     ``CPU_FWD_STEP_BUDGET``, the backward :func:`cpu_bwd_plan`'s) (cache-resident, small peak memory). Small problems run as
     one block (the loop disappears). With a position mask (causal) both blocks are at most
-    ``CPU_SKIP_BLOCK`` so whole blocks above the diagonal are skipped."""
+    ``CPU_SKIP_BLOCK`` so whole blocks above the diagonal are skipped.
+
+    ``parts``: the loops are split along a batch axis into that many independent loops (one
+    per core, :func:`~hlofuse.kernels.attention.cpu.cpu_split`): the budget is per loop (per
+    core), so ``per_row`` counts the rows of the largest part."""
     budget = CPU_STEP_BUDGET if budget is None else budget
     max_block_k = CPU_MAX_BLOCK_K if max_block_k is None else max_block_k
     sq, sk = spec.seq_q, spec.seq_k
     per_row = spec.n_batch * spec.n_group
+    if parts > 1:
+        n = max(spec.sizes[b] for b in spec.batch)
+        per_row = per_row // n * -(-n // min(parts, n))
     bk = sk if sk <= max_block_k else max_block_k
     skip = skip_info(spec) is not None and sk > CPU_SKIP_BLOCK
     if skip:
@@ -105,11 +116,12 @@ def cpu_plan(spec: AttentionSpec, *, budget: int | None = None,
     return AttentionBlocks("cpu", bq, bk)
 
 
-def cpu_bwd_plan(spec: AttentionSpec) -> AttentionBlocks:
+def cpu_bwd_plan(spec: AttentionSpec, *, parts: int = 1) -> AttentionBlocks:
     """:func:`cpu_plan` with the backward's smaller step block (:data:`CPU_BWD_STEP_BUDGET`
     elements, key blocks up to :data:`CPU_BWD_MAX_BLOCK_K`): the flash backward keeps more
     block-sized temporaries live per step than the forward (measured, see the constants)."""
-    return cpu_plan(spec, budget=CPU_BWD_STEP_BUDGET, max_block_k=CPU_BWD_MAX_BLOCK_K)
+    return cpu_plan(spec, budget=CPU_BWD_STEP_BUDGET, max_block_k=CPU_BWD_MAX_BLOCK_K,
+                    parts=parts)
 
 
 def gpu_blocks(spec: AttentionSpec) -> AttentionBlocks:

@@ -4,11 +4,24 @@
 ``[batch.., rows.., bq, bk]`` is live, never the ``[.., Sq, Sk]`` logits nor whole-array carries.
 Chunk sizes come from :func:`~hlofuse.kernels.attention.blocks.cpu_plan` with the forward's
 step budget ``CPU_FWD_STEP_BUDGET``.
+
+Splitting (opt-in): the loops can be split along a batch axis (heads, batch) into
+:data:`CPU_PARTS` independent loops (:func:`cpu_split`), meant as one per core: XLA's thunk
+executor runs independent while loops concurrently (each part gets its own sliced K/V buffers;
+loops that share one read-only buffer were run one after the other). Measured on the shared
+2-core host: a standalone copy of these loops (B=1 H=8 d=64 S=4096, plain jax.jit) ran in
+261 ms split in two (1.87 cores busy) against 316 ms as one loop (1.56); but the kernel itself,
+A/B'd with ``python -m bench.attention_parts`` (fresh builds, interleaved, load 2-3), was
+neutral: two loops / one loop 1.04, 1.03 at S=4096 and 0.98 at S=2048 (one loop already keeps
+~1.8 cores busy when both are free: YNN threads its block dots). So the default stays one
+loop (``CPU_PARTS = 1``); ``HLOFUSE_CPU_ATTENTION_PARTS=N`` turns the split on, for an A/B on
+a quiet machine.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -22,9 +35,62 @@ from hlofuse.kernels.attention.online_softmax import online_finish, online_init,
 from hlofuse.kernels.attention.skip import skip_table_cached
 from hlofuse.kernels.attention.spec import AttentionSpec
 
-__all__ = ["CPU_K_TRANSPOSED", "build_cpu"]
+__all__ = ["CPU_K_TRANSPOSED", "CPU_PARTS", "build_cpu", "cpu_split", "split_parts"]
 
 CPU_K_TRANSPOSED = True       # K as [.., D, Sk]: QKᵀ per block is an NN matmul (measured faster)
+
+
+def _usable_cores() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def _parts_setting() -> int:
+    """``HLOFUSE_CPU_ATTENTION_PARTS``: a positive integer, or ``cores`` for the usable cores
+    (for A/B measurements, with ``HLOFUSE_MODULE_CACHE=0``: the module cache does not key on
+    it); else 1 (measured neutral, see the module docstring)."""
+    env = os.environ.get("HLOFUSE_CPU_ATTENTION_PARTS", "").strip().lower()
+    if env == "cores":
+        return _usable_cores()
+    return int(env) if env.isdigit() and int(env) > 0 else 1
+
+
+#: independent loops per attention kernel on cpu (see the module docstring; 1: no split)
+CPU_PARTS = _parts_setting()
+
+
+def cpu_split(spec: AttentionSpec, parts: int | None = None) -> tuple:
+    """``(axis, bounds)``: the canonical batch axis the cpu loops are split along and the
+    ``[start, stop)`` ranges of its parts (at most ``parts``, default :data:`CPU_PARTS`, near
+    equal). The largest batch axis (Q, K, V, the sides and the output all carry it, and rows
+    of different batch entries never meet); ``(None, ((0, 1),))`` when there is nothing to
+    split (one part: the loops as they were)."""
+    parts = CPU_PARTS if parts is None else parts
+    sizes = [spec.sizes[b] for b in spec.batch]
+    if parts < 2 or not sizes or max(sizes) < 2:
+        return None, ((0, 1),)
+    ax = sizes.index(max(sizes))
+    n = sizes[ax]
+    parts = min(parts, n)
+    cuts = [n * i // parts for i in range(parts + 1)]
+    return ax, tuple((a, b) for a, b in zip(cuts, cuts[1:]))
+
+
+def split_parts(ax, bounds, *arrays):
+    """Per part, the arrays sliced along ``ax`` (an array of size 1 there broadcasts and is
+    passed whole)."""
+    if ax is None:
+        return [list(arrays)]
+
+    def cut(x, a, b):
+        if x is None or x.shape[ax] == 1:
+            return x
+        idx = [slice(None)] * x.ndim
+        idx[ax] = slice(a, b)
+        return x[tuple(idx)]
+    return [[cut(x, a, b) for x in arrays] for a, b in bounds]
 
 
 def _lax_precision(p: str):
@@ -33,7 +99,7 @@ def _lax_precision(p: str):
 
 def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
               fold_scale: bool = True, k_transposed: bool = CPU_K_TRANSPOSED,
-              with_lse: bool = False):
+              with_lse: bool = False, parts: int | None = None):
     """The region as ``f(*inputs) -> (output,)`` made of XLA loops.
 
     ``with_lse``: return ``(output, stats)``, the row statistics ``[m, l]`` (max and sum, f32)
@@ -41,9 +107,11 @@ def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
 
     ``fold_scale``: apply a power-of-two logit scale to Q once (exact, see
     :func:`~hlofuse.kernels.attention.logits.prescale`). ``k_transposed``: keep K as
-    ``[.., D, Sk]`` so QKᵀ is a plain (NN) matmul per block.
+    ``[.., D, Sk]`` so QKᵀ is a plain (NN) matmul per block. ``parts``: independent loops
+    (default :data:`CPU_PARTS`, see :func:`cpu_split`).
     """
-    blocks = blocks or cpu_plan(spec, budget=CPU_FWD_STEP_BUDGET)
+    ax, bounds = cpu_split(spec, parts)
+    blocks = blocks or cpu_plan(spec, budget=CPU_FWD_STEP_BUDGET, parts=len(bounds))
     pre = prescale(spec) if fold_scale else None
     bq, bk = blocks.bq, blocks.bk
     sq, sk = spec.seq_q, spec.seq_k
@@ -56,7 +124,6 @@ def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
     qk_prec = _lax_precision(spec.precision[0])
     pv_prec = _lax_precision(spec.precision[1])
     p_dtype = hir.np_dtype(spec.p_dtype)
-    index_fn = functools.partial(block_index, spec, bq, bk)
 
     def fn(*inputs):
         q, k, v, sides = canonical_inputs(spec, inputs)
@@ -65,9 +132,22 @@ def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
         q = pad_to(q, sq_ax, nq * bq)
         k = pad_to(k, nb, nk * bk)
         v = pad_to(v, nb, nk * bk)
-        if k_transposed:
-            k = jnp.swapaxes(k, -1, -2)                                  # [.., D, Skp]
         sides = [pad_axis(pad_axis(s, k_ax, nk * bk), sq_ax, nq * bq) for s in sides]
+        res = [run_part(qp, kp, vp, sp, None if ax is None else (spec.batch[ax], a, b - a))
+               for (qp, kp, vp, *sp), (a, b) in zip(split_parts(ax, bounds, q, k, v, *sides),
+                                                    bounds)]
+        res = res[0] if len(res) == 1 else jax.tree.map(
+            lambda *xs: jnp.concatenate(xs, axis=ax), *res)
+        res = jax.tree.map(lambda a: lax.slice_in_dim(a, 0, sq, axis=sq_ax), res)
+        if with_lse:
+            return output(spec, res[0]), res[1]
+        return (output(spec, res),)
+
+    def run_part(q, k, v, sides, part):
+        """The loops over one part (``part``: its (batch label, start, size), or None)."""
+        index_fn = functools.partial(block_index, spec, bq, bk, part=part)
+        if k_transposed:     # per part, after the split: a whole-K block folds it into the dot
+            k = jnp.swapaxes(k, -1, -2)                                  # [.., D, Skp]
         acc_shape = list(q.shape[:-1]) + [v.shape[-1]]
         acc_shape[sq_ax] = bq
 
@@ -113,26 +193,24 @@ def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
             return (o, jnp.stack([m, l], axis=-1)) if with_lse else o
 
         if nq == 1:
-            res = run_chunk(0)
-        else:
-            res = lax.map(run_chunk, jnp.arange(nq, dtype=jnp.int32))   # [nq, .., bq, (dv)]
-            res = jax.tree.map(lambda a: jnp.moveaxis(a, 0, sq_ax), res)  # [.., nq, bq, (dv)]
-            res = jax.tree.map(lambda a: a.reshape(a.shape[:sq_ax] + (nq * bq,) + a.shape[sq_ax + 2:]),
-                               res)
-        res = jax.tree.map(lambda a: lax.slice_in_dim(a, 0, sq, axis=sq_ax), res)
-        if with_lse:
-            return output(spec, res[0]), res[1]
-        return (output(spec, res),)
+            return run_chunk(0)
+        res = lax.map(run_chunk, jnp.arange(nq, dtype=jnp.int32))       # [nq, .., bq, (dv)]
+        res = jax.tree.map(lambda a: jnp.moveaxis(a, 0, sq_ax), res)      # [.., nq, bq, (dv)]
+        return jax.tree.map(
+            lambda a: a.reshape(a.shape[:sq_ax] + (nq * bq,) + a.shape[sq_ax + 2:]), res)
 
     fn.kernel_name = f"hlofuse_attention_cpu_{spec.digest}"
-    fn.blocks = f"cpu loops {blocks}" + (" +skip" if table is not None else "")
+    fn.blocks = (f"cpu loops {blocks}" + (f" x{len(bounds)}" if len(bounds) > 1 else "")
+                 + (" +skip" if table is not None else ""))
     return fn
 
 
-def block_index(spec: AttentionSpec, bq: int, bk: int, c, j):
+def block_index(spec: AttentionSpec, bq: int, bk: int, c, j, *, part=None):
     """``index(label)``: the positions of one (query chunk ``c``, key block ``j``) block along
     a label, as an int32 array broadcastable over the canonical block (the iotas of the
-    region's logit ops, evaluated blockwise by the forward and the backward loops)."""
+    region's logit ops, evaluated blockwise by the forward and the backward loops).
+    ``part``: ``(label, start, size)`` when the loops run over a slice of a batch axis
+    (:func:`cpu_split`): that label's positions are ``start + arange(size)``."""
     rank = len(spec.order)
     sq_ax, k_ax = rank - 2, rank - 1
     rep = spec.repeat
@@ -147,6 +225,9 @@ def block_index(spec: AttentionSpec, bq: int, bk: int, c, j):
             return (j * bk + jnp.arange(bk, dtype=jnp.int32)).reshape(shape)
         if rep is not None and lab == rep.label:
             return index(rep.kv) * rep.groups + index(rep.g)
+        if part is not None and lab == part[0]:
+            shape[spec.order.index(lab)] = part[2]
+            return (part[1] + jnp.arange(part[2], dtype=jnp.int32)).reshape(shape)
         shape[spec.order.index(lab)] = spec.sizes[lab]
         return jnp.arange(spec.sizes[lab], dtype=jnp.int32).reshape(shape)
     return index

@@ -22,6 +22,7 @@ from jaxlib.mlir import ir
 import hlofuse
 from hlofuse import ir as hir
 from hlofuse.kernels import attention as A
+from hlofuse.kernels.attention.cpu import block_index, cpu_split
 from hlofuse.ops import EmitError
 from hlofuse.testing import assert_same
 from tests.attention_programs import make_args, make_attention
@@ -35,8 +36,12 @@ def test_cpu_loops_match_the_region(case):
     spec, text, ins = _region(case)
     want = run_region(text, ins)
     assert_same(jax.jit(A.attention_reference(spec))(*ins), want, "reassociate")
-    for bq, bk in [(8, 8), (16, 32), (spec.seq_q, spec.seq_k)]:   # padded, several blocks, one
-        fn = A.build_attention(spec, "cpu", blocks=A.AttentionBlocks("cpu", bq, bk))
+    # padded, several blocks, one; split into 1, 3 (uneven) and 2 independent loops per batch axis
+    for (bq, bk), parts in [((8, 8), 1), ((16, 32), 3), ((spec.seq_q, spec.seq_k), 2)]:
+        fn = A.build_cpu(spec, A.AttentionBlocks("cpu", bq, bk), parts=parts)
+        n = len(cpu_split(spec, parts)[1])
+        assert n == min(parts, max(spec.sizes[b] for b in spec.batch))
+        assert (f" x{n}" in fn.blocks) == (n > 1)
         assert_same(jax.jit(fn)(*ins), want, "reassociate")
     fn = A.build_attention(spec, "cpu")                            # the cost model's blocks
     assert_same(jax.jit(fn)(*ins), want, "reassociate")
@@ -166,7 +171,27 @@ def test_cpu_forward_plans_its_own_smaller_step_budget():
     fwd = A.cpu_plan(spec, budget=A.CPU_FWD_STEP_BUDGET)
     assert spec.n_batch * fwd.bq * fwd.bk <= A.CPU_FWD_STEP_BUDGET < A.CPU_STEP_BUDGET
     assert fwd.bk == A.CPU_MAX_BLOCK_K and fwd.bq < A.cpu_plan(spec).bq   # fewer rows per step
-    assert A.build_attention(spec, "cpu").blocks == f"cpu loops {fwd}"  # the forward uses it
+    assert A.build_cpu(spec, parts=1).blocks == f"cpu loops {fwd}"  # the forward uses it
+    # split over the 8 heads into 2 loops: the budget is per loop (4 heads)
+    two = A.cpu_plan(spec, budget=A.CPU_FWD_STEP_BUDGET, parts=2)
+    assert spec.n_batch // 2 * two.bq * two.bk <= A.CPU_FWD_STEP_BUDGET and two.bq == 2 * fwd.bq
+    assert A.build_cpu(spec, parts=2).blocks == f"cpu loops {two} x2"
+
+
+def test_split_loops_see_their_own_batch_positions():
+    """A part of the split loops (``cpu_split``) evaluates iotas over the split batch axis at
+    its own positions (``block_index(part=...)``), the rest as before."""
+    spec = _bench_spec(64)                       # B=1, H=8: split along the heads
+    ax, bounds = cpu_split(spec, 2)
+    assert spec.sizes[spec.batch[ax]] == 8 and bounds == ((0, 4), (4, 8))
+    lab = spec.batch[ax]
+    whole = block_index(spec, 64, 64, 0, 0)
+    part = block_index(spec, 64, 64, 0, 0, part=(lab, 4, 4))
+    assert np.asarray(part(lab)).ravel().tolist() == [4, 5, 6, 7]
+    assert np.asarray(part(lab)).shape[ax] == 4
+    for other in (spec.sq, spec.key):
+        assert np.array_equal(np.asarray(part(other)), np.asarray(whole(other)))
+    assert cpu_split(spec, 1) == (None, ((0, 1),))   # one part: the loops as they were
 
 
 def test_cpu_plan_uses_skip_blocks_for_causal():

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from hlofuse.kernels import FAMILIES
 from hlofuse.kernels.attention import AttentionBlocks
 from hlofuse.kernels.attention.backward import build_cpu_bwd, build_fwd_lse, build_bwd
+from hlofuse.kernels.attention.cpu import cpu_split
 from hlofuse.kernels.common import func_avals
 from hlofuse.ops import EmitError
 from hlofuse.testing import assert_same, random_inputs
@@ -99,7 +100,10 @@ def test_flash_backward_matches_the_program(case, blocks):
     bs = FAMILIES["attention_bwd"].spec_from_func(bfn)
     ins = list(fwd_in) + extra
     truth = run_region(_text(bfn), ins)
-    kernel = build_cpu_bwd(bs, bl)
+    # split into independent loops along the largest batch axis (3 parts: uneven; a bias that
+    # broadcasts along that axis gets the sum of the parts' gradients)
+    kernel = build_cpu_bwd(bs, bl, parts=3)
+    assert f" x{len(cpu_split(bs.fwd, 3)[1])}" in kernel.blocks
     if mask == "causal" and blocks:
         assert "+skip" in kernel.blocks       # key blocks above the diagonal are skipped
     got = kernel(*ins)
@@ -235,8 +239,11 @@ def test_cpu_backward_plans_a_smaller_step_block_than_the_forward():
     per_row = bs.fwd.n_batch * bs.fwd.n_group
     assert per_row * bwd.bq * bwd.bk <= B.CPU_BWD_STEP_BUDGET < per_row * fwd.bq * fwd.bk
     assert bwd.bk == B.CPU_BWD_MAX_BLOCK_K < 512
-    kernel = build_cpu_bwd(bs)
+    kernel = build_cpu_bwd(bs, parts=1)
     assert kernel.blocks == f"cpu loops {bwd}"
+    two = B.cpu_bwd_plan(bs.fwd, parts=2)          # 2 loops over 2 of the 4 heads: per loop
+    assert per_row // 2 * two.bq * two.bk <= B.CPU_BWD_STEP_BUDGET
+    assert build_cpu_bwd(bs, parts=2).blocks == f"cpu loops {two} x2"
     fs, fwd_in, extra, _ = _inputs(ffn, bfn)
     ins = list(fwd_in) + extra
     assert_same([np.asarray(g) for g in jax.jit(kernel)(*ins)],
