@@ -237,7 +237,7 @@ def test_cpu_nchw_bottleneck_runs_without_activation_transposes():
     o = hlofuse.optimize(text, pipeline=PASS, target="cpu")
     s = stats(o)
     assert s["conv1x1_to_channel_dot"] == 2 and s["convs_to_channels_last"] == 1
-    assert s["dot_result_relaid"] == 0 and s["folded_into_dot"] >= 1
+    assert s["folded_into_dot"] >= 1
     assert o.text.count("stablehlo.dot_general") == 2 and o.text.count("stablehlo.convolution") == 1
     # copies = transposes that are not bitcasts
     assert s["copies_after"] == 2 and "stablehlo.transpose %arg2" in o.text, o.text
@@ -263,16 +263,12 @@ func.func @main(%a: tensor<3x8xf32>, %b: tensor<5x8xf32>, %c: tensor<3xf32>) -> 
 }"""
 
 
-def test_result_transpose_is_absorbed_by_swapping_the_dot_operands():
+def test_result_transpose_of_a_programs_own_dot_stays():
+    """A transpose stuck before the return is not absorbed by swapping the dot's operands:
+    that measured slower on the zoo's Equinox MLPs (0.77 -> 0.82 of jax.jit in f32)."""
     o = hlofuse.optimize(RESULT_T, pipeline=PASS, target="cpu")
-    s = stats(o)
-    assert s["dot_result_relaid"] == 1 and "stablehlo.transpose" not in o.text
-    assert "stablehlo.dot_general %arg1, %arg0, contracting_dims = [1] x [1]" in o.text
+    assert "stablehlo.dot_general %arg0, %arg1" in o.text and "stablehlo.transpose" in o.text
     check_same(o, RESULT_T, ints((3, 8), (5, 8), (3,)))
-    # an rhs read contracting-major would become an lhs XLA:CPU copies first: not swapped
-    major = RESULT_T.replace("tensor<5x8xf32>", "tensor<8x5xf32>").replace("[1] x [1]", "[1] x [0]")
-    o = hlofuse.optimize(major, pipeline=PASS, target="cpu")
-    assert stats(o)["dot_result_relaid"] == 0 and "stablehlo.transpose" in o.text
 
 
 def test_channels_last_conv_is_left_alone():
