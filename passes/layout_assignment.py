@@ -41,7 +41,7 @@ channels-last layout that is kept (the target prefers none, or ``conv_layout='ke
 Not done: transposes into Pallas kernel index maps.
 Preconditions: calls inlined. Invariant: the same arithmetic on the same values (only data
 movement changes), so results are bit-exact except that a backend may pick another convolution,
-dot (a channel dot, a dot with swapped operands) or reduction algorithm for the new layout
+dot (a channel dot) or reduction algorithm for the new layout
 (summation order: ``kernel``/``reassociate`` tolerance; the tests use integer-valued data and
 are exact); the module
 verifies; rerunning the pass changes nothing.

@@ -230,8 +230,7 @@ def bottleneck_args(n):
 def test_cpu_nchw_bottleneck_runs_without_activation_transposes():
     """Batch 1: the 1x1 convolutions become channel dots that read and write NCHW as it lies,
     the 3x3 one goes NHWC; the transpose after it folds into the next dot, the one before it
-    stays (the dot before reads NCHW channels-major, so swapping its operands would make XLA
-    copy that input instead). What is left: the 3x3 kernel's (an argument), the 4-channel
+    stays (nothing absorbs a transpose into a convolution's input). What is left: the 3x3 kernel's (an argument), the 4-channel
     activation before the 3x3 convolution, and bitcasts of the size-1 batch dim."""
     text = bottleneck(1)
     o = hlofuse.optimize(text, pipeline=PASS, target="cpu")
