@@ -93,7 +93,8 @@ def split_parts(ax, bounds, *arrays):
     return [[cut(x, a, b) for x in arrays] for a, b in bounds]
 
 
-def _lax_precision(p: str):
+def lax_precision(p: str):
+    """The ``lax.Precision`` of a spec's dot precision name (None: the default)."""
     return {"HIGHEST": lax.Precision.HIGHEST, "HIGH": lax.Precision.HIGH}.get(p)
 
 
@@ -121,8 +122,8 @@ def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
     sq_ax, k_ax = rank - 2, rank - 1
     table = skip_table_cached(spec, bq, bk)
     out_dtype = hir.np_dtype(spec.out_dtype)
-    qk_prec = _lax_precision(spec.precision[0])
-    pv_prec = _lax_precision(spec.precision[1])
+    qk_prec = lax_precision(spec.precision[0])
+    pv_prec = lax_precision(spec.precision[1])
     p_dtype = hir.np_dtype(spec.p_dtype)
 
     def fn(*inputs):

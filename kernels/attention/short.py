@@ -26,7 +26,7 @@ from jax import lax
 
 from hlofuse import ir as hir
 from hlofuse.kernels.attention.blocks import CPU_SKIP_BLOCK
-from hlofuse.kernels.attention.cpu import block_index
+from hlofuse.kernels.attention.cpu import block_index, lax_precision
 from hlofuse.kernels.attention.layout import canonical_inputs, output
 from hlofuse.kernels.attention.logits import F32, eval_logits, prescale
 from hlofuse.kernels.attention.skip import skip_info
@@ -49,10 +49,6 @@ CPU_SHORT_MAX_ELEMS = 4 * 1024 * 1024
 CPU_SHORT_MAX_K = 1024
 
 
-def _lax_precision(p: str):
-    return {"HIGHEST": lax.Precision.HIGHEST, "HIGH": lax.Precision.HIGH}.get(p)
-
-
 def short_fits(spec: AttentionSpec) -> bool:
     """Whether the loop-free path applies: the whole logits array is one small step block,
     and no position mask lets the loops skip whole key blocks (causal: they compute about half
@@ -69,8 +65,8 @@ def build_cpu_short(spec: AttentionSpec):
     sq, sk = spec.seq_q, spec.seq_k
     nb = len(spec.batch)
     out_dtype = hir.np_dtype(spec.out_dtype)
-    qk_prec = _lax_precision(spec.precision[0])
-    pv_prec = _lax_precision(spec.precision[1])
+    qk_prec = lax_precision(spec.precision[0])
+    pv_prec = lax_precision(spec.precision[1])
     p_dtype = hir.np_dtype(spec.p_dtype)
     index = functools.partial(block_index, spec, sq, sk)(0, 0)
     batch_dims = (tuple(range(nb)), tuple(range(nb)))
