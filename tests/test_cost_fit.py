@@ -117,3 +117,22 @@ def test_measured_decision_shows_the_prediction(cache_dir, monkeypatch):
     f(*args)
     (c,) = f.autotune_decision(*args).regions.values()
     assert "cost model predicted" in c["reason"] and c["predicted"] > 0
+
+
+@pytest.mark.parametrize("busy", [False, True])
+def test_disturbed_measurements_do_not_teach_the_model(cache_dir, monkeypatch, busy):
+    """A measurement other processes disturbed still decides its own program's regions (in
+    memory), but adds no record to the fit: one noisy tuning must not refuse a kind for every
+    later program of the process."""
+    monkeypatch.setattr(at, "MIN_CALL_S", 0.0)
+    monkeypatch.setattr(at, "_time_once", lambda fn, args, reps, kwargs=None: 1e-3)
+    monkeypatch.setattr(at, "BUSY_SHARE", -1.0 if busy else 2.0)   # every / no measurement busy
+    before = len(at.cache().records())
+    args = (jnp.ones((64, 128)), jnp.ones((128,)), jnp.zeros((128,)))
+    f = hlofuse.jit(_ln, autotune="on")
+    f(*args)
+    f(*args)
+    d = f.autotune_decision(*args)
+    assert d.regions, "no region was measured"
+    added = len(at.cache().records()) - before
+    assert added == (0 if busy else len(d.regions))

@@ -947,7 +947,9 @@ def tune(make: Callable[[dict], Callable], args: Sequence, kwargs: dict | None,
     if chosen:
         dev = device_key()
         recs = []
-        for n, r in regions.items():
+        # a disturbed measurement decides this program's regions (in memory) but never
+        # teaches the cost model, which would carry it to every later program of the process
+        for n, r in (regions.items() if not busy else ()):
             c = chosen.get(r["hash"])
             if c is not None and n not in m.duplicates and c["ratio"] > 0:
                 recs.append(dict(r.get("features", {}), ratio=c["ratio"], device=dev,
