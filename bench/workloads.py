@@ -286,6 +286,29 @@ def _mlp_args(d=4096, layers=3, b=64):
     return lambda rng: ([_dense_params(rng, d, d) for _ in range(layers)], _normal(rng, (b, d)))
 
 
+def _bf16_mlp_loss(ws, x, y):
+    h = x
+    for w in ws[:-1]:
+        h = jax.nn.gelu(h @ w)
+    logits = (h @ ws[-1]).astype(jnp.float32)
+    return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None], 1))
+
+
+def mlp_bf16_train(ws, x, y):
+    """One SGD step of a bf16 MLP (bf16 weights and activations, f32 loss): forward and
+    backward dots are all bf16 x bf16 -> bf16 (``dot-f32-accumulate`` on cpu)."""
+    loss, grads = jax.value_and_grad(_bf16_mlp_loss)(ws, x, y)
+    return loss, [w - jnp.asarray(0.1, w.dtype) * g for w, g in zip(ws, grads)]
+
+
+def _mlp_bf16_train_args(sizes=(512, 1024, 1024, 10), b=256):
+    def make(rng):
+        ws = [_normal(rng, (a, c), 0.02).astype(jnp.bfloat16) for a, c in zip(sizes, sizes[1:])]
+        return (ws, _normal(rng, (b, sizes[0])).astype(jnp.bfloat16),
+                rng.integers(0, sizes[-1], b).astype(np.int32))
+    return make
+
+
 def long_attention(q, k, v):
     """B=1, H heads, BSHD inputs, no mask: softmax(QK^T / sqrt(d)) V."""
     return attention(q, k, v)
@@ -398,6 +421,8 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in [
              "int8->bf16 weight conversion)", "quantized", frozen=True),
     Workload("int8_block", int8_block, _int8_block_args(),
              "GPT-2-small block, every linear int8 (weights+activations), B=1 S=512", "quantized"),
+    Workload("mlp_bf16_train", mlp_bf16_train, _mlp_bf16_train_args(),
+             "bf16 MLP training step 512-1024x2-10 (GELU, CE, SGD), batch 256", "mlp"),
     Workload("tiny", tiny_mlp,
              lambda rng: ({"w": _normal(rng, (64, 64), 0.1), "b": _normal(rng, (64,), 0.1)},
                           _normal(rng, (32, 64))), "tiny MLP (tests)", "micro"),

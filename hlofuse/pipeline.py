@@ -297,6 +297,8 @@ PIPELINES: dict[str, list[tuple[str, str]]] = {
                             "the sum, so the matmul fusion below sees an int8 dot and its scale epilogue"),
         ("propagate-shardings", "sharded programs: Shardy's shardings on every op, so kernelize builds per-shard kernels (no-op otherwise)"),
         ("fuse-attention", "outline QK^T-softmax-PV subgraphs for flash kernels before other fusions claim their ops"),
+        ("dot-f32-accumulate", "cpu: bf16 dots with an f32 result (XLA:CPU's library bf16 matmul; a bf16 result is "
+                               "upcast to an f32 matmul); after fuse-attention, so matmul regions hold the f32 dot"),
         ("conv1x1-to-dot", "1x1 NHWC convolutions are matmuls: their epilogue fuses as a dot's (cpu: XLA's library dot beats its library conv)"),
         ("fuse-matmul-epilogue", "dot_general + operand prologues + epilogue (bias, activations, residual) as one tiled kernel"),
         ("fuse-reduction", "row reductions with their producers and epilogue (softmax, layernorm, rmsnorm) kept on chip"),

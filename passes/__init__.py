@@ -23,3 +23,4 @@ from hlofuse.passes import layout_assignment as layout_assignment
 from hlofuse.passes import buffer_aliasing as buffer_aliasing
 from hlofuse.passes import propagate_shardings as propagate_shardings
 from hlofuse.passes import row_gather_scatter as row_gather_scatter
+from hlofuse.passes import dot_f32_accumulate as dot_f32_accumulate

@@ -1,0 +1,208 @@
+"""``dot-f32-accumulate``: on cpu, a bf16 x bf16 -> bf16 dot becomes the same dot with an f32
+result, rounded to bf16 by a ``convert`` right after it.
+
+Why: XLA:CPU computes a dot with a bf16 *result* by converting both operands to f32 in memory
+and running an f32 matmul (its float-normalization), so every bf16 model pays the f32 matmul
+plus two operand conversions. A dot with bf16 operands and an f32 result goes to XLA's
+library (YNNPACK) bf16 kernel as it is, which on CPUs with bf16 dot instructions (AVX512-BF16:
+Zen 4, Sapphire Rapids) runs about twice as fast (256x768 @ 768x3072 on a 2-core Zen 4:
+14.9 ms as a bf16 dot, 7.0 ms as bf16 -> f32; see ``bench`` for the zoo's bf16 models).
+
+Rewrites (target cpu only; every ``dot_general`` of the user's program, outside hlofuse's
+outlined regions and kernels): ``dot_general(a: bf16, b: bf16) -> bf16`` becomes
+``convert(dot_general(a, b) -> f32) -> bf16``, keeping the dimension numbers and the
+precision config. A matrix-vector dot (one operand a vector: one contracting dim, all other
+dims of size 1, no batch dims; the other a matrix of at least ``gemv_pad_min_elems``
+elements) is also computed as a two-row (or two-column) product whose second row is zeros,
+sliced back to the first: XLA:CPU runs a bf16 matrix-vector dot in a slow loop whatever its
+result type (1x1024 @ 1024x32000, a decoder's next-token head: 84 ms under jax.jit, 13.5 ms
+this way). The result's consumers see the same bf16 value as before: XLA's own path
+also accumulates in f32 and rounds once at the end, so only the order of the f32 sums may
+differ (``reassociate``). A later fusion pass sees an f32 dot with a ``convert`` epilogue (the
+cpu matmul kernel keeps each dot's own result type, so the kernel's dot is the f32 one).
+
+Not rewritten: other targets (GPU/TPU matmuls already accumulate bf16 in f32 and write bf16;
+an f32 result would only double the bytes written), dots whose operands or result are not
+all bf16 (f16 has no faster library path on CPU: 27.8 ms either way at the size above; f32
+and integer dots are unchanged), bf16 convolutions (an f32 result made a 3x3 56x56x64 NHWC
+convolution slower, 11.1 vs 7.6 ms), dots
+carrying a dot ``algorithm`` (the user chose the arithmetic), and dots inside hlofuse-made
+functions (attention regions own their dots). ``enabled=False`` turns the pass off.
+
+Preconditions: calls inlined; after ``fuse-attention`` (attention subgraphs are outlined as
+the user wrote them) and before ``conv1x1-to-dot``/``fuse-matmul-epilogue`` (so a matmul
+region holds the f32 dot and its convert).
+Invariant: the module verifies; results within ``reassociate`` (f32 accumulation order), NaN,
+infinities and signed zeros as XLA's own f32 accumulation gives them. Idempotent: the dots it
+makes have an f32 result and are not matched again.
+
+Statistics: ``widened`` (dots rewritten), ``matrix_vector_padded`` (of those, computed as two
+rows/columns).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import stablehlo
+
+from hlofuse import ir as hir
+from hlofuse.pipeline import Pass, register_pass
+from hlofuse.passes.fusion.outline import program_blocks
+
+
+def _is_bf16(v) -> bool:
+    info = hir.tensor_type_info(v.type)
+    return info is not None and info.dtype == "bf16"
+
+
+def widen_reason(op) -> str | None:
+    """None when ``op`` is a bf16 x bf16 -> bf16 ``dot_general`` this pass rewrites, else why not."""
+    if op.name != "stablehlo.dot_general":
+        return "not a dot_general"
+    if not (_is_bf16(op.operands[0]) and _is_bf16(op.operands[1]) and _is_bf16(op.results[0])):
+        return "operands and result are not all bf16"
+    if "algorithm" in op.attributes:
+        return "the dot names its algorithm"
+    return form_reason(op)
+
+
+def form_reason(op) -> str | None:
+    """None when XLA:CPU is known to run this dot's operand layout with an f32 result, else why
+    not.
+
+    A bf16 x bf16 -> f32 dot runs only inside XLA:CPU's library (YNNPACK) kernel; a dot XLA
+    sends to its own Eigen dot instead fails at run time ("Unsupported element type for
+    DotThunk::Execute: BF16 x BF16 = F32"), where the bf16 -> bf16 dot it was would have run.
+    Which dots reach the library depends on how XLA transposes the operands, so the forms
+    allowed here are the ones measured to reach it (tests/passes/test_dot_f32_accumulate.py
+    sweeps them): batch dimensions leading both operands in the same order, and, when the
+    lhs is one contracting then one free dimension (a transposed matrix), an rhs of one
+    contracting and at most one free dimension."""
+    lb, rb, lc, rc = _dims(op)
+    nb = len(lb)
+    if lb != list(range(nb)) or rb != list(range(nb)):
+        return "batch dimensions do not lead both operands in the same order"
+    lrank, rrank = (len(hir.tensor_type_info(v.type).shape) for v in op.operands[:2])
+    if lrank - nb == 2 and lc == [nb] and rrank - nb > 2:
+        return "a transposed lhs matrix with an rhs of several free dimensions"
+    return None
+
+
+def _dims(op):
+    dn = stablehlo.DotDimensionNumbers(op.attributes["dot_dimension_numbers"])
+    return (list(dn.lhs_batching_dimensions), list(dn.rhs_batching_dimensions),
+            list(dn.lhs_contracting_dimensions), list(dn.rhs_contracting_dimensions))
+
+
+def vector_side(op, min_elems: int) -> int | None:
+    """0 or 1 when that operand of the dot is a vector (one contracting dim, every other dim
+    of size 1, no batch dims) and the other operand is a matrix of at least ``min_elems``
+    elements with free dims of its own; None otherwise."""
+    lb, rb, lc, rc = _dims(op)
+    if lb or rb or len(lc) != 1 or len(rc) != 1:
+        return None
+    shapes = [hir.tensor_type_info(v.type).shape for v in op.operands[:2]]
+    free = [[d for i, d in enumerate(sh) if i != c[0]] for sh, c in zip(shapes, (lc, rc))]
+    for side in (0, 1):
+        other = 1 - side
+        size = 1
+        for d in shapes[other]:
+            size *= d
+        if all(d == 1 for d in free[side]) and any(d > 1 for d in free[other]) and size >= min_elems:
+            return side
+    return None
+
+
+def widen_dot(op, pad_vector: int | None = None):
+    """Replace ``op`` (see :func:`widen_reason`) by ``convert(dot_general(...) -> f32)``.
+
+    With ``pad_vector`` (the operand :func:`vector_side` found), that operand becomes a
+    two-row (lhs) or two-column (rhs) matrix whose second row/column is zeros, and the result
+    keeps the first: XLA:CPU sends a bf16 matrix-vector dot to a slow loop (46 ms for 1x4096 @
+    4096x4096 on a 2-core Zen 4, either result type) and a two-row one to its library GEMM
+    (7.2 ms); the first row's sums are the same dot products."""
+    with op.context, op.location, ir.InsertionPoint(op):
+        rt = ir.RankedTensorType(op.results[0].type)
+        f32 = ir.RankedTensorType.get(rt.shape, ir.F32Type.get())
+        kw = {}
+        if "precision_config" in op.attributes:
+            kw["precision_config"] = op.attributes["precision_config"]
+        made = []
+        if pad_vector is None:
+            dot = stablehlo.DotGeneralOp(f32, op.operands[0], op.operands[1],
+                                         op.attributes["dot_dimension_numbers"], **kw)
+            wide = dot.result
+            made.append(dot)
+        else:
+            _, _, lc, rc = _dims(op)
+            v, m = op.operands[pad_vector], op.operands[1 - pad_vector]
+            vt = ir.RankedTensorType(v.type)
+            k = vt.shape[(lc if pad_vector == 0 else rc)[0]]
+            shape1, shape2 = ([1, k], [2, k]) if pad_vector == 0 else ([k, 1], [k, 2])
+            v1 = stablehlo.ReshapeOp(ir.RankedTensorType.get(shape1, vt.element_type), v)
+            zero = stablehlo.ConstantOp(ir.DenseElementsAttr.get_splat(
+                ir.RankedTensorType.get([], vt.element_type), ir.FloatAttr.get(vt.element_type, 0.0)))
+            high = [1, 0] if pad_vector == 0 else [0, 1]
+            v2 = stablehlo.PadOp(v1.result, zero.result, [0, 0], high, [0, 0])
+            m_shape = list(ir.RankedTensorType(m.type).shape)
+            mc = (rc if pad_vector == 0 else lc)[0]
+            m_free = [d for i, d in enumerate(m_shape) if i != mc]
+            if pad_vector == 0:
+                dn = stablehlo.DotDimensionNumbers.get(
+                    lhs_batching_dimensions=[], rhs_batching_dimensions=[],
+                    lhs_contracting_dimensions=[1], rhs_contracting_dimensions=[mc])
+                out2, lo, hi = [2] + m_free, [0] * (1 + len(m_free)), [1] + m_free
+                dot = stablehlo.DotGeneralOp(ir.RankedTensorType.get(out2, ir.F32Type.get()),
+                                             v2.result, m, dn, **kw)
+            else:
+                dn = stablehlo.DotDimensionNumbers.get(
+                    lhs_batching_dimensions=[], rhs_batching_dimensions=[],
+                    lhs_contracting_dimensions=[mc], rhs_contracting_dimensions=[0])
+                out2, lo, hi = m_free + [2], [0] * (1 + len(m_free)), m_free + [1]
+                dot = stablehlo.DotGeneralOp(ir.RankedTensorType.get(out2, ir.F32Type.get()),
+                                             m, v2.result, dn, **kw)
+            first = stablehlo.SliceOp(dot.result, lo, hi, [1] * len(hi))
+            back = stablehlo.ReshapeOp(f32, first.result)
+            wide = back.result
+            made += [dot, first, back]
+        cvt = stablehlo.ConvertOp(rt, wide)
+        made.append(cvt)
+        # dialect attributes (Shardy's ``sdy.sharding``, frontend attributes) describe the
+        # result, which the new ops after the dot have the shape of: keep them there
+        for i in range(len(op.attributes)):
+            na = op.attributes[i]
+            if "." in na.name:
+                for new in made if pad_vector is None else made[1:]:
+                    new.operation.attributes[na.name] = na.attr
+    op.results[0].replace_all_uses_with(cvt.result)
+    hir.safe_erase(op)
+    return dot.operation
+
+
+@register_pass
+class DotF32Accumulate(Pass):
+    """See the module docstring."""
+    name = "dot-f32-accumulate"
+
+    @dataclasses.dataclass(frozen=True)
+    class Options:
+        enabled: bool = True  # False: leave bf16 dots as written (XLA:CPU upcasts them to f32)
+        # a matrix-vector dot whose matrix has at least this many elements is computed as a
+        # two-row (two-column) matrix product; 0 turns that off
+        gemv_pad_min_elems: int = 1 << 16
+
+    def run(self, module, ctx):
+        if not ctx.target.is_cpu or not self.options.enabled:
+            return {"widened": 0, "matrix_vector_padded": 0}
+        n = padded = 0
+        lim = self.options.gemv_pad_min_elems
+        for block in program_blocks(module):
+            for op in [o for o in hir.block_ops(block) if o.name == "stablehlo.dot_general"]:
+                if widen_reason(op) is None:
+                    side = vector_side(op, lim) if lim > 0 else None
+                    widen_dot(op, side)
+                    n += 1
+                    padded += side is not None
+        return {"widened": n, "matrix_vector_padded": padded}
