@@ -125,13 +125,13 @@ def _status(r: dict, platform_: str) -> str:
 
 def rows_for_table(results: list, platform_: str) -> list[tuple]:
     head = ("model", "jax ms", "hlofuse ms", "ratio", "IQR", "flag", "eager ms",
-            "1st jax s", "1st hl s", "kernels", "fusions j/h", "autotune", "RSS j/h MiB", "rel diff",
+            "1st jax s", "1st hl s", "ready s", "kernels", "fusions j/h", "autotune", "RSS j/h MiB", "rel diff",
             "status")
     rows = [head]
     for r in results:
         if "error" in r:
             rows.append((r["name"], "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-",
-                         "error: " + r["error"][:60]))
+                         "-", "error: " + r["error"][:60]))
             continue
         lat = r["latency"]
         fj = r.get("jax_compiled", {}).get("hlo", {}).get("fusions_total", "-")
@@ -145,7 +145,7 @@ def rows_for_table(results: list, platform_: str) -> list[tuple]:
             f"{lat['median_ratio']:.3f}", f"{lat['ratio_p25']:.2f}-{lat['ratio_p75']:.2f}",
             f"{lat['flagged_rounds']}/{lat['rounds']}", _ms(r.get("eager_s")),
             f"{r['first_call_jax_s']:.2f}", f"{r['first_call_hlofuse_s']:.2f}",
-            str(r["hlofuse_report"]["kernels"]), f"{fj}/{fh}", at.get("variant", "off"), rss_s,
+            f"{r.get('ready_s', r['first_call_hlofuse_s']):.2f}", str(r["hlofuse_report"]["kernels"]), f"{fj}/{fh}", at.get("variant", "off"), rss_s,
             f"{r['numerics'].get('max_rel_diff', float('nan')):.1e}", _status(r, platform_)))
     return rows
 

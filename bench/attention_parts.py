@@ -43,7 +43,7 @@ def main(argv=None) -> int:
         for label, parts in (("split", a.parts), ("one", 1)):
             C.CPU_PARTS = parts
             kernelize._CACHE.clear()           # lowered kernels are cached in-process too
-            f = hlofuse.jit(w.fn, autotune=False)
+            f = hlofuse.jit(w.fn, tiered=False, autotune=False)
             jax.block_until_ready(f(*args))                    # builds with this split
             blocks = [r.block for r in f.report(*args).regions if "attention" in r.kind]
             print(f"{name}: {label}: attention kernels {blocks}", flush=True)

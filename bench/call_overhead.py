@@ -41,10 +41,10 @@ def _variants():
     x = jnp.arange(8.0, dtype=jnp.float32)
     y = jnp.ones(8, jnp.float32)
     jf = jax.jit(f)
-    hf_off = hlofuse.jit(f, autotune=False)
-    hf_on = hlofuse.jit(f, autotune=True)
+    hf_off = hlofuse.jit(f, tiered=False, autotune=False)
+    hf_on = hlofuse.jit(f, tiered=False, autotune=True)
     jg = jax.jit(g, static_argnames="n")
-    hg = hlofuse.jit(g, static_argnames="n", autotune=False)
+    hg = hlofuse.jit(g, tiered=False, static_argnames="n", autotune=False)
     return {
         "jax.jit": lambda: jf(x, y),
         "hlofuse.jit": lambda: hf_off(x, y),
@@ -87,7 +87,7 @@ def _tuning_child(name: str, mode: str) -> None:
     from bench import workloads
     fn, args = workloads.get(name).instantiate(0)
     args = jax.block_until_ready(args)
-    f = hlofuse.jit(fn, autotune=mode)
+    f = hlofuse.jit(fn, tiered=False, autotune=mode)
     calls = []
     for _ in range(3):
         t0 = time.perf_counter()

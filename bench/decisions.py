@@ -30,8 +30,8 @@ def run(model: str, budget: float, cfg) -> dict:
     fn, args = workloads.get(model).instantiate(0)
     args = jax.block_until_ready(args)
     jf = jax.jit(fn)
-    plain = hlofuse.jit(fn, autotune=False)
-    tuned = hlofuse.jit(fn, autotune="on")
+    plain = hlofuse.jit(fn, tiered=False, autotune=False)
+    tuned = hlofuse.jit(fn, tiered=False, autotune="on")
     t0 = time.perf_counter()
     d = tuned.tune(*args, budget_s=budget)
     tune_s = time.perf_counter() - t0

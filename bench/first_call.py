@@ -7,7 +7,12 @@ interleaved per repeat: ``jax`` (plain ``jax.jit``, no persistent cache: as a us
 ``cold`` (hlofuse with an empty cache directory) and ``warm`` (hlofuse in a second process
 whose cache directory an earlier process filled: optimized modules, decisions, jax's
 compilation cache). Medians are compared with the targets: cold <= 2x, warm <= 1.2x. The
-hlofuse children also report where the time went (pass pipeline, XLA compile).
+hlofuse children also report where the time went (pass pipeline, XLA compile in all threads).
+
+hlofuse's cold first call is tiered by default (XLA's code for the function now, hlofuse's
+module optimized and compiled in a background thread): the **ready** column is the time from
+that call's start until hlofuse's own code is ready (``HlofuseFunction.block_until_optimized``),
+the first call's time when it was built in place (warm cache, ``HLOFUSE_TIERED=0``).
 
     python -m bench.first_call [--repeats 3] [--models bert_s128,mlp_3x4096] [--json out.json]
 
@@ -44,7 +49,15 @@ def _child(impl: str, model: str) -> None:
     t0 = time.perf_counter()
     jax.block_until_ready(f(*args))
     total = time.perf_counter() - t0
-    out = {"impl": impl, "first_call_s": total, "xla_compile_s": sum(compile_s)}
+    out = {"impl": impl, "first_call_s": total, "ready_s": total}
+    if impl == "hlofuse":
+        # a tiered first call ran XLA's code: hlofuse's is ready when the background build is
+        f.block_until_optimized()
+        st = f.tier_status(*args)
+        out["tier"] = st.get("state")
+        if st.get("state") == "ready":
+            out["ready_s"] = st["seconds"]
+    out["xla_compile_s"] = sum(compile_s)
     if impl == "hlofuse":
         rep = f.report(*args)
         out["passes_s"] = sum(rep.pass_seconds.values())
@@ -99,12 +112,17 @@ def measure_model(model: str, repeats: int, tmp: str) -> dict:
                 r = run_child("hlofuse", model, warm_dir)
             runs[kind].append(r)
             sys.stderr.write(f"  {model} [{i + 1}/{repeats}] {kind:5s} first call "
-                             f"{r['first_call_s']:.2f}s (XLA compile {r['xla_compile_s']:.2f}s"
+                             f"{r['first_call_s']:.2f}s, hlofuse's code ready "
+                             f"{r.get('ready_s', r['first_call_s']):.2f}s ({r.get('tier')}; "
+                             f"XLA compile {r['xla_compile_s']:.2f}s"
                              + (f", passes {r['passes_s']:.2f}s, module cache "
                                 f"{r['module_cache']}" if "passes_s" in r else "") + ")\n")
     med = {k: statistics.median(x["first_call_s"] for x in v) for k, v in runs.items()}
+    ready = statistics.median(x.get("ready_s", x["first_call_s"]) for x in runs["cold"])
     return {"model": model, "median_s": med, "cold_ratio": med["cold"] / med["jax"],
-            "warm_ratio": med["warm"] / med["jax"], "runs": runs}
+            "warm_ratio": med["warm"] / med["jax"], "cold_ready_s": ready,
+            "cold_ready_ratio": ready / med["jax"],
+            "tiers": sorted({str(x.get("tier")) for x in runs["cold"]}), "runs": runs}
 
 
 def main(argv=None) -> int:
@@ -127,13 +145,15 @@ def main(argv=None) -> int:
         for m in models:
             results.append(measure_model(m, a.repeats, tmp))
     print(f"{'model':20s} {'jax.jit':>8s} {'cold':>8s} {'warm':>8s} {'cold/jax':>9s} "
-          f"{'warm/jax':>9s}  (median of {a.repeats} fresh processes; targets "
-          f"cold <= {TARGET:.1f}x, warm <= {TARGET_WARM:.1f}x)")
+          f"{'warm/jax':>9s} {'ready':>8s} {'ready/jax':>9s}  (median of {a.repeats} fresh "
+          f"processes; targets cold <= {TARGET:.1f}x, warm <= {TARGET_WARM:.1f}x; ready: "
+          f"hlofuse's code in place after a cold first call)")
     for r in results:
         med = r["median_s"]
         print(f"{r['model']:20s} {med['jax']:7.2f}s {med['cold']:7.2f}s {med['warm']:7.2f}s "
               f"{r['cold_ratio']:8.2f}x{'' if r['cold_ratio'] <= TARGET else '!'} "
-              f"{r['warm_ratio']:8.2f}x{'' if r['warm_ratio'] <= TARGET_WARM else '!'}")
+              f"{r['warm_ratio']:8.2f}x{'' if r['warm_ratio'] <= TARGET_WARM else '!'} "
+              f"{r['cold_ready_s']:7.2f}s {r['cold_ready_ratio']:8.2f}x")
     if a.json:
         with open(a.json, "w") as fh:
             json.dump({"targets": {"cold": TARGET, "warm": TARGET_WARM}, "results": results},

@@ -62,7 +62,7 @@ def main(argv=None) -> int:
             for i, (k, s, sh) in enumerate(zip(keys, shapes, shard))]
     fn = step(block) if a.train else block
     jj = jax.jit(fn, in_shardings=shard)
-    hf = hlofuse.jit(fn, in_shardings=shard, autotune=a.autotune == "on" and "on")
+    hf = hlofuse.jit(fn, tiered=False, in_shardings=shard, autotune=a.autotune == "on" and "on")
     for f in (jj, hf):
         for _ in range(5):   # hlofuse tunes on an early call when --autotune on
             jax.block_until_ready(f(*args))

@@ -116,7 +116,7 @@ def _with_bwd_blocks(step, blocks: str):
     from hlofuse.kernels.attention import backward
     from hlofuse.kernels.attention.blocks import AttentionBlocks
     bq, bk = (int(x) for x in blocks.split("x"))
-    f = hlofuse.jit(step, autotune=False)
+    f = hlofuse.jit(step, tiered=False, autotune=False)
 
     def call(*args):
         if not getattr(call, "built", False):
@@ -139,9 +139,9 @@ def functions(name: str, autotune: bool, bwd_blocks: tuple = ()) -> dict:
         return {"jax": jax.jit(jax.value_and_grad(attn_loss, argnums=(0, 1, 2))),
                 "hlofuse": jax.jit(jax.value_and_grad(hlofuse.jit(attn_loss, autotune=False),
                                                       argnums=(0, 1, 2)))}
-    fns = {"jax": jax.jit(step), "hlofuse": hlofuse.jit(step, autotune=False)}
+    fns = {"jax": jax.jit(step), "hlofuse": hlofuse.jit(step, tiered=False, autotune=False)}
     if autotune:
-        fns["hlofuse+tune"] = hlofuse.jit(step)
+        fns["hlofuse+tune"] = hlofuse.jit(step, tiered=False)
     for b in bwd_blocks:
         fns[f"hlofuse bwd={b}"] = _with_bwd_blocks(step, b)
     return fns
@@ -222,7 +222,7 @@ def report_regions(name: str) -> list:
     if step is None:
         return []
     args = [jax.tree.map(jax.numpy.asarray, a) for a in make()]
-    rep = hlofuse.jit(step, autotune=False).report(*args)
+    rep = hlofuse.jit(step, tiered=False, autotune=False).report(*args)
     return [f"{r.kind}:{r.kernel or r.reason}" for r in rep.regions if r.kind.startswith("attention")]
 
 

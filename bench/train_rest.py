@@ -99,7 +99,7 @@ def measure(name: str, rounds: int, variants: dict) -> dict:
            "variants": {}}
     for vname, spec in {"default": ((), {}), **variants}.items():
         disabled, options = spec
-        hf = hlofuse.jit(step, disable=disabled, options=options or None)
+        hf = hlofuse.jit(step, tiered=False, disable=disabled, options=options or None)
         got = jax.block_until_ready(hf(*args))
         problems = compare(got, want, "grad")
         report = hf.report(*args)
@@ -139,7 +139,7 @@ def compare_step_hlo(loss, args) -> dict:
     from bench.runner import hlofuse_compiled
     step = jax.value_and_grad(loss)
     ref = _instructions(jax.jit(step).lower(*args).compile().as_text())
-    hf = hlofuse.jit(step, autotune=False)
+    hf = hlofuse.jit(step, tiered=False, autotune=False)
     jax.block_until_ready(hf(*args))
     got = _instructions(hlofuse_compiled(hf, args)[0].as_text())
     fmt = lambda c: {f"{dt}[{sh}] {op}": n for (dt, sh, op), n in sorted(c.items())}

@@ -13,6 +13,14 @@ whose decision is "XLA defaults" runs the very same ``jax.jit`` object as ``auto
 only a signature whose measured winner is a compiler-option variant runs a second, top-level
 ``jax.jit(traced, compiler_options=...)``. Under any transformation (arguments are tracers)
 the plain ``jax.jit`` is used, so ``compiler_options`` never meets a tracer.
+
+Tiered first call (``tiered=``, default on): a top-level call of a new signature whose
+optimized module is not in the module cache runs XLA's code for the function at once (what
+``jax.jit`` would compile: the traced jaxpr inlined, same donation and shardings), and a
+background thread exports, optimizes and XLA-compiles hlofuse's module. Calls of that
+signature run XLA's code until it is ready, then hlofuse's; autotune starts from there.
+:meth:`HlofuseFunction.block_until_optimized` waits for it. Under a transformation, from
+``lower``/``report``/``tune``, or with a warm module cache, the build is synchronous as before.
 """
 
 from __future__ import annotations
@@ -20,9 +28,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import os
 import re
 import threading
 import time
+import warnings
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -35,9 +45,10 @@ from jax._src import core as jcore
 from hlofuse import ir as hir
 from hlofuse.passes import graph_util as gu
 from hlofuse.passes.buffer_aliasing import memory_plan
-from hlofuse.report import Report
+from hlofuse.report import HlofuseWarning, Report
 from hlofuse.target import Target
-from hlofuse.runtime import Options, Program, call, find_calls, signature_of
+from hlofuse.runtime import (Options, Program, call, context_movable, find_calls,
+                              signature_of)
 from hlofuse.tools import autotune as at
 from hlofuse.tools import module_cache
 
@@ -45,6 +56,23 @@ __all__ = ["jit", "Lowered", "Compiled", "HlofuseFunction"]
 
 log = logging.getLogger("hlofuse")
 _CALL = threading.local()   # .args: the concrete (args, kwargs) of the call being traced
+#                             .tier: this call may start a tiered build (set by __call__ only)
+
+#: ``tiered=None`` follows this variable: "0"/"off"/"false"/"no" turn tiered first calls off
+TIERED_ENV = "HLOFUSE_TIERED"
+
+
+def tiered_mode(setting) -> bool:
+    """``hlofuse.jit(tiered=...)``: True/False, or None for ``$HLOFUSE_TIERED`` (default on)."""
+    if setting is None:
+        return os.environ.get(TIERED_ENV, "1").strip().lower() not in ("0", "off", "false", "no")
+    return bool(setting)
+
+
+class _Tier(Exception):
+    """Raised out of ``jax.jit``'s trace of a new signature (from :meth:`HlofuseFunction._traced`)
+    when its optimized module would have to be built: the call runs XLA's code instead and the
+    build goes to the background. Never escapes :meth:`HlofuseFunction.__call__`."""
 
 
 def _norm_tuple(x) -> tuple:
@@ -195,13 +223,20 @@ class _Tuning:
     key: str | None = None            # decision-cache key (None: nothing to tune)
     entry: Any = None
     cached: bool = False              # the decision came from the cache
+    # tiered first call: None (built synchronously), "building" (calls run XLA's code),
+    # "ready" (hlofuse's executable compiled), "failed" (XLA's code for good, error says why)
+    tier: str | None = None
+    tier_thread: Any = None
+    tier_started: float = 0.0
+    tier_s: float | None = None       # seconds from the first call to hlofuse's code ready
+    tier_error: str | None = None
 
 
 class HlofuseFunction:
     """The callable returned by :func:`jit`."""
 
     def __init__(self, fun: Callable, *, target, pipeline, disable, check, options, dump_dir,
-                 autotune=None, freeze_argnums=(), **jit_kwargs):
+                 autotune=None, freeze_argnums=(), tiered=None, **jit_kwargs):
         functools.update_wrapper(self, fun)
         self._fun = fun
         self._target = None if target is None else Target.of(target)
@@ -239,6 +274,8 @@ class HlofuseFunction:
         self._tuning: dict[tuple, _Tuning] = {}
         self._variants: dict[tuple, Callable] = {}   # compiler-option variants of self._jit
         self._fast = True      # every signature seen so far runs self._jit as is
+        self._tiered = tiered
+        self._plain = None     # jax.jit of the traced jaxpr inlined (tiered first calls)
 
     # -- configuration ---------------------------------------------------------------------
     def _check_argnums(self, sig, static_argnums: tuple, donate_argnums: tuple) -> None:
@@ -292,17 +329,18 @@ class HlofuseFunction:
         return at.mode(self._autotune, jax.default_backend())
 
     # -- the traced function (runs once per signature, inside jax.jit's tracing) -------------
-    def _traced_fn(self, xla: frozenset = frozenset()) -> Callable:
+    def _traced_fn(self, xla: frozenset = frozenset(), plain: bool = False) -> Callable:
         """A plain function with the user's name and signature (jax.jit reads both) that
-        runs :meth:`_traced` (``xla``: region hashes run without their kernels)."""
+        runs :meth:`_traced` (``xla``: region hashes run without their kernels; ``plain``:
+        the traced function inlined, no hlofuse module: what jax.jit compiles)."""
         def traced(*args, **kwargs):
-            return self._traced(*args, _xla=xla, **kwargs)
+            return self._traced(*args, _xla=xla, _plain=plain, **kwargs)
         try:
             return functools.wraps(self._fun)(traced)
         except Exception:  # noqa: BLE001 - odd callables without __name__ etc.
             return traced
 
-    def _traced(self, *args, _xla: frozenset = frozenset(), **kwargs):
+    def _traced(self, *args, _xla: frozenset = frozenset(), _plain: bool = False, **kwargs):
         leaves, in_tree = tree_util.tree_flatten((args, kwargs))
         dyn = [isinstance(x, jcore.Tracer) for x in leaves]
         static = tuple(_static_key(x) for x, d in zip(leaves, dyn) if not d)
@@ -317,10 +355,18 @@ class HlofuseFunction:
                     program = self._make_program(leaves, in_tree, dyn, donated)
                     program.shardings = shardings
                     self._programs[key] = program
+        xs = [x for x, d in zip(leaves, dyn) if d]
+        sig = signature_of([jax.typeof(x) for x in xs])
+        if _plain:  # a tiered first call: XLA's code for the traced function
+            out = program.traced_fun(*xs)   # traces the function first when it is new
+            return tree_util.tree_unflatten(program.out_trees[sig], out)
         if self._mode() != "off":
             self._fast = False  # a new signature: the next concrete call decides its options
-        xs = [x for x, d in zip(leaves, dyn) if d]
         concrete = getattr(_CALL, "args", None)
+        if getattr(_CALL, "tier", False):
+            _CALL.tier = False   # asked once per call: nested and later traces build in place
+            if not _xla and shardings is None and self._should_tier(program, sig, concrete):
+                raise _Tier()
         if concrete is not None and "xla_cache" not in _CALL.__dict__:
             # this call compiles the new signature next: a second process finds it in jax's
             # cache however short it was (left when the call returns, in __call__)
@@ -332,8 +378,27 @@ class HlofuseFunction:
                 isinstance(x, jcore.Tracer) for x in tree_util.tree_leaves(concrete)):
             xs = _on_inner_mesh(program, xs)   # a top-level call with uncommitted inputs
         out = call(program.with_xla(_xla), xs)
-        sig = signature_of([jax.typeof(x) for x, d in zip(leaves, dyn) if d])
         return tree_util.tree_unflatten(program.out_trees[sig], out)
+
+    def _should_tier(self, program: Program, sig, concrete) -> bool:
+        """Whether this trace (of a top-level call) should run XLA's code now and build
+        hlofuse's module in the background: tiering is on, the arguments are concrete and the
+        module is not cheap to get (not built in this process, not in the module cache)."""
+        if not tiered_mode(self._tiered) or concrete is None:
+            return False
+        if "backend" in self._jit_kwargs or "device" in self._jit_kwargs:
+            return False
+        if any(isinstance(x, jcore.Tracer) for x in tree_util.tree_leaves(concrete)):
+            return False
+        try:
+            target = program.target_for(jax.default_backend())
+            if program.is_built(sig, target):
+                return False
+            # a background thread does not inherit this thread's jax settings (context
+            # managers): under any, the module is built here, as jax.jit would
+            return context_movable()
+        except Exception:  # noqa: BLE001 - the synchronous build reports what is wrong
+            return False
 
     def _leaf_shardings(self, args, kwargs, dyn) -> tuple | None:
         """The ``NamedSharding`` of every dynamic leaf of this call, when all are known and on
@@ -407,6 +472,7 @@ class HlofuseFunction:
         if self._freeze:
             args = self._wrap_frozen(args)
         _CALL.args = (args, kwargs)  # read only when this call traces (argument shardings)
+        _CALL.tier = True
         try:
             if self._fast:
                 out = self._jit(*args, **kwargs)
@@ -414,11 +480,142 @@ class HlofuseFunction:
                     self._tuned_call(args, kwargs, out)
                 return out
             return self._tuned_call(args, kwargs)
+        except _Tier:
+            return self._tier_call(args, kwargs)
+        finally:
+            _CALL.args = None
+            _CALL.tier = False
+            ctx = _CALL.__dict__.pop("xla_cache", None)
+            if ctx is not None:
+                ctx.__exit__(None, None, None)
+
+    # -- tiered first call -------------------------------------------------------------------
+    def _plain_jit(self):
+        if self._plain is None:
+            with self._lock:
+                if self._plain is None:
+                    self._plain = jax.jit(self._traced_fn(plain=True), **self._jit_kwargs)
+        return self._plain
+
+    def _tier_call(self, args, kwargs):
+        """The call whose trace raised :class:`_Tier`: run XLA's code for it, then start
+        building hlofuse's executable for its signature in the background."""
+        key = self._call_key(args, kwargs)
+        if key is None:  # cannot be tracked per signature: build in place
+            return self._jit(*args, **kwargs)
+        specs = self._specs(args, kwargs)   # before the call: it may donate the arguments
+        if specs is None:
+            return self._jit(*args, **kwargs)
+        with self._lock:
+            st = self._tuning.setdefault(key, _Tuning())
+            self._fast = False
+            start = st.tier is None
+            if start:
+                st.tier, st.calls, st.tier_started = "building", 0, time.perf_counter()
+        try:
+            out = self._plain_jit()(*args, **kwargs)
+        except BaseException:
+            if start:   # nothing to wait for: the next call tries again
+                st.tier = None
+            raise
+        if start:
+            t = threading.Thread(target=self._tier_build, args=(st, *specs, [out]),
+                                 name=f"hlofuse-build-{self._name}")
+            st.tier_thread = t
+            t.start()
+        return out
+
+    def _specs(self, args, kwargs):
+        """``(args, kwargs)`` with every dynamic leaf replaced by its ``ShapeDtypeStruct``
+        (weak type kept; the sharding of committed arrays, so the background lowering is the
+        one a call makes), static and frozen arguments as they are. None when a leaf has no
+        such spec."""
+        statics = self._static_positions(len(args))
+
+        def spec(x):
+            a = jax.typeof(x)
+            sharding = x.sharding if getattr(x, "_committed", False) else None
+            return jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type,
+                                        sharding=sharding)
+        try:
+            sargs = tuple(a if i in statics else tree_util.tree_map(spec, a)
+                          for i, a in enumerate(args))
+            skw = {k: v if k in self._static_names else tree_util.tree_map(spec, v)
+                   for k, v in kwargs.items()}
+        except Exception:  # noqa: BLE001 - an unusual leaf: no background build
+            return None
+        return sargs, skw
+
+    def _tier_build(self, st: _Tuning, args, kwargs, first_out: list):
+        """Background thread: lower and compile hlofuse's executable for the signature of
+        ``args`` (shape/dtype specs), as the call path would, so later calls find it in
+        jax's caches. Then the first sight of autotune (the XLA-code call was call 1).
+        ``first_out``: the first call's outputs; the build starts when they are computed, so
+        it does not take CPU from that first run."""
+        _CALL.args, _CALL.tier = (args, kwargs), False
+        try:
+            jax.block_until_ready(first_out.pop())
+        except Exception:  # noqa: BLE001 - e.g. already donated to a later call: computed
+            pass
+        try:
+            self._jit.lower(*args, **kwargs).compile()
+            with self._lock:
+                st.tier, st.calls = "ready", 1
+                st.tier_s = time.perf_counter() - st.tier_started
+                try:
+                    _, entry = self._entry_of(args, kwargs)
+                except Exception:  # noqa: BLE001 - the note is all this is for
+                    entry = None
+                if entry is not None:
+                    entry.report.note(
+                        f"tiered first call: the first call ran XLA's code for the function "
+                        f"while hlofuse optimized and compiled this module in the background; "
+                        f"calls run it since {st.tier_s:.2f}s after the first call started "
+                        f"(tiered=False or HLOFUSE_TIERED=0 builds it during the first call)")
+                try:
+                    self._first_sight(st, args, kwargs)
+                except Exception as e:  # noqa: BLE001 - tuning never breaks a call
+                    log.debug("hlofuse: autotune skipped for %s: %s", self._name, e)
+                    st.calls = 0   # the next call is its first sight
+                self._maybe_fast()
+            log.info("%s optimized in the background in %.2f s", self._name, st.tier_s)
+        except BaseException as e:  # noqa: BLE001 - the calls keep XLA's code; say why
+            with self._lock:
+                st.tier, st.tier_error = "failed", f"{type(e).__name__}: {e}"
+                st.tier_s = time.perf_counter() - st.tier_started
+                st.decision = at.Decision("default", {}, {}, reason=(
+                    f"hlofuse's build failed in the background ({st.tier_error}); "
+                    f"this signature runs XLA's code"))
+                st.fn = self._plain_jit()
+            warnings.warn(HlofuseWarning(
+                f"hlofuse.jit({self._name}): building the optimized program failed "
+                f"({st.tier_error}); calls of this signature run XLA's code for the function"),
+                stacklevel=1)
         finally:
             _CALL.args = None
             ctx = _CALL.__dict__.pop("xla_cache", None)
             if ctx is not None:
                 ctx.__exit__(None, None, None)
+
+    def block_until_optimized(self, timeout: float | None = None) -> bool:
+        """Wait until every signature's hlofuse executable built in the background (tiered
+        first calls) is ready. True when none is pending (``timeout`` seconds at most)."""
+        deadline = None if timeout is None else time.perf_counter() + timeout
+        for st in list(self._tuning.values()):
+            t = st.tier_thread
+            if t is not None:
+                t.join(None if deadline is None else max(0.0, deadline - time.perf_counter()))
+        return not any(st.tier == "building" for st in list(self._tuning.values()))
+
+    def tier_status(self, *args, **kwargs) -> dict:
+        """For these arguments' signature: ``{'state': ..., 'seconds': ..., 'error': ...}``.
+        state: None (not tiered: built in place, or never called), 'building' (calls run XLA's
+        code), 'ready' (hlofuse's code runs; seconds: from the first call's start until it was
+        ready) or 'failed' (XLA's code for good; error says why)."""
+        st = self._tuning.get(self._call_key(self._wrap_frozen(args), kwargs))
+        if st is None:
+            return {"state": None, "seconds": None, "error": None}
+        return {"state": st.tier, "seconds": st.tier_s, "error": st.tier_error}
 
     def _tuned_call(self, args, kwargs, done=None):
         """A call while some signature's options are undecided or not XLA's defaults.
@@ -430,6 +627,8 @@ class HlofuseFunction:
         if st is None:
             with self._lock:
                 st = self._tuning.setdefault(key, _Tuning())
+        if st.tier == "building":   # hlofuse's executable is still being built
+            return done if done is not None else self._plain_jit()(*args, **kwargs)
         if done is not None:  # already ran (a retrace after jax evicted it, or a new one)
             with self._lock:
                 st.calls += 1
@@ -476,7 +675,8 @@ class HlofuseFunction:
                             if hasattr(x, "shape") else type(x) for x in leaves))
 
     def _maybe_fast(self):
-        if all(s.decision is not None and s.fn is None for s in list(self._tuning.values())):
+        if all(s.decision is not None and s.fn is None and s.tier != "building"
+               for s in list(self._tuning.values())):
             self._fast = True
 
     def _entry_of(self, args, kwargs, platform=None):
@@ -736,6 +936,8 @@ class HlofuseFunction:
 
     def clear_cache(self):
         self._jit.clear_cache()
+        if self._plain is not None:
+            self._plain.clear_cache()
         with self._lock:
             self._programs.clear()
             self._tuning.clear()
@@ -834,7 +1036,7 @@ def _report_compiled_aliases(report, entry, aliases: dict[int, int]) -> None:
 def jit(fun: Callable | None = None, *, target: str | None = None, pipeline=None,
         disable: Sequence[str] = (), check: bool = False, options: dict | None = None,
         dump_dir: str | None = None, autotune: bool | str | None = None,
-        freeze_argnums: int | Sequence[int] = (), **jit_kwargs):
+        freeze_argnums: int | Sequence[int] = (), tiered: bool | None = None, **jit_kwargs):
     """Like ``jax.jit``, with hlofuse's StableHLO optimization between tracing and XLA.
 
     Args:
@@ -863,13 +1065,20 @@ def jit(fun: Callable | None = None, *, target: str | None = None, pipeline=None
         and keep one only when it beats XLA's defaults (see :mod:`hlofuse.tools.autotune` and the
         README). True/'on', False/'off', 'cached' (use decisions on disk, never measure), or
         None: ``$HLOFUSE_AUTOTUNE``, else on for CPU and off elsewhere.
+      tiered: the first call of a signature whose optimized module is not cached runs XLA's
+        code for the function (about jax.jit's first-call time) while hlofuse builds its
+        module in a background thread; later calls switch to it when it is ready
+        (:meth:`HlofuseFunction.block_until_optimized` waits). Results of the calls before
+        and after the switch may differ within the tolerance of the rewrites. None:
+        ``$HLOFUSE_TIERED`` (default on); False builds during the first call.
     """
     if fun is None:
         return functools.partial(jit, target=target, pipeline=pipeline, disable=disable,
                                  check=check, options=options, dump_dir=dump_dir,
-                                 autotune=autotune, freeze_argnums=freeze_argnums, **jit_kwargs)
+                                 autotune=autotune, freeze_argnums=freeze_argnums,
+                                 tiered=tiered, **jit_kwargs)
     if not callable(fun):
         raise TypeError(f"Expected a callable value, got {fun!r}")
     return HlofuseFunction(fun, target=target, pipeline=pipeline, disable=disable, check=check,
                            options=options, dump_dir=dump_dir, autotune=autotune,
-                           freeze_argnums=freeze_argnums, **jit_kwargs)
+                           freeze_argnums=freeze_argnums, tiered=tiered, **jit_kwargs)

@@ -131,15 +131,9 @@ def export_optimized(fun: Callable, sig: Signature, opts: Options, *, name: str 
     ``Exported`` by it in the module cache's traced entries without exporting again."""
     target = target or Target.of(opts.target)
     platform = target.platform
-    pass_options = opts.pass_options
-    blind = shardings is None and spmd_devices > 1 and not target.is_cpu
-    if blind:
-        pass_options = dict(pass_options, kernelize=dict(pass_options.get("kernelize", {}),
-                                                         no_kernels=True))
+    blind, pass_options, learned, tkey = _export_plan(sig, opts, target, name, donated,
+                                                      shardings, spmd_devices, jaxpr)
     decisions = at.mode(opts.autotune, platform) != "off"
-    learned = learned_for(target) if decisions else None
-    tkey = (_traced_cache_key(jaxpr, sig, opts, target, name, donated, learned, pass_options,
-                              shardings, spmd_devices) if jaxpr is not None else None)
     traced = module_cache.load_traced(tkey) if tkey else None
     if traced is not None:
         exp, module, report = traced
@@ -195,6 +189,23 @@ def export_optimized(fun: Callable, sig: Signature, opts: Options, *, name: str 
     return exp, opt
 
 
+def _export_plan(sig: Signature, opts: Options, target: Target, name: str, donated,
+                 shardings, spmd_devices: int, jaxpr):
+    """What :func:`export_optimized` decides before exporting: ``(blind, pass_options,
+    learned, traced_key)`` (blind: kernels not built, see there; traced_key: the module
+    cache's traced entry, None when it has none)."""
+    pass_options = opts.pass_options
+    blind = shardings is None and spmd_devices > 1 and not target.is_cpu
+    if blind:
+        pass_options = dict(pass_options, kernelize=dict(pass_options.get("kernelize", {}),
+                                                         no_kernels=True))
+    decisions = at.mode(opts.autotune, target.platform) != "off"
+    learned = learned_for(target) if decisions else None
+    tkey = (_traced_cache_key(jaxpr, sig, opts, target, name, donated, learned, pass_options,
+                              shardings, spmd_devices) if jaxpr is not None else None)
+    return blind, pass_options, learned, tkey
+
+
 def _traced_cache_key(closed, sig: Signature, opts: Options, target: Target, name: str,
                       donated, learned, pass_options: dict, shardings, spmd_devices: int):
     """The module cache's traced key (:func:`module_cache.load_traced`): everything the
@@ -236,6 +247,22 @@ def _context_text() -> str:
                  sorted(map(repr, v.spmd_axis_names)), sorted(map(repr, v.explicit_mesh_axis_names)))
         parts.append(repr(v))
     return "(" + ", ".join(parts) + ")"
+
+
+def context_movable() -> bool:
+    """Whether a program built in another thread would be built as in this one: jax's
+    tracing/lowering configuration here (thread-local settings such as
+    ``jax.default_matmul_precision`` or ``jax.numpy_rank_promotion`` used as context
+    managers) equals that of a fresh thread. Mesh contexts do not count: builds run
+    :func:`_isolated` from them."""
+    def text():
+        with _isolated():
+            return _context_text()
+    here, there = text(), []
+    t = threading.Thread(target=lambda: there.append(text()), name="hlofuse-context-probe")
+    t.start()
+    t.join()
+    return bool(there) and there[0] == here
 
 
 def _jaxpr_digest(closed) -> bytes | None:
@@ -454,6 +481,21 @@ class Program:
                 self._entries[key] = e
                 self.builds += 1
             return e
+
+    def is_built(self, sig: Signature, target: Target) -> bool:
+        """Whether :meth:`entry` is cheap now (no export, no passes): built in this process,
+        left to plain XLA (side effects), or a traced entry of the module cache (a second
+        process). ``hlofuse.jit``'s tiered first call asks this."""
+        key = (sig, target)
+        if key in self._entries or self.has_effects(sig):
+            return True
+        try:
+            with _isolated():   # the context :meth:`entry` builds in (part of the key)
+                *_, tkey = _export_plan(sig, self.opts, target, self.name, self.donated,
+                                        self.shardings, 1, self.jaxpr(sig))
+        except Exception:  # noqa: BLE001 - unknown: the build says what is wrong
+            return False
+        return bool(tkey) and module_cache.has_traced(tkey)
 
     def entries(self) -> list[Entry]:
         return list(self._entries.values())

@@ -126,3 +126,22 @@ def test_bf16_parity_against_the_f32_model():
     assert zoo.bf16_parity(want, want, ref)["ok"]
     assert not zoo.bf16_parity(want * 1.05, want, ref)["ok"]
     assert zoo.f32_reference("eqx_mlp", "small", 0, args) is None  # f32 models: no fallback
+
+
+@pytest.mark.parametrize("name", ["nnx_llama_train", "eqx_mlp", "hk_bert_bf16"])
+def test_tiered_first_call_on_library_models(name):
+    """As a user gets it (tiered first call, the default outside this suite): the first call
+    runs XLA's own code for the model (jax.jit's numbers exactly) while hlofuse builds in the
+    background, over each library's pytrees (NNX state, Linen/Haiku dicts, Equinox modules);
+    later calls run hlofuse's kernels."""
+    m = zoo.get(name)
+    fn, args = m.instantiate("small", seed=0)
+    want = jax.jit(fn)(*args)
+    hf = hlofuse.jit(fn, autotune=False, tiered=True)
+    first = hf(*args)
+    for a, b in zip(jax.tree_util.tree_leaves(first), jax.tree_util.tree_leaves(want)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert hf.block_until_optimized(timeout=600)
+    assert hf.tier_status(*args)["state"] == "ready", hf.tier_status(*args)
+    assert_same(hf(*args), want, m.category)
+    assert hf.report(*args).kernels, name

@@ -181,6 +181,11 @@ def store(k: str, module, report: Report) -> None:
         pass
 
 
+def has_traced(k: str) -> bool:
+    """Whether a traced entry exists for ``k`` (not read: :func:`load_traced` checks it)."""
+    return os.path.exists(_traced_path(k))
+
+
 def load_traced(k: str, ctx=None):
     """``(serialized Exported, module, report)`` for the traced key ``k``, or None (missing:
     silent, the module cache is asked next; damaged: one warning)."""
