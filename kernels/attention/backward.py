@@ -12,6 +12,17 @@ program (``hlofuse.jit(jax.value_and_grad(loss))``) and outlines two regions:
   learned side inputs' gradients, then ``dQ += dS·K``, ``dK += dSᵀ·Q``, ``dV += pᵀ·dO``. Only
   ``[.., bq, bk]`` blocks are live; nothing of size ``Sq×Sk`` is stored.
 
+cpu dot forms: XLA:CPU runs a dot in its YNNPACK library kernel (``__ynn_fusion`` in the
+compiled HLO) only when the lhs is ``[B.., M, K]`` with K last; otherwise an Eigen dot thunk
+runs it (about 2x slower per flop here). ``dSᵀ·Q`` and ``pᵀ·dO`` contract the lhs's row dim,
+so they were Eigen dots (a third of the training step at S=2048). The loops compute the
+transposed products instead, ``dKᵀ += Qᵀ·dS`` and ``dVᵀ += dOᵀ·p``, with ``Qᵀ``/``dOᵀ``
+(``[B.., D, R.., Sq]``) moved once per call, so every per-block dot is a library dot and no
+block is transposed; dK and dV are moved back once at the end. Measured (interleaved A/B in
+one process, ``attn_train_s2048`` of ``bench/train_cpu``, 9 rounds, load ~3): step time
+0.83x of the TN form (ratio to jax.jit 0.372 -> 0.338). ``Q·Kᵀ`` and ``dO·Vᵀ`` (rhs with
+its contracted dim last) were already library dots.
+
 The gradients are computed in the canonical layout (:mod:`.layout`), brought back to the
 region inputs' layouts, then to the layout the program's gradient values have
 (``outs``: a permutation of the non-unit dims, found when the backward was matched).
@@ -401,19 +412,27 @@ def build_cpu_bwd(bs: BwdSpec, blocks: AttentionBlocks | None = None, *,
     def run_part(q, k, v, do, dd, mx, lsum, *sides, part):
         """The loops over one part (``part``: its (batch label, start, size), or None)."""
         index_fn = functools.partial(block_index, spec, bq, bk, part=part)  # the forward's iotas
-        init = (jnp.zeros(q.shape, F32), jnp.zeros(k.shape, F32), jnp.zeros(v.shape, F32),
+        # dKᵀ = Qᵀ·dS and dVᵀ = dOᵀ·P: Qᵀ/dOᵀ ([B.., D, R.., Sq], moved once per part) are the
+        # lhs with the contracted rows last and dS/P the rhs [B.., R.., bq, bk]: both NN dots
+        # (XLA:CPU's library matmul, see the module docstring); dK/dV accumulate transposed
+        # ([B.., D, Sk]) and are moved back once at the end.
+        qt, dot_ = jnp.moveaxis(q, -1, nb), jnp.moveaxis(do, -1, nb)
+        init = (jnp.zeros(q.shape, F32), jnp.zeros(_t_shape(k.shape, nb), F32),
+                jnp.zeros(_t_shape(v.shape, nb), F32),
                 tuple(jnp.zeros(sides[i].shape, F32) for i in learned))
+        rows_t = tuple(range(nb + 1, rank))       # Qᵀ/dOᵀ's row dims (R.., Sq), last
 
         def chunk(c, carry):
-            dq_all, dk, dv, dsd = carry
+            dq_all, dkt, dvt, dsd = carry
 
-            def rows(a):
-                return lax.dynamic_slice_in_dim(a, c * bq, bq, axis=sq_ax) if nq > 1 else a
+            def rows(a, axis=sq_ax):
+                return lax.dynamic_slice_in_dim(a, c * bq, bq, axis=axis) if nq > 1 else a
             qc, doc, ddc, mc, lc = rows(q), rows(do), rows(dd), rows(mx), rows(lsum)
+            qtc, dotc = rows(qt, rank - 1), rows(dot_, rank - 1)
             sc = [rows(s) if s.shape[sq_ax] > 1 else s for s in sides]
 
             def body(j, carry2):
-                dqc, dk, dv, dsd = carry2
+                dqc, dkt, dvt, dsd = carry2
 
                 def keys(a, ax):
                     return lax.dynamic_slice_in_dim(a, j * bk, bk, axis=ax) if nk > 1 else a
@@ -443,12 +462,12 @@ def build_cpu_bwd(bs: BwdSpec, blocks: AttentionBlocks | None = None, *,
                 dsq = ds.astype(q.dtype)
                 dqc = dqc + lax.dot_general(dsq, kb, (((k_ax,), (nb,)), (bdims, bdims)),
                                             preferred_element_type=F32)
-                dk_b = lax.dot_general(dsq, qc, ((rows_c, rows_c), (bdims, bdims)),
-                                       preferred_element_type=F32)
-                dv_b = lax.dot_general(p.astype(v.dtype), doc, ((rows_c, rows_c), (bdims, bdims)),
-                                       preferred_element_type=F32)
-                dk = _add_at(dk, dk_b, nb, j * bk, nk > 1)
-                dv = _add_at(dv, dv_b, nb, j * bk, nk > 1)
+                dkt_b = lax.dot_general(qtc, dsq, ((rows_t, rows_c), (bdims, bdims)),
+                                        preferred_element_type=F32)          # [B.., D, bk]
+                dvt_b = lax.dot_general(dotc, p.astype(v.dtype), ((rows_t, rows_c), (bdims, bdims)),
+                                        preferred_element_type=F32)          # [B.., Dv, bk]
+                dkt = _add_at(dkt, dkt_b, nb + 1, j * bk, nk > 1)
+                dvt = _add_at(dvt, dvt_b, nb + 1, j * bk, nk > 1)
                 new = []
                 for acc, g in zip(dsd, dls):
                     g = g.astype(F32)
@@ -459,28 +478,32 @@ def build_cpu_bwd(bs: BwdSpec, blocks: AttentionBlocks | None = None, *,
                         new.append(lax.dynamic_update_slice_in_dim(acc, blk, c * bq, axis=sq_ax))
                     else:
                         new.append(_add_at(acc, g, k_ax, j * bk, keys_sl))
-                return dqc, dk, dv, tuple(new)
+                return dqc, dkt, dvt, tuple(new)
 
-            init2 = (jnp.zeros(qc.shape, F32), dk, dv, dsd)
+            init2 = (jnp.zeros(qc.shape, F32), dkt, dvt, dsd)
             if table is not None:
                 lo, hi = jnp.asarray(table[0])[c], jnp.asarray(table[1])[c]
-                dqc, dk, dv, dsd = lax.fori_loop(lo, hi, body, init2)
+                dqc, dkt, dvt, dsd = lax.fori_loop(lo, hi, body, init2)
             elif nk == 1:
-                dqc, dk, dv, dsd = body(0, init2)
+                dqc, dkt, dvt, dsd = body(0, init2)
             else:
-                dqc, dk, dv, dsd = lax.fori_loop(0, nk, body, init2)
+                dqc, dkt, dvt, dsd = lax.fori_loop(0, nk, body, init2)
             dq_all = (lax.dynamic_update_slice_in_dim(dq_all, dqc, c * bq, axis=sq_ax)
                       if nq > 1 else dqc)
-            return dq_all, dk, dv, dsd
+            return dq_all, dkt, dvt, dsd
 
-        if nq == 1:
-            return chunk(0, init)
-        return lax.fori_loop(0, nq, chunk, init)
+        dq, dkt, dvt, dsd = chunk(0, init) if nq == 1 else lax.fori_loop(0, nq, chunk, init)
+        return dq, jnp.moveaxis(dkt, nb, -1), jnp.moveaxis(dvt, nb, -1), dsd
 
     fn.kernel_name = f"hlofuse_attention_bwd_cpu_{spec.digest}"
     fn.blocks = (f"cpu loops {blocks}" + (f" x{len(bounds)}" if len(bounds) > 1 else "")
                  + (" +skip" if table is not None else ""))
     return fn
+
+
+def _t_shape(shape, nb: int) -> tuple:
+    """``[B.., S, D]`` -> ``[B.., D, S]`` (K's/V's shape with the head dim moved before the keys)."""
+    return tuple(shape[:nb]) + (shape[-1],) + tuple(shape[nb:-1])
 
 
 def _add_at(acc, blk, axis: int, start, sliced: bool):
