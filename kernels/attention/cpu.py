@@ -108,7 +108,8 @@ def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
 
     ``fold_scale``: apply a power-of-two logit scale to Q once (exact, see
     :func:`~hlofuse.kernels.attention.logits.prescale`). ``k_transposed``: keep K as
-    ``[.., D, Sk]`` so QKᵀ is a plain (NN) matmul per block. ``parts``: independent loops
+    ``[.., D, Sk]`` (built by one transpose of the input, :func:`canonical_inputs`) so QKᵀ
+    is a plain (NN) matmul per block. ``parts``: independent loops
     (default :data:`CPU_PARTS`, see :func:`cpu_split`).
     """
     ax, bounds = cpu_split(spec, parts)
@@ -127,11 +128,11 @@ def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
     p_dtype = hir.np_dtype(spec.p_dtype)
 
     def fn(*inputs):
-        q, k, v, sides = canonical_inputs(spec, inputs)
+        q, k, v, sides = canonical_inputs(spec, inputs, k_transposed=k_transposed)
         if pre is not None:
             q = q * jnp.asarray(pre[0], q.dtype)
         q = pad_to(q, sq_ax, nq * bq)
-        k = pad_to(k, nb, nk * bk)
+        k = pad_to(k, k.ndim - 1 if k_transposed else nb, nk * bk)
         v = pad_to(v, nb, nk * bk)
         sides = [pad_axis(pad_axis(s, k_ax, nk * bk), sq_ax, nq * bq) for s in sides]
         res = [run_part(qp, kp, vp, sp, None if ax is None else (spec.batch[ax], a, b - a))
@@ -147,8 +148,6 @@ def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
     def run_part(q, k, v, sides, part):
         """The loops over one part (``part``: its (batch label, start, size), or None)."""
         index_fn = functools.partial(block_index, spec, bq, bk, part=part)
-        if k_transposed:     # per part, after the split: a whole-K block folds it into the dot
-            k = jnp.swapaxes(k, -1, -2)                                  # [.., D, Skp]
         acc_shape = list(q.shape[:-1]) + [v.shape[-1]]
         acc_shape[sq_ax] = bq
 
