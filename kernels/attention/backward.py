@@ -261,14 +261,20 @@ def _grad_layout(bs: BwdSpec, g: int):
     raise EmitError(f"internal: gradient of input {g} is not Q, K, V or a side input")
 
 
-def _to_outputs(bs: BwdSpec, grads: dict) -> tuple:
-    """Canonical gradients (input position -> array) -> the function's results."""
+def _to_outputs(bs: BwdSpec, grads: dict, orders: dict | None = None) -> tuple:
+    """Canonical gradients (input position -> array) -> the function's results. ``orders``:
+    per input position, the label order of its gradient when not the canonical one (the cpu
+    loops' transposed dK/dV). Each result is one transpose then one reshape (the input's
+    layout and the result's permutation composed: one copy pass, see
+    :func:`~.layout.to_canonical`)."""
     res = []
     for (g, perm), shape, dt in zip(bs.outs, bs.out_shapes, bs.out_dtypes):
         order, dims, in_shape = _grad_layout(bs, g)
-        x = from_canonical(grads[g], order, dims, in_shape, bs.fwd.repeat)
-        x = x.reshape([n for n in x.shape if n != 1])
-        x = jnp.transpose(x, perm)
+        order = (orders or {}).get(g, order)
+        nonunit = [i for i, n in enumerate(in_shape) if n != 1]
+        sel = [nonunit[p] for p in perm]    # the result's dims, as dims of the input
+        x = from_canonical(grads[g], order, [dims[i] for i in sel], [in_shape[i] for i in sel],
+                           bs.fwd.repeat)
         res.append(x.reshape(shape).astype(dt))
     return tuple(res)
 
@@ -382,14 +388,23 @@ def build_cpu_bwd(bs: BwdSpec, blocks: AttentionBlocks | None = None, *,
         mx, lsum = stats[..., 0], stats[..., 1]
         lsum = 1.0 / lsum      # per row once: the blocks multiply (a divide per element costs more)
         dd = jnp.sum(do.astype(F32) * o.astype(F32), axis=-1)              # rowsum(dO·O)
+        # Qᵀ and dOᵀ [B.., D, R.., Sq] for the dKᵀ/dVᵀ dots (run_part), each one transpose of
+        # the input (a move of the canonical array was a second copy pass)
+        rep = spec.repeat
+        qt = to_canonical(inputs[spec.q_arg], spec.q_dims,
+                          spec.batch + ["d"] + spec.rows_other + [spec.sq], rep)
+        dot_ = to_canonical(inputs[bs.do_arg], bs.do_dims,
+                            spec.batch + ["dv"] + spec.rows_other + [spec.sq], rep)
         q, do = pad_to(q, sq_ax, nq * bq), pad_to(do, sq_ax, nq * bq)
+        qt, dot_ = pad_to(qt, rank - 1, nq * bq), pad_to(dot_, rank - 1, nq * bq).astype(v.dtype)
         dd, mx, lsum = (pad_to(dd, sq_ax, nq * bq), pad_to(mx, sq_ax, nq * bq),
                         pad_to(lsum, sq_ax, nq * bq))
         k, v = pad_to(k, nb, nk * bk), pad_to(v, nb, nk * bk)
         sides = [pad_axis(pad_axis(s, k_ax, nk * bk), sq_ax, nq * bq) for s in sides]
         do = do.astype(v.dtype)
         res = [run_part(*xs, part=None if ax is None else (spec.batch[ax], a, b - a))
-               for xs, (a, b) in zip(split_parts(ax, bounds, q, k, v, do, dd, mx, lsum, *sides),
+               for xs, (a, b) in zip(split_parts(ax, bounds, q, k, v, do, qt, dot_, dd, mx, lsum,
+                                                     *sides),
                                      bounds)]
         if len(res) == 1:
             dq, dk, dv, dsd = res[0]
@@ -398,25 +413,25 @@ def build_cpu_bwd(bs: BwdSpec, blocks: AttentionBlocks | None = None, *,
             dq, dk, dv = (cat(*[r[i] for r in res]) for i in range(3))
             dsd = tuple(cat(*gs) if sides[i].shape[ax] > 1 else functools.reduce(jnp.add, gs)
                         for i, gs in zip(learned, zip(*[r[3] for r in res])))
-        grads = {spec.q_arg: lax.slice_in_dim(dq, 0, sq, axis=sq_ax),
-                 spec.k_arg: lax.slice_in_dim(dk, 0, sk, axis=nb),
-                 spec.v_arg: lax.slice_in_dim(dv, 0, sk, axis=nb)}
+        grads = {spec.q_arg: lax.slice_in_dim(dq, 0, sq, axis=sq_ax),     # dK, dV transposed:
+                 spec.k_arg: lax.slice_in_dim(dk, 0, sk, axis=nb + 1),    # [B.., D, Sk]
+                 spec.v_arg: lax.slice_in_dim(dv, 0, sk, axis=nb + 1)}
         for i, g in zip(learned, dsd):
             if g.shape[k_ax] > 1:
                 g = lax.slice_in_dim(g, 0, sk, axis=k_ax)
             if g.shape[sq_ax] > 1:
                 g = lax.slice_in_dim(g, 0, sq, axis=sq_ax)
             grads[side_pos[i]] = g
-        return _to_outputs(bs, grads)
+        return _to_outputs(bs, grads, {spec.k_arg: spec.batch + ["d", spec.key],
+                                       spec.v_arg: spec.batch + ["dv", spec.key]})
 
-    def run_part(q, k, v, do, dd, mx, lsum, *sides, part):
-        """The loops over one part (``part``: its (batch label, start, size), or None)."""
+    def run_part(q, k, v, do, qt, dot_, dd, mx, lsum, *sides, part):
+        """The loops over one part (``part``: its (batch label, start, size), or None).
+        dKᵀ = Qᵀ·dS and dVᵀ = dOᵀ·P: Qᵀ/dOᵀ (``qt``/``dot_``, [B.., D, R.., Sq]) are the lhs
+        with the contracted rows last and dS/P the rhs [B.., R.., bq, bk]: both NN dots
+        (XLA:CPU's library matmul, see the module docstring); dK/dV accumulate and are returned
+        transposed ([B.., D, Sk]; :func:`_to_outputs` moves them in its one transpose)."""
         index_fn = functools.partial(block_index, spec, bq, bk, part=part)  # the forward's iotas
-        # dKᵀ = Qᵀ·dS and dVᵀ = dOᵀ·P: Qᵀ/dOᵀ ([B.., D, R.., Sq], moved once per part) are the
-        # lhs with the contracted rows last and dS/P the rhs [B.., R.., bq, bk]: both NN dots
-        # (XLA:CPU's library matmul, see the module docstring); dK/dV accumulate transposed
-        # ([B.., D, Sk]) and are moved back once at the end.
-        qt, dot_ = jnp.moveaxis(q, -1, nb), jnp.moveaxis(do, -1, nb)
         init = (jnp.zeros(q.shape, F32), jnp.zeros(_t_shape(k.shape, nb), F32),
                 jnp.zeros(_t_shape(v.shape, nb), F32),
                 tuple(jnp.zeros(sides[i].shape, F32) for i in learned))
@@ -493,7 +508,12 @@ def build_cpu_bwd(bs: BwdSpec, blocks: AttentionBlocks | None = None, *,
             return dq_all, dkt, dvt, dsd
 
         dq, dkt, dvt, dsd = chunk(0, init) if nq == 1 else lax.fori_loop(0, nq, chunk, init)
-        return dq, jnp.moveaxis(dkt, nb, -1), jnp.moveaxis(dvt, nb, -1), dsd
+        # without loops (one chunk, one key block) XLA would fold the transpose of dKᵀ/dVᵀ
+        # (:func:`_to_outputs`) into their dots as dSᵀ·Q / Pᵀ·dO again: an Eigen dot, which has
+        # no bf16 x bf16 -> f32 form ("Unsupported element type for DotThunk"); the barrier
+        # keeps the dots as written (no copy: it only orders)
+        dkt, dvt = lax.optimization_barrier((dkt, dvt))
+        return dq, dkt, dvt, dsd
 
     fn.kernel_name = f"hlofuse_attention_bwd_cpu_{spec.digest}"
     fn.blocks = (f"cpu loops {blocks}" + (f" x{len(bounds)}" if len(bounds) > 1 else "")
