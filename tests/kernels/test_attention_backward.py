@@ -248,3 +248,43 @@ def test_cpu_backward_plans_a_smaller_step_block_than_the_forward():
     ins = list(fwd_in) + extra
     assert_same([np.asarray(g) for g in jax.jit(kernel)(*ins)],
                 [np.asarray(t) for t in run_region(_text(bfn), ins)], "grad")
+
+
+def _dot_kinds(hlo: str) -> list:
+    """Per ``dot`` of a compiled XLA:CPU module: True when it runs in the YNNPACK library (its
+    computation is called by a ``__ynn_fusion``), False for a bare (Eigen) dot."""
+    calls = {}
+    for m in re.finditer(r"^\s*(?:ROOT )?%\S+ = .*? fusion\(.*?calls=%([\w.\-]+)(.*)$", hlo, re.M):
+        calls[m.group(1)] = '"__ynn_fusion"' in m.group(2)
+    kinds = []
+    for m in re.finditer(r"^%(\S+) \(.*?\) -> .*? \{\n(.*?)\n\}", hlo, re.S | re.M):
+        kinds += [calls.get(m.group(1), False)] * len(re.findall(r" dot\(", m.group(2)))
+    return kinds
+
+
+@pytest.mark.parametrize("mask,gqa", [("none", 1), ("causal", 2)])
+def test_cpu_loop_dots_are_library_dots(mask, gqa):
+    """Every per-block dot of the cpu forward and backward loops is lhs [B.., M, K] ·
+    rhs [B.., K, N] (or an rhs XLA:CPU's YNNPACK takes transposed), so XLA runs each as a
+    library dot (``__ynn_fusion``), not an Eigen dot thunk: QKᵀ with Kᵀ built once, and the
+    backward's dKᵀ = Qᵀ·dS, dVᵀ = dOᵀ·P (module docstring of kernels/attention/backward.py).
+    Shapes where YNN applies (f32, blocks of 32, d=16, GQA rows contracted with the query rows).
+    Without GQA the TN form (dSᵀ·Q, Pᵀ·dO) had two bare dots; with GQA XLA copied the lhs into
+    the NN form per block (a transpose per dot), which the NN form has no need for."""
+    f = make_attention("bshd", mask, gqa, "nn", "mul")
+    args = make_args("bshd", mask, gqa, np.float32, 64, 64, h=4, d=16)
+
+    def loss(*a):
+        return jnp.sum(f(*a) ** 2)
+    out = outline(jax.value_and_grad(loss, argnums=(0, 1, 2)), args, "fuse-attention")
+    _KEEP.append(out)
+    (ffn,) = out.funcs("attention_fwd_lse")
+    (bfn,) = out.funcs("attention_bwd")
+    bl = AttentionBlocks("cpu", 32, 32)
+    fs = FAMILIES["attention_fwd_lse"].spec_from_func(ffn)
+    bs = FAMILIES["attention_bwd"].spec_from_func(bfn)
+    for kernel, fn in ((build_fwd_lse(fs, "cpu", blocks=bl), ffn),
+                       (build_cpu_bwd(bs, bl, parts=1), bfn)):
+        avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in func_avals(fn)]
+        kinds = _dot_kinds(jax.jit(kernel).lower(*avals).compile().as_text())
+        assert kinds and all(kinds), (kernel.kernel_name, kinds)
