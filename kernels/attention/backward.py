@@ -17,15 +17,20 @@ compiled HLO) only when the lhs is ``[B.., M, K]`` with K last; otherwise an Eig
 runs it (about 2x slower per flop here). ``dSᵀ·Q`` and ``pᵀ·dO`` contract the lhs's row dim,
 so they were Eigen dots (a third of the training step at S=2048). The loops compute the
 transposed products instead, ``dKᵀ += Qᵀ·dS`` and ``dVᵀ += dOᵀ·p``, with ``Qᵀ``/``dOᵀ``
-(``[B.., D, R.., Sq]``) moved once per call, so every per-block dot is a library dot and no
-block is transposed; dK and dV are moved back once at the end. Measured (interleaved A/B in
+(``[B.., D, R.., Sq]``) built once per call from the inputs, so every per-block dot is a
+library dot and no block is transposed; dK and dV are moved back once, in the transpose that
+brings each gradient to its result layout (:func:`_to_outputs`). Measured (interleaved A/B in
 one process, ``attn_train_s2048`` of ``bench/train_cpu``, 9 rounds, load ~3): step time
-0.83x of the TN form (ratio to jax.jit 0.372 -> 0.338). ``Q·Kᵀ`` and ``dO·Vᵀ`` (rhs with
-its contracted dim last) were already library dots.
+0.83x of the TN form (ratio to jax.jit 0.372 -> 0.338). On the quieter machine (load ~1.7,
+YNN threading its dots over both cores) this and the one-transpose layouts together ran
+0.93-0.96x of the kernels before them (0.362 -> 0.348, 11 and 15 rounds). ``Q·Kᵀ`` and ``dO·Vᵀ`` (rhs with its contracted dim last) were already library
+dots (YNNPACK takes a transposed rhs).
 
-The gradients are computed in the canonical layout (:mod:`.layout`), brought back to the
-region inputs' layouts, then to the layout the program's gradient values have
-(``outs``: a permutation of the non-unit dims, found when the backward was matched).
+The gradients are computed in the canonical layout (:mod:`.layout`), except dK/dV (above),
+brought back to the region inputs' layouts and the layout the program's gradient values have
+(``outs``: a permutation of the non-unit dims, found when the backward was matched) in one
+transpose each.
+
 cpu: XLA loops (:func:`build_cpu_bwd`); gpu/tpu: Pallas kernels (Triton / Mosaic,
 :mod:`.pallas_bwd`: a dK/dV kernel and a dQ kernel), the forward with lse is the forward kernel
 writing its row statistics too. What a kernel cannot do raises :class:`~hlofuse.ops.EmitError`
