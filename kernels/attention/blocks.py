@@ -22,21 +22,29 @@ __all__ = ["AttentionBlocks", "cpu_plan", "cpu_bwd_plan", "gpu_blocks", "tpu_blo
 # of jax.jit's time at S=2048/4096; 256..1024-row chunks and 256/512-key blocks were within
 # noise of each other, unchunked rows (a 64 MiB step block) about 15% slower.
 CPU_STEP_BUDGET = 2 * 1024 * 1024
-# the inference forward's budget (the cpu forward loops, also the training forward's): 1M f32 =
-# 4 MiB per step. Per step the forward writes the logits block, reads it for the row max, reads
-# it again for exp and writes the probabilities, reads those for the row sum and for the P·V
-# dot: five passes over the block, so a block that stays nearer the (1 MiB/core) L2 pays.
-# Measured on the shared 2-core host, the kernel built with each budget and timed interleaved
-# with jax.jit in one process (median of 9 rounds while ~10 other processes ran), B=1 H=8 d=64
-# S=4096: process CPU time ratio to jax.jit 0.29 at 1M (256x512 blocks), 0.34 at 2M (512x512),
-# 0.34 at 512K (128x512: smaller dots); wall 0.17 / 0.34 / 0.28. At BERT-base shapes (H=12,
-# S=512, one key block) 128- and 256-row chunks were within noise in CPU time.
+# the inference forward's budget (the cpu forward loops, also the training forward's): 2M f32 =
+# 8 MiB per step (512x512 blocks at B=1 H=8). Per step the forward writes the logits block,
+# reads it for the row max, reads it again for exp and writes the probabilities, reads those
+# for the row sum and for the P·V dot: five passes over the block, so a block nearer the
+# (1 MiB/core) L2 pays when other processes share the cores and caches: measured on the
+# shared 2-core host while ~10 other processes ran (the kernel built with each budget, timed
+# interleaved with jax.jit in one process, median of 9 rounds), B=1 H=8 d=64 S=4096: process
+# CPU time ratio to jax.jit 0.29 at 1M (256x512 blocks), 0.34 at 2M, 0.34 at 512K (128x512);
+# wall 0.17 / 0.34 / 0.28. With the block dots all YNNPACK library dots (kernels/attention/
+# backward.py) on the host with nothing else running (load ~1.7, YNN threading each dot over
+# both cores), the larger dots win: 2M / 1M in the same kind of A/B (median of per-round
+# ratios, 14 rounds, both budgets built in one process) 0.889 at S=4096,
+# 0.898 at S=2048, and 0.941 for the attn_train_s2048 step of bench/train_cpu (hlofuse/jax
+# 0.308 -> 0.285, 0.334 -> 0.297, 0.378 -> 0.349); an earlier run at load ~1.1: 512K 0.499,
+# 1M 0.339, 2M 0.304, 4M 0.310 of jax.jit at S=4096. Run memory at S=4096 stays 48 MiB
+# (jax.jit 1051 MiB). So the budget is the quiet machine's. At BERT-base shapes (H=12, S=512,
+# one key block) 128- and 256-row chunks were within noise in CPU time (loaded host).
 # The backward has its own budget (CPU_BWD_STEP_BUDGET below, tuned separately).
 # Both budgets are per loop: when the cpu loops are split along a batch axis into independent
 # loops (opt-in, kernels/attention/cpu.py: cpu_split, CPU_PARTS; cpu_plan(parts=...)), at B=1
-# H=8 S=4096 each of 2 loops steps over 4 heads x 512 rows x 512 keys (1M elements per loop,
-# as the one loop's 8 x 256 x 512 measured above).
-CPU_FWD_STEP_BUDGET = 1024 * 1024
+# H=8 S=4096 each of 2 loops steps over 4 heads x 1024 rows x 512 keys (2M elements per loop,
+# as the one loop's 8 x 512 x 512).
+CPU_FWD_STEP_BUDGET = 2 * 1024 * 1024
 CPU_MAX_BLOCK_K = 512
 CPU_SKIP_BLOCK = 256          # blocks when a position mask lets whole blocks be skipped
 # cpu backward (kernels/attention/backward.py): one step keeps ~5 block-sized f32 temporaries
