@@ -62,13 +62,13 @@ def region(case):
     return region_of(make_attention(lay, m, g, sm, sc, fill), make_args(lay, m, g, dt, sq, sk))
 
 
-def bench_spec(seq, causal=False):
+def bench_spec(seq, causal=False, b=1, h=8):
     def f(q, k, v):
         s = jnp.einsum("bqhd,bkhd->bhqk", q, k) * (1.0 / math.sqrt(q.shape[-1]))
         if causal:
             s = jnp.where(jnp.tril(jnp.ones((seq, seq), bool)), s, jnp.finfo(s.dtype).min)
         return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, axis=-1), v)
-    args = [jax.ShapeDtypeStruct((1, seq, 8, 64), np.float32)] * 3
+    args = [jax.ShapeDtypeStruct((b, seq, h, 64), np.float32)] * 3
     exp = jax.export.export(jax.jit(f), platforms=["cpu"])(*args)
     opt = hlofuse.optimize(exp.mlir_module(), pipeline=["inline-calls", "canonicalize", "cse",
                                                          "fuse-attention"])

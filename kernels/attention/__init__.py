@@ -23,6 +23,7 @@ from hlofuse.kernels.attention.blocks import (CPU_MAX_BLOCK_K as CPU_MAX_BLOCK_K
                                               CPU_SKIP_BLOCK as CPU_SKIP_BLOCK,
                                               CPU_STEP_BUDGET as CPU_STEP_BUDGET,
                                               CPU_FWD_STEP_BUDGET as CPU_FWD_STEP_BUDGET,
+                                              CPU_FWD_MIN_BLOCK_Q as CPU_FWD_MIN_BLOCK_Q,
                                               AttentionBlocks as AttentionBlocks,
                                               cpu_plan as cpu_plan, gpu_blocks as gpu_blocks,
                                               tpu_blocks as tpu_blocks)

@@ -12,7 +12,7 @@ from hlofuse.kernels.attention.spec import AttentionSpec
 from hlofuse.kernels.tiling import Tile, check_block, next_pow2
 
 __all__ = ["AttentionBlocks", "cpu_plan", "cpu_bwd_plan", "gpu_blocks", "tpu_blocks",
-           "CPU_STEP_BUDGET", "CPU_FWD_STEP_BUDGET", "CPU_MAX_BLOCK_K", "CPU_SKIP_BLOCK",
+           "CPU_STEP_BUDGET", "CPU_FWD_STEP_BUDGET", "CPU_FWD_MIN_BLOCK_Q", "CPU_MAX_BLOCK_K", "CPU_SKIP_BLOCK",
            "CPU_BWD_STEP_BUDGET", "CPU_BWD_MAX_BLOCK_K"]
 
 # cpu cost model: elements of the per-step logits block ([batch.., rows chunk, key block]);
@@ -45,6 +45,15 @@ CPU_STEP_BUDGET = 2 * 1024 * 1024
 # H=8 S=4096 each of 2 loops steps over 4 heads x 1024 rows x 512 keys (2M elements per loop,
 # as the one loop's 8 x 512 x 512).
 CPU_FWD_STEP_BUDGET = 2 * 1024 * 1024
+# ...but at least 256-row query chunks in the forward (up to Sq): with many heads the budget
+# alone shrinks each head's dots (B=2 H=12 S=2048: 128-row chunks; B=4 H=16 S=1024: 64-row),
+# and the forward ran 0.64 / 0.95 of jax.jit's time. Measured on the quiet host (load ~1.2,
+# the kernel built each way in one process, interleaved with jax.jit, median of per-round
+# ratios, 10 rounds): 256-row chunks (512-key blocks) 0.725x (hlofuse/jax 0.638 -> 0.454) and
+# 0.547x (0.95 -> 0.514); at B=2 H=12, 512-row chunks 0.755x and 256x256 blocks 1.13x of the
+# 128-row chunks. B=1 H=8 already has 512-row chunks (unchanged). Run memory grows to
+# 32 MiB per block-sized temporary at B=4 H=16 (jax.jit's logits: 256 MiB).
+CPU_FWD_MIN_BLOCK_Q = 256
 CPU_MAX_BLOCK_K = 512
 CPU_SKIP_BLOCK = 256          # blocks when a position mask lets whole blocks be skipped
 # cpu backward (kernels/attention/backward.py): one step keeps ~5 block-sized f32 temporaries
@@ -92,7 +101,8 @@ class AttentionBlocks:
 
 
 def cpu_plan(spec: AttentionSpec, *, budget: int | None = None,
-             max_block_k: int | None = None, parts: int = 1) -> AttentionBlocks:
+             max_block_k: int | None = None, parts: int = 1,
+             min_block_q: int = 1) -> AttentionBlocks:
     """Cost model for the cpu loops: the largest key block up to ``CPU_MAX_BLOCK_K``, and
     query chunks so one step's logits block ``[batch.., rows.., bq, bk]`` stays within
     ``budget`` elements (default ``CPU_STEP_BUDGET``; the forward passes
@@ -102,7 +112,10 @@ def cpu_plan(spec: AttentionSpec, *, budget: int | None = None,
 
     ``parts``: the loops are split along a batch axis into that many independent loops (one
     per core, :func:`~hlofuse.kernels.attention.cpu.cpu_split`): the budget is per loop (per
-    core), so ``per_row`` counts the rows of the largest part."""
+    core), so ``per_row`` counts the rows of the largest part.
+
+    ``min_block_q``: query chunks at least this long (up to ``Sq``) even past the budget (the
+    forward's :data:`CPU_FWD_MIN_BLOCK_Q`: many heads must not shrink each head's dots)."""
     budget = CPU_STEP_BUDGET if budget is None else budget
     max_block_k = CPU_MAX_BLOCK_K if max_block_k is None else max_block_k
     sq, sk = spec.seq_q, spec.seq_k
@@ -114,7 +127,7 @@ def cpu_plan(spec: AttentionSpec, *, budget: int | None = None,
     skip = skip_info(spec) is not None and sk > CPU_SKIP_BLOCK
     if skip:
         bk = min(bk, CPU_SKIP_BLOCK)
-    bq = max(1, budget // max(1, per_row * bk))
+    bq = max(1, budget // max(1, per_row * bk), min_block_q)
     if skip:
         bq = min(bq, CPU_SKIP_BLOCK)
     if bq >= sq:

@@ -28,7 +28,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from hlofuse import ir as hir
-from hlofuse.kernels.attention.blocks import CPU_FWD_STEP_BUDGET, AttentionBlocks, cpu_plan
+from hlofuse.kernels.attention.blocks import (CPU_FWD_MIN_BLOCK_Q, CPU_FWD_STEP_BUDGET,
+                                              AttentionBlocks, cpu_plan)
 from hlofuse.kernels.attention.layout import canonical_inputs, output, pad_axis, pad_to
 from hlofuse.kernels.attention.logits import F32, eval_logits, prescale
 from hlofuse.kernels.attention.online_softmax import online_finish, online_init, online_update
@@ -113,7 +114,8 @@ def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
     (default :data:`CPU_PARTS`, see :func:`cpu_split`).
     """
     ax, bounds = cpu_split(spec, parts)
-    blocks = blocks or cpu_plan(spec, budget=CPU_FWD_STEP_BUDGET, parts=len(bounds))
+    blocks = blocks or cpu_plan(spec, budget=CPU_FWD_STEP_BUDGET, parts=len(bounds),
+                                min_block_q=CPU_FWD_MIN_BLOCK_Q)
     pre = prescale(spec) if fold_scale else None
     bq, bk = blocks.bq, blocks.bk
     sq, sk = spec.seq_q, spec.seq_k

@@ -178,6 +178,16 @@ def test_cpu_forward_plans_with_its_own_step_budget():
     assert A.build_cpu(spec, parts=2).blocks == f"cpu loops {two} x2"
 
 
+def test_cpu_forward_keeps_query_chunks_long_with_many_heads():
+    """B=4 H=16: the step budget alone would give 64-row chunks (2M / (64 x 512)); the forward
+    keeps them at :data:`CPU_FWD_MIN_BLOCK_Q` rows (measured 0.55x the time, blocks.py)."""
+    spec = _bench_spec(1024, b=4, h=16)
+    assert A.CPU_FWD_STEP_BUDGET // (spec.n_batch * A.CPU_MAX_BLOCK_K) < A.CPU_FWD_MIN_BLOCK_Q
+    fwd = A.build_cpu(spec, parts=1).blocks
+    assert fwd == f"cpu loops bq={A.CPU_FWD_MIN_BLOCK_Q} bk={A.CPU_MAX_BLOCK_K}", fwd
+    assert A.cpu_plan(spec).bq < A.CPU_FWD_MIN_BLOCK_Q       # no minimum by default
+
+
 def test_split_loops_see_their_own_batch_positions():
     """A part of the split loops (``cpu_split``) evaluates iotas over the split batch axis at
     its own positions (``block_index(part=...)``), the rest as before."""
