@@ -228,7 +228,8 @@ def report_regions(name: str) -> list:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workloads", nargs="*", default=list(WORKLOADS))
+    ap.add_argument("--workloads", nargs="*", default=list(WORKLOADS),
+                    help="space or comma separated; known: " + ", ".join(WORKLOADS))
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--no-rss", action="store_true")
     ap.add_argument("--autotune", action="store_true")
@@ -237,6 +238,10 @@ def main(argv=None) -> int:
                     help="comma-separated BQxBK: also time the step with these cpu backward blocks")
     ap.add_argument("--rss-child", nargs=2, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    a.workloads = [w for arg in a.workloads for w in arg.split(",") if w]
+    unknown = [w for w in a.workloads if w not in WORKLOADS]
+    if unknown:
+        ap.error(f"unknown workload(s) {', '.join(unknown)}; known: {', '.join(WORKLOADS)}")
     if a.rss_child:
         print(json.dumps(rss_child(*a.rss_child)))
         return 0
