@@ -39,8 +39,12 @@ def _text(fn):
 def _regions(layout, mask, dtype, sq, sk, learned=False, softmax="nn", gqa=1, b=2):
     f = make_attention(layout, mask, gqa, softmax, "mul")
     args = make_args(layout, mask, gqa, dtype, sq, sk, h=max(4, 2 * gqa), b=b)
-    argn = tuple(range(len(args))) if learned else (0, 1, 2)
+    return _step_regions(f, args, tuple(range(len(args))) if learned else (0, 1, 2))
 
+
+def _step_regions(f, args, argn=(0, 1, 2)):
+    """The (forward-with-lse, backward) functions ``fuse-attention`` outlines from the training
+    step ``value_and_grad(sum(f(*args)**2))``."""
     def loss(*a):
         return jnp.sum(f(*a).astype(jnp.float32) ** 2)
     out = outline(jax.value_and_grad(loss, argnums=argn), args, "fuse-attention")
@@ -119,13 +123,7 @@ def test_fully_masked_rows_with_a_finite_fill():
     f = make_attention("bhsd", "bool_full", 1, "nn", "mul", "-1e9")
     args = make_args("bhsd", "bool_full", 1, np.float32, 16, 16)
     args[3][0, 3, :] = False
-
-    def loss(*a):
-        return jnp.sum(f(*a) ** 2)
-    out = outline(jax.value_and_grad(loss, argnums=(0, 1, 2)), args, "fuse-attention")
-    _KEEP.append(out)
-    (ffn,) = out.funcs("attention_fwd_lse")
-    (bfn,) = out.funcs("attention_bwd")
+    ffn, bfn = _step_regions(f, args)
     fs, fwd_in, extra, _ = _inputs(ffn, bfn)
     (mask_in,) = [a for a in fwd_in if a.dtype == np.bool_]
     mask_in[...] = args[3].reshape(mask_in.shape)
@@ -273,13 +271,7 @@ def test_cpu_loop_dots_are_library_dots(mask, gqa):
     the NN form per block (a transpose per dot), which the NN form has no need for."""
     f = make_attention("bshd", mask, gqa, "nn", "mul")
     args = make_args("bshd", mask, gqa, np.float32, 64, 64, h=4, d=16)
-
-    def loss(*a):
-        return jnp.sum(f(*a) ** 2)
-    out = outline(jax.value_and_grad(loss, argnums=(0, 1, 2)), args, "fuse-attention")
-    _KEEP.append(out)
-    (ffn,) = out.funcs("attention_fwd_lse")
-    (bfn,) = out.funcs("attention_bwd")
+    ffn, bfn = _step_regions(f, args)
     bl = AttentionBlocks("cpu", 32, 32)
     fs = FAMILIES["attention_fwd_lse"].spec_from_func(ffn)
     bs = FAMILIES["attention_bwd"].spec_from_func(bfn)
