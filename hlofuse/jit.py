@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import os
 import re
 import threading
 import time
@@ -65,7 +64,7 @@ TIERED_ENV = "HLOFUSE_TIERED"
 def tiered_mode(setting) -> bool:
     """``hlofuse.jit(tiered=...)``: True/False, or None for ``$HLOFUSE_TIERED`` (default on)."""
     if setting is None:
-        return os.environ.get(TIERED_ENV, "1").strip().lower() not in ("0", "off", "false", "no")
+        return module_cache.env_on(TIERED_ENV)
     return bool(setting)
 
 
@@ -73,6 +72,16 @@ class _Tier(Exception):
     """Raised out of ``jax.jit``'s trace of a new signature (from :meth:`HlofuseFunction._traced`)
     when its optimized module would have to be built: the call runs XLA's code instead and the
     build goes to the background. Never escapes :meth:`HlofuseFunction.__call__`."""
+
+
+def _leave_call() -> None:
+    """End this thread's call state (:data:`_CALL`): no concrete arguments, no tiering, and
+    the jax compilation-cache context a trace of the call entered is left."""
+    _CALL.args = None
+    _CALL.tier = False
+    ctx = _CALL.__dict__.pop("xla_cache", None)
+    if ctx is not None:
+        ctx.__exit__(None, None, None)
 
 
 def _norm_tuple(x) -> tuple:
@@ -483,11 +492,7 @@ class HlofuseFunction:
         except _Tier:
             return self._tier_call(args, kwargs)
         finally:
-            _CALL.args = None
-            _CALL.tier = False
-            ctx = _CALL.__dict__.pop("xla_cache", None)
-            if ctx is not None:
-                ctx.__exit__(None, None, None)
+            _leave_call()
 
     # -- tiered first call -------------------------------------------------------------------
     def _plain_jit(self):
@@ -592,10 +597,7 @@ class HlofuseFunction:
                 f"({st.tier_error}); calls of this signature run XLA's code for the function"),
                 stacklevel=1)
         finally:
-            _CALL.args = None
-            ctx = _CALL.__dict__.pop("xla_cache", None)
-            if ctx is not None:
-                ctx.__exit__(None, None, None)
+            _leave_call()
 
     def block_until_optimized(self, timeout: float | None = None) -> bool:
         """Wait until every signature's hlofuse executable built in the background (tiered

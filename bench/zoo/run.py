@@ -110,8 +110,7 @@ def measure(name: str, size: str, cfg, progress=None) -> dict:
     res["first_call_hlofuse_s"], out_h1 = _timed(hf, args)
     res["first_call_ratio"] = res["first_call_hlofuse_s"] / res["first_call_jax_s"]
     step("optimized executable (tiered first call)")
-    res.update(runner.settle(hf, args, res["first_call_hlofuse_s"]))
-    res["ready_ratio"] = res["ready_s"] / res["first_call_jax_s"]
+    res.update(runner.settle(hf, args, res["first_call_hlofuse_s"], res["first_call_jax_s"]))
 
     step("calls 2-3 (tuning)")
     t2, _ = _timed(hf, args)

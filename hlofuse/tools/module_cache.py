@@ -59,8 +59,13 @@ STATS = {"hits": 0, "misses": 0, "writes": 0, "damaged": 0,
          "traced_hits": 0, "traced_writes": 0}
 
 
+def env_on(name: str) -> bool:
+    """An hlofuse on/off environment switch: on unless ``$name`` is 0/off/false/no."""
+    return os.environ.get(name, "1").strip().lower() not in ("0", "off", "false", "no")
+
+
 def enabled() -> bool:
-    return os.environ.get(ENV, "1").strip().lower() not in ("0", "off", "false", "no")
+    return env_on(ENV)
 
 
 def directory() -> str:
@@ -253,7 +258,7 @@ def enable_xla_cache() -> str | None:
     global _xla_cache_set
     if _xla_cache_set:
         return os.path.join(os.path.dirname(directory()), "xla")
-    if not enabled() or os.environ.get(XLA_ENV, "1").strip().lower() in ("0", "off", "false", "no"):
+    if not enabled() or not env_on(XLA_ENV):
         return None
     import jax
     from jax._src import compilation_cache as cc
