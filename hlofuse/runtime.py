@@ -42,6 +42,7 @@ import dataclasses
 import functools
 import os
 import threading
+import weakref
 from typing import Callable, Sequence
 
 import numpy as np
@@ -265,11 +266,29 @@ def context_movable() -> bool:
     return bool(there) and there[0] == here
 
 
+#: closed jaxpr -> its digest: a signature's key is asked for twice (the tiered first call's
+#: ``Program.is_built``, then the build), and hashing constants closed over costs ~1 ms per MB
+_DIGESTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
 def _jaxpr_digest(closed) -> bytes | None:
     """sha256 of a closed jaxpr: its text with source locations and name stacks, and the bytes
     of every constant (also those of closed sub-jaxprs and array-valued parameters, which the
     text does not show). None when some part has no faithful text (an object printed by its
-    address) or a constant is a tracer."""
+    address) or a constant is a tracer. Memoized per jaxpr object (jaxprs are immutable)."""
+    try:
+        return _DIGESTS[closed]
+    except (KeyError, TypeError):
+        pass
+    digest = _jaxpr_digest_of(closed)
+    try:
+        _DIGESTS[closed] = digest
+    except TypeError:   # not weakly referenceable: not memoized
+        pass
+    return digest
+
+
+def _jaxpr_digest_of(closed) -> bytes | None:
     import hashlib
     try:
         text = closed.jaxpr.pretty_print(source_info=True, name_stack=True)
