@@ -40,15 +40,26 @@ def cache_dir(tmp_path, monkeypatch):
     at.cache().clear_memory()
 
 
-def _fake_clock(monkeypatch, kernel_s: float, xla_s: float):
+def _is_xla_module(text: str) -> bool:
+    """Whether a lowered program is XLA's own module (plain jax.jit, no hlofuse module)."""
+    return "@call_exported_" not in text
+
+
+def _fake_clock(monkeypatch, kernel_s: float, xla_s: float, xla_module_s: float | None = None):
     """Time a program by its content: ``kernel_s`` while the region's kernel is in it, else
-    ``xla_s``. Returns the list of (has_kernel) per timed measurement."""
+    ``xla_s``; XLA's own module (no hlofuse rewrite at all) ``xla_module_s`` (default: slower
+    than both, so region decisions are what the test sees). Returns the list of
+    (has_kernel) per timed measurement of hlofuse's programs."""
     seen = []
     texts = {}
+    if xla_module_s is None:
+        xla_module_s = 2 * max(kernel_s, xla_s)
 
     def time_once(fn, args, reps, kwargs=None):
         if id(fn) not in texts:   # fn is kept alive with its text: its id is never reused
             texts[id(fn)] = (fn, fn.lower(*args, **(kwargs or {})).as_text())
+        if _is_xla_module(texts[id(fn)][1]):
+            return xla_module_s
         has_kernel = "hlofuse_k" in texts[id(fn)][1]
         seen.append(has_kernel)
         return kernel_s if has_kernel else xla_s
@@ -189,8 +200,11 @@ def test_choices_are_confirmed_together(cache_dir, monkeypatch):
             lowered = fn.lower(*args, **(kwargs or {}))
             # the option variant compiles without YNNPACK fusions
             known[id(fn)] = ("hlofuse_k" in lowered.as_text(),
-                             "ynn" not in lowered.compile().as_text(), fn)  # fn kept alive
-        has_kernel, ynn_off, _ = known[id(fn)]
+                             "ynn" not in lowered.compile().as_text(), fn,  # fn kept alive
+                             _is_xla_module(lowered.as_text()))
+        has_kernel, ynn_off, _, xla_module = known[id(fn)]
+        if xla_module:
+            return 4.0e-3         # XLA's own module: slower than every hlofuse program
         seen.append((has_kernel, ynn_off))
         if has_kernel and not ynn_off:
             return 2.0e-3         # the program as optimized
@@ -289,6 +303,8 @@ def test_cpu_int8_matmul_choice_is_measured(cache_dir, monkeypatch, xla_faster):
     def time_once(fn, args, reps, kwargs=None):   # charged by which int8 product it runs
         if id(fn) not in texts:   # fn is kept alive with its text: its id is never reused
             texts[id(fn)] = (fn, fn.lower(*args, **(kwargs or {})).as_text())
+        if _is_xla_module(texts[id(fn)][1]):
+            return 3.0e-3         # XLA's own module: slower than both of hlofuse's
         return 1.0e-3 if _has_int_dot(texts[id(fn)][1]) == xla_faster else 1.5e-3
 
     monkeypatch.setattr(at, "_time_once", time_once)
@@ -302,3 +318,109 @@ def test_cpu_int8_matmul_choice_is_measured(cache_dir, monkeypatch, xla_faster):
     assert d.regions[k.extra["region_hash"]]["choice"] == ("xla" if xla_faster else "kernel")
     assert _has_int_dot(f.lower(*args).as_text()) == xla_faster
     assert_same(out, jax.jit(_int8_linear)(*args), "exact")
+
+
+# -- hlofuse's program against XLA's own module --------------------------------------------
+def _runs_xla_module(f, *args) -> bool:
+    """Whether calls of ``f`` on these arguments' signature run XLA's own module."""
+    (st,) = [s for k, s in f._tuning.items() if k == f._call_key(args, {})]
+    return st.fn is not None and st.fn is f._variant_jit({}, donate=True, plain=True)
+
+
+def test_program_not_faster_than_xla_module_runs_xla_module(cache_dir, monkeypatch):
+    """A program whose kernel is kept (it beats the region's own ops) but that is not faster
+    than what jax.jit compiles: calls run jax.jit's code, the report says why, and a later
+    process applies the cached decision without measuring."""
+    clock = _fake_clock(monkeypatch, kernel_s=1.0e-3, xla_s=1.5e-3, xla_module_s=1.0e-3)
+    args = _args()
+    want = jax.jit(_ln)(*args)
+    f = hlofuse.jit(_ln, autotune="on")
+    f(*args)
+    assert_same(f(*args), want, category="reassociate")   # measured here
+    d = f.autotune_decision(*args)
+    assert d.xla_module and d.variant == at.XLA_MODULE and at.options_of(d) == {}
+    assert "1.00x of XLA's own module's time" in d.reason
+    (c,) = d.regions.values()
+    assert c["choice"] == "kernel"                 # the region decision stands as measured
+    assert _runs_xla_module(f, *args)
+    assert_same(f(*args), want, category="exact")  # jax.jit's own executable
+    assert any("autotune: xla-module" in n and "calls run XLA's own module" in n
+               for n in f.report(*args).notes)
+    n_timed = len(clock)
+    at.cache().clear_memory()                      # a later process, decisions on disk only
+    g = hlofuse.jit(_ln, autotune="cached")
+    g(*args)
+    assert g.autotune_decision(*args).xla_module and _runs_xla_module(g, *args)
+    assert_same(g(*args), want, category="exact")
+    assert len(clock) == n_timed
+    # transformations run hlofuse's program as before (tracers never take a tuned path)
+    loss = lambda f_: (lambda x_: (f_(x_, *args[1:]) ** 2).sum())  # noqa: E731
+    assert_same(jax.grad(loss(g))(args[0]), jax.grad(loss(_ln))(args[0]), "reassociate")
+
+
+def test_program_faster_than_xla_module_by_the_margin_is_kept(cache_dir, monkeypatch):
+    _fake_clock(monkeypatch, kernel_s=1.0e-3, xla_s=1.5e-3,
+                xla_module_s=1.0e-3 / (1 - at.KEEP_MARGIN) * 1.01)
+    args = _args()
+    f = hlofuse.jit(_ln, autotune="on")
+    f(*args)
+    f(*args)
+    d = f.autotune_decision(*args)
+    assert d.variant == "default" and not _runs_xla_module(f, *args)
+    assert "of XLA's own module's time" in d.reason
+    assert "hlofuse_k" in f.lower(*args).as_text()
+
+
+def test_xla_module_decision_keeps_donation(cache_dir, monkeypatch):
+    _fake_clock(monkeypatch, kernel_s=1.0e-3, xla_s=1.5e-3, xla_module_s=0.5e-3)
+    x, g, b = _args()
+    want = jax.jit(_ln)(x, g, b)
+    f = hlofuse.jit(_ln, autotune="on", donate_argnums=0)
+    for _ in range(3):
+        xi = x + 0
+        assert_same(f(xi, g, b), want, category="reassociate")
+    assert f.autotune_decision(x, g, b).xla_module and _runs_xla_module(f, x, g, b)
+    xi = x + 0
+    assert_same(f(xi, g, b), want, category="exact")
+    assert xi.is_deleted()                         # donated, as jax.jit with donate_argnums
+
+
+def test_decide_module_rule():
+    m = at.Measurement({"default": 1.0, at.XLA_MODULE: 1.01, "ynn-off": 0.9}, ["ynn-off"],
+                       0.01, 5, [])
+    # the program as optimized, 1% faster than XLA's own module: not enough
+    assert at.decide_module(m, "default", "r", 1.0)[0] == at.XLA_MODULE
+    # with an option 10% faster: kept
+    best, why = at.decide_module(m, "ynn-off", "r", 0.9)
+    assert best == "ynn-off" and "0.89x of XLA's own module" in why
+    # XLA's own module compiled to the same program (a duplicate) or nothing timed: unchanged
+    dup = at.Measurement({"default": 1.0}, [], 0.01, 5, [at.XLA_MODULE])
+    assert at.decide_module(dup, "default", "r", 1.0) == ("default", "r")
+    short = at.Measurement({"default": 1.0}, [], 0.001, 0, [], "too short")
+    assert at.decide_module(short, "default", "r", 1.0) == ("default", "r")
+
+
+def test_decided_calls_take_the_fast_path_and_a_new_signature_is_still_tuned(cache_dir,
+                                                                            monkeypatch):
+    """Calls of signatures that all run XLA's own module skip the per-call signature key
+    (the fast path); a new signature arriving there still gets its first call and tuning."""
+    _fake_clock(monkeypatch, kernel_s=1.0e-3, xla_s=1.5e-3, xla_module_s=0.5e-3)
+    x, g, b = _args()
+    f = hlofuse.jit(_ln, autotune="on")
+    f(x, g, b)
+    f(x, g, b)
+    assert f.autotune_decision(x, g, b).xla_module
+    keyed = []
+    call_key = f._call_key
+    monkeypatch.setattr(f, "_call_key", lambda *a: keyed.append(1) or call_key(*a))
+    for _ in range(3):
+        assert_same(f(x, g, b), jax.jit(_ln)(x, g, b), category="exact")
+    assert not keyed                                   # no per-call signature key
+    x2 = x[:32]
+    assert_same(f(x2, g, b), jax.jit(_ln)(x2, g, b), category="exact")   # XLA's code
+    f(x2, g, b)                                        # its second call: measured
+    assert keyed and f.autotune_decision(x2, g, b).xla_module
+    n = len(keyed)
+    for a in ((x, g, b), (x2, g, b)):
+        assert_same(f(*a), jax.jit(_ln)(*a), category="exact")
+    assert len(keyed) == n                             # both decided alike: fast again

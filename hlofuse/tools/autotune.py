@@ -16,8 +16,15 @@ setting, so hlofuse measures it:
    rounds on the caller's own arguments, within a time budget.
 3. Keep the fastest only when the median of its per-round ratios to the default beats the
    default by :data:`MARGIN` and it was faster in at least :data:`MIN_WIN_SHARE` of the rounds;
-   otherwise keep XLA's defaults.
-4. Cache the decision in memory and on disk (``~/.cache/hlofuse/autotune.json`` or
+   otherwise keep XLA's defaults. Regions are decided the same way (each kernel against the
+   region's own ops left to XLA, in the whole module), and several choices are confirmed
+   together.
+4. The program so decided is then held against XLA's own module (:data:`XLA_MODULE`: what
+   plain ``jax.jit`` compiles for the function, timed in the same rounds). hlofuse's program is
+   kept only when it is at least :data:`KEEP_MARGIN` faster; otherwise calls run XLA's own
+   module, and the report says so with the measured ratio. A rewrite that does not pay on this
+   device costs nothing (it measured ~1.02-1.03x on a few models, inside :data:`MARGIN`).
+5. Cache the decision in memory and on disk (``~/.cache/hlofuse/autotune.json`` or
    ``$HLOFUSE_CACHE_DIR/autotune.json``, written atomically), keyed by the module hash, the
    device (kind, and for CPUs the model name and usable cores), the jax version and the variant
    table's version, so a later process skips the measurement. A measurement during which
@@ -40,7 +47,8 @@ when no decision is cached), ``cached`` (apply decisions found on disk, never me
 
 Safety: a decision never makes the steady state slower than ``autotune=False``: "default" runs
 the very same ``jax.jit`` object, and a variant is kept only when it won most interleaved rounds
-by :data:`MARGIN`. Options reach XLA only by *variant name* from :data:`VARIANTS`: a cache entry
+by :data:`MARGIN`. :data:`XLA_MODULE` runs ``jax.jit``'s own executable for the function (the
+one a tiered first call ran), with the function's donation. Options reach XLA only by *variant name* from :data:`VARIANTS`: a cache entry
 naming an unknown variant, or carrying options outside the table (``xla_dump_to``...), is
 ignored with one warning; a damaged cache file is treated as empty with one warning.
 """
@@ -70,7 +78,8 @@ __all__ = ["VARIANTS", "applicable_variants", "Measurement", "measure", "decide"
            "DecisionCache", "mode", "enabled_by_default", "device_key", "module_hash",
            "cache_key", "cache", "cached_options", "options_of", "tune", "ForeignLoad",
            "BUSY_SHARE", "TUNE_AT_CALL", "MARGIN", "Variant", "region_key", "region_variants",
-           "decide_regions", "cached_xla_regions", "record_of", "REGION_PREFIX"]
+           "decide_regions", "cached_xla_regions", "record_of", "REGION_PREFIX",
+           "XLA_MODULE", "KEEP_MARGIN", "decide_module"]
 
 
 class _DefaultHandler(logging.StreamHandler):
@@ -115,7 +124,17 @@ VARIANTS: dict[str, dict[str, dict]] = {
         "ynn-individual-conv": {YNN: "LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"},
     },
 }
-VARIANTS_VERSION = 2  # bump when VARIANTS or the decision rule changes
+VARIANTS_VERSION = 3  # bump when VARIANTS or the decision rule changes
+
+#: the variant "XLA's own module": the traced function compiled by plain ``jax.jit``, none of
+#: hlofuse's rewrites. hlofuse's program (its best options and region choices) is kept only
+#: when it beats this one by :data:`KEEP_MARGIN`; a program that is not measurably faster than
+#: what ``jax.jit`` gives runs ``jax.jit``'s code instead (never slower than XLA, up to noise)
+XLA_MODULE = "xla-module"
+#: hlofuse's program must be at least this much faster than XLA's own module (median of the
+#: per-round ratios) to be kept. Lower than :data:`MARGIN`: falling back to XLA's own module
+#: risks nothing (it is what ``jax.jit`` runs), so a small measured loss is enough to take it
+KEEP_MARGIN = 0.02
 
 #: a variant is only tried when the module contains one of these op names (no point compiling
 #: a convolution-only library option for a module without convolutions)
@@ -243,6 +262,7 @@ class Variant:
     hash) run as XLA's own code instead of their kernels. Falsy: the program as optimized."""
     options: tuple = ()                 # sorted (name, value) items
     xla: frozenset = frozenset()
+    plain: bool = False                 # XLA's own module (plain jax.jit), no hlofuse rewrite
 
     @classmethod
     def of(cls, spec) -> "Variant":
@@ -255,7 +275,7 @@ class Variant:
         return dict(self.options)
 
     def __bool__(self) -> bool:
-        return bool(self.options or self.xla)
+        return bool(self.options or self.xla or self.plain)
 
 
 def region_variants(regions: Sequence) -> dict[str, Variant]:
@@ -302,6 +322,11 @@ class Decision:
     # measured kernel-vs-XLA decisions of the module's regions: region hash -> {'choice':
     # 'kernel'|'xla', 'ratio': kernel time / XLA time (0: not timed), 'reason', 'predicted'}
     regions: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def xla_module(self) -> bool:
+        """Whether calls run XLA's own module (plain ``jax.jit``) instead of hlofuse's."""
+        return self.variant == XLA_MODULE
 
     @property
     def xla_regions(self) -> frozenset:
@@ -559,7 +584,7 @@ def options_of(decision: Decision | None, platform: str | None = None) -> dict:
     """The compiler options a decision stands for, taken from :data:`VARIANTS` by variant
     name (never from the decision's own ``options``, which a damaged or hand-edited cache
     could fill with anything, e.g. ``xla_dump_to``). Unknown variants: {} and one warning."""
-    if decision is None:
+    if decision is None or decision.variant == XLA_MODULE:
         return {}
     table = VARIANTS.get(platform or jax.default_backend(), {"default": {}})
     if decision.variant not in table:
@@ -829,7 +854,7 @@ def decide(m: Measurement, margin: float = MARGIN) -> tuple[str, str]:
     """The variant to keep: the fastest eligible one when it beats the default by ``margin``."""
     if m.skipped:
         return "default", f"not tuned: {m.skipped}"
-    cands = [n for n in m.ratios if n != "default" and n in m.eligible
+    cands = [n for n in m.ratios if n not in ("default", XLA_MODULE) and n in m.eligible
              and not n.startswith(REGION_PREFIX)]
     if cands:
         best = min(cands, key=lambda n: m.ratios[n])
@@ -888,13 +913,15 @@ def tune(make: Callable[[dict], Callable], args: Sequence, kwargs: dict | None,
     budget_s = budget() if budget_s is None else budget_s
     regions = regions or {}
     t0 = time.perf_counter()
-    others = [n for n in variants if n != "default" and not n.startswith(REGION_PREFIX)]
+    others = [n for n in variants if n not in ("default", XLA_MODULE)
+              and not n.startswith(REGION_PREFIX)]
     n_reg = sum(1 for n in variants if n.startswith(REGION_PREFIX))
 
     def announce():
-        log.info("autotuning %s: timing XLA defaults against %s%s (budget %.0fs; "
+        log.info("autotuning %s: timing XLA defaults against %s%s%s (budget %.0fs; "
                  "HLOFUSE_AUTOTUNE=off or cached to skip)", name, ", ".join(others) or "no option",
-                 f" and {n_reg} region(s) kernel vs XLA" if n_reg else "", budget_s)
+                 f" and {n_reg} region(s) kernel vs XLA" if n_reg else "",
+                 ", and against XLA's own module" if XLA_MODULE in variants else "", budget_s)
 
     def progress(msg):
         if time.perf_counter() - t0 > 1.0:
@@ -926,9 +953,10 @@ def tune(make: Callable[[dict], Callable], args: Sequence, kwargs: dict | None,
         reason += (f"; machine busy while measuring (other processes used "
                    f"{m.foreign_load:.0%} of the CPUs): not cached on disk")
     chosen = decide_regions(m, {n: r["hash"] for n, r in regions.items()})
-    best, reason = _confirm_combination(make, args, kwargs, variants, regions, m, best, reason,
-                                        chosen, budget_s - (time.perf_counter() - t0),
-                                        min_call_s, progress)
+    best, reason, program_ratio = _confirm_combination(
+        make, args, kwargs, variants, regions, m, best, reason, chosen,
+        budget_s - (time.perf_counter() - t0), min_call_s, progress)
+    best, reason = decide_module(m, best, reason, program_ratio)
     for n, r in regions.items():
         if r["hash"] in chosen and r.get("predicted") is not None:
             chosen[r["hash"]]["predicted"] = round(float(r["predicted"]), 4)
@@ -974,14 +1002,15 @@ def _confirm_combination(make, args, kwargs, variants, regions, m, best, reason,
     xla_names = [n for n, r in regions.items() if chosen.get(r["hash"], {}).get("choice") == "xla"]
     parts = ([best] if best != "default" else []) + xla_names
     if len(parts) < 2:
-        return best, reason
+        return best, reason, (m.ratios.get(parts[0], 1.0) if parts else 1.0)
     opts = Variant.of(variants[best]).options if best != "default" else ()
     combo = Variant(opts, frozenset(regions[n]["hash"] for n in xla_names))
     mc = measure(factory(make), args, {"default": Variant(), "combined": combo}, kwargs=kwargs,
                  budget_s=max(budget_left, 0.0), progress=progress, min_call_s=min_call_s)
     r = mc.ratios.get("combined")
     if mc.rounds and r is not None and "combined" in mc.eligible and r <= 1.0 - MARGIN:
-        return best, reason + f"; choices confirmed together: {r:.2f}x of the program as optimized"
+        return (best, reason + f"; choices confirmed together: {r:.2f}x of the program as "
+                "optimized", r)
     why = (f"{r:.2f}x of the program as optimized" if mc.rounds and r is not None
            else f"not timed ({mc.skipped or 'same program'})")
     keep = min(parts, key=lambda n: m.ratios.get(n, 1.0))
@@ -992,10 +1021,29 @@ def _confirm_combination(make, args, kwargs, variants, regions, m, best, reason,
                              reason=chosen[h]["reason"].replace("kept XLA", "kept kernel: XLA won "
                                                                 "alone") +
                              f", but the choices together measured {why}")
+    kept = m.ratios.get(keep, 1.0)
     if best != keep:
         return "default", (f"{best} won alone ({m.ratios.get(best, 1.0):.2f}x) but the choices "
-                           f"together measured {why}: kept only {keep}")
-    return best, reason + f"; the choices together measured {why}: kept only {best}"
+                           f"together measured {why}: kept only {keep}"), kept
+    return best, reason + f"; the choices together measured {why}: kept only {best}", kept
+
+
+def decide_module(m: Measurement, best: str, reason: str, program_ratio: float,
+                  margin: float = KEEP_MARGIN) -> tuple[str, str]:
+    """hlofuse's program or XLA's own module. ``program_ratio``: the time of hlofuse's program
+    as decided (``best`` options, regions kept as XLA's code) over the program as optimized;
+    ``m.ratios[XLA_MODULE]``: XLA's own module's time over it, measured in the same rounds.
+    hlofuse's program is kept only when it is at least ``margin`` faster than XLA's own
+    module; a module compiling to the same HLO as hlofuse's program is no alternative."""
+    if XLA_MODULE not in m.ratios or not m.rounds:
+        return best, reason
+    xla = m.ratios[XLA_MODULE]
+    rel = program_ratio / xla if xla > 0 else 1.0   # hlofuse's program / XLA's own module
+    if rel <= 1.0 - margin:
+        return best, reason + f"; hlofuse's program {rel:.2f}x of XLA's own module's time"
+    return XLA_MODULE, (f"hlofuse's program measured {rel:.2f}x of XLA's own module's time "
+                        f"(it must be {margin:.0%} faster to be kept): calls run XLA's own "
+                        f"module, as jax.jit; hlofuse's choices were: {best} ({reason})")
 
 
 def record_rule() -> str:
