@@ -467,6 +467,20 @@ def test_rounds_never_run_past_the_budget_after_a_slow_compile():
     assert m.rounds >= at.MIN_ROUNDS and "slow" in m.ratios, m
 
 
+def test_a_slow_compile_drops_the_last_variants_not_the_measurement():
+    """Issue 14 zoo (training steps of 0.1-0.2 s): compiling every variant left no room for
+    MIN_ROUNDS rounds of all of them, so nothing was measured, XLA's own module included.
+    Compiles now stop when one more program's rounds would not fit, and programs compiled
+    past that are left out from the last (lowest priority) on."""
+    variants = {"default": {}, "cheap": {"opt": "1"}, "slow": {"opt": "2"}, "later": {"opt": "3"}}
+    compile_s = {"{}": 0.0, "{'opt': '1'}": 0.0, "{'opt': '2'}": 0.45, "{'opt': '3'}": 0.0}
+    make = at.factory(lambda opts: _SlowCompileFn(str(opts), compile_s[str(dict(opts))]))
+    # claimed 50 ms per call: MIN_ROUNDS rounds (and a warm-up) of n programs take 0.2n s
+    m = at.measure(make, (), variants, budget_s=1.0, default_s=0.05)
+    assert m.rounds >= at.MIN_ROUNDS and sorted(m.ratios) == ["cheap", "default"], m
+    assert sorted(m.unmeasured) == ["later", "slow"]
+
+
 def test_a_noisy_slow_first_timing_does_not_tune_a_short_program(cache_dir):
     """Issue 14 zoo (nnx_bert, small config): the 2nd call, timed once as the default's time,
     took 2.5 ms (a fresh executable's first runs), so a 0.2 ms program was tuned for 5s against

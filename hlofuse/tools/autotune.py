@@ -759,8 +759,15 @@ def measure(make: Callable, args: Sequence, variants: dict[str, dict], *,
     fns: dict[str, Callable] = {}
     seen: dict[str, str] = {}
     dup: list[str] = []
+    def rounds_s(n_fns: int) -> float:   # MIN_ROUNDS rounds of n_fns programs, warm-ups too
+        return t_def * (reps * MIN_ROUNDS + 1) * n_fns
+
     for name, opts in variants.items():
-        if name != "default" and time.perf_counter() - t_start > budget_s / 2:
+        spent = time.perf_counter() - t_start
+        # compiles stop at half the budget, or when one more program's rounds would not fit
+        # (variants come in priority order: what is compiled first is measured)
+        if name != "default" and (spent > budget_s / 2
+                                  or spent + rounds_s(len(fns) + 1) > budget_s):
             say(f"budget: {name} not compiled")
             unmeasured.append(name)
             continue
@@ -782,7 +789,14 @@ def measure(make: Callable, args: Sequence, variants: dict[str, dict], *,
         return Measurement({"default": 1.0}, [], t_def, 0, dup,
                            "every variant compiles to the same program", unmeasured=unmeasured)
     spent = time.perf_counter() - t_start
-    if spent + t_def * (reps * MIN_ROUNDS + 1) * len(fns) > budget_s:
+    while len(fns) > 2 and spent + rounds_s(len(fns)) > budget_s:
+        # a slow compile left too little for every compiled program's rounds: the last
+        # compiled (lowest priority) ones are left out, not the whole measurement
+        dropped = list(fns)[-1]
+        del fns[dropped]
+        unmeasured.append(dropped)
+        say(f"budget: {dropped} compiled but not timed")
+    if spent + rounds_s(len(fns)) > budget_s:
         # a compile is not interruptible, but the rounds are: never run them past the budget
         # (a training step's variant took 21s to compile, then 3 rounds ran anyway: 31s)
         return Measurement({"default": 1.0}, [], t_def, 0, dup,
