@@ -322,11 +322,25 @@ def modeled(fn: Callable, args, target: str) -> dict:
         return {"error": f"{type(e).__name__}: {str(e)[:300]}", "label": "modeled"}
 
 
+def runs_jax_executable(hf, jf, args, dec) -> bool:
+    """Whether ``hf``'s calls on ``args`` run the same optimized HLO as ``jf`` (jax.jit of the
+    function): autotune decided XLA's own module and both compile to one program."""
+    if dec is None or not getattr(dec, "xla_module", False):
+        return False
+    from hlofuse.tools.autotune import _normalized_hlo
+    plain = hf._variant_jit({}, donate=False, plain=True)
+    return (_normalized_hlo(plain.lower(*args).compile())
+            == _normalized_hlo(jf.lower(*args).compile()))
+
+
 def hlofuse_compiled(hf, args):
-    """hlofuse's executable for ``args`` compiled with the compiler options autotune chose."""
+    """hlofuse's executable for ``args`` compiled with the compiler options autotune chose
+    (XLA's own module when autotune decided that calls run it)."""
     import jax
-    low = hf.lower(*args)
     dec = hf.autotune_decision(*args) if hasattr(hf, "autotune_decision") else None
+    if dec is not None and getattr(dec, "xla_module", False):
+        return hf._variant_jit({}, donate=False, plain=True).lower(*args).compile(), {}
+    low = hf.lower(*args)
     opts = dict(dec.options) if dec is not None else {}
     avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type)
              for a in low.exported.in_avals]

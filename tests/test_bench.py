@@ -124,3 +124,39 @@ def test_png_writer_roundtrip(tmp_path):
     raw = zlib.decompress(blob[blob.index(b"IDAT") + 4:blob.index(b"IEND") - 8])
     rows = np.frombuffer(raw, np.uint8).reshape(3, 1 + 12)
     assert (rows[:, 0] == 0).all() and tuple(rows[1, 1 + 6:1 + 9]) == (255, 0, 0)
+
+
+def test_xla_module_decision_is_known_to_run_jax_executable(tmp_path, monkeypatch):
+    """A signature autotune decided to run XLA's own module: the bench checks (optimized HLO)
+    that it is jax.jit's executable, and says so instead of reporting a loss."""
+    import jax
+    import jax.numpy as jnp
+    import hlofuse
+    from hlofuse.tools import autotune as at
+
+    monkeypatch.setenv(at.ENV_CACHE_DIR, str(tmp_path))
+    at.cache().clear_memory()
+
+    def f(x):
+        return jnp.tanh(x * 2.0).sum(-1) + jnp.exp(x).max(-1)
+
+    x = jnp.ones((64, 128), jnp.float32)
+    try:
+        hf = hlofuse.jit(f, autotune="cached")
+        hf(x)
+        entry = hf.lower(x)._entry
+        at.cache().put(hf._decision_key(entry), at.Decision(at.XLA_MODULE, {}, {}))
+        hf = hlofuse.jit(f, autotune="cached")
+        hf(x)
+        dec = hf.autotune_decision(x)
+        assert dec.xla_module
+        assert runner.runs_jax_executable(hf, jax.jit(f), (x,), dec)
+        assert not runner.runs_jax_executable(hf, jax.jit(f), (x,), at.Decision("default", {}, {}))
+        compiled, opts = runner.hlofuse_compiled(hf, (x,))
+        assert opts == {} and (at._normalized_hlo(compiled)
+                               == at._normalized_hlo(jax.jit(f).lower(x).compile()))
+    finally:
+        at.cache().clear_memory()
+    r = {"name": "tiny", "latency": {"median_ratio": 1.03}, "same_optimized_hlo": True}
+    assert cli._status(r, "cpu") == "same program (noise)"
+    assert cli._status(dict(r, same_optimized_hlo=False), "cpu") == "SLOWER"
