@@ -481,6 +481,35 @@ def test_a_slow_compile_drops_the_last_variants_not_the_measurement():
     assert sorted(m.unmeasured) == ["later", "slow"]
 
 
+@pytest.mark.parametrize("first_xla, again_xla, want", [
+    (1.00, 1.10, "default"),          # close, then clearly slower: hlofuse's program kept
+    (1.00, 0.99, at.XLA_MODULE),      # close, and close again: XLA's own module
+    (1.50, None, "default"),          # clear at once: not measured again
+    (0.90, None, at.XLA_MODULE),
+])
+def test_a_close_call_against_xla_module_is_measured_again(cache_dir, monkeypatch, first_xla,
+                                                           again_xla, want):
+    seen = []
+
+    def measure(make, args, variants, **kw):
+        seen.append((sorted(variants), kw.get("rounds")))
+        if len(seen) == 1:
+            return at.Measurement({"default": 1.0, at.XLA_MODULE: first_xla, "ynn-off": 1.1},
+                                  [], 0.01, 7, [])
+        return at.Measurement({"default": 1.0, at.XLA_MODULE: again_xla}, [], 0.01, 14, [])
+
+    monkeypatch.setattr(at, "measure", measure)
+    variants = {"default": at.Variant(), at.XLA_MODULE: at.Variant(plain=True),
+                "ynn-off": at.Variant.of(YNN_OFF)}
+    d = at.tune(lambda spec: None, (), {}, variants, name="t", key=None)
+    assert d.variant == want
+    if again_xla is None:
+        assert len(seen) == 1 and "close call" not in d.reason
+    else:
+        assert seen[1] == (["default", at.XLA_MODULE], 2 * at.ROUNDS)
+        assert "close call (1.00x of XLA's own module) measured again in 14 rounds" in d.reason
+
+
 def test_a_noisy_slow_first_timing_does_not_tune_a_short_program(cache_dir):
     """Issue 14 zoo (nnx_bert, small config): the 2nd call, timed once as the default's time,
     took 2.5 ms (a fresh executable's first runs), so a 0.2 ms program was tuned for 5s against

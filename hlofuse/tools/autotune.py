@@ -135,6 +135,9 @@ XLA_MODULE = "xla-module"
 #: per-round ratios) to be kept. Lower than :data:`MARGIN`: falling back to XLA's own module
 #: risks nothing (it is what ``jax.jit`` runs), so a small measured loss is enough to take it
 KEEP_MARGIN = 0.02
+#: a first measurement this close to the keep threshold (hlofuse's program / XLA's own module
+#: within 1 - KEEP_MARGIN +- CLOSE_CALL) is measured again, in rounds of those programs alone
+CLOSE_CALL = 0.04
 
 #: a variant is only tried when the module contains one of these op names (no point compiling
 #: a convolution-only library option for a module without convolutions)
@@ -970,7 +973,9 @@ def tune(make: Callable[[dict], Callable], args: Sequence, kwargs: dict | None,
     best, reason, program_ratio = _confirm_combination(
         make, args, kwargs, variants, regions, m, best, reason, chosen,
         budget_s - (time.perf_counter() - t0), min_call_s, progress)
-    best, reason = decide_module(m, best, reason, program_ratio)
+    best, reason = _decide_module_confirmed(
+        make, args, kwargs, variants, regions, m, best, reason, program_ratio, chosen,
+        budget_s - (time.perf_counter() - t0), min_call_s, progress)
     for n, r in regions.items():
         if r["hash"] in chosen and r.get("predicted") is not None:
             chosen[r["hash"]]["predicted"] = round(float(r["predicted"]), 4)
@@ -1058,6 +1063,35 @@ def decide_module(m: Measurement, best: str, reason: str, program_ratio: float,
     return XLA_MODULE, (f"hlofuse's program measured {rel:.2f}x of XLA's own module's time "
                         f"(it must be {margin:.0%} faster to be kept): calls run XLA's own "
                         f"module, as jax.jit; hlofuse's choices were: {best} ({reason})")
+
+
+def _decide_module_confirmed(make, args, kwargs, variants, regions, m, best, reason,
+                             program_ratio, chosen, budget_left, min_call_s, progress):
+    """:func:`decide_module`, with a close call measured again: when hlofuse's decided program
+    and XLA's own module measured within :data:`CLOSE_CALL` of the keep threshold in the
+    rounds shared with every other variant, the two (and the program as optimized, the
+    harness's reference) are timed again in more, shorter rounds of their own, within what is
+    left of the budget, and that measurement decides."""
+    xla = m.ratios.get(XLA_MODULE)
+    if xla is None or not m.rounds or xla <= 0:
+        return decide_module(m, best, reason, program_ratio)
+    rel = program_ratio / xla
+    if abs(rel - (1.0 - KEEP_MARGIN)) > CLOSE_CALL or budget_left <= 0:
+        return decide_module(m, best, reason, program_ratio)
+    opts = Variant.of(variants[best]).options if best in variants and best != "default" else ()
+    xla_regions = frozenset(r["hash"] for r in regions.values()
+                            if chosen.get(r["hash"], {}).get("choice") == "xla")
+    decided = Variant(opts, xla_regions)
+    cands = {"default": Variant(), XLA_MODULE: variants.get(XLA_MODULE, Variant(plain=True))}
+    if decided:
+        cands["decided"] = decided
+    mc = measure(factory(make), args, cands, kwargs=kwargs, budget_s=budget_left,
+                 rounds=2 * ROUNDS, progress=progress, min_call_s=min_call_s)
+    if not mc.rounds or XLA_MODULE not in mc.ratios:
+        return decide_module(m, best, reason, program_ratio)
+    again = mc.ratios.get("decided", 1.0) if decided else 1.0
+    return decide_module(mc, best, reason + f"; a close call ({rel:.2f}x of XLA's own module) "
+                         f"measured again in {mc.rounds} rounds", again)
 
 
 def record_rule() -> str:
