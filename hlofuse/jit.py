@@ -849,17 +849,8 @@ class HlofuseFunction:
         the function (what ``jax.jit`` runs; the tiered first call's executable)."""
         if not options and not xla and (donate or not self._donating):
             return self._plain_jit() if plain else self._jit
-        if plain and not options:
-            key = ("plain", donate and self._donating)
-            fn = self._variants.get(key)
-            if fn is None:
-                kw = dict(self._jit_kwargs)
-                if not donate:
-                    kw.pop("donate_argnums", None)
-                    kw.pop("donate_argnames", None)
-                fn = self._variants.setdefault(key, jax.jit(self._traced_fn(plain=True), **kw))
-            return fn
-        key = (tuple(sorted(options.items())), donate and self._donating, frozenset(xla))
+        key = (tuple(sorted(options.items())), donate and self._donating,
+               frozenset() if plain else frozenset(xla), plain)
         fn = self._variants.get(key)
         if fn is None:
             kw = dict(self._jit_kwargs)
@@ -868,7 +859,8 @@ class HlofuseFunction:
                 kw.pop("donate_argnames", None)
             if options:
                 kw["compiler_options"] = dict(kw.get("compiler_options") or {}, **options)
-            fn = self._variants.setdefault(key, jax.jit(self._traced_fn(frozenset(xla)), **kw))
+            traced = self._traced_fn(plain=True) if plain else self._traced_fn(frozenset(xla))
+            fn = self._variants.setdefault(key, jax.jit(traced, **kw))
         return fn
 
     def _decided_options(self, entry) -> dict:
