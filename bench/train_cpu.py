@@ -9,6 +9,8 @@ Workloads (issue 15):
 * ``attn_train_s2048``: ``jax.value_and_grad`` of ``sum(attention(q, k, v)**2)`` w.r.t. Q, K, V,
   attention B=1 H=8 d=64 S=2048 f32 (BSHD einsums, ``jax.nn.softmax``, as in
   ``bench/attention_cpu.py``). Targets: time <= 0.45, run memory <= 1/4 of jax.jit's.
+* ``attn_train_b2h12_s2048``: the same step at B=2 H=12 (base-model heads), where the step
+  budgets shrink each head's query chunks (no target; the many-head case).
 * ``gpt2_train_s1024`` / ``gpt2_train_s2048``: a GPT-2-small-like stack (d=768, 12 heads,
   ff=3072, causal, pre-LN, tanh-GELU; ``LAYERS`` blocks) training step: forward, a
   next-token-style squared loss, backward, SGD update of every parameter. Target at S=1024:
@@ -70,9 +72,9 @@ def attn_step(q, k, v):
     return jax.value_and_grad(attn_loss, argnums=(0, 1, 2))(q, k, v)
 
 
-def _attn_args(seq):
+def _attn_args(seq, batch=1, heads=8):
     rng = np.random.default_rng(0)
-    return [rng.standard_normal((1, seq, 8, 64)).astype(np.float32) for _ in range(3)]
+    return [rng.standard_normal((batch, seq, heads, 64)).astype(np.float32) for _ in range(3)]
 
 
 def gpt2_loss(params, x):
@@ -102,6 +104,8 @@ def _gpt2_args(seq):
 
 WORKLOADS = {
     "attn_train_s2048": (attn_step, lambda: _attn_args(2048)),
+    # many heads: B=2 H=12 (BERT/GPT-2-base heads), where the step budgets shrink the chunks
+    "attn_train_b2h12_s2048": (attn_step, lambda: _attn_args(2048, batch=2, heads=12)),
     "gpt2_train_s1024": (gpt2_step, lambda: _gpt2_args(1024)),
     "gpt2_train_s2048": (gpt2_step, lambda: _gpt2_args(2048)),
     "attn_grad_of_hlofuse_s2048": (None, lambda: _attn_args(2048)),

@@ -20,9 +20,10 @@ setting, so hlofuse measures it:
    region's own ops left to XLA, in the whole module), and several choices are confirmed
    together.
 4. The program so decided is then held against XLA's own module (:data:`XLA_MODULE`: what
-   plain ``jax.jit`` compiles for the function, timed in the same rounds). hlofuse's program is
-   kept only when it is at least :data:`KEEP_MARGIN` faster; otherwise calls run XLA's own
-   module, and the report says so with the measured ratio. A rewrite that does not pay on this
+   plain ``jax.jit`` compiles for the function), in rounds of their own after the choices
+   (interleaved with the others, a module with large temporaries disturbed their timings).
+   hlofuse's program is kept only when it is at least :data:`KEEP_MARGIN` faster; otherwise
+   calls run XLA's own module, and the report says so with the measured ratio. A rewrite that does not pay on this
    device costs nothing (it measured ~1.02-1.03x on a few models, inside :data:`MARGIN`).
 5. Cache the decision in memory and on disk (``~/.cache/hlofuse/autotune.json`` or
    ``$HLOFUSE_CACHE_DIR/autotune.json``, written atomically), keyed by the module hash, the
@@ -135,9 +136,7 @@ XLA_MODULE = "xla-module"
 #: per-round ratios) to be kept. Lower than :data:`MARGIN`: falling back to XLA's own module
 #: risks nothing (it is what ``jax.jit`` runs), so a small measured loss is enough to take it
 KEEP_MARGIN = 0.02
-#: a first measurement this close to the keep threshold (hlofuse's program / XLA's own module
-#: within 1 - KEEP_MARGIN +- CLOSE_CALL) is measured again, in rounds of those programs alone
-CLOSE_CALL = 0.04
+
 
 #: a variant is only tried when the module contains one of these op names (no point compiling
 #: a convolution-only library option for a module without convolutions)
@@ -945,9 +944,15 @@ def tune(make: Callable[[dict], Callable], args: Sequence, kwargs: dict | None,
             log.info("autotuning %s: %s", name, msg)
 
     # a quarter of the budget stays for confirming a combination of choices (below)
+    # XLA's own module is timed in a measurement of its own, after the choices: interleaved
+    # with the others it disturbed them (attention S=4096: its 1 GiB of temporaries made the
+    # program timed next slower; an option 1.25x slower measured 0.86x in 3 rounds)
+    module_v = variants.get(XLA_MODULE)
+    variants = {n: v for n, v in variants.items() if n != XLA_MODULE}
     several = len(variants) > 2 and any(n.startswith(REGION_PREFIX) for n in variants)
+    share = (0.6 if several else 0.7) if module_v is not None else (0.75 if several else 1.0)
     m = measure(factory(make), args, variants, kwargs=kwargs,
-                budget_s=budget_s * (0.75 if several else 1.0),
+                budget_s=budget_s * share,
                 default_s=default_s, progress=progress, announce=announce,
                 min_call_s=min_call_s)
     floor = MIN_CALL_S if min_call_s is None else min_call_s
@@ -970,12 +975,14 @@ def tune(make: Callable[[dict], Callable], args: Sequence, kwargs: dict | None,
         reason += (f"; machine busy while measuring (other processes used "
                    f"{m.foreign_load:.0%} of the CPUs): not cached on disk")
     chosen = decide_regions(m, {n: r["hash"] for n, r in regions.items()})
-    best, reason, program_ratio = _confirm_combination(
+    left = budget_s - (time.perf_counter() - t0)
+    best, reason = _confirm_combination(
         make, args, kwargs, variants, regions, m, best, reason, chosen,
-        budget_s - (time.perf_counter() - t0), min_call_s, progress)
-    best, reason = _decide_module_confirmed(
-        make, args, kwargs, variants, regions, m, best, reason, program_ratio, chosen,
-        budget_s - (time.perf_counter() - t0), min_call_s, progress)
+        left / 2 if module_v is not None else left, min_call_s, progress)
+    if module_v is not None and m.default_s >= floor:
+        best, reason = _decide_module_measured(
+            make, args, kwargs, module_v, variants, regions, m, best, reason, chosen,
+            budget_s - (time.perf_counter() - t0), min_call_s, progress)
     for n, r in regions.items():
         if r["hash"] in chosen and r.get("predicted") is not None:
             chosen[r["hash"]]["predicted"] = round(float(r["predicted"]), 4)
@@ -1021,15 +1028,14 @@ def _confirm_combination(make, args, kwargs, variants, regions, m, best, reason,
     xla_names = [n for n, r in regions.items() if chosen.get(r["hash"], {}).get("choice") == "xla"]
     parts = ([best] if best != "default" else []) + xla_names
     if len(parts) < 2:
-        return best, reason, (m.ratios.get(parts[0], 1.0) if parts else 1.0)
+        return best, reason
     opts = Variant.of(variants[best]).options if best != "default" else ()
     combo = Variant(opts, frozenset(regions[n]["hash"] for n in xla_names))
     mc = measure(factory(make), args, {"default": Variant(), "combined": combo}, kwargs=kwargs,
                  budget_s=max(budget_left, 0.0), progress=progress, min_call_s=min_call_s)
     r = mc.ratios.get("combined")
     if mc.rounds and r is not None and "combined" in mc.eligible and r <= 1.0 - MARGIN:
-        return (best, reason + f"; choices confirmed together: {r:.2f}x of the program as "
-                "optimized", r)
+        return best, reason + f"; choices confirmed together: {r:.2f}x of the program as optimized"
     why = (f"{r:.2f}x of the program as optimized" if mc.rounds and r is not None
            else f"not timed ({mc.skipped or 'same program'})")
     keep = min(parts, key=lambda n: m.ratios.get(n, 1.0))
@@ -1040,11 +1046,10 @@ def _confirm_combination(make, args, kwargs, variants, regions, m, best, reason,
                              reason=chosen[h]["reason"].replace("kept XLA", "kept kernel: XLA won "
                                                                 "alone") +
                              f", but the choices together measured {why}")
-    kept = m.ratios.get(keep, 1.0)
     if best != keep:
         return "default", (f"{best} won alone ({m.ratios.get(best, 1.0):.2f}x) but the choices "
-                           f"together measured {why}: kept only {keep}"), kept
-    return best, reason + f"; the choices together measured {why}: kept only {best}", kept
+                           f"together measured {why}: kept only {keep}")
+    return best, reason + f"; the choices together measured {why}: kept only {best}"
 
 
 def decide_module(m: Measurement, best: str, reason: str, program_ratio: float,
@@ -1065,33 +1070,29 @@ def decide_module(m: Measurement, best: str, reason: str, program_ratio: float,
                         f"module, as jax.jit; hlofuse's choices were: {best} ({reason})")
 
 
-def _decide_module_confirmed(make, args, kwargs, variants, regions, m, best, reason,
-                             program_ratio, chosen, budget_left, min_call_s, progress):
-    """:func:`decide_module`, with a close call measured again: when hlofuse's decided program
-    and XLA's own module measured within :data:`CLOSE_CALL` of the keep threshold in the
-    rounds shared with every other variant, the two (and the program as optimized, the
-    harness's reference) are timed again in more, shorter rounds of their own, within what is
-    left of the budget, and that measurement decides."""
-    xla = m.ratios.get(XLA_MODULE)
-    if xla is None or not m.rounds or xla <= 0:
-        return decide_module(m, best, reason, program_ratio)
-    rel = program_ratio / xla
-    if abs(rel - (1.0 - KEEP_MARGIN)) > CLOSE_CALL or budget_left <= 0:
-        return decide_module(m, best, reason, program_ratio)
+def _decide_module_measured(make, args, kwargs, module_v, variants, regions, m, best, reason,
+                            chosen, budget_left, min_call_s, progress):
+    """:func:`decide_module` on a measurement of its own: hlofuse's program as decided
+    (``best`` options, the regions chosen as XLA's code), XLA's own module ``module_v`` and the
+    program as optimized (the harness's reference), in up to twice :data:`ROUNDS` rounds of
+    their own within ``budget_left``. Without room for them, hlofuse's program is kept."""
     opts = Variant.of(variants[best]).options if best in variants and best != "default" else ()
     xla_regions = frozenset(r["hash"] for r in regions.values()
                             if chosen.get(r["hash"], {}).get("choice") == "xla")
     decided = Variant(opts, xla_regions)
-    cands = {"default": Variant(), XLA_MODULE: variants.get(XLA_MODULE, Variant(plain=True))}
+    cands = {"default": Variant(), XLA_MODULE: module_v}
     if decided:
         cands["decided"] = decided
-    mc = measure(factory(make), args, cands, kwargs=kwargs, budget_s=budget_left,
-                 rounds=2 * ROUNDS, progress=progress, min_call_s=min_call_s)
+    mc = measure(factory(make), args, cands, kwargs=kwargs, budget_s=max(budget_left, 0.0),
+                 rounds=2 * ROUNDS, default_s=m.default_s or None, progress=progress,
+                 min_call_s=min_call_s)
+    if XLA_MODULE in mc.duplicates:
+        return best, reason + "; XLA's own module compiles to the same program"
     if not mc.rounds or XLA_MODULE not in mc.ratios:
-        return decide_module(m, best, reason, program_ratio)
-    again = mc.ratios.get("decided", 1.0) if decided else 1.0
-    return decide_module(mc, best, reason + f"; a close call ({rel:.2f}x of XLA's own module) "
-                         f"measured again in {mc.rounds} rounds", again)
+        return best, reason + (f"; not timed against XLA's own module "
+                               f"({mc.skipped or 'budget'})")
+    r = decide_module(mc, best, reason, mc.ratios.get("decided", 1.0) if decided else 1.0)
+    return r[0], r[1] + f" ({mc.rounds} rounds of their own)"
 
 
 def record_rule() -> str:
