@@ -469,6 +469,47 @@ def test_rounds_never_run_past_the_budget_after_a_slow_compile():
     assert m.rounds >= at.MIN_ROUNDS and "slow" in m.ratios, m
 
 
+class _Footprint:
+    """A stand-in variant with ``temp_mib`` of temporaries: ``ms`` per call; a heavy one
+    (>= 1 GiB) leaves the machine "dirty", and the next call of another variant pays 10 ms more
+    (freed memory, cold caches: what XLA's own attention did to the program timed after it)."""
+    dirty = [False]
+
+    def __init__(self, name, temp_mib, ms):
+        self.name, self.temp, self.ms = name, temp_mib * 2**20, ms
+
+    def __call__(self, *args):
+        extra = 0.010 if self.dirty[0] and self.temp < 2**30 else 0.0
+        self.dirty[0] = self.temp >= 2**30
+        time.sleep(self.ms / 1e3 + extra)
+        return np.zeros(())
+
+    def lower(self, *args, **kwargs):
+        return self
+
+    def compile(self):
+        return self
+
+    def as_text(self):
+        return f"HloModule {self.name}\n{self.name}"
+
+    def memory_analysis(self):
+        return type("MA", (), {"temp_size_in_bytes": self.temp})()
+
+
+def test_a_variant_with_large_temporaries_is_timed_on_its_own():
+    progs = {"{}": _Footprint("d", 10, 10), "{'opt': '1'}": _Footprint("l", 10, 10),
+             "{'opt': '2'}": _Footprint("h", 1024, 20)}
+    make = at.factory(lambda opts: progs[str(dict(opts))])
+    variants = {"default": {}, "heavy": {"opt": "2"}, "light": {"opt": "1"}}
+    m = at.measure(make, (), variants, budget_s=30.0, default_s=0.05, rounds=5)
+    assert m.rounds == 5 and sorted(m.ratios) == ["default", "heavy", "light"], m
+    # in shared rounds the program after "heavy" paid 10 ms; here neither is disturbed
+    assert m.ratios["light"] == pytest.approx(1.0, abs=0.2), m.ratios
+    assert m.ratios["heavy"] == pytest.approx(2.0, abs=0.4), m.ratios
+    assert "light" not in m.eligible
+
+
 def test_a_slow_compile_drops_the_last_variants_not_the_measurement():
     """Issue 14 zoo (training steps of 0.1-0.2 s): compiling every variant left no room for
     MIN_ROUNDS rounds of all of them, so nothing was measured, XLA's own module included.
