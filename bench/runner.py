@@ -322,14 +322,19 @@ def modeled(fn: Callable, args, target: str) -> dict:
         return {"error": f"{type(e).__name__}: {str(e)[:300]}", "label": "modeled"}
 
 
+def xla_module_compiled(hf, args):
+    """XLA's own module for ``hf``'s function (what its calls run under an ``xla-module``
+    autotune decision), compiled for ``args`` without donation."""
+    return hf._variant_jit({}, donate=False, plain=True).lower(*args).compile()
+
+
 def runs_jax_executable(hf, jf, args, dec) -> bool:
     """Whether ``hf``'s calls on ``args`` run the same optimized HLO as ``jf`` (jax.jit of the
     function): autotune decided XLA's own module and both compile to one program."""
-    if dec is None or not getattr(dec, "xla_module", False):
+    if dec is None or not dec.xla_module:
         return False
     from hlofuse.tools.autotune import _normalized_hlo
-    plain = hf._variant_jit({}, donate=False, plain=True)
-    return (_normalized_hlo(plain.lower(*args).compile())
+    return (_normalized_hlo(xla_module_compiled(hf, args))
             == _normalized_hlo(jf.lower(*args).compile()))
 
 
@@ -338,8 +343,8 @@ def hlofuse_compiled(hf, args):
     (XLA's own module when autotune decided that calls run it)."""
     import jax
     dec = hf.autotune_decision(*args) if hasattr(hf, "autotune_decision") else None
-    if dec is not None and getattr(dec, "xla_module", False):
-        return hf._variant_jit({}, donate=False, plain=True).lower(*args).compile(), {}
+    if dec is not None and dec.xla_module:
+        return xla_module_compiled(hf, args), {}
     low = hf.lower(*args)
     opts = dict(dec.options) if dec is not None else {}
     avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type)
@@ -393,7 +398,7 @@ def _rss_child(name: str, impl: str, seed: int, autotune: bool | None) -> None:
             dec = (at.cache().get(hf._decision_key(low._entry)) if autotune is not False
                    else None)
             if dec is not None and dec.xla_module:   # calls run XLA's own module: measure it
-                call = jax.jit(fn).lower(*args).compile()
+                call = xla_module_compiled(hf, args)
                 note = "XLA's own module (autotune decision)"
             else:
                 call = low.compile()

@@ -23,8 +23,9 @@ setting, so hlofuse measures it:
    plain ``jax.jit`` compiles for the function), in rounds of their own after the choices
    (interleaved with the others, a module with large temporaries disturbed their timings).
    hlofuse's program is kept only when it is at least :data:`KEEP_MARGIN` faster; otherwise
-   calls run XLA's own module, and the report says so with the measured ratio. A rewrite that does not pay on this
-   device costs nothing (it measured ~1.02-1.03x on a few models, inside :data:`MARGIN`).
+   calls run XLA's own module, and the report says so with the measured ratio. A rewrite
+   that does not pay on this device costs nothing (it measured ~1.02-1.03x on a few models,
+   inside :data:`MARGIN`).
 5. Cache the decision in memory and on disk (``~/.cache/hlofuse/autotune.json`` or
    ``$HLOFUSE_CACHE_DIR/autotune.json``, written atomically), keyed by the module hash, the
    device (kind, and for CPUs the model name and usable cores), the jax version and the variant
@@ -49,7 +50,8 @@ when no decision is cached), ``cached`` (apply decisions found on disk, never me
 Safety: a decision never makes the steady state slower than ``autotune=False``: "default" runs
 the very same ``jax.jit`` object, and a variant is kept only when it won most interleaved rounds
 by :data:`MARGIN`. :data:`XLA_MODULE` runs ``jax.jit``'s own executable for the function (the
-one a tiered first call ran), with the function's donation. Options reach XLA only by *variant name* from :data:`VARIANTS`: a cache entry
+one a tiered first call ran), with the function's donation. Options reach XLA only by *variant
+name* from :data:`VARIANTS`: a cache entry
 naming an unknown variant, or carrying options outside the table (``xla_dump_to``...), is
 ignored with one warning; a damaged cache file is treated as empty with one warning.
 """
@@ -592,7 +594,7 @@ def options_of(decision: Decision | None, platform: str | None = None) -> dict:
     """The compiler options a decision stands for, taken from :data:`VARIANTS` by variant
     name (never from the decision's own ``options``, which a damaged or hand-edited cache
     could fill with anything, e.g. ``xla_dump_to``). Unknown variants: {} and one warning."""
-    if decision is None or decision.variant == XLA_MODULE:
+    if decision is None or decision.xla_module:
         return {}
     table = VARIANTS.get(platform or jax.default_backend(), {"default": {}})
     if decision.variant not in table:
@@ -994,10 +996,10 @@ def tune(make: Callable[[dict], Callable], args: Sequence, kwargs: dict | None,
         if time.perf_counter() - t0 > 1.0:
             log.info("autotuning %s: %s", name, msg)
 
-    # a quarter of the budget stays for confirming a combination of choices (below)
-    # XLA's own module is timed in a measurement of its own, after the choices: interleaved
-    # with the others it disturbed them (attention S=4096: its 1 GiB of temporaries made the
-    # program timed next slower; an option 1.25x slower measured 0.86x in 3 rounds)
+    # budget: the choices get 60-75% of it (the rest is for confirming a combination of
+    # them); XLA's own module is timed in a measurement of its own, after the choices, with
+    # what is left: interleaved with the others it disturbed them (attention S=4096: its 1 GiB
+    # of temporaries made the program timed next slower; an option 1.25x slower measured 0.86x)
     module_v = variants.get(XLA_MODULE)
     variants = {n: v for n, v in variants.items() if n != XLA_MODULE}
     several = len(variants) > 2 and any(n.startswith(REGION_PREFIX) for n in variants)
@@ -1080,8 +1082,7 @@ def _confirm_combination(make, args, kwargs, variants, regions, m, best, reason,
     parts = ([best] if best != "default" else []) + xla_names
     if len(parts) < 2:
         return best, reason
-    opts = Variant.of(variants[best]).options if best != "default" else ()
-    combo = Variant(opts, frozenset(regions[n]["hash"] for n in xla_names))
+    combo = _decided_variant(variants, regions, best, chosen)
     mc = measure(factory(make), args, {"default": Variant(), "combined": combo}, kwargs=kwargs,
                  budget_s=max(budget_left, 0.0), progress=progress, min_call_s=min_call_s)
     r = mc.ratios.get("combined")
@@ -1109,7 +1110,7 @@ def decide_module(m: Measurement, best: str, reason: str, program_ratio: float,
     as decided (``best`` options, regions kept as XLA's code) over the program as optimized;
     ``m.ratios[XLA_MODULE]``: XLA's own module's time over it, measured in the same rounds.
     hlofuse's program is kept only when it is at least ``margin`` faster than XLA's own
-    module; a module compiling to the same HLO as hlofuse's program is no alternative."""
+    module. Without a timing of XLA's module in ``m``, hlofuse's program stays."""
     if XLA_MODULE not in m.ratios or not m.rounds:
         return best, reason
     xla = m.ratios[XLA_MODULE]
@@ -1121,16 +1122,21 @@ def decide_module(m: Measurement, best: str, reason: str, program_ratio: float,
                         f"module, as jax.jit; hlofuse's choices were: {best} ({reason})")
 
 
+def _decided_variant(variants, regions, best, chosen) -> Variant:
+    """The program the choices make: ``best``'s compiler options, and the regions ``chosen``
+    to run as XLA's code."""
+    opts = Variant.of(variants[best]).options if best in variants and best != "default" else ()
+    return Variant(opts, frozenset(r["hash"] for r in regions.values()
+                                   if chosen.get(r["hash"], {}).get("choice") == "xla"))
+
+
 def _decide_module_measured(make, args, kwargs, module_v, variants, regions, m, best, reason,
                             chosen, budget_left, min_call_s, progress):
     """:func:`decide_module` on a measurement of its own: hlofuse's program as decided
     (``best`` options, the regions chosen as XLA's code), XLA's own module ``module_v`` and the
     program as optimized (the harness's reference), in up to twice :data:`ROUNDS` rounds of
     their own within ``budget_left``. Without room for them, hlofuse's program is kept."""
-    opts = Variant.of(variants[best]).options if best in variants and best != "default" else ()
-    xla_regions = frozenset(r["hash"] for r in regions.values()
-                            if chosen.get(r["hash"], {}).get("choice") == "xla")
-    decided = Variant(opts, xla_regions)
+    decided = _decided_variant(variants, regions, best, chosen)
     cands = {"default": Variant(), XLA_MODULE: module_v}
     if decided:
         cands["decided"] = decided
