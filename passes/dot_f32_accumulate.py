@@ -44,11 +44,14 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
 from hlofuse import ir as hir
 from hlofuse.pipeline import Pass, register_pass
+from hlofuse.passes import graph_util as gu
 from hlofuse.passes.fusion.outline import program_blocks
 
 
@@ -115,67 +118,79 @@ def vector_side(op, min_elems: int) -> int | None:
     return None
 
 
+def padded_dot(op, side: int, lhs, rhs, result_element_type, **kw):
+    """A dot with ``op``'s dimension numbers over ``lhs``/``rhs`` (``op``'s operands or
+    same-shaped replacements) whose operand ``side`` (a vector, see :func:`vector_side`) is
+    computed as a two-row (lhs) or two-column (rhs) matrix with a second row/column of zeros;
+    returns ``(dot, value)``: the new dot op and the first row/column reshaped to ``op``'s
+    result shape with ``result_element_type``. XLA:CPU runs matrix-vector dots in a slow loop
+    and the two-row products in its library GEMM; the first row's sums are the same dot
+    products. Insert with an insertion point and location active."""
+    _, _, lc, rc = _dims(op)
+    v, m = (lhs, rhs) if side == 0 else (rhs, lhs)
+    vt = ir.RankedTensorType(v.type)
+    k = vt.shape[(lc if side == 0 else rc)[0]]
+    shape1, shape2 = ([1, k], [2, k]) if side == 0 else ([k, 1], [k, 2])
+    v1 = stablehlo.ReshapeOp(ir.RankedTensorType.get(shape1, vt.element_type), v)
+    zero = stablehlo.ConstantOp(gu.dense_attr(np.zeros(()), ir.RankedTensorType.get([], vt.element_type)))
+    high = [1, 0] if side == 0 else [0, 1]
+    v2 = stablehlo.PadOp(v1.result, zero.result, [0, 0], high, [0, 0])
+    m_shape = list(ir.RankedTensorType(m.type).shape)
+    mc = (rc if side == 0 else lc)[0]
+    m_free = [d for i, d in enumerate(m_shape) if i != mc]
+    if side == 0:
+        dn = stablehlo.DotDimensionNumbers.get(
+            lhs_batching_dimensions=[], rhs_batching_dimensions=[],
+            lhs_contracting_dimensions=[1], rhs_contracting_dimensions=[mc])
+        out2, lo, hi = [2] + m_free, [0] * (1 + len(m_free)), [1] + m_free
+        dot = stablehlo.DotGeneralOp(ir.RankedTensorType.get(out2, result_element_type), v2.result, m, dn, **kw)
+    else:
+        dn = stablehlo.DotDimensionNumbers.get(
+            lhs_batching_dimensions=[], rhs_batching_dimensions=[],
+            lhs_contracting_dimensions=[mc], rhs_contracting_dimensions=[0])
+        out2, lo, hi = m_free + [2], [0] * (1 + len(m_free)), m_free + [1]
+        dot = stablehlo.DotGeneralOp(ir.RankedTensorType.get(out2, result_element_type), m, v2.result, dn, **kw)
+    first = stablehlo.SliceOp(dot.result, lo, hi, [1] * len(hi))
+    shape = ir.RankedTensorType(op.results[0].type).shape
+    back = stablehlo.ReshapeOp(ir.RankedTensorType.get(shape, result_element_type), first.result)
+    return dot, back.result
+
+
+def copy_dialect_attrs(op, made) -> None:
+    """Dialect attributes of ``op`` (Shardy's ``sdy.sharding``, frontend attributes) describe
+    its result: put them on the ``made`` ops, which have that result's shape."""
+    for i in range(len(op.attributes)):
+        na = op.attributes[i]
+        if "." in na.name:
+            for new in made:
+                new.operation.attributes[na.name] = na.attr
+
+
+def precision_kw(op) -> dict:
+    return {"precision_config": op.attributes["precision_config"]} if "precision_config" in op.attributes else {}
+
+
 def widen_dot(op, pad_vector: int | None = None):
     """Replace ``op`` (see :func:`widen_reason`) by ``convert(dot_general(...) -> f32)``.
 
     With ``pad_vector`` (the operand :func:`vector_side` found), that operand becomes a
-    two-row (lhs) or two-column (rhs) matrix whose second row/column is zeros, and the result
-    keeps the first: XLA:CPU sends a bf16 matrix-vector dot to a slow loop (46 ms for 1x4096 @
-    4096x4096 on a 2-core Zen 4, either result type) and a two-row one to its library GEMM
-    (7.2 ms); the first row's sums are the same dot products."""
+    two-row (lhs) or two-column (rhs) matrix (:func:`padded_dot`): XLA:CPU sends a bf16
+    matrix-vector dot to a slow loop (46 ms for 1x4096 @ 4096x4096 on a 2-core Zen 4, either
+    result type) and a two-row one to its library GEMM (7.2 ms)."""
     with op.context, op.location, ir.InsertionPoint(op):
         rt = ir.RankedTensorType(op.results[0].type)
         f32 = ir.RankedTensorType.get(rt.shape, ir.F32Type.get())
-        kw = {}
-        if "precision_config" in op.attributes:
-            kw["precision_config"] = op.attributes["precision_config"]
-        made = []
+        kw = precision_kw(op)
         if pad_vector is None:
             dot = stablehlo.DotGeneralOp(f32, op.operands[0], op.operands[1],
                                          op.attributes["dot_dimension_numbers"], **kw)
             wide = dot.result
-            made.append(dot)
+            after_dot = []
         else:
-            _, _, lc, rc = _dims(op)
-            v, m = op.operands[pad_vector], op.operands[1 - pad_vector]
-            vt = ir.RankedTensorType(v.type)
-            k = vt.shape[(lc if pad_vector == 0 else rc)[0]]
-            shape1, shape2 = ([1, k], [2, k]) if pad_vector == 0 else ([k, 1], [k, 2])
-            v1 = stablehlo.ReshapeOp(ir.RankedTensorType.get(shape1, vt.element_type), v)
-            zero = stablehlo.ConstantOp(ir.DenseElementsAttr.get_splat(
-                ir.RankedTensorType.get([], vt.element_type), ir.FloatAttr.get(vt.element_type, 0.0)))
-            high = [1, 0] if pad_vector == 0 else [0, 1]
-            v2 = stablehlo.PadOp(v1.result, zero.result, [0, 0], high, [0, 0])
-            m_shape = list(ir.RankedTensorType(m.type).shape)
-            mc = (rc if pad_vector == 0 else lc)[0]
-            m_free = [d for i, d in enumerate(m_shape) if i != mc]
-            if pad_vector == 0:
-                dn = stablehlo.DotDimensionNumbers.get(
-                    lhs_batching_dimensions=[], rhs_batching_dimensions=[],
-                    lhs_contracting_dimensions=[1], rhs_contracting_dimensions=[mc])
-                out2, lo, hi = [2] + m_free, [0] * (1 + len(m_free)), [1] + m_free
-                dot = stablehlo.DotGeneralOp(ir.RankedTensorType.get(out2, ir.F32Type.get()),
-                                             v2.result, m, dn, **kw)
-            else:
-                dn = stablehlo.DotDimensionNumbers.get(
-                    lhs_batching_dimensions=[], rhs_batching_dimensions=[],
-                    lhs_contracting_dimensions=[mc], rhs_contracting_dimensions=[0])
-                out2, lo, hi = m_free + [2], [0] * (1 + len(m_free)), m_free + [1]
-                dot = stablehlo.DotGeneralOp(ir.RankedTensorType.get(out2, ir.F32Type.get()),
-                                             m, v2.result, dn, **kw)
-            first = stablehlo.SliceOp(dot.result, lo, hi, [1] * len(hi))
-            back = stablehlo.ReshapeOp(f32, first.result)
-            wide = back.result
-            made += [dot, first, back]
+            dot, wide = padded_dot(op, pad_vector, op.operands[0], op.operands[1], ir.F32Type.get(), **kw)
+            after_dot = [hir.defining_op(wide)]
         cvt = stablehlo.ConvertOp(rt, wide)
-        made.append(cvt)
-        # dialect attributes (Shardy's ``sdy.sharding``, frontend attributes) describe the
-        # result, which the new ops after the dot have the shape of: keep them there
-        for i in range(len(op.attributes)):
-            na = op.attributes[i]
-            if "." in na.name:
-                for new in made if pad_vector is None else made[1:]:
-                    new.operation.attributes[na.name] = na.attr
+        copy_dialect_attrs(op, ([dot] if pad_vector is None else after_dot) + [cvt])
     op.results[0].replace_all_uses_with(cvt.result)
     hir.safe_erase(op)
     return dot.operation

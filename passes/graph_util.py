@@ -13,6 +13,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import stablehlo
 
 from hlofuse import ir as hir
 from hlofuse.ir import as_op, defining_op
@@ -227,6 +228,19 @@ def make_broadcast(v: ir.Value, dims: Sequence[int], result_type: ir.Type, *, be
     return create("stablehlo.broadcast_in_dim", [v], [result_type],
                   {"broadcast_dimensions": ir.DenseI64ArrayAttr.get([int(d) for d in dims])},
                   before=before, after=after, loc=loc).results[0]
+
+
+def make_add_reduce(x: ir.Value, init: ir.Value, dims: Sequence[int], result_type: ir.Type, *,
+                    before) -> ir.Value:
+    """``reduce(x, init, dims)`` with an ``add`` body, right before ``before``."""
+    with ir.InsertionPoint(as_op(before)), as_op(before).location:
+        red = stablehlo.ReduceOp([result_type], [x], [init], ir.DenseI64ArrayAttr.get([int(d) for d in dims]))
+        scalar = tensor_type([], ir.RankedTensorType(x.type).element_type)
+        blk = red.regions[0].blocks.append(scalar, scalar)
+        with ir.InsertionPoint(blk):
+            s = stablehlo.AddOp(blk.arguments[0], blk.arguments[1]).result
+            stablehlo.ReturnOp([s])
+    return red.results[0]
 
 
 def clone_tree(op, before, in_tree) -> ir.Value:

@@ -245,17 +245,6 @@ def _column_match(idx, domain: list[int], *, clamp: bool, before) -> ir.Value:
                      before=before).results[0]
 
 
-def _add_reduce(x, init, dim: int, result_type, *, before) -> ir.Value:
-    with ir.InsertionPoint(hir.as_op(before)), hir.as_op(before).location:
-        red = stablehlo.ReduceOp([result_type], [x], [init], ir.DenseI64ArrayAttr.get([dim]))
-        scalar = gu.tensor_type([], ir.RankedTensorType(x.type).element_type)
-        blk = red.regions[0].blocks.append(scalar, scalar)
-        with ir.InsertionPoint(blk):
-            s = stablehlo.AddOp(blk.arguments[0], blk.arguments[1]).result
-            stablehlo.ReturnOp([s])
-    return red.results[0]
-
-
 def rewrite_gather(op) -> ir.Value:
     x, idx = op.operands[0], op.operands[1]
     domain = list(gu.info(x).shape)
@@ -264,7 +253,7 @@ def rewrite_gather(op) -> ir.Value:
     fill_full = _splat(fill, x.type, domain, before=op)
     sel = gu.create("stablehlo.select", [eq, x, fill_full], [x.type], before=op).results[0]
     init = _splat(fill, x.type, [], before=op)
-    red = _add_reduce(sel, init, len(domain) - 1, gu.tensor_type(domain[:-1], gu.element_type(x)), before=op)
+    red = gu.make_add_reduce(sel, init, [len(domain) - 1], gu.tensor_type(domain[:-1], gu.element_type(x)), before=op)
     return gu.create("stablehlo.reshape", [red], [op.results[0].type], before=op).results[0]
 
 

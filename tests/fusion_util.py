@@ -109,3 +109,25 @@ def run_region(text, ins):
     exe = be.compile_and_load(text, jax.devices()[:1],
                               backend.get_compile_options(num_replicas=1, num_partitions=1))
     return tuple(np.asarray(o) for o in exe.execute([jax.numpy.asarray(a) for a in ins]))
+
+
+def dot_forms(seed: int, n: int):
+    """``n`` random dot_general forms (batch, free and contracting dims in random orders):
+    ``(lhs shape, rhs shape, dimension numbers, form name)``."""
+    rng = np.random.default_rng(seed)
+    for _ in range(n):
+        nb, nm, nk, nn = (int(rng.choice(c)) for c in ([0, 0, 1, 2], [0, 1, 1, 2], [1, 1, 2], [0, 1, 1, 2]))
+        size = {r: [int(rng.choice([1, 2, 3, 8, 16, 33])) for _ in range(c)]
+                for r, c in zip("bmkn", (nb, nm, nk, nn))}
+        lhs = [("b", i) for i in range(nb)] + [("m", i) for i in range(nm)] + [("k", i) for i in range(nk)]
+        rhs = [("b", i) for i in range(nb)] + [("k", i) for i in range(nk)] + [("n", i) for i in range(nn)]
+        if rng.random() < 0.4:          # anywhere
+            rng.shuffle(lhs), rng.shuffle(rhs)
+        else:                           # batch dims leading, the rest in any order
+            lhs[nb:] = rng.permutation(np.array(lhs[nb:], dtype=object)).tolist()
+            rhs[nb:] = rng.permutation(np.array(rhs[nb:], dtype=object)).tolist()
+        lhs, rhs = [tuple(d) for d in lhs], [tuple(d) for d in rhs]
+        dims = tuple(tuple(tuple(side.index((r, i)) for i in range(c)) for side in (lhs, rhs))
+                     for r, c in (("k", nk), ("b", nb)))
+        yield ([size[r][i] for r, i in lhs], [size[r][i] for r, i in rhs], dims,
+               "".join(r for r, _ in lhs) + "x" + "".join(r for r, _ in rhs))

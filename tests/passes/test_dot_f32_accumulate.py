@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import hlofuse
 from hlofuse.execute import run_module
 from hlofuse.testing import assert_same
-from tests.fusion_util import PREFIX, kernels
+from tests.fusion_util import PREFIX, dot_forms, kernels
 
 PIPE = f"{PREFIX},dot-f32-accumulate"
 R = np.random.default_rng(0)
@@ -165,27 +165,6 @@ def test_matrix_vector_dots_become_two_row_products():
         assert_same(f(*args), jax.jit(fn)(*args), "reassociate")
 
 
-def _dot_forms(seed: int, n: int):
-    """``n`` random dot_general forms (batch, free and contracting dims in random orders)."""
-    rng = np.random.default_rng(seed)
-    for _ in range(n):
-        nb, nm, nk, nn = (int(rng.choice(c)) for c in ([0, 0, 1, 2], [0, 1, 1, 2], [1, 1, 2], [0, 1, 1, 2]))
-        size = {r: [int(rng.choice([1, 2, 3, 8, 16, 33])) for _ in range(c)]
-                for r, c in zip("bmkn", (nb, nm, nk, nn))}
-        lhs = [("b", i) for i in range(nb)] + [("m", i) for i in range(nm)] + [("k", i) for i in range(nk)]
-        rhs = [("b", i) for i in range(nb)] + [("k", i) for i in range(nk)] + [("n", i) for i in range(nn)]
-        if rng.random() < 0.4:          # anywhere
-            rng.shuffle(lhs), rng.shuffle(rhs)
-        else:                           # batch dims leading, the rest in any order
-            lhs[nb:] = rng.permutation(np.array(lhs[nb:], dtype=object)).tolist()
-            rhs[nb:] = rng.permutation(np.array(rhs[nb:], dtype=object)).tolist()
-        lhs, rhs = [tuple(d) for d in lhs], [tuple(d) for d in rhs]
-        dims = tuple(tuple(tuple(side.index((r, i)) for i in range(c)) for side in (lhs, rhs))
-                     for r, c in (("k", nk), ("b", nb)))
-        yield ([size[r][i] for r, i in lhs], [size[r][i] for r, i in rhs], dims,
-               "".join(r for r, _ in lhs) + "x" + "".join(r for r, _ in rhs))
-
-
 # forms XLA:CPU runs outside its bf16 library kernel, where a bf16 x bf16 -> f32 dot fails at run
 # time (found by the sweep below with the form check off; the first is an attention gradient)
 UNSUPPORTED = [((2, 4, 31, 31), (2, 31, 4, 8), (((2,), (1,)), ((0, 1), (0, 2)))),
@@ -198,7 +177,7 @@ def test_every_widened_dot_form_runs_on_xla_cpu():
     form the pass widens (a seeded sweep of layouts) must execute, and the forms known to fail
     are left as they were."""
     widened = 0
-    cases = [(a, b, d, "known") for a, b, d in UNSUPPORTED] + list(_dot_forms(3, 90))
+    cases = [(a, b, d, "known") for a, b, d in UNSUPPORTED] + list(dot_forms(3, 90))
     for sa, sb, dims, form in cases:
         fn = lambda a, b, dims=dims: jax.lax.dot_general(a, b, dims)  # noqa: E731
         args = (_bf16(*sa), _bf16(*sb))
