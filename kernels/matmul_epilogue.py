@@ -23,7 +23,8 @@ dot accumulates in int32 on every target (exact: the same integers as XLA's dot)
 epilogue carries the dequant scale, bias, activation and requantization to int8 for the next
 layer (``round``, ``clamp``, ``convert``); weight-only int8 weights are converted tile by tile in
 the rhs prologue. Tiles are picked for a 1-byte operand (TPU: 32-row int8 sublane tiles). On
-cpu the int8 product runs as exact bf16 dots over K chunks (:data:`CPU_INT8_DOT`, measured).
+cpu the kernel keeps the program's own int8 dot, which ``int8-dot-unsigned`` then turns into
+XLA:CPU's faster unsigned x signed int8 dot (exact).
 
 Tiling (:class:`~hlofuse.kernels.tiling.MatmulBlocks`):
 
@@ -279,40 +280,14 @@ def spec_from_func(fn_op) -> MatmulSpec:
 # Kernel body
 # ---------------------------------------------------------------------------------------------
 
-# How a cpu kernel computes an int8 x int8 -> int32 product: "xla" (XLA:CPU's integer dot, what
-# the program says) or "bf16_chunks" (int8 values are exact in bf16, their products exact in
-# f32, and an f32 sum of at most 1024 of them stays below 2^24, so each K chunk of 1024 is
-# exact; chunks are summed in int32: bit-identical). ``python -m bench.int8_cpu`` measures both
-# (2-core x86 host, jax 0.10.2, interleaved, under foreign load): f32 chunks 1.5-1.6x slower
-# than XLA's int8 dot, bf16 chunks 0.6-0.94x of it (three runs; pinned to one core, CPU time:
-# bf16 chunks 0.88-0.94x, of which ~0.1x is converting int8 weights that are arguments to bf16
-# on every call -- XLA folds that conversion for constant weights: 0.74-0.77x). Because the
-# gain depends on the machine, the choice is measured per program: autotune's region variants
-# (``hlofuse.tools.autotune.region_variants``) time each int8 matmul kernel against the
-# region left to XLA, i.e. XLA's own int8 dot, and keep the faster (tests/test_decisions.py).
-CPU_INT8_DOT = "bf16_chunks"
-CPU_INT8_CHUNK = 1024
-
-
-def _mm(x, w, *, lhs_t: bool, rhs_t: bool, acc=jnp.float32, precision=None, int8_bf16: bool = False):
+def _mm(x, w, *, lhs_t: bool, rhs_t: bool, acc=jnp.float32, precision=None):
     """Product of an lhs block (.., M, K)/(.., K, M) and rhs block (.., K, N)/(.., N, K),
-    accumulated in ``acc`` (f32 on gpu/tpu); a rank-3 pair shares a leading batch dim.
-    ``int8_bf16``: an int8 x int8 -> int32 product computed exactly by bf16 dots over K chunks
-    (see :data:`CPU_INT8_DOT`)."""
+    accumulated in ``acc`` (f32 on gpu/tpu); a rank-3 pair shares a leading batch dim."""
     xb = x.ndim == 3
     wb = w.ndim == 3
     lc = x.ndim - 2 if lhs_t else x.ndim - 1
     rc = w.ndim - 1 if rhs_t else w.ndim - 2
     batch = ((0,), (0,)) if xb and wb else ((), ())
-    if int8_bf16 and x.shape[lc] > 0:
-        out = None
-        for s in range(0, x.shape[lc], CPU_INT8_CHUNK):
-            xs = lax.slice_in_dim(x, s, min(s + CPU_INT8_CHUNK, x.shape[lc]), axis=lc).astype(jnp.bfloat16)
-            ws = lax.slice_in_dim(w, s, min(s + CPU_INT8_CHUNK, w.shape[rc]), axis=rc).astype(jnp.bfloat16)
-            part = lax.dot_general(xs, ws, (((lc,), (rc,)), batch),
-                                   preferred_element_type=jnp.float32).astype(acc)
-            out = part if out is None else out + part
-        return out
     return lax.dot_general(x, w, (((lc,), (rc,)), batch), precision=precision, preferred_element_type=acc)
 
 
@@ -423,8 +398,7 @@ def matmul_epilogue_kernel(*refs, spec: MatmulSpec, plan: dict):
     zeros = tuple(jnp.zeros(plan["shapes"][FULL], a) for a in plan["acc"])
     if plan["nk"] == 1 and not plan["k_in_grid"]:
         x = lhs_chunk(0)  # one product, no accumulator: exactly the dot the program had
-        accs = tuple(_mm(x, rhs_chunk(j, 0), lhs_t=lhs_t, rhs_t=d.rhs_t, acc=plan["acc"][j], precision=d.precision,
-                         int8_bf16=plan["int8_bf16"] and d.integer)
+        accs = tuple(_mm(x, rhs_chunk(j, 0), lhs_t=lhs_t, rhs_t=d.rhs_t, acc=plan["acc"][j], precision=d.precision)
                      for j, d in enumerate(spec.dots))
     else:
         accs = lax.fori_loop(0, plan["nk"], step, zeros)
@@ -536,7 +510,6 @@ def build_matmul_epilogue(spec: MatmulSpec, target: Target | str, *, interpret=N
     plan = {"shapes": shapes, "k_in_grid": tpu and not target.is_cpu, "bk": blocks.bk, "nk": blocks.k_steps,
             "k": spec.k, "mask_k": target.is_gpu and spec.k % blocks.bk != 0, "grid": blocks.grid,
             "f32_math": not target.is_cpu,
-            "int8_bf16": target.is_cpu and CPU_INT8_DOT == "bf16_chunks",
             # cpu keeps each dot's own result type (XLA:CPU then sees the program's dot unchanged);
             # gpu/tpu tiles accumulate in f32, int8 x int8 dots in int32 (exact)
             "acc": tuple(np.dtype(d.out_dtype) if target.is_cpu or d.integer else np.dtype(np.float32)

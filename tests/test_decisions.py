@@ -287,16 +287,20 @@ def _int8_args():
             jnp.asarray(r.uniform(1e-3, 1e-2, 64), jnp.float32), jnp.zeros((64,), jnp.float32))
 
 
-def _has_int_dot(text: str) -> bool:
-    return any("stablehlo.dot_general" in l and "xi8>" in l and "xi32>" in l.split("->")[-1]
+def _has_kernel(text: str) -> bool:
+    return 'hlofuse.kernel = "matmul_epilogue' in text
+
+
+def _has_unsigned_int8_dot(text: str) -> bool:
+    return any("stablehlo.dot_general" in l and "xui8>, tensor<" in l and "xi32>" in l.split("->")[-1]
                for l in text.splitlines())
 
 
 @pytest.mark.parametrize("xla_faster", [True, False])
 def test_cpu_int8_matmul_choice_is_measured(cache_dir, monkeypatch, xla_faster):
-    """On cpu the int8 matmul kernel (exact bf16 dots over K chunks) and XLA's own int8 dot
-    are both candidates; the region measurement picks one. XLA's variant of the region is the
-    program's i8 x i8 -> i32 dot_general, the kernel's has no integer dot; both exact."""
+    """On cpu the int8 matmul kernel and the region left to XLA are both candidates; the region
+    measurement picks one. Both compute the product as the u8 x s8 dot int8-dot-unsigned
+    makes of the program's int8 dot; both exact."""
     _fake_clock(monkeypatch, 0, 0)
     texts = {}
 
@@ -305,18 +309,20 @@ def test_cpu_int8_matmul_choice_is_measured(cache_dir, monkeypatch, xla_faster):
             texts[id(fn)] = (fn, fn.lower(*args, **(kwargs or {})).as_text())
         if _is_xla_module(texts[id(fn)][1]):
             return 3.0e-3         # XLA's own module: slower than both of hlofuse's
-        return 1.0e-3 if _has_int_dot(texts[id(fn)][1]) == xla_faster else 1.5e-3
+        return 1.0e-3 if (not _has_kernel(texts[id(fn)][1])) == xla_faster else 1.5e-3
 
     monkeypatch.setattr(at, "_time_once", time_once)
     args = _int8_args()
     f = hlofuse.jit(_int8_linear, autotune="on")
     (k,) = [r for r in f.report(*args).kernels if r.kind == "matmul_epilogue"]
-    assert k.extra.get("region_hash") and not _has_int_dot(f.lower(*args).as_text())
+    text = f.lower(*args).as_text()
+    assert k.extra.get("region_hash") and _has_kernel(text) and _has_unsigned_int8_dot(text)
     f(*args)
     out = f(*args)
     d = f.autotune_decision(*args)
     assert d.regions[k.extra["region_hash"]]["choice"] == ("xla" if xla_faster else "kernel")
-    assert _has_int_dot(f.lower(*args).as_text()) == xla_faster
+    text = f.lower(*args).as_text()
+    assert _has_kernel(text) != xla_faster and _has_unsigned_int8_dot(text)
     assert_same(out, jax.jit(_int8_linear)(*args), "exact")
 
 

@@ -111,16 +111,15 @@ def test_weight_only_int8_prologue():
     check_kernel_everywhere(f, FAM, category="reassociate")
 
 
-def test_cpu_int8_product_through_bf16_chunks_is_exact():
-    # cpu kernels compute int8 x int8 -> int32 as bf16 dots over K chunks of 1024 (faster than
-    # XLA:CPU's integer dot, bench.int8_cpu); exact even at the extremes: 1024 products of
-    # (-128)^2 sum to exactly 2^24, two chunks to 2^25
-    assert mme.CPU_INT8_DOT == "bf16_chunks" and mme.CPU_INT8_CHUNK * 128 * 128 <= 2 ** 24
+def test_cpu_int8_product_is_the_programs_integer_dot():
+    # cpu kernels keep the program's int8 x int8 -> int32 dot (int8-dot-unsigned makes it the
+    # fast u8 x s8 form later): exact at the extremes, 2048 products of (-128)^2 sum to 2^25
     fn = lambda x, w: jax.nn.relu(idot(x, w))  # noqa: E731
     for x, w in ((np.full((8, 2048), -128, np.int8), np.full((2048, 16), -128, np.int8)),
-                 (int8((8, 2500)), int8((2500, 16)))):          # a ragged last chunk
+                 (int8((8, 2500)), int8((2500, 16)))):
         keep, f = region(fn, x, w)
         k = FAM.build(mme.spec_from_func(f), "cpu")
         exact = np.maximum(x.astype(np.int64) @ w.astype(np.int64), 0)
         assert np.array_equal(np.asarray(jax.jit(k)(x, w)[0]), exact)
-        assert "bf16" in jax.jit(k).lower(x, w).as_text()
+        text = jax.jit(k).lower(x, w).as_text()
+        assert "bf16" not in text and "xi8>) -> tensor<" in text
