@@ -305,9 +305,9 @@ PIPELINES: dict[str, list[tuple[str, str]]] = {
         ("fuse-horizontal", "merge sibling dots sharing an lhs (QKV) and sibling elementwise chains"),
         ("fuse-elementwise", "form cycle-free elementwise regions and outline them"),
         ("kernelize", "turn each outlined region into a Pallas kernel for the target"),
-        ("int8-dot-unsigned", "cpu: int8 x int8 dots (the program's and the cpu kernels') as XLA:CPU's faster "
-                              "u8 x s8 dot with an exact correction; after kernelize, which writes the kernels' dots"),
         ("symbol-dce", "upstream: drop outlined bodies replaced by kernels"),
+        ("int8-dot-unsigned", "cpu: int8 x int8 dots (the program's and the cpu kernels') as XLA:CPU's faster "
+                              "u8 x s8 dot with an exact correction; after kernelize, which writes the kernels' dots, and symbol-dce, which drops the replaced regions"),
         ("canonicalize", "upstream: drop constants left dead by outlining"),
         ("buffer-aliasing", "liveness + memory plan; alias donated args to outputs; donation auditor"),
     ],

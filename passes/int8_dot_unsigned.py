@@ -34,7 +34,7 @@ and fails to compile the mixed dot, :func:`~hlofuse.passes.dot_f32_accumulate.fo
 ``enabled=False`` turns it off.
 
 Preconditions: after ``kernelize`` (a cpu kernel's int8 product is a ``dot_general`` in its
-function by then). The regions' original functions kernelize keeps for verification and
+function by then) and ``symbol-dce`` (the region functions kernels replaced are gone). The regions' original functions kernelize keeps for verification and
 rollback (``report.xla_funcs``) are rewritten too (not counted), so a region rolled back to XLA
 runs the same fast dot. Invariant: the module verifies; results bit-identical (integer
 arithmetic, tolerance category ``exact``). Idempotent: the dots it makes have a ``ui8`` lhs.

@@ -82,6 +82,18 @@ def test_small_model_matches_jax_jit(name):
         assert np.ndim(loss) == 0 and float(loss) > 0
 
 
+def test_quantized_model_runs_unsigned_int8_dots():
+    # the Linen int8 encoder: every quantized Dense is an int8 dot, each one rewritten to the
+    # u8 x s8 form (int8-dot-unsigned), inside a matmul kernel with its scale epilogue
+    fn, args = zoo.instantiate("linen_int8_bert", "small")
+    hf = hlofuse.jit(fn, autotune=False)
+    rep = hf.report(*args)
+    (stats,) = [p.stats for p in rep.passes if p.name == "int8-dot-unsigned"]
+    assert stats["rewritten"] == 6, stats
+    assert sum(r.kind == "matmul_epilogue" for r in rep.kernels) >= 3
+    assert hf.lower(*args).as_text().count("xui8>, tensor<") == 12   # each dot and its correction
+
+
 def test_compare_would_catch_a_wrong_model():
     # the check above can fail: a perturbed output of a zoo model is caught at its tolerance
     m = zoo.get("eqx_mlp")

@@ -121,6 +121,12 @@ MODELS: dict[str, ZooModel] = {m.name: m for m in [
        dict(widths=(32, 64, 128), image=32, batch=32, classes=10),
        "CIFAR-style ResNet training step (BatchNorm batch stats, optax.sgd momentum), 32x32, B=32",
        "grad", _LINEN),
+    _m("linen_int8_bert", "flax.linen", "encoder", "inference", "flax_zoo:linen_int8_bert",
+       dict(layers=1, d=32, heads=4, ff=64, seq=8, batch=2),
+       dict(layers=2, d=768, heads=12, ff=3072, seq=128, batch=2),
+       "BERT-base encoder with every Dense int8 (int8 weights, per-channel scales, static "
+       "activation scales, int8 dot_general -> int32), padding mask, 2 of 12 layers, B=2 S=128",
+       "requantize", _LINEN),
     # ---------------------------------------------------------------- Equinox
     _m("eqx_cnn_nchw", "equinox", "convnet", "inference", "eqx_zoo:eqx_cnn",
        dict(channels=(4, 8), image=8, batch=2, classes=10),

@@ -1,11 +1,12 @@
 """Zoo models written with Flax: NNX (BERT, Llama-style GQA decoder, ViT, an MLP training step)
-and Linen (ResNet with BatchNorm, a ResNet training step). Random weights from the configs in
+and Linen (ResNet with BatchNorm, a ResNet training step, an int8-quantized BERT encoder). Random weights from the configs in
 :mod:`bench.zoo`; nothing is downloaded. Every builder returns ``(fn, args)`` with the
 parameters among the arguments."""
 
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 
@@ -362,3 +363,71 @@ def linen_resnet_train(cfg, seed):
 
 __all__ = ["nnx_bert", "nnx_llama", "nnx_llama_train", "nnx_vit", "nnx_mlp_train", "linen_resnet",
            "linen_resnet_train", "rope"]
+
+
+# ------------------------------------------------------------------------------------------
+# Linen int8 BERT encoder (every Dense quantized, as AQT's serving mode runs it)
+# ------------------------------------------------------------------------------------------
+class QuantDense(nn.Module):
+    """A Dense layer in int8, the way quantized serving code writes it: int8 weights with a
+    per-output-channel scale (calibrated offline), the activation quantized with a static
+    per-tensor scale, an int8 x int8 -> int32 ``dot_general``, then the dequant scale and the
+    bias in f32."""
+    features: int
+    act_scale: float
+
+    @nn.compact
+    def __call__(self, x):
+        d = x.shape[-1]
+        wq = self.param("wq", lambda k, s: jax.random.randint(k, s, -127, 128, jnp.int32).astype(jnp.int8),
+                        (d, self.features))
+        scale = self.param("scale", lambda k, s: jax.random.uniform(k, s, jnp.float32, 0.5, 1.5)
+                           / (127.0 * math.sqrt(d)) * 2.0, (self.features,))
+        bias = self.param("bias", nn.initializers.normal(0.02), (self.features,))
+        xq = jnp.clip(jnp.round(x / self.act_scale), -127, 127).astype(jnp.int8)
+        acc = jax.lax.dot_general(xq, wq, (((x.ndim - 1,), (0,)), ((), ())),
+                                  preferred_element_type=jnp.int32)
+        return acc.astype(jnp.float32) * (self.act_scale * scale) + bias
+
+
+class QuantBertLayer(nn.Module):
+    d: int
+    heads: int
+    ff: int
+
+    @nn.compact
+    def __call__(self, x, mask):
+        b, s, _ = x.shape
+        hd = self.d // self.heads
+        q, k, v = (QuantDense(self.d, 0.03, name=n)(x).reshape(b, s, self.heads, hd)
+                   for n in ("query", "key", "value"))
+        a = nn.dot_product_attention(q, k, v, mask=mask).reshape(b, s, self.d)
+        x = nn.LayerNorm(epsilon=1e-12)(x + QuantDense(self.d, 0.02, name="out")(a))
+        h = nn.gelu(QuantDense(self.ff, 0.03, name="ff1")(x))
+        return nn.LayerNorm(epsilon=1e-12)(x + QuantDense(self.d, 0.02, name="ff2")(h))
+
+
+class QuantBert(nn.Module):
+    layers: int
+    d: int
+    heads: int
+    ff: int
+
+    @nn.compact
+    def __call__(self, x, keep):
+        mask = nn.make_attention_mask(keep, keep)
+        for _ in range(self.layers):
+            x = QuantBertLayer(self.d, self.heads, self.ff)(x, mask)
+        return x
+
+
+def linen_int8_bert(cfg, seed):
+    rng = np.random.default_rng(seed)
+    model = QuantBert(cfg["layers"], cfg["d"], cfg["heads"], cfg["ff"])
+    x = jnp.asarray(rng.standard_normal((cfg["batch"], cfg["seq"], cfg["d"])).astype(np.float32))
+    keep = _padding_mask(cfg["batch"], cfg["seq"])
+    params = model.init(jax.random.key(seed), x, keep)["params"]
+
+    def fn(params, x, keep):
+        return model.apply({"params": params}, x, keep)
+    return fn, (params, x, keep)
