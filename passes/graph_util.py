@@ -215,6 +215,16 @@ def make_constant(arr: np.ndarray, type_: ir.Type, *, before=None, after=None, l
                   before=before, after=after, loc=loc).results[0]
 
 
+def make_splat(value, element_type: ir.Type, shape: Sequence[int], *, before) -> ir.Value:
+    """A splat ``stablehlo.constant`` of ``shape`` and ``element_type`` (int or float) holding
+    ``value``, built as a splat attribute (no array of its size)."""
+    t = tensor_type(shape, element_type)
+    scalar = (ir.IntegerAttr.get(element_type, int(value)) if isinstance(element_type, ir.IntegerType)
+              else ir.FloatAttr.get(element_type, float(value)))
+    return create("stablehlo.constant", [], [t], {"value": ir.DenseElementsAttr.get_splat(t, scalar)},
+                  before=before).results[0]
+
+
 def make_transpose(v: ir.Value, perm: Sequence[int], *, before=None, after=None, loc=None) -> ir.Value:
     t = info(v)
     shape = [t.shape[p] for p in perm]

@@ -82,12 +82,6 @@ def rewrite_reason(op) -> str | None:
     return form_reason(op)
 
 
-def _splat(value: int, type_, before) -> ir.Value:
-    """A splat ``stablehlo.constant`` of an integer ``type_`` (no array of its size is built)."""
-    attr = ir.DenseElementsAttr.get_splat(type_, ir.IntegerAttr.get(ir.RankedTensorType(type_).element_type, value))
-    return gu.create("stablehlo.constant", [], [type_], {"value": attr}, before=before).results[0]
-
-
 def _correction(op, rhs, before, kw):
     """``SHIFT * sum_k(rhs)`` as int32, broadcast to ``op``'s result shape.
 
@@ -101,7 +95,7 @@ def _correction(op, rhs, before, kw):
     r_shape = list(gu.info(rhs).shape)
     free = [d for d in range(len(r_shape)) if d not in rb and d not in rc]
     c_shape = [r_shape[d] for d in rb] + [2] + [r_shape[d] for d in rc]
-    ones = _splat(SHIFT, gu.tensor_type(c_shape, u8), before)
+    ones = gu.make_splat(SHIFT, u8, c_shape, before=before)
     dn = stablehlo.DotDimensionNumbers.get(
         lhs_batching_dimensions=list(range(nb)), rhs_batching_dimensions=rb,
         lhs_contracting_dimensions=list(range(nb + 1, nb + 1 + len(rc))), rhs_contracting_dimensions=rc)
@@ -136,7 +130,7 @@ def _rewrite(op, pad_vector: bool) -> None:
     u8 = ir.IntegerType.get_unsigned(8)
     ut = gu.tensor_type(shape, u8)
     bits = gu.create("stablehlo.bitcast_convert", [lhs], [ut], before=op).results[0]
-    flip = _splat(0x80, ut, op)
+    flip = gu.make_splat(0x80, u8, shape, before=op)
     shifted = gu.create("stablehlo.xor", [bits, flip], [ut], before=op).results[0]
     i32 = ir.IntegerType.get_signless(32)
     with ir.InsertionPoint(op):

@@ -209,17 +209,7 @@ def near_row_reduction(v, last: int, rows: list[int]) -> bool:
 
 def _splat(value, like_type, shape, *, before) -> ir.Value:
     """A splat constant of ``like_type``'s element type and ``shape``."""
-    et = ir.RankedTensorType(like_type).element_type
-    t = gu.tensor_type(shape, et)
-    return gu.create("stablehlo.constant", [], [t],
-                     {"value": ir.DenseElementsAttr.get_splat(t, _scalar_attr(et, value))},
-                     before=before).results[0]
-
-
-def _scalar_attr(et, value):
-    if isinstance(et, ir.IntegerType):
-        return ir.IntegerAttr.get(et, int(value))
-    return ir.FloatAttr.get(et, float(value))
+    return gu.make_splat(value, ir.RankedTensorType(like_type).element_type, shape, before=before)
 
 
 def _column_match(idx, domain: list[int], *, clamp: bool, before) -> ir.Value:
