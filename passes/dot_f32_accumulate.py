@@ -44,8 +44,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
-
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
@@ -125,16 +123,16 @@ def padded_dot(op, side: int, lhs, rhs, result_element_type, **kw):
     returns ``(dot, value)``: the new dot op and the first row/column reshaped to ``op``'s
     result shape with ``result_element_type``. XLA:CPU runs matrix-vector dots in a slow loop
     and the two-row products in its library GEMM; the first row's sums are the same dot
-    products. Insert with an insertion point and location active."""
+    products. Inserts before ``op``: call with an insertion point there and a location active."""
     _, _, lc, rc = _dims(op)
     v, m = (lhs, rhs) if side == 0 else (rhs, lhs)
     vt = ir.RankedTensorType(v.type)
     k = vt.shape[(lc if side == 0 else rc)[0]]
-    shape1, shape2 = ([1, k], [2, k]) if side == 0 else ([k, 1], [k, 2])
+    shape1 = [1, k] if side == 0 else [k, 1]
     v1 = stablehlo.ReshapeOp(ir.RankedTensorType.get(shape1, vt.element_type), v)
-    zero = stablehlo.ConstantOp(gu.dense_attr(np.zeros(()), ir.RankedTensorType.get([], vt.element_type)))
+    zero = gu.make_splat(0, vt.element_type, [], before=op)
     high = [1, 0] if side == 0 else [0, 1]
-    v2 = stablehlo.PadOp(v1.result, zero.result, [0, 0], high, [0, 0])
+    v2 = stablehlo.PadOp(v1.result, zero, [0, 0], high, [0, 0])
     m_shape = list(ir.RankedTensorType(m.type).shape)
     mc = (rc if side == 0 else lc)[0]
     m_free = [d for i, d in enumerate(m_shape) if i != mc]

@@ -163,25 +163,25 @@ class Int8DotUnsigned(Pass):
     def run(self, module, ctx):
         if not ctx.target.is_cpu or not self.options.enabled:
             return {"rewritten": 0, "matrix_vector_padded": 0}
-        counts = {"rewritten": 0, "matrix_vector_padded": 0}
         refused = Refusals(self.name, outcome="left signed x signed")
-        self._rewrite_all(module, counts, refused)
+        n, padded = self._rewrite_all(module, refused)
         # kernelize kept each kernelized region's original function (report.xla_funcs) for
-        # verification and rollback: rewrite those too, so a region rolled back to XLA (a
-        # failed check, a measured decision) runs what this pipeline makes of it, the fast dot
-        kept = {"rewritten": 0, "matrix_vector_padded": 0}
+        # verification and rollback: rewrite those too (not counted), so a region rolled back
+        # to XLA (a failed check, a measured decision) runs what this pipeline makes of it
         for rid, text in list(ctx.report.xla_funcs.items()):
             if "xi8>" not in text:
                 continue
             m = hir.parse(text, module.context, source=f"kept region {rid}")
-            self._rewrite_all(m, kept, Refusals(self.name))
+            self._rewrite_all(m, Refusals(self.name))
             (fn,) = hir.funcs(m)
             ctx.report.xla_funcs[rid] = fn.operation.get_asm(enable_debug_info=True, assume_verified=True)
         refused.flush(ctx)
-        return {**counts, **refused.stats()}
+        return {"rewritten": n, "matrix_vector_padded": padded, **refused.stats()}
 
-    def _rewrite_all(self, module, counts: dict, refused: Refusals) -> None:
+    def _rewrite_all(self, module, refused: Refusals) -> tuple[int, int]:
+        """Rewrite every candidate dot of ``module``; ``(rewritten, matrix_vector_padded)``."""
         lim = self.options.int8_gemv_pad_min_elems
+        n = padded = 0
         for op in hir.all_ops(module):
             if not is_candidate(op):
                 continue
@@ -191,5 +191,6 @@ class Int8DotUnsigned(Pass):
                 continue
             pad = lim > 0 and vector_side(op, lim) == 0
             rewrite_dot(op, pad)
-            counts["rewritten"] += 1
-            counts["matrix_vector_padded"] += pad
+            n += 1
+            padded += pad
+        return n, padded

@@ -1,7 +1,7 @@
 """Zoo models written with Flax: NNX (BERT, Llama-style GQA decoder, ViT, an MLP training step)
-and Linen (ResNet with BatchNorm, a ResNet training step, an int8-quantized BERT encoder). Random weights from the configs in
-:mod:`bench.zoo`; nothing is downloaded. Every builder returns ``(fn, args)`` with the
-parameters among the arguments."""
+and Linen (ResNet with BatchNorm, a ResNet training step, an int8-quantized BERT encoder).
+Random weights from the configs in :mod:`bench.zoo`; nothing is downloaded. Every builder
+returns ``(fn, args)`` with the parameters among the arguments."""
 
 from __future__ import annotations
 
@@ -361,10 +361,6 @@ def linen_resnet_train(cfg, seed):
     return step, (params, v["batch_stats"], tx.init(params), x, y)
 
 
-__all__ = ["nnx_bert", "nnx_llama", "nnx_llama_train", "nnx_vit", "nnx_mlp_train", "linen_resnet",
-           "linen_resnet_train", "rope"]
-
-
 # ------------------------------------------------------------------------------------------
 # Linen int8 BERT encoder (every Dense quantized, as AQT's serving mode runs it)
 # ------------------------------------------------------------------------------------------
@@ -431,3 +427,7 @@ def linen_int8_bert(cfg, seed):
     def fn(params, x, keep):
         return model.apply({"params": params}, x, keep)
     return fn, (params, x, keep)
+
+
+__all__ = ["nnx_bert", "nnx_llama", "nnx_llama_train", "nnx_vit", "nnx_mlp_train", "linen_resnet",
+           "linen_resnet_train", "linen_int8_bert", "rope"]
