@@ -55,6 +55,7 @@ from jax._src import config as jconfig
 from jax._src import dispatch
 from jax._src import mesh as mesh_lib
 from jax._src import sharding_impls
+from jax._src import source_info_util
 from jax._src.interpreters import ad, batching, mlir
 from jax._src.interpreters import partial_eval as pe
 from jax.extend import core as jex_core
@@ -449,8 +450,7 @@ class Program:
 
     def traced_fun(self, *xs):
         """Evaluate the traced jaxpr (no second trace of the user's Python)."""
-        closed = self.jaxpr(signature_of([jax.typeof(x) for x in xs]))
-        return tuple(jcore.jaxpr_as_fun(closed)(*xs))
+        return run_jaxpr(self.jaxpr(signature_of([jax.typeof(x) for x in xs])), xs)
 
     def out_avals(self, avals: Sequence) -> list:
         closed = self.jaxpr(signature_of(avals))
@@ -682,8 +682,25 @@ class _XlaVariant(Program):
         return Entry(exp, opt, base.out_avals, base.in_avals, target)
 
 
-def _call_jaxpr(closed, *xs):
+def run_jaxpr(closed: jcore.ClosedJaxpr, xs: Sequence) -> tuple:
+    """``closed(*xs)``. Inside a jit trace whose arguments are ``xs`` (hlofuse's plain first
+    call, ``jax.export`` of the traced function) its equations are copied into that trace as
+    they are, as ``jax.jit(..., inline=True)`` does with a nested jit: evaluating them again
+    would run every primitive's rules a second time, as long as tracing the user's Python took
+    (0.1 s of a Llama's 0.8 s first call). Elsewhere (an eager call, a transformation's
+    tracers, closed-over tracers) the jaxpr is evaluated."""
+    trace = jcore.trace_ctx.trace
+    if (isinstance(trace, pe.DynamicJaxprTrace)
+            and all(isinstance(x, pe.DynamicJaxprTracer) and x._trace is trace for x in xs)
+            and not any(isinstance(c, jcore.Tracer) for c in closed.consts)):
+        src = source_info_util.current()
+        out = pe.inline_jaxpr_into_trace(trace, src, closed.jaxpr, closed.consts, *xs)
+        return tuple(trace.to_jaxpr_tracer(x, src) for x in out)
     return tuple(jcore.jaxpr_as_fun(closed)(*xs))
+
+
+def _call_jaxpr(closed, *xs):
+    return run_jaxpr(closed, xs)
 
 
 def _isolated():
@@ -719,7 +736,7 @@ def call(program: Program, xs: Sequence) -> tuple:
     sig = signature_of([jax.typeof(x) for x in xs])
     closed = program.jaxpr(sig)
     if program.has_effects(sig):
-        return tuple(jcore.jaxpr_as_fun(closed)(*xs))
+        return run_jaxpr(closed, xs)
     tracers = [c for c in closed.consts if isinstance(c, jcore.Tracer)]
     if tracers:
         return call(program.lifted(sig), [*tracers, *xs])

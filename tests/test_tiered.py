@@ -271,3 +271,44 @@ def test_calls_after_the_switch_take_jaxs_cpp_dispatch(monkeypatch):
     for _ in range(5):
         jax.block_until_ready(f(*args))
     assert python_calls == [], f"{len(python_calls)} of 5 calls took jax's Python dispatch"
+
+
+def test_the_traced_function_is_traced_once_and_copied_not_evaluated(monkeypatch, gated):
+    """The user's Python runs once (``Program.jaxpr``); the tiered first call's plain jit and
+    the background export copy that jaxpr's equations into their traces instead of binding
+    every primitive again (:func:`hlofuse.runtime.run_jaxpr`). Outside a jit trace (an eager
+    call, under vmap) the jaxpr is evaluated, with the same values."""
+    calls = []
+
+    def counted(x, b):
+        calls.append(1)
+        return model(x, b)
+
+    evaluated = []
+    orig_eval = jax.core.eval_jaxpr
+    monkeypatch.setattr(runtime.jcore, "eval_jaxpr",
+                        lambda *a, **k: evaluated.append(1) or orig_eval(*a, **k))
+    args = _args()
+    want = jax.jit(model)(*args)
+    f = hlofuse.jit(counted, tiered=True, autotune=False)
+    first = f(*args)
+    assert f.tier_status(*args)["state"] == "building"
+    gated.set()
+    assert f.block_until_optimized(60)
+    assert f.tier_status(*args)["state"] == "ready"
+    later = f(*args)
+    assert len(calls) == 1 and not evaluated      # one trace of the Python; nothing evaluated
+    np.testing.assert_array_equal(np.asarray(first), np.asarray(want))
+    assert_same(later, want, "reassociate")
+
+    program = f.all_programs()[0]
+    closed = program.jaxpr(runtime.signature_of([jax.typeof(a) for a in args]))
+    copied = jax.make_jaxpr(lambda *xs: runtime.run_jaxpr(closed, xs))(*args)
+    assert [e.primitive for e in copied.jaxpr.eqns] == [e.primitive for e in closed.jaxpr.eqns]
+    assert not evaluated
+    eager = runtime.run_jaxpr(closed, args)                          # no trace: evaluated
+    batched = jax.vmap(lambda x: runtime.run_jaxpr(closed, (x, args[1]))[0])(
+        jnp.stack([args[0], args[0]]))
+    assert evaluated
+    assert_same(eager[0], want, "reassociate")     # op by op: XLA fuses tanh differently
+    assert_same(batched, jnp.stack([want, want]), "reassociate")
