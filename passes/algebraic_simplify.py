@@ -21,6 +21,7 @@ from typing import Callable
 import numpy as np
 
 from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import stablehlo
 
 from hlofuse import ir as hir
 from hlofuse.pipeline import Pass, register_pass
@@ -322,6 +323,40 @@ def _reverse(op):
     return None
 
 
+def _dot_no_contraction(op):
+    # every output element of a dot_general that contracts nothing is one product, so it is a
+    # multiply of the operands broadcast to the output (XLA's own simplifier does the same).
+    # Flax's and Transformers' attention scale probabilities by a per-head mask this way
+    # (einsum "...hqk,h->...hqk" with a mask of ones): as a multiply, x * 1 removes it and
+    # the attention matcher sees softmax -> P·V
+    if "algorithm" in op.attributes:
+        return None
+    dn = stablehlo.DotDimensionNumbers(op.attributes["dot_dimension_numbers"])
+    if list(dn.lhs_contracting_dimensions) or list(dn.rhs_contracting_dimensions):
+        return None
+    a, b, r = (gu.info(v) for v in (op.operands[0], op.operands[1], op.results[0]))
+    if a is None or b is None or r is None or a.dtype != b.dtype or a.dtype.startswith("complex") \
+            or not exact_conversion(a.dtype, r.dtype) or (a.dtype in _FLOAT_BITS) != (r.dtype in _FLOAT_BITS):
+        return None
+    lb, rb = list(dn.lhs_batching_dimensions), list(dn.rhs_batching_dimensions)
+    lf = [d for d in range(len(a.shape)) if d not in lb]
+    rf = [d for d in range(len(b.shape)) if d not in rb]
+    out_of = [{d: i for i, d in enumerate(lb)} | {d: len(lb) + k for k, d in enumerate(lf)},
+              {d: i for i, d in enumerate(rb)} | {d: len(lb) + len(lf) + k for k, d in enumerate(rf)}]
+    et = gu.element_type(op.results[0])
+    sides = []
+    for v, where in zip(op.operands, out_of):
+        if gu.element_type(v) != et:
+            v = gu.create("stablehlo.convert", [v], [gu.tensor_type(gu.info(v).shape, et)],
+                          before=op).results[0]
+        dims = [where[d] for d in range(len(gu.info(v).shape))]
+        if dims != sorted(dims):
+            perm = sorted(range(len(dims)), key=dims.__getitem__)
+            v, dims = gu.make_transpose(v, perm, before=op), sorted(dims)
+        sides.append(gu.make_broadcast(v, dims, op.results[0].type, before=op))
+    return gu.create("stablehlo.multiply", sides, [op.results[0].type], before=op).results[0]
+
+
 S = "stablehlo."
 PATTERNS: list[Pattern] = [
     Pattern("add-neg-zero", S + "add", _add_zero, "x + (-0.0) -> x; integer x + 0 -> x"),
@@ -353,6 +388,8 @@ PATTERNS: list[Pattern] = [
     Pattern("pad-noop", S + "pad", _pad, "zero padding -> x"),
     Pattern("concat-single", S + "concatenate", _concatenate, "concatenate(x) -> x"),
     Pattern("reverse", S + "reverse", _reverse, "reverse of size-1 dims -> x; rev(rev(x)) -> x"),
+    Pattern("dot-no-contraction", S + "dot_general", _dot_no_contraction,
+            "dot_general contracting nothing -> multiply of broadcasts (one product each)"),
 ]
 
 _BY_OP: dict[str, list[Pattern]] = {}

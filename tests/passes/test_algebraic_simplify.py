@@ -80,6 +80,23 @@ CASES = [
     ("abs-abs", fx(f"  %a = stablehlo.abs %x : {F}\n  %r = stablehlo.abs %a : {F}", "%r"), None),
 ]
 
+# dot_general contracting nothing: Flax's and Transformers' per-head probability mask
+# (einsum "...hqk,h->...hqk"), an outer product widening bf16 -> f32, an int8 outer product
+CASES += [
+    ("dot-no-contraction", module("%m: tensor<3xf32>, %p: tensor<2x3x4x13xf32>",
+                                  "  %r = stablehlo.dot_general %m, %p, batching_dims = [0] x [1], contracting_dims = [] x [] "
+                                  ": (tensor<3xf32>, tensor<2x3x4x13xf32>) -> tensor<3x2x4x13xf32>",
+                                  "%r", "tensor<3x2x4x13xf32>"), "stablehlo.dot_general"),
+    ("dot-no-contraction", module("%a: tensor<4xbf16>, %b: tensor<13xbf16>",
+                                  "  %r = stablehlo.dot_general %a, %b, contracting_dims = [] x [] "
+                                  ": (tensor<4xbf16>, tensor<13xbf16>) -> tensor<4x13xf32>",
+                                  "%r", "tensor<4x13xf32>"), "stablehlo.dot_general"),
+    ("dot-no-contraction", module("%a: tensor<7x2xi8>, %b: tensor<2x7xi8>",
+                                  "  %r = stablehlo.dot_general %a, %b, batching_dims = [1] x [0], contracting_dims = [] x [] "
+                                  ": (tensor<7x2xi8>, tensor<2x7xi8>) -> tensor<2x7x7xi32>",
+                                  "%r", "tensor<2x7x7xi32>"), "stablehlo.dot_general"),
+]
+
 # relu o relu: max(max(x, 0), 0) -> one max
 RELU2 = fx(f"  %z = {cst('0.0', 'tensor<f32>')}\n  %zb = stablehlo.broadcast_in_dim %z, dims = [] : (tensor<f32>) -> {F}\n"
            f"  %a = stablehlo.maximum %x, %zb : {F}\n  %z2 = {cst('0.0')}\n  %r = stablehlo.maximum %z2, %a : {F}")
@@ -98,6 +115,12 @@ NO_MATCH = {
                             "  %r = stablehlo.multiply %x, %o : tensor<2xcomplex<f32>>", "%r", "tensor<2xcomplex<f32>>"),
     "select(non-constant p)": fx(f"  %p = stablehlo.compare LT, %x, %y : ({F}, {F}) -> tensor<13xi1>\n"
                                  f"  %r = stablehlo.select %p, %x, %y : tensor<13xi1>, {F}"),
+    "dot with a contraction": module("%a: tensor<2x13xf32>, %b: tensor<13xf32>",
+                                     "  %r = stablehlo.dot_general %a, %b, contracting_dims = [1] x [0] "
+                                     ": (tensor<2x13xf32>, tensor<13xf32>) -> tensor<2xf32>", "%r", "tensor<2xf32>"),
+    "narrowing outer product": module("%a: tensor<4xf32>, %b: tensor<13xf32>",
+                                      "  %r = stablehlo.dot_general %a, %b, contracting_dims = [] x [] "
+                                      ": (tensor<4xf32>, tensor<13xf32>) -> tensor<4x13xbf16>", "%r", "tensor<4x13xbf16>"),
 }
 
 
@@ -112,6 +135,8 @@ NO_MATCH_REASON = {
     "max(max(x,0),1)": None,
     "complex x * 1": None,  # complex constants are not read (graph_util.constant_array)
     "select(non-constant p)": None,
+    "dot with a contraction": None,
+    "narrowing outer product": None,   # the product rounds twice as a multiply + convert
 }
 
 

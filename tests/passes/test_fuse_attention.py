@@ -318,6 +318,19 @@ def _head_mask(q, k, v, hm):
     return jnp.einsum("bhqk,bhkd->bhqd", p * hm[None, :, None, None], v)   # Flax BERT
 
 
+def _head_mask_einsum(q, k, v, hm):
+    # Transformers' Flax BERT: the head mask as a contraction-free einsum (a dot_general that
+    # algebraic-simplify makes a multiply), P·V with V the einsum's second operand, BSHD
+    p = jax.nn.softmax(jnp.einsum("bhqd,bhkd->bhqk", q, k) / 8.0, axis=-1)
+    p = jnp.einsum("...hqk,h->...hqk", p, hm)
+    return jnp.einsum("...hqk,...khd->...qhd", p, jnp.transpose(v, (0, 2, 1, 3)))
+
+
+def _head_mask_of_ones(q, k, v):
+    # head_mask=None in Transformers' Flax BERT: a mask of ones, gone as x * 1
+    return _head_mask_einsum(q, k, v, jnp.ones((q.shape[1],), q.dtype))
+
+
 def _transposed_numerator(q, k, v):
     s = jnp.einsum("bhqd,bhkd->bhqk", q, k) / 8.0
     e = jnp.exp(s - jax.lax.stop_gradient(s.max(-1, keepdims=True)))
@@ -326,8 +339,11 @@ def _transposed_numerator(q, k, v):
     return jnp.einsum("bqhk,bhkd->bqhd", t / l, v)
 
 
-@pytest.mark.parametrize("f,extra,moved", [(_head_mask, True, 1), (_transposed_numerator, False, 0)],
-                         ids=["head_mask", "transposed_numerator"])
+@pytest.mark.parametrize("f,extra,moved", [(_head_mask, True, 1), (_head_mask_einsum, True, 1),
+                                           (_head_mask_of_ones, False, 0),
+                                           (_transposed_numerator, False, 0)],
+                         ids=["head_mask", "head_mask_einsum", "head_mask_of_ones",
+                              "transposed_numerator"])
 def test_matches_after_head_mask_and_transposed_numerator(f, extra, moved):
     """A multiplier on the probabilities that does not vary along the key (a head mask) moves
     after P·V; a transpose between exp and the divide is a layout of the numerator."""
