@@ -1,4 +1,5 @@
-"""A model zoo built with public JAX model libraries (Flax NNX and Linen, Equinox, Haiku).
+"""A model zoo built with public JAX model libraries (Flax NNX and Linen, Equinox, Haiku,
+Transformers' Flax classes).
 
 Every model is written the way the library's users write it (its layers, its init, its
 state handling), with random weights from a config: nothing is downloaded. A model is a pure
@@ -26,7 +27,8 @@ __all__ = ["ZooModel", "MODELS", "LIBRARIES", "names", "get", "missing_libraries
            "f32_reference", "bf16_parity", "BF16_PARITY"]
 
 #: import name -> the distribution that provides it (what ``.[zoo]`` installs)
-LIBRARIES = {"flax": "flax", "equinox": "equinox", "haiku": "dm-haiku", "optax": "optax"}
+LIBRARIES = {"flax": "flax", "equinox": "equinox", "haiku": "dm-haiku", "optax": "optax",
+             "transformers": "transformers"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +37,8 @@ class ZooModel:
 
     Attributes:
       name: identifier on the command line and in tables.
-      library: the library it is written with ('flax.nnx', 'flax.linen', 'equinox', 'haiku').
+      library: the library it is written with ('flax.nnx', 'flax.linen', 'equinox', 'haiku',
+        'transformers').
       kind: 'encoder', 'decoder', 'vit', 'convnet' or 'mlp'.
       mode: 'inference' or 'train' (a training step: value_and_grad + an optax update).
       builder: ``'module:function'`` in this package; called as ``function(cfg, seed)`` it
@@ -73,6 +76,7 @@ def _m(name, library, kind, mode, builder, small, real, description, category, r
 
 
 _NNX, _LINEN, _EQX, _HK = ("flax", "optax"), ("flax", "optax"), ("equinox", "optax"), ("haiku",)
+_HF = ("transformers", "flax")
 
 MODELS: dict[str, ZooModel] = {m.name: m for m in [
     # ---------------------------------------------------------------- Flax NNX
@@ -164,6 +168,12 @@ MODELS: dict[str, ZooModel] = {m.name: m for m in [
        dict(stem=64, width=64, blocks=3, image=224, batch=1),
        "ResNet-50 stem + stage conv2_x, hk.Conv2D/hk.BatchNorm data_format=NCHW, 224x224",
        "reassociate", _HK),
+    # ---------------------------------------------------------------- Transformers (Flax)
+    _m("hf_bert", "transformers", "encoder", "inference", "hf_zoo:hf_bert",
+       dict(layers=1, d=32, heads=4, ff=64, seq=8, batch=2, vocab=50),
+       dict(layers=2, d=768, heads=12, ff=3072, seq=128, batch=2, vocab=30522),
+       "Transformers FlaxBertModel (BertConfig, exact GELU, head mask einsum, padding mask), "
+       "2 of 12 layers, B=2 S=128", "reassociate", _HF),
 ]}
 
 

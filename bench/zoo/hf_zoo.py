@@ -1,0 +1,32 @@
+"""Zoo models written with Hugging Face Transformers' Flax classes (4.57, the last release line
+with them; 5.0 removed them): ``FlaxBertModel`` built from a ``BertConfig`` with random
+weights (``_do_init=True``; nothing is downloaded). The builder returns ``(fn, args)`` with the
+parameters among the arguments, as a user calls ``model(ids, attention_mask=..., params=...)``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import jax.numpy as jnp
+
+
+def hf_bert(cfg, seed):
+    from transformers import BertConfig, FlaxBertModel
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()   # the Flax classes' deprecation notice, once per build
+    config = BertConfig(vocab_size=cfg["vocab"], hidden_size=cfg["d"],
+                        num_hidden_layers=cfg["layers"], num_attention_heads=cfg["heads"],
+                        intermediate_size=cfg["ff"], max_position_embeddings=max(cfg["seq"], 8))
+    model = FlaxBertModel(config, seed=seed, _do_init=True)
+    rng = np.random.default_rng(seed)
+    b, s = cfg["batch"], cfg["seq"]
+    ids = jnp.asarray(rng.integers(0, cfg["vocab"], (b, s)).astype(np.int32))
+    # example i has its last i * S/4 positions padded (example 0 none), as the Flax models
+    lengths = np.maximum(s - (np.arange(b) * s) // 4, 1)
+    mask = jnp.asarray((np.arange(s)[None, :] < lengths[:, None]).astype(np.int32))
+
+    def fn(params, ids, mask):
+        return model(ids, attention_mask=mask, params=params, train=False).last_hidden_state
+    return fn, (model.params, ids, mask)
