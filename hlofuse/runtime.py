@@ -685,18 +685,39 @@ class _XlaVariant(Program):
 def run_jaxpr(closed: jcore.ClosedJaxpr, xs: Sequence) -> tuple:
     """``closed(*xs)``. Inside a jit trace whose arguments are ``xs`` (hlofuse's plain first
     call, ``jax.export`` of the traced function) its equations are copied into that trace as
-    they are, as ``jax.jit(..., inline=True)`` does with a nested jit: evaluating them again
-    would run every primitive's rules a second time, as long as tracing the user's Python took
+    they are, as ``jax.jit(..., inline=True)`` copies a nested jit, each with its own source
+    location (reports and XLA's metadata name the user's lines): evaluating them again would
+    run every primitive's rules a second time, as long as tracing the user's Python took
     (0.1 s of a Llama's 0.8 s first call). Elsewhere (an eager call, a transformation's
-    tracers, closed-over tracers) the jaxpr is evaluated."""
+    tracers, closed-over tracers, effects) the jaxpr is evaluated."""
     trace = jcore.trace_ctx.trace
     if (isinstance(trace, pe.DynamicJaxprTrace)
+            and not closed.effects and not any(e.effects for e in closed.jaxpr.eqns)
             and all(isinstance(x, pe.DynamicJaxprTracer) and x._trace is trace for x in xs)
             and not any(isinstance(c, jcore.Tracer) for c in closed.consts)):
-        src = source_info_util.current()
-        out = pe.inline_jaxpr_into_trace(trace, src, closed.jaxpr, closed.consts, *xs)
-        return tuple(trace.to_jaxpr_tracer(x, src) for x in out)
+        return _copy_eqns(trace, closed, xs)
     return tuple(jcore.jaxpr_as_fun(closed)(*xs))
+
+
+def _copy_eqns(trace, closed: jcore.ClosedJaxpr, xs: Sequence) -> tuple:
+    """:func:`jax._src.interpreters.partial_eval.inline_jaxpr_into_trace` keeping every
+    equation's traceback (jax's gives each the caller's)."""
+    src = source_info_util.current()
+    jaxpr = closed.jaxpr
+    env = dict(zip(jaxpr.constvars, [trace.new_const(c, src) for c in closed.consts]))
+    env.update(zip(jaxpr.invars, xs))
+
+    def read(v):
+        return pe.DynamicJaxprTracer(trace, v.aval, v, src) if isinstance(v, jcore.Literal) \
+            else env[v]
+    for eqn in jaxpr.eqns:
+        esrc = eqn.source_info
+        if src.name_stack:
+            esrc = esrc.replace(name_stack=src.name_stack + esrc.name_stack)
+        outs = trace.emit_eqn([read(v) for v in eqn.invars], [v.aval for v in eqn.outvars],
+                              eqn.primitive, eqn.params, eqn.effects, esrc, eqn.ctx)
+        env.update(zip(eqn.outvars, outs))
+    return tuple(trace.to_jaxpr_tracer(read(v), src) for v in jaxpr.outvars)
 
 
 def _call_jaxpr(closed, *xs):
