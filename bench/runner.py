@@ -123,7 +123,7 @@ def timed_calls(fn: Callable, args, reps: int, cpu: list | None = None) -> float
 def first_call(fn: Callable, args) -> tuple[float, object]:
     """Seconds of ``fn(*args)`` until its outputs are ready, and the outputs. The heap is
     collected first: a full collection that garbage left by earlier work triggers inside the
-    call (0.1 s in a fresh process, 0.3-0.6 s in a long bench process) is charged to neither
+    call (0.1 s in a fresh process, up to 0.4 s in a long zoo process) is charged to neither
     side; one the call's own allocations trigger is still timed."""
     gc.collect()
     t0 = time.perf_counter()

@@ -5,7 +5,7 @@ Per model, in one process (the same measurement for every model):
 * **first call** of each, fresh jitted functions: trace + (hlofuse: export and passes) + XLA
   compile + run. jax.jit goes first; the ratio is hlofuse / jax. Each starts from a collected
   heap (:func:`bench.runner.first_call`): a full collection triggered by what earlier models
-  left is charged to neither (in a long process it took 0.3-0.6 s). hlofuse's first call is
+  left is charged to neither (in a long process it took up to 0.4 s). hlofuse's first call is
   tiered by default (XLA's code now, hlofuse's module built in a background thread): the
   **ready** ratio is the time from the first call's start until hlofuse's code is ready,
   over jax.jit's first call (:func:`bench.runner.settle` waits for it before anything else);
