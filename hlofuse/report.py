@@ -288,12 +288,23 @@ def is_library_path(path: str) -> bool:
     parts = norm.replace("\\", "/").split("/")
     if "site-packages" in parts or "dist-packages" in parts:
         return True
-    if any(p in LIBRARY_PACKAGES for p in parts[:-1]):
+    if any(p in LIBRARY_PACKAGES and _is_package_dir("/".join(parts[:i + 1]))
+           for i, p in enumerate(parts[:-1])):
         return True
     for root in _library_roots():
         if norm.startswith(root + os.sep):
             return True
     return False
+
+
+def _is_package_dir(d: str) -> bool:
+    """A directory named like a library package is that package (a source checkout of flax:
+    ``~/src/flax/flax/linen``) when it holds an ``__init__.py``; a directory that merely has
+    the name (a user's project cloned as ``~/src/hlofuse/``, the checkout's root) is not. A
+    path that is not on this machine (a module from elsewhere) goes by the name alone."""
+    if not os.path.isdir(d):
+        return True
+    return os.path.isfile(os.path.join(d, "__init__.py"))
 
 
 @functools.lru_cache(maxsize=1)

@@ -92,6 +92,23 @@ def test_library_paths():
     assert not is_library_path("/home/me/model.py") and not is_library_path(os.path.abspath(__file__))
 
 
+def test_a_project_directory_named_like_a_library_is_the_users(tmp_path):
+    # a clone of this repository (or a user's project) in a directory called hlofuse/ or flax/:
+    # its files are the user's; the package directory inside a source checkout is the library's
+    for name in ("hlofuse", "flax"):
+        root = tmp_path / name
+        (root / "tests").mkdir(parents=True)
+        (root / name).mkdir()
+        (root / name / "__init__.py").write_text("")
+        user, lib = root / "tests" / "model.py", root / name / "linear.py"
+        user.write_text("")
+        lib.write_text("")
+        assert not hreport.is_library_path(str(user)), user
+        assert hreport.is_library_path(str(lib)), lib
+    # paths from another machine go by the names alone
+    assert hreport.is_library_path("/elsewhere/src/flax/flax/linen/linear.py")
+
+
 def test_report_where_column_shows_the_users_line(tmp_path, monkeypatch):
     """Two regions built by the same library function, called from two user lines: each region
     names its own caller line (it used to name the library line for both)."""
