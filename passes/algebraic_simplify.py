@@ -21,7 +21,6 @@ from typing import Callable
 import numpy as np
 
 from jaxlib.mlir import ir
-from jaxlib.mlir.dialects import stablehlo
 
 from hlofuse import ir as hir
 from hlofuse.pipeline import Pass, register_pass
@@ -331,16 +330,13 @@ def _dot_no_contraction(op):
     # the attention matcher sees softmax -> P·V
     if "algorithm" in op.attributes:
         return None
-    dn = stablehlo.DotDimensionNumbers(op.attributes["dot_dimension_numbers"])
-    if list(dn.lhs_contracting_dimensions) or list(dn.rhs_contracting_dimensions):
+    lb, rb, lc, rc, lf, rf = gu.dot_parts(op)
+    if lc or rc:
         return None
     a, b, r = (gu.info(v) for v in (op.operands[0], op.operands[1], op.results[0]))
     if a is None or b is None or r is None or a.dtype != b.dtype or a.dtype.startswith("complex") \
             or not exact_conversion(a.dtype, r.dtype) or (a.dtype in _FLOAT_BITS) != (r.dtype in _FLOAT_BITS):
         return None
-    lb, rb = list(dn.lhs_batching_dimensions), list(dn.rhs_batching_dimensions)
-    lf = [d for d in range(len(a.shape)) if d not in lb]
-    rf = [d for d in range(len(b.shape)) if d not in rb]
     out_of = [{d: i for i, d in enumerate(lb)} | {d: len(lb) + k for k, d in enumerate(lf)},
               {d: i for i, d in enumerate(rb)} | {d: len(lb) + len(lf) + k for k, d in enumerate(rf)}]
     et = gu.element_type(op.results[0])

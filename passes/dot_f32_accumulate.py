@@ -81,7 +81,7 @@ def form_reason(op) -> str | None:
     sweeps them): batch dimensions leading both operands in the same order, and, when the
     lhs is one contracting then one free dimension (a transposed matrix), an rhs of one
     contracting and at most one free dimension."""
-    lb, rb, lc, rc = _dims(op)
+    lb, rb, lc, rc, _, _ = gu.dot_parts(op)
     nb = len(lb)
     if lb != list(range(nb)) or rb != list(range(nb)):
         return "batch dimensions do not lead both operands in the same order"
@@ -91,17 +91,11 @@ def form_reason(op) -> str | None:
     return None
 
 
-def _dims(op):
-    dn = stablehlo.DotDimensionNumbers(op.attributes["dot_dimension_numbers"])
-    return (list(dn.lhs_batching_dimensions), list(dn.rhs_batching_dimensions),
-            list(dn.lhs_contracting_dimensions), list(dn.rhs_contracting_dimensions))
-
-
 def vector_side(op, min_elems: int) -> int | None:
     """0 or 1 when that operand of the dot is a vector (one contracting dim, every other dim
     of size 1, no batch dims) and the other operand is a matrix of at least ``min_elems``
     elements with free dims of its own; None otherwise."""
-    lb, rb, lc, rc = _dims(op)
+    lb, rb, lc, rc, _, _ = gu.dot_parts(op)
     if lb or rb or len(lc) != 1 or len(rc) != 1:
         return None
     shapes = [hir.tensor_type_info(v.type).shape for v in op.operands[:2]]
@@ -124,7 +118,7 @@ def padded_dot(op, side: int, lhs, rhs, result_element_type, **kw):
     result shape with ``result_element_type``. XLA:CPU runs matrix-vector dots in a slow loop
     and the two-row products in its library GEMM; the first row's sums are the same dot
     products. Inserts before ``op``: call with an insertion point there and a location active."""
-    _, _, lc, rc = _dims(op)
+    _, _, lc, rc, _, _ = gu.dot_parts(op)
     v, m = (lhs, rhs) if side == 0 else (rhs, lhs)
     vt = ir.RankedTensorType(v.type)
     k = vt.shape[(lc if side == 0 else rc)[0]]

@@ -157,20 +157,6 @@ def reducer_kind(op) -> str | None:
     return {"stablehlo.add": "add", "stablehlo.maximum": "max"}.get(body[0].name)
 
 
-def dot_dims(op) -> stablehlo.DotDimensionNumbers:
-    return stablehlo.DotDimensionNumbers(op.attributes["dot_dimension_numbers"])
-
-
-def _dot_parts(op):
-    dn = dot_dims(op)
-    lb, rb = list(dn.lhs_batching_dimensions), list(dn.rhs_batching_dimensions)
-    lc, rc = list(dn.lhs_contracting_dimensions), list(dn.rhs_contracting_dimensions)
-    lr, rr = len(shape_of(op.operands[0])), len(shape_of(op.operands[1]))
-    lf = [d for d in range(lr) if d not in lb and d not in lc]
-    rf = [d for d in range(rr) if d not in rb and d not in rc]
-    return lb, rb, lc, rc, lf, rf
-
-
 def precision_of(op) -> tuple:
     if "precision_config" not in op.attributes:
         return ("DEFAULT", "DEFAULT")
@@ -600,7 +586,7 @@ def _find_qk(x_val, cx: "_Ctx"):
 
 def _label_qk(qk, cx: "_Ctx"):
     """Labels of the QKᵀ result: ``b<i>`` batch, ``l<d>``/``r<d>`` free dims of each side."""
-    parts = _dot_parts(qk)
+    parts = gu.dot_parts(qk)
     lb, _, _, _, lf, rf = parts
     s_shape = shape_of(qk.results[0])
     out_roles = ([("b", i) for i in range(len(lb))] + [("l", d) for d in lf] + [("r", d) for d in rf])
@@ -720,7 +706,7 @@ def _pv_operand(pv, p_idx: int, sm: _Softmax, xs_dims, ops: _Operands, cx: "_Ctx
         if BCAST in pd:
             raise NoMatch("probabilities broadcast before P·V")
         cx.set_dims(op.results[0], pd)
-    plb, prb, plc, prc, plf, prf = _dot_parts(pv)
+    plb, prb, plc, prc, plf, prf = gu.dot_parts(pv)
     pb, vb_, pc, vc, pf, vf = (plb, prb, plc, prc, plf, prf) if p_idx == 0 else (prb, plb, prc, plc, prf, plf)
     v_val = pv.operands[1 - p_idx]
     v_shape = shape_of(v_val)
@@ -1017,7 +1003,7 @@ def _move_row_multipliers(block) -> int:
     for dot in hir.block_ops(block):
         if dot.name != "stablehlo.dot_general":
             continue
-        lb, rb, lc, rc, lf, rf = _dot_parts(dot)
+        lb, rb, lc, rc, lf, rf = gu.dot_parts(dot)
         for pi in (0, 1):
             mul = hir.defining_op(dot.operands[pi])
             if mul is None or mul.name != "stablehlo.multiply" or len(_users(mul.results[0])) != 1:

@@ -225,6 +225,19 @@ def make_splat(value, element_type: ir.Type, shape: Sequence[int], *, before) ->
                   before=before).results[0]
 
 
+def dot_parts(op) -> tuple[list[int], ...]:
+    """A ``dot_general``'s dims: ``(lhs batch, rhs batch, lhs contracting, rhs contracting,
+    lhs free, rhs free)``; free dims in operand order (the result is batch, lhs free, rhs
+    free)."""
+    dn = stablehlo.DotDimensionNumbers(op.attributes["dot_dimension_numbers"])
+    lb, rb = list(dn.lhs_batching_dimensions), list(dn.rhs_batching_dimensions)
+    lc, rc = list(dn.lhs_contracting_dimensions), list(dn.rhs_contracting_dimensions)
+    lr, rr = (len(ir.RankedTensorType(v.type).shape) for v in op.operands[:2])
+    lf = [d for d in range(lr) if d not in lb and d not in lc]
+    rf = [d for d in range(rr) if d not in rb and d not in rc]
+    return lb, rb, lc, rc, lf, rf
+
+
 def make_transpose(v: ir.Value, perm: Sequence[int], *, before=None, after=None, loc=None) -> ir.Value:
     t = info(v)
     shape = [t.shape[p] for p in perm]

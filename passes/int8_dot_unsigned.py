@@ -54,7 +54,7 @@ from hlofuse import ir as hir
 from hlofuse.pipeline import Pass, register_pass
 from hlofuse.report import Refusals
 from hlofuse.passes import graph_util as gu
-from hlofuse.passes.dot_f32_accumulate import (_dims, copy_dialect_attrs, form_reason, padded_dot,
+from hlofuse.passes.dot_f32_accumulate import (copy_dialect_attrs, form_reason, padded_dot,
                                                precision_kw, vector_side)
 
 SHIFT = 128   # a + 128 maps int8 [-128, 127] onto uint8 [0, 255]
@@ -88,12 +88,11 @@ def _correction(op, rhs, before, kw):
     Computed as a two-row u8 x s8 dot of a constant lhs filled with ``SHIFT`` against ``rhs``
     (first row kept): XLA:CPU's library runs it at memory speed (0.63 ms for a 1024x4096
     rhs on a 2-core Zen 4), where its int32 column-sum reduce took 4.4 ms."""
-    lb, rb, lc, rc = _dims(op)
+    _, rb, _, rc, _, free = gu.dot_parts(op)
     nb = len(rb)
     i32 = ir.IntegerType.get_signless(32)
     u8 = ir.IntegerType.get_unsigned(8)
     r_shape = list(gu.info(rhs).shape)
-    free = [d for d in range(len(r_shape)) if d not in rb and d not in rc]
     c_shape = [r_shape[d] for d in rb] + [2] + [r_shape[d] for d in rc]
     ones = gu.make_splat(SHIFT, u8, c_shape, before=before)
     dn = stablehlo.DotDimensionNumbers.get(
