@@ -14,13 +14,13 @@ import jax.numpy as jnp
 import jax.random as jr
 import optax
 
+from bench.zoo.inputs import token_ids as _ids
+
 
 def _split(model):
     return eqx.partition(model, eqx.is_array)
 
 
-def _ids(rng, shape, vocab):
-    return jnp.asarray(rng.integers(0, vocab, shape).astype(np.int32))
 
 
 # ------------------------------------------------------------------------------------------

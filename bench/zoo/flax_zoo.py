@@ -16,20 +16,12 @@ import optax
 from flax import linen as nn
 from flax import nnx
 
+from bench.zoo.inputs import padding_mask as _padding_mask, token_ids as _ids
+
 
 def _list(modules):
     """A list of submodules as the installed Flax wants it (nnx.List where it exists)."""
     return nnx.List(modules) if hasattr(nnx, "List") else list(modules)
-
-
-def _ids(rng, shape, vocab):
-    return jnp.asarray(rng.integers(0, vocab, shape).astype(np.int32))
-
-
-def _padding_mask(batch, seq):
-    """[B, S] bool: example b has its last b * S/4 positions padded (example 0 none)."""
-    lengths = np.maximum(seq - (np.arange(batch) * seq) // 4, 1)
-    return jnp.asarray(np.arange(seq)[None, :] < lengths[:, None])
 
 
 # ------------------------------------------------------------------------------------------

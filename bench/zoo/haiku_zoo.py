@@ -11,6 +11,8 @@ import haiku as hk
 import jax
 import jax.numpy as jnp
 
+from bench.zoo.inputs import padding_mask
+
 
 # ------------------------------------------------------------------------------------------
 # BERT-style encoder
@@ -32,8 +34,7 @@ def hk_bert(cfg, seed):
 
     t = hk.without_apply_rng(hk.transform(forward))
     x = jnp.asarray(rng.standard_normal((cfg["batch"], cfg["seq"], d)).astype(np.float32), dtype)
-    lengths = np.maximum(cfg["seq"] - (np.arange(cfg["batch"]) * cfg["seq"]) // 4, 1)
-    keep = jnp.asarray(np.arange(cfg["seq"])[None, :] < lengths[:, None])
+    keep = padding_mask(cfg["batch"], cfg["seq"])
     params = t.init(jax.random.key(seed), x, keep)  # in x's dtype
     return t.apply, (params, x, keep)
 

@@ -10,6 +10,8 @@ import numpy as np
 
 import jax.numpy as jnp
 
+from bench.zoo.inputs import padding_mask, token_ids
+
 
 def hf_bert(cfg, seed):
     from transformers import BertConfig, FlaxBertModel
@@ -22,10 +24,8 @@ def hf_bert(cfg, seed):
     model = FlaxBertModel(config, seed=seed, _do_init=True)
     rng = np.random.default_rng(seed)
     b, s = cfg["batch"], cfg["seq"]
-    ids = jnp.asarray(rng.integers(0, cfg["vocab"], (b, s)).astype(np.int32))
-    # example i has its last i * S/4 positions padded (example 0 none), as the Flax models
-    lengths = np.maximum(s - (np.arange(b) * s) // 4, 1)
-    mask = jnp.asarray((np.arange(s)[None, :] < lengths[:, None]).astype(np.int32))
+    ids = token_ids(rng, (b, s), cfg["vocab"])
+    mask = padding_mask(b, s).astype(jnp.int32)   # Transformers takes an int mask
 
     def fn(params, ids, mask):
         return model(ids, attention_mask=mask, params=params, train=False).last_hidden_state
