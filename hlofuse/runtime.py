@@ -449,7 +449,8 @@ class Program:
         return bool(self.jaxpr(sig).effects)
 
     def traced_fun(self, *xs):
-        """Evaluate the traced jaxpr (no second trace of the user's Python)."""
+        """The traced jaxpr on ``xs`` (:func:`run_jaxpr`: copied into a jit trace, else
+        evaluated; the user's Python is not traced again)."""
         return run_jaxpr(self.jaxpr(signature_of([jax.typeof(x) for x in xs])), xs)
 
     def out_avals(self, avals: Sequence) -> list:
