@@ -33,7 +33,8 @@ from hlofuse.kernels.reduction import pattern_name
 from hlofuse.kernels.tiling import row_blocks, tiled_row_blocks
 from hlofuse.passes.fusion.anchored import Grown, fuse_anchored
 from hlofuse.passes.fusion.commit import LeftToXla
-from hlofuse.kernels.support import ClassError, View, extend_classes, is_column_reduce, view_classes
+from hlofuse.kernels.support import (SCALAR, ClassError, View, extend_classes, is_column_reduce,
+                                     view_classes)
 from hlofuse.passes.fusion.predicates import reduction_anchor, reduction_member
 from hlofuse.passes.fusion.regions import grow_region, rematerialize
 
@@ -88,9 +89,14 @@ def grow(graph, anchor, tried: set, target: Target, column_reductions: bool = Tr
         if any(is_column_reduce(p) for p in graph.producers(c) if p in members):
             return "reads a column reduction (complete only after the last row block)"
         try:
-            state["pending"][c] = extend_classes(state["classes"], c, view)
+            classes = extend_classes(state["classes"], c, view)
         except ClassError as e:
             return f"leaves the row view: {e}"
+        if c.name != "stablehlo.constant" and any(classes.get(r) == SCALAR for r in c.results):
+            # a kernel stores only rows, per-row values and column partials: a scalar read
+            # outside would be an output it cannot write (a loss's count, a mean's divisor)
+            return "scalar arithmetic stays with XLA (the region reads its result as an input)"
+        state["pending"][c] = classes
         return None
 
     def on_admit(c):

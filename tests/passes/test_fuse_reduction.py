@@ -118,6 +118,23 @@ def test_multi_consumer_producer_is_output_or_recomputed():
     assert_same(f(X, X), jax.jit(fn)(X, X), "reassociate")
 
 
+def test_scalar_arithmetic_stays_outside_the_region():
+    # a scalar computed beside the rows and also returned (a loss's count, a mean's divisor:
+    # Keras' masked cross-entropy) is no output a row kernel can write: the region reads it
+    def fn(x, n):
+        c = n.astype(jnp.float32) * 2.0
+        return jax.nn.softmax(x * c, axis=-1), c > 3.0
+    n = np.int32(3)
+    f = hlofuse.jit(fn, target="cpu", pipeline=PIPE)
+    rep = f.report(X, n)
+    (k,) = kernels(rep, "reduction")
+    assert k.extra["pattern"] == "softmax"
+    assert "convert" not in k.ops and "compare" not in k.ops, k.ops
+    assert "scalar arithmetic stays with XLA" in str(k.extra["refused"]), k.extra["refused"]
+    assert not [r for r in rep.regions if "build failed" in (r.reason or "")], rep
+    assert_same(f(X, n), jax.jit(fn)(X, n), "reassociate")
+
+
 def test_cycle_is_refused():
     def fn(x):
         s = x.sum(-1, keepdims=True)
