@@ -1,5 +1,5 @@
 """A model zoo built with public JAX model libraries (Flax NNX and Linen, Equinox, Haiku,
-Transformers' Flax classes).
+Transformers' Flax classes, Keras 3 on its JAX backend).
 
 Every model is written the way the library's users write it (its layers, its init, its
 state handling), with random weights from a config: nothing is downloaded. A model is a pure
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 from typing import Callable
 
 __all__ = ["ZooModel", "MODELS", "LIBRARIES", "names", "get", "missing_libraries", "instantiate",
@@ -28,7 +29,7 @@ __all__ = ["ZooModel", "MODELS", "LIBRARIES", "names", "get", "missing_libraries
 
 #: import name -> the distribution that provides it (what ``.[zoo]`` installs)
 LIBRARIES = {"flax": "flax", "equinox": "equinox", "haiku": "dm-haiku", "optax": "optax",
-             "transformers": "transformers"}
+             "transformers": "transformers", "keras": "keras"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +39,7 @@ class ZooModel:
     Attributes:
       name: identifier on the command line and in tables.
       library: the library it is written with ('flax.nnx', 'flax.linen', 'equinox', 'haiku',
-        'transformers').
+        'transformers', 'keras').
       kind: 'encoder', 'decoder', 'vit', 'convnet' or 'mlp'.
       mode: 'inference' or 'train' (a training step: value_and_grad + an optax update).
       builder: ``'module:function'`` in this package; called as ``function(cfg, seed)`` it
@@ -77,6 +78,7 @@ def _m(name, library, kind, mode, builder, small, real, description, category, r
 
 _NNX, _LINEN, _EQX, _HK = ("flax", "optax"), ("flax", "optax"), ("equinox", "optax"), ("haiku",)
 _HF = ("transformers", "flax")
+_KERAS = ("keras",)
 
 MODELS: dict[str, ZooModel] = {m.name: m for m in [
     # ---------------------------------------------------------------- Flax NNX
@@ -174,6 +176,22 @@ MODELS: dict[str, ZooModel] = {m.name: m for m in [
        dict(layers=2, d=768, heads=12, ff=3072, seq=128, batch=2, vocab=30522),
        "Transformers FlaxBertModel (BertConfig, exact GELU, head mask einsum, padding mask), "
        "2 of 12 layers, B=2 S=128", "reassociate", _HF),
+    # ---------------------------------------------------------------- Keras 3 (JAX backend)
+    _m("keras_mobilenet", "keras", "convnet", "inference", "keras_zoo:keras_mobilenet",
+       dict(image=32, alpha=0.35, classes=10, batch=2),
+       dict(image=224, alpha=1.0, classes=1000, batch=1),
+       "keras.applications.MobileNetV2 (depthwise-separable convs, BatchNorm, ReLU6), NHWC "
+       "224x224, B=1", "reassociate", _KERAS),
+    _m("keras_bert", "keras", "encoder", "inference", "keras_zoo:keras_bert",
+       dict(layers=1, d=32, heads=4, ff=64, seq=8, batch=2, vocab=50),
+       dict(layers=2, d=768, heads=12, ff=3072, seq=128, batch=2, vocab=30522),
+       "BERT-style encoder of keras.layers.MultiHeadAttention (EinsumDense projections, padding "
+       "mask), LayerNormalization, exact GELU, 2 layers d=768, B=2 S=128", "reassociate", _KERAS),
+    _m("keras_cnn_train", "keras", "convnet", "train", "keras_zoo:keras_cnn_train",
+       dict(widths=(8, 16), image=8, batch=4, classes=10),
+       dict(widths=(32, 64, 128), image=32, batch=32, classes=10),
+       "CNN training step (Conv2D, BatchNormalization batch stats, residual adds, "
+       "SparseCategoricalCrossentropy, Adam via stateless_apply), 32x32, B=32", "grad", _KERAS),
 ]}
 
 
@@ -193,6 +211,8 @@ def missing_libraries(models=None) -> list[str]:
     need = sorted({lib for m in (models or MODELS.values()) for lib in m.requires})
     out = []
     for lib in need:
+        if lib == "keras":     # Keras 3 picks its backend at import (default TensorFlow)
+            os.environ.setdefault("KERAS_BACKEND", "jax")
         try:
             importlib.import_module(lib)
         except ImportError:

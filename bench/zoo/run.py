@@ -283,11 +283,9 @@ def main(args) -> int:
                        else f"{dev.platform}: {dev.device_kind}"),
             "size": size, "rounds": cfg.rounds, "cache_dir": os.environ["HLOFUSE_CACHE_DIR"],
             "ceiling": CEILING}
-    for lib in ("flax", "equinox", "haiku", "optax"):
-        try:
-            meta["versions"][lib] = __import__(lib).__version__
-        except Exception:  # noqa: BLE001
-            pass
+    for lib in zoo.LIBRARIES:       # the selected models' libraries (missing_libraries imported them)
+        if lib in sys.modules:
+            meta["versions"][lib] = getattr(sys.modules[lib], "__version__", "?")
     results = []
     prog = Progress(len(names))
     t0 = time.perf_counter()
