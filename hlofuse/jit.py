@@ -118,6 +118,18 @@ class _Frozen:
         return isinstance(other, _Frozen) and self._key == other._key
 
 
+def _is_key(dtype) -> bool:
+    return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+
+
+def _key_impls(xs) -> tuple:
+    """Each value's PRNG key implementation (``jax.random.key`` arrays: an extended dtype,
+    which StableHLO carries as uint32 key data), or None; ``()`` when none is a key."""
+    impls = tuple(jax.random.key_impl(x) if _is_key(getattr(x, "dtype", None)) else None
+                  for x in xs)
+    return impls if any(i is not None for i in impls) else ()
+
+
 def _static_key(leaf):
     """Cache key of a static leaf: by value when hashable (like jax.jit), else by identity."""
     if isinstance(leaf, _Frozen):
@@ -356,23 +368,26 @@ class HlofuseFunction:
         static = tuple(_static_key(x) for x, d in zip(leaves, dyn) if not d)
         donated = self._donated_leaves(args, kwargs, dyn)
         shardings = self._leaf_shardings(args, kwargs, dyn)
-        key = (in_tree, tuple(dyn), static, donated, shardings)
+        xs = [x for x, d in zip(leaves, dyn) if d]
+        key_impls = _key_impls(xs)
+        key = (in_tree, tuple(dyn), static, donated, shardings, key_impls)
         program = self._programs.get(key)
         if program is None:
             with self._lock:
                 program = self._programs.get(key)
                 if program is None:
-                    program = self._make_program(leaves, in_tree, dyn, donated)
+                    program = self._make_program(leaves, in_tree, dyn, donated, key_impls)
                     program.shardings = shardings
                     self._programs[key] = program
-        xs = [x for x, d in zip(leaves, dyn) if d]
+        if key_impls:   # typed PRNG keys cross hlofuse's module as their uint32 key data
+            xs = [jax.random.key_data(x) if i else x for x, i in zip(xs, key_impls)]
         sig = signature_of([jax.typeof(x) for x in xs])
         if _plain:  # a tiered first call, or a signature decided to run XLA's own module
             # a new signature traced here from the fast path (its jit object is the plain one
             # when every signature so far was decided so): the call then finds it untuned
             self._fast = False
             out = program.traced_fun(*xs)   # traces the function first when it is new
-            return tree_util.tree_unflatten(program.out_trees[sig], out)
+            return program.unflatten_out(sig, out)
         if self._mode() != "off":
             self._fast = False  # a new signature: the next concrete call decides its options
         concrete = getattr(_CALL, "args", None)
@@ -391,7 +406,7 @@ class HlofuseFunction:
                 isinstance(x, jcore.Tracer) for x in tree_util.tree_leaves(concrete)):
             xs = _on_inner_mesh(program, xs)   # a top-level call with uncommitted inputs
         out = call(program.with_xla(_xla), xs)
-        return tree_util.tree_unflatten(program.out_trees[sig], out)
+        return program.unflatten_out(sig, out)
 
     def _should_tier(self, program: Program, sig, concrete) -> bool:
         """Whether this trace (of a top-level call) should run XLA's code now and build
@@ -462,18 +477,29 @@ class HlofuseFunction:
         dyn_index = [j for j, d in enumerate(dyn) if d]
         return tuple(k for k, j in enumerate(dyn_index) if j < len(flags) and flags[j])
 
-    def _make_program(self, leaves, in_tree, dyn, donated) -> Program:
+    def _make_program(self, leaves, in_tree, dyn, donated, key_impls=()) -> Program:
+        """The :class:`Program` of the user's function over the dynamic leaves. Typed PRNG key
+        leaves (``key_impls``: each dynamic leaf's key implementation or None; empty when
+        there are none) come in as their key data and are wrapped again for the function;
+        key outputs leave as key data (``Program.unflatten_out`` wraps them)."""
         consts = [None if d else (x.value if isinstance(x, _Frozen) else x)
                   for x, d in zip(leaves, dyn)]
         fun = self._fun
         out_trees: dict = {}
 
         def flat_fun(*xs):
+            sig = signature_of([jax.typeof(x) for x in xs])
+            if key_impls:
+                xs = [jax.random.wrap_key_data(x, impl=i) if i else x
+                      for x, i in zip(xs, key_impls)]
             it = iter(xs)
             full = [next(it) if d else c for c, d in zip(consts, dyn)]
             args, kwargs = tree_util.tree_unflatten(in_tree, full)
             flat, tree = tree_util.tree_flatten(fun(*args, **kwargs))
-            out_trees[signature_of([jax.typeof(x) for x in xs])] = tree
+            out_impls = _key_impls(flat)
+            if out_impls:
+                flat = [jax.random.key_data(x) if i else x for x, i in zip(flat, out_impls)]
+            out_trees[sig] = (tree, out_impls)
             return tuple(flat)
 
         program = Program(flat_fun, self._opts, name=self._name, donated=donated)

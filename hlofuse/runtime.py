@@ -409,7 +409,9 @@ class Program:
         self.name = name
         self.linear = tuple(linear)
         self.donated = tuple(donated)
-        self.out_trees: dict = {}       # signature -> output pytree (set by hlofuse.jit)
+        # signature -> (output pytree, each output's PRNG key impl or () if none is a key);
+        # set by hlofuse.jit's traced function
+        self.out_trees: dict = {}
         self._jaxprs: dict[Signature, jcore.ClosedJaxpr] = {}
         self._entries: dict[tuple, Entry] = {}
         self.derived: dict[tuple, Program] = {}
@@ -431,6 +433,14 @@ class Program:
 
     def __repr__(self):
         return f"<hlofuse program {self.name}>"
+
+    def unflatten_out(self, sig: Signature, flat) -> object:
+        """The user's output pytree from the program's flat outputs for ``sig`` (key data of
+        typed PRNG key outputs wrapped again)."""
+        tree, impls = self.out_trees[sig]
+        if impls:
+            flat = [jax.random.wrap_key_data(x, impl=i) if i else x for x, i in zip(flat, impls)]
+        return jax.tree_util.tree_unflatten(tree, flat)
 
     # -- tracing -----------------------------------------------------------------------------
     def jaxpr(self, sig: Signature) -> jcore.ClosedJaxpr:
