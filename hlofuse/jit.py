@@ -46,8 +46,8 @@ from hlofuse.passes import graph_util as gu
 from hlofuse.passes.buffer_aliasing import memory_plan
 from hlofuse.report import HlofuseWarning, Report
 from hlofuse.target import Target
-from hlofuse.runtime import (Options, Program, call, context_movable, find_calls,
-                              signature_of)
+from hlofuse.runtime import (TRACED_NOTE, Options, Program, call, context_movable,
+                              find_calls, signature_of)
 from hlofuse.tools import autotune as at
 from hlofuse.tools import module_cache
 
@@ -921,10 +921,7 @@ class HlofuseFunction:
                 report_decision(entry.report, st.decision, st.cached)
         else:
             report = Report(target=(self._target or Target.of(None)).kind, source=self._name)
-            report.note("left to XLA whole: the function has side effects (Python host "
-                        "callbacks such as jax.debug.print, pure_callback or io_callback), "
-                        "which jax.export cannot serialize, so hlofuse runs it as traced with "
-                        "plain XLA")
+            report.note(TRACED_NOTE)
         return Lowered(self, lowered, entry, len(args), report)
 
     def trace(self, *args, **kwargs):

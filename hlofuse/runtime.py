@@ -29,7 +29,7 @@ Because every rule only derives new programs, everything composes: ``jit``, ``gr
 ``jax.checkpoint`` and ``shard_map`` bodies, at any nesting depth, and each derived program is
 fused too. Functions with side effects (host callbacks: ``jax.debug.print``,
 ``pure_callback``, ``io_callback``) cannot go through ``jax.export``; they are inlined as traced
-and run with plain XLA (:meth:`Program.has_effects`; the report says so).
+and run with plain XLA (:meth:`Program.runs_as_traced`; the report says so).
 
 Building an entry is serialized per program by a lock, so concurrent first calls compile once.
 """
@@ -72,6 +72,21 @@ from hlofuse.verify import rollback, unoptimized, verify_regions
 
 Signature = tuple  # tuple of (shape, dtype, weak_type) per flat input
 
+
+
+#: what the report says of a function that runs as traced (:meth:`Program.runs_as_traced`)
+TRACED_NOTE = ("left to XLA whole: the function calls back into Python on the host "
+               "(jax.debug.print, pure_callback or io_callback), which jax.export cannot "
+               "serialize, so hlofuse runs it as traced with plain XLA")
+#: primitives that call back into Python on the host (jax.export cannot serialize them)
+HOST_CALLBACKS = frozenset({"pure_callback", "io_callback", "debug_callback"})
+
+
+def _has_host_callback(jaxpr) -> bool:
+    """Whether ``jaxpr`` or any jaxpr nested in its equations (scan, cond, pjit, custom_vjp
+    bodies) calls a :data:`HOST_CALLBACKS` primitive."""
+    return any(e.primitive.name in HOST_CALLBACKS for e in jaxpr.eqns) or any(
+        _has_host_callback(sub) for sub in jcore.subjaxprs(jaxpr))
 
 
 def signature_of(avals: Sequence) -> Signature:
@@ -413,6 +428,7 @@ class Program:
         # set by hlofuse.jit's traced function
         self.out_trees: dict = {}
         self._jaxprs: dict[Signature, jcore.ClosedJaxpr] = {}
+        self._as_traced: dict[Signature, bool] = {}
         self._entries: dict[tuple, Entry] = {}
         self.derived: dict[tuple, Program] = {}
         self._lock = threading.RLock()
@@ -455,8 +471,16 @@ class Program:
                     self._jaxprs[sig] = j
         return j
 
-    def has_effects(self, sig: Signature) -> bool:
-        return bool(self.jaxpr(sig).effects)
+    def runs_as_traced(self, sig: Signature) -> bool:
+        """Whether the function cannot go through ``jax.export``: side effects, or a host
+        callback anywhere in it (``pure_callback`` has no effect, yet export cannot serialize
+        it either). Such a function runs as traced, with plain XLA."""
+        traced = self._as_traced.get(sig)
+        if traced is None:
+            closed = self.jaxpr(sig)
+            traced = self._as_traced[sig] = (bool(closed.effects)
+                                             or _has_host_callback(closed.jaxpr))
+        return traced
 
     def traced_fun(self, *xs):
         """The traced jaxpr on ``xs`` (:func:`run_jaxpr`: copied into a jit trace, else
@@ -514,10 +538,10 @@ class Program:
 
     def is_built(self, sig: Signature, target: Target) -> bool:
         """Whether :meth:`entry` is cheap now (no export, no passes): built in this process,
-        left to plain XLA (side effects), or a traced entry of the module cache (a second
+        left to plain XLA (side effects, host callbacks), or a traced entry of the module cache (a second
         process). ``hlofuse.jit``'s tiered first call asks this."""
         key = (sig, target)
-        if key in self._entries or self.has_effects(sig):
+        if key in self._entries or self.runs_as_traced(sig):
             return True
         try:
             with _isolated():   # the context :meth:`entry` builds in (part of the key)
@@ -531,7 +555,7 @@ class Program:
         return list(self._entries.values())
 
     def _build(self, sig: Signature, target: Target, spmd_devices: int = 1) -> Entry:
-        if self.has_effects(sig):
+        if self.runs_as_traced(sig):
             return self.plain_entry(sig, target)
         fun = _named(functools.partial(_call_jaxpr, self.jaxpr(sig)), self.name)
         exp, opt = export_optimized(fun, sig, self.opts, name=self.name, donated=self.donated,
@@ -540,16 +564,14 @@ class Program:
         return Entry(exp, opt, tuple(exp.out_avals), tuple(sds(sig)), target)
 
     def plain_entry(self, sig: Signature, target: Target) -> Entry:
-        """Functions with side effects (Python host callbacks: jax.debug.print, pure_callback,
+        """Functions with side effects or host callbacks (jax.debug.print, pure_callback,
         io_callback) cannot go through jax.export (it cannot serialize them): they run as
-        traced, with plain XLA, and the report says so."""
+        traced, with plain XLA, and the report says so (:data:`TRACED_NOTE`)."""
         lowered = jax.jit(functools.partial(_call_jaxpr, self.jaxpr(sig))).trace(
             *sds(sig)).lower(lowering_platforms=(target.platform,))
         module = hir.parse(lowered.as_text(debug_info=True), source=self.name)
         report = Report(target=target.kind, source=self.name)
-        report.note("left to XLA whole: the function has side effects (Python host callbacks "
-                    "such as jax.debug.print, pure_callback or io_callback), which jax.export "
-                    "cannot serialize, so hlofuse runs it as traced with plain XLA")
+        report.note(TRACED_NOTE)
         return Entry(None, Optimized(module, report), tuple(self.jaxpr(sig).out_avals),
                      tuple(sds(sig)), target)
 
@@ -760,14 +782,15 @@ def _tangent_dtype(dtype):
 
 
 def call(program: Program, xs: Sequence) -> tuple:
-    """``program(*xs)``: through the primitive, or inlined as traced when it has effects.
+    """``program(*xs)``: through the primitive, or inlined as traced when it has effects or
+    host callbacks (:meth:`Program.runs_as_traced`).
 
     A function that closes over tracers of an enclosing transformation (``hlofuse.jit``
     created inside a ``jax.grad``/``jax.jit``-traced function) gets them as explicit inputs
     of a lifted program, like ``jax.jit`` lifts closed-over tracers."""
     sig = signature_of([jax.typeof(x) for x in xs])
     closed = program.jaxpr(sig)
-    if program.has_effects(sig):
+    if program.runs_as_traced(sig):
         return run_jaxpr(closed, xs)
     tracers = [c for c in closed.consts if isinstance(c, jcore.Tracer)]
     if tracers:

@@ -126,7 +126,32 @@ def test_host_callbacks_run_with_plain_jit_and_say_so(capfd):
     x = np.ones(4, np.float32)
     assert_same(hf(x), f(x))
     assert "first=1" in capfd.readouterr().out
-    assert any("host callbacks" in n for n in hf.report(x).notes)
+    assert any("calls back into Python on the host" in n for n in hf.report(x).notes)
+
+
+@pytest.mark.parametrize("where", ["top", "scan"])
+@pytest.mark.parametrize("tiered", [False, True])
+def test_pure_callbacks_run_with_plain_jit_and_say_so(where, tiered):
+    # pure_callback has no side effect, yet jax.export cannot serialize it: the function runs
+    # as traced (its softmax with XLA) under every call path, anywhere it calls back
+    def host(a):
+        return np.asarray(a) * 2
+
+    def cb(x):
+        return jax.pure_callback(host, jax.ShapeDtypeStruct(x.shape, x.dtype), x,
+                                 vmap_method="sequential")
+
+    def f(x):
+        y = cb(x) if where == "top" else jax.lax.scan(lambda c, r: (c, cb(r)), 0.0, x)[1]
+        return jax.nn.softmax(y, axis=-1)
+    x = np.random.default_rng(0).standard_normal((8, 16)).astype(np.float32)
+    hf = hlofuse.jit(f, autotune=False, tiered=tiered)
+    want = jax.jit(f)(x)
+    for _ in range(3):
+        assert_same(hf(x), want, "exact")
+    assert any("calls back into Python on the host" in n for n in hf.report(x).notes)
+    xs = np.stack([x, -x])
+    assert_same(jax.vmap(hf)(xs), jax.vmap(f)(xs), "exact")
 
 
 def test_custom_call_program_runs_and_report_says_why():
