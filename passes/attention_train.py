@@ -621,7 +621,6 @@ def add_lse(att, module):
         f32 = ir.F32Type.get()
         t = ir.RankedTensorType.get(shape, f32)
         t1 = ir.RankedTensorType.get(shape + [1], f32)
-        t2 = ir.RankedTensorType.get(shape + [2], f32)
         anchor = r_sum if att.members.index(r_sum) > att.members.index(r_max) else r_max
         new = []
         with ir.InsertionPoint.after(anchor):

@@ -1025,7 +1025,7 @@ def _move_row_multipliers(block) -> int:
 
 def _rewrite_row_multiplier(dot, pi, mul, mi, bc, pc, pb, pf) -> bool:
     src = bc.operands[0]
-    s_shape, p_shape = shape_of(src), shape_of(mul.results[0])
+    s_shape = shape_of(src)
     bd = _i64s(bc, "broadcast_dimensions")
     if len(pc) != 1 or any(n != 1 and bd[i] == pc[0] for i, n in enumerate(s_shape)):
         return False                      # m varies along the key: not a row multiplier
