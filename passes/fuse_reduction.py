@@ -64,6 +64,37 @@ def _working_set(view: View, members: list, target: Target) -> tuple[int, int]:
     return 0, b.grid[0]
 
 
+SCALAR_OUTSIDE = ("scalar read outside the region: XLA computes it (a kernel writes rows, per-row "
+                  "values and column partials; the region reads the scalar as an input)")
+
+
+def _without_scalar_outputs(graph, members: list, classes: dict, refused: dict) -> list:
+    """``members`` without the scalar ops whose results are read outside the region (a loss's
+    count, a mean's divisor: outputs no kernel writes) and the scalar members they read; the
+    region reads those results as inputs. Scalar ops read only inside (``negate`` of a splat
+    constant) stay. Unchanged when a scalar op to remove reads a value of the remaining
+    region (then the region could not take it as an input without a cycle)."""
+    inside = set(members)
+
+    def scalar(op):
+        return op.name != "stablehlo.constant" and any(classes.get(r) == SCALAR for r in op.results)
+    def read_outside(op):        # by an op outside the region, the block's return included
+        return any(hir.as_op(u.owner) not in inside for r in op.results for u in r.uses)
+    out = {m for m in members if scalar(m) and read_outside(m)}
+    todo = list(out)
+    while todo:
+        for p in graph.producers(todo.pop()):
+            if p in inside and p not in out and scalar(p):
+                out.add(p)
+                todo.append(p)
+    if not out or any(p in inside and p not in out for m in out for p in graph.producers(m)
+                      if p.name != "stablehlo.constant"):
+        return members
+    for m in out:
+        refused[m] = SCALAR_OUTSIDE
+    return [m for m in members if m not in out]
+
+
 def grow(graph, anchor, tried: set, target: Target, column_reductions: bool = True,
          cols_off: set | None = None):
     """The reduction region around ``anchor`` (see the module docstring), or why none.
@@ -92,10 +123,6 @@ def grow(graph, anchor, tried: set, target: Target, column_reductions: bool = Tr
             classes = extend_classes(state["classes"], c, view)
         except ClassError as e:
             return f"leaves the row view: {e}"
-        if c.name != "stablehlo.constant" and any(classes.get(r) == SCALAR for r in c.results):
-            # a kernel stores only rows, per-row values and column partials: a scalar read
-            # outside would be an output it cannot write (a loss's count, a mean's divisor)
-            return "scalar arithmetic stays with XLA (the region reads its result as an input)"
         state["pending"][c] = classes
         return None
 
@@ -103,6 +130,7 @@ def grow(graph, anchor, tried: set, target: Target, column_reductions: bool = Tr
         state["classes"] = state["pending"].pop(c)
 
     members, refused = grow_region(graph, anchor, admit, on_admit=on_admit)
+    members = _without_scalar_outputs(graph, members, state["classes"], refused)
     compute = [m for m in members if rule_for(m.name).cls in (OpClass.ELEMENTWISE, OpClass.REDUCTION)]
     tried.update(m for m in members if m.name == "stablehlo.reduce")
     if len(compute) < 2:
@@ -115,9 +143,12 @@ def grow(graph, anchor, tried: set, target: Target, column_reductions: bool = Tr
         cost.working_set_bytes = ws
         return cost_model.decide(KIND, cost, target, grid_steps=steps if target.is_cpu else 1)
 
+    why = {}                       # the first reason per op name (one per constant is noise)
+    for n, r in refused.items():
+        why.setdefault(n.name, r)
     return Grown(members, decision_for, dict(
         pattern=pattern_name(members), view=f"{view.rows}x{view.cols}", tolerance="reassociate",
-        remat=remat, refused={n.name: r for n, r in list(refused.items())[:4]}))
+        remat=remat, refused=dict(list(why.items())[:4])))
 
 
 @register_pass
