@@ -118,6 +118,13 @@ class _Frozen:
         return isinstance(other, _Frozen) and self._key == other._key
 
 
+def _top_level() -> bool:
+    """Whether this call is outside every JAX transformation (jit tracing, grad, vmap, ...):
+    its arguments cannot be tracers then. The current trace, not a scan of the arguments for
+    tracers (15 us per call for GPT-2's 36 parameter leaves: 4% of a 0.35 ms decode step)."""
+    return isinstance(jcore.trace_ctx.trace, jcore.EvalTrace)
+
+
 def _is_key(dtype) -> bool:
     return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
 
@@ -517,8 +524,7 @@ class HlofuseFunction:
                 fn = self._fast_fn
                 # a decided variant is for top-level calls: under a transformation (tracers)
                 # hlofuse's program runs, as in _tuned_call (and options can't nest)
-                if fn is None or any(isinstance(x, jcore.Tracer)
-                                     for x in tree_util.tree_leaves((args, kwargs))):
+                if fn is None or not _top_level():
                     fn = self._jit
                 out = fn(*args, **kwargs)
                 if not self._fast:  # this call traced a new signature: its first call for tuning
@@ -696,8 +702,9 @@ class HlofuseFunction:
 
     def _call_key(self, args, kwargs):
         """What selects an executable: static arguments by value, dynamic leaves by type,
-        shape and dtype. None when an argument is a tracer or a static one is unhashable."""
-        if any(isinstance(x, jcore.Tracer) for x in tree_util.tree_leaves((args, kwargs))):
+        shape and dtype. None under a transformation (tracers) or when a static one is
+        unhashable."""
+        if not _top_level():
             return None
         statics = self._static_positions(len(args))
         parts = []

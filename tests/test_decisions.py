@@ -406,6 +406,27 @@ def test_decide_module_rule():
     assert at.decide_module(short, "default", "r", 1.0) == ("default", "r")
 
 
+def test_the_fast_path_under_a_transformation_runs_hlofuse_program(cache_dir, monkeypatch):
+    """A signature decided to run XLA's own module takes the fast path at top level; under
+    grad, vmap and an outer jit (told by the current trace, not by scanning the arguments for
+    tracers) the call is hlofuse's program, with jax's numbers."""
+    _fake_clock(monkeypatch, kernel_s=1.0e-3, xla_s=1.5e-3, xla_module_s=0.5e-3)
+    x, g, b = _args()
+    f = hlofuse.jit(_ln, autotune="on")
+    f(x, g, b)
+    f(x, g, b)
+    assert f.autotune_decision(x, g, b).xla_module
+    f(x, g, b)
+    assert f._fast and f._fast_fn is not None           # top level: XLA's own module
+    loss = lambda x_: (f(x_, g, b) ** 2).sum()          # noqa: E731
+    for jaxpr in (jax.make_jaxpr(jax.grad(loss))(x),
+                  jax.make_jaxpr(jax.vmap(lambda r: f(r[None], g, b)))(x[:4]),
+                  jax.make_jaxpr(lambda x_: f(x_, g, b) * 2)(x)):
+        assert "hlofuse_call" in str(jaxpr)
+    assert_same(jax.grad(loss)(x), jax.grad(lambda x_: (_ln(x_, g, b) ** 2).sum())(x),
+                category="reassociate")
+
+
 def test_decided_calls_take_the_fast_path_and_a_new_signature_is_still_tuned(cache_dir,
                                                                             monkeypatch):
     """Calls of signatures that all run XLA's own module skip the per-call signature key
