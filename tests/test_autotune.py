@@ -500,14 +500,17 @@ class _Footprint:
 
 
 def test_a_variant_with_large_temporaries_is_timed_on_its_own():
-    progs = {"{}": _Footprint("d", 10, 10), "{'opt': '1'}": _Footprint("l", 10, 10),
+    # "light" is 1 ms slower than the default: it wins no round unless the default is the
+    # one disturbed (with equal times each round was a coin flip, and 4 wins of 5 made it
+    # eligible in 19% of runs: a flaky test, seen in CI)
+    progs = {"{}": _Footprint("d", 10, 10), "{'opt': '1'}": _Footprint("l", 10, 11),
              "{'opt': '2'}": _Footprint("h", 1024, 20)}
     make = at.factory(lambda opts: progs[str(dict(opts))])
     variants = {"default": {}, "heavy": {"opt": "2"}, "light": {"opt": "1"}}
     m = at.measure(make, (), variants, budget_s=30.0, default_s=0.05, rounds=5)
     assert m.rounds == 5 and sorted(m.ratios) == ["default", "heavy", "light"], m
     # in shared rounds the program after "heavy" paid 10 ms; here neither is disturbed
-    assert m.ratios["light"] == pytest.approx(1.0, abs=0.2), m.ratios
+    assert m.ratios["light"] == pytest.approx(1.1, abs=0.2), m.ratios
     assert m.ratios["heavy"] == pytest.approx(2.0, abs=0.4), m.ratios
     assert "light" not in m.eligible
 
