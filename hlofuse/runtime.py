@@ -538,8 +538,8 @@ class Program:
 
     def is_built(self, sig: Signature, target: Target) -> bool:
         """Whether :meth:`entry` is cheap now (no export, no passes): built in this process,
-        left to plain XLA (side effects, host callbacks), or a traced entry of the module cache (a second
-        process). ``hlofuse.jit``'s tiered first call asks this."""
+        left to plain XLA (side effects, host callbacks), or a traced entry of the module
+        cache (a second process). ``hlofuse.jit``'s tiered first call asks this."""
         key = (sig, target)
         if key in self._entries or self.runs_as_traced(sig):
             return True

@@ -10,7 +10,9 @@ row block and the partials are combined after it; by default on gpu/tpu only, op
 squares and mean/variance are found this way *structurally* — whatever order, helper ops or
 keepdims style the user wrote them in — and the report labels them (``extra['pattern']``).
 A producer that also feeds ops outside the region is recomputed inside or materialized as an
-extra output, as :func:`~hlofuse.passes.fusion.cost.remat_choice` decides. The cost model
+extra output, as :func:`~hlofuse.passes.fusion.cost.remat_choice` decides. Scalar arithmetic
+whose result is also read outside (a loss's count, a mean's divisor) leaves the region, which
+reads it as an input: kernels write rows, per-row values and column partials, never a scalar. The cost model
 (:func:`~hlofuse.passes.fusion.cost.decide`) may leave a region to XLA: it is then still
 outlined (XLA inlines it) but marked ``hlofuse.xla`` so no later pass cuts it into pieces.
 
@@ -78,6 +80,7 @@ def _without_scalar_outputs(graph, members: list, classes: dict, refused: dict) 
 
     def scalar(op):
         return op.name != "stablehlo.constant" and any(classes.get(r) == SCALAR for r in op.results)
+
     def read_outside(op):        # by an op outside the region, the block's return included
         return any(hir.as_op(u.owner) not in inside for r in op.results for u in r.uses)
     out = {m for m in members if scalar(m) and read_outside(m)}
@@ -120,10 +123,9 @@ def grow(graph, anchor, tried: set, target: Target, column_reductions: bool = Tr
         if any(is_column_reduce(p) for p in graph.producers(c) if p in members):
             return "reads a column reduction (complete only after the last row block)"
         try:
-            classes = extend_classes(state["classes"], c, view)
+            state["pending"][c] = extend_classes(state["classes"], c, view)
         except ClassError as e:
             return f"leaves the row view: {e}"
-        state["pending"][c] = classes
         return None
 
     def on_admit(c):
