@@ -102,13 +102,7 @@ def _producer_weight(op):
         dn = shlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
         return 1, dn.kernel_output_feature_dimension, dn.output_feature_dimension
     if op.name == "stablehlo.dot_general":
-        dn = shlo.DotDimensionNumbers(op.attributes["dot_dimension_numbers"])
-        lhs_rank = len(gu.info(op.operands[0]).shape)
-        rhs_rank = len(gu.info(op.operands[1]).shape)
-        lb, lc = list(dn.lhs_batching_dimensions), list(dn.lhs_contracting_dimensions)
-        rb, rc = list(dn.rhs_batching_dimensions), list(dn.rhs_contracting_dimensions)
-        lhs_free = [d for d in range(lhs_rank) if d not in lb + lc]
-        rhs_free = [d for d in range(rhs_rank) if d not in rb + rc]
+        lb, _, _, _, lhs_free, rhs_free = gu.dot_parts(op)
         if len(rhs_free) != 1:
             return "weight has several output dimensions"  # would need a reshape
         out_dim = len(lb) + len(lhs_free)
