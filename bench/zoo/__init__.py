@@ -24,7 +24,8 @@ import importlib
 import os
 from typing import Callable
 
-__all__ = ["ZooModel", "MODELS", "LIBRARIES", "names", "get", "missing_libraries", "instantiate",
+__all__ = ["ZooModel", "MODELS", "LIBRARIES", "names", "get", "import_library",
+           "missing_libraries", "instantiate",
            "f32_reference", "bf16_parity", "BF16_PARITY"]
 
 #: import name -> the distribution that provides it (what ``.[zoo]`` installs)
@@ -206,15 +207,22 @@ def get(name: str) -> ZooModel:
         raise KeyError(f"unknown zoo model {name!r}; known: {', '.join(MODELS)}") from None
 
 
+def import_library(lib: str):
+    """Import a zoo library by its import name. Keras 3 picks its backend at its first import
+    (TensorFlow by default): the zoo's Keras models need JAX's, so it is set first unless the
+    environment names one."""
+    if lib == "keras":
+        os.environ.setdefault("KERAS_BACKEND", "jax")
+    return importlib.import_module(lib)
+
+
 def missing_libraries(models=None) -> list[str]:
     """Distributions the given models (default: all) need that cannot be imported here."""
     need = sorted({lib for m in (models or MODELS.values()) for lib in m.requires})
     out = []
     for lib in need:
-        if lib == "keras":     # Keras 3 picks its backend at import (default TensorFlow)
-            os.environ.setdefault("KERAS_BACKEND", "jax")
         try:
-            importlib.import_module(lib)
+            import_library(lib)
         except ImportError:
             out.append(LIBRARIES.get(lib, lib))
     return out

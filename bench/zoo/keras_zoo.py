@@ -5,26 +5,25 @@
 Keras models are stateful objects; JAX users call them functionally, as Keras' guide to
 custom JAX training loops writes it: ``model.stateless_call(trainable, non_trainable, x)``
 with the variables' values as arguments, and ``optimizer.stateless_apply`` for the update.
-The backend must be JAX: :func:`_keras` sets ``KERAS_BACKEND=jax`` before the first import
-and refuses a Keras already imported with another backend.
+The backend must be JAX: :func:`bench.zoo.import_library` sets ``KERAS_BACKEND=jax`` before
+the first import, and :func:`_keras` refuses a Keras already imported with another backend.
 """
 
 from __future__ import annotations
-
-import os
 
 import numpy as np
 
 import jax
 import jax.numpy as jnp
 
+from bench.zoo import import_library
 from bench.zoo.inputs import padding_mask, token_ids
 
 
 def _keras():
-    """``keras``, on the JAX backend, seeded (its initializers draw from a global seed)."""
-    os.environ.setdefault("KERAS_BACKEND", "jax")
-    import keras
+    """``keras`` on the JAX backend (:func:`bench.zoo.import_library`), or a clear error when
+    it was imported with another one."""
+    keras = import_library("keras")
     if keras.backend.backend() != "jax":
         raise RuntimeError(f"the Keras zoo models need KERAS_BACKEND=jax; Keras was imported "
                            f"with the {keras.backend.backend()!r} backend")

@@ -283,7 +283,8 @@ def main(args) -> int:
                        else f"{dev.platform}: {dev.device_kind}"),
             "size": size, "rounds": cfg.rounds, "cache_dir": os.environ["HLOFUSE_CACHE_DIR"],
             "ceiling": CEILING}
-    for lib in zoo.LIBRARIES:       # the selected models' libraries (missing_libraries imported them)
+    # the selected models' libraries (missing_libraries imported them)
+    for lib in zoo.LIBRARIES:
         if lib in sys.modules:
             meta["versions"][lib] = getattr(sys.modules[lib], "__version__", "?")
     results = []

@@ -1061,8 +1061,7 @@ def tune(make: Callable[[dict], Callable], args: Sequence, kwargs: dict | None,
                  regions=chosen)
     # not on disk: a module too small to tune, or a measurement other processes disturbed
     # (library choices flip with the cores actually free; a later process measures again)
-    small = (bool(m.skipped) and m.default_s < (MIN_CALL_S if min_call_s is None else min_call_s)
-             and not module_timed)
+    small = bool(m.skipped) and m.default_s < floor and not module_timed
     if key is not None:
         cache().put(key, d, persist=not (small or busy))
     if chosen:
