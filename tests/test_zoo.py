@@ -1,6 +1,7 @@
 """The model zoo (bench/zoo: Flax NNX and Linen, Equinox, Haiku, Transformers and Keras models) on
 its small configs: every model gives jax.jit's numbers under hlofuse.jit (hlofuse.testing
-tolerances), hlofuse found fusion regions in it and built every region it proposed, and ``python -m bench --zoo`` writes its table, JSON and chart.
+tolerances), hlofuse found fusion regions in it and built every region it proposed, and
+``python -m bench --zoo`` writes its table, JSON and chart.
 
 Needs the ``zoo`` extra (``pip install -e ".[zoo,test]"``); without it the module skips.
 ``.ci/run`` runs it in a venv of its own with the extra installed.
