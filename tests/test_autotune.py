@@ -1,7 +1,8 @@
 """hlofuse.tools.autotune: decision cache (memory + atomic file), keys, decisions, wiring into jit.
 
 No timing assertions: measurements are replaced by synthetic ones where a decision must be
-deterministic; the one real measurement only checks its structure.
+deterministic; the one real measurement only checks its structure (and quiesce's wait, against
+generous bounds).
 """
 
 import json
@@ -604,3 +605,31 @@ def test_an_option_that_changes_the_results_is_no_candidate(cache_dir):
     assert "same-results" in m.ratios and m.rounds >= at.MIN_ROUNDS, m
     d = at.tune(make, (x, w), None, variants, budget_s=30.0, default_s=0.05, min_call_s=0.0)
     assert d.variant != "changes-results" and "changes-results" in d.reason
+
+
+def test_quiesce_waits_for_work_left_running_in_the_process():
+    """A timed block's trailing work (another thread of this process still busy) is waited
+    out before the next measurement, within the bound; short calls wait for nothing."""
+    stop = time.perf_counter() + 0.4
+
+    def spin():
+        while time.perf_counter() < stop:
+            pass
+    t = threading.Thread(target=spin)
+    t.start()
+    try:
+        waited = at.quiesce(1.0)
+    finally:
+        t.join()
+    assert 0.1 <= waited <= at.QUIET_MAX_WAIT_S + 0.2, waited
+    assert at.quiesce(at.QUIET_MIN_CALL_S / 2) == 0.0
+    # bounded by the block's time: a process kept busy does not stall a measurement
+    stop = time.perf_counter() + 2.0
+    t = threading.Thread(target=spin)
+    t.start()
+    try:
+        waited = at.quiesce(0.1)
+    finally:
+        stop = 0.0
+        t.join()
+    assert waited <= 0.1 * at.QUIET_WAIT_SHARE + 0.1, waited

@@ -685,14 +685,57 @@ def _normalized_hlo(compiled) -> str:
     return text
 
 
+#: :func:`quiesce`: this process counts as idle once its threads used less than QUIET_SHARE of
+#: one core over a QUIET_WINDOW_S window (other threads' CPU time is accounted in 4 ms ticks
+#: here, so a window is 10 ms); the wait is at most QUIET_WAIT_SHARE of the timed block before
+#: it (and QUIET_MAX_WAIT_S), so a process kept busy by other threads slows a measurement by at
+#: most that share. Calls shorter than QUIET_MIN_CALL_S are not followed by a wait (a program
+#: that short frees little).
+QUIET_WINDOW_S = 0.01
+QUIET_SHARE = 0.2
+QUIET_WAIT_SHARE = 0.5
+QUIET_MAX_WAIT_S = 1.0
+QUIET_MIN_CALL_S = 0.02
+
+
+def quiesce(call_s: float, block_s: float | None = None) -> float:
+    """Wait (untimed) until the work a timed block of calls left running in this process is
+    done; returns the seconds waited. ``call_s``: one call's time; ``block_s``: the block's
+    (default ``call_s``), which bounds the wait.
+
+    A runtime frees a program's temporaries on a thread of its own after the outputs are
+    ready: after each jax.jit call of the bench's attention S=4096 (1 GiB of logits) one
+    thread spent 70-80 ms of system time unmapping them. Timed back to back, that ran during
+    the next call measured, on one of the 2 cores: hlofuse's program took 230 ms alone or
+    after a 0.2 s pause, 290-300 ms right after a jax.jit call. Waiting here charges that
+    tail to neither side (its cost stays out of the program that caused it too, which only
+    makes a program with large temporaries look a little faster than its steady state).
+    Every timed measurement (:func:`_time_once`, ``bench.runner.timed_calls``) ends with it."""
+    if call_s < QUIET_MIN_CALL_S:
+        return 0.0
+    block_s = call_s if block_s is None else block_s
+    t_start = time.perf_counter()
+    t_end = t_start + min(QUIET_MAX_WAIT_S, QUIET_WAIT_SHARE * block_s)
+    while True:
+        c0, t0 = time.process_time(), time.perf_counter()
+        time.sleep(QUIET_WINDOW_S)
+        wall = time.perf_counter() - t0
+        if time.process_time() - c0 <= QUIET_SHARE * wall or time.perf_counter() >= t_end:
+            return time.perf_counter() - t_start
+
+
 def _time_once(fn: Callable, args: Sequence, reps: int, kwargs: dict | None = None) -> float:
+    """Seconds per call of ``reps`` back-to-back calls (synchronized once at the end), then
+    :func:`quiesce` (untimed)."""
     kwargs = kwargs or {}
     t0 = time.perf_counter()
     out = None
     for _ in range(reps):
         out = fn(*args, **kwargs)
     jax.block_until_ready(out)
-    return (time.perf_counter() - t0) / reps
+    dt = time.perf_counter() - t0
+    quiesce(dt / reps, dt)
+    return dt / reps
 
 
 @dataclasses.dataclass
