@@ -18,7 +18,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 os.environ["HLOFUSE_MODULE_CACHE"] = "0"   # the cache does not key on the split
 os.environ.setdefault("HLOFUSE_AUTOTUNE", "0")
@@ -35,6 +34,7 @@ def main(argv=None) -> int:
     import hlofuse
     from hlofuse.kernels.attention import cpu as C
     from hlofuse.passes import kernelize
+    from bench.runner import timed_calls
     from bench.workloads import WORKLOADS
     for name in a.models.split(","):
         w = WORKLOADS[name]
@@ -53,9 +53,7 @@ def main(argv=None) -> int:
         t = {n: [] for n in fns}
         for r in range(a.rounds):
             for n in (list(fns) if r % 2 == 0 else list(reversed(list(fns)))):
-                t0 = time.perf_counter()
-                jax.block_until_ready(fns[n](*args))
-                t[n].append(time.perf_counter() - t0)
+                t[n].append(timed_calls(fns[n], args, 1))   # + an untimed quiesce
 
         def med(x, y):
             return statistics.median(p / q for p, q in zip(t[x], t[y]))

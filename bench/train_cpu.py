@@ -197,6 +197,7 @@ def measure_rss(name: str, which: str) -> dict:
 
 def measure_time(name: str, rounds: int, autotune: bool, bwd_blocks: tuple = ()) -> dict:
     import jax
+    from bench.runner import timed_calls
     args = [jax.tree.map(jax.numpy.asarray, a) for a in WORKLOADS[name][1]()]
     fns = functions(name, autotune, bwd_blocks)
     compile_s = {}
@@ -209,9 +210,7 @@ def measure_time(name: str, rounds: int, autotune: bool, bwd_blocks: tuple = ())
     order = list(fns)
     for r in range(rounds):
         for k in (order if r % 2 == 0 else order[::-1]):
-            t = time.perf_counter()
-            _block(fns[k](*args))
-            times[k].append(time.perf_counter() - t)
+            times[k].append(timed_calls(fns[k], args, 1))   # waits out the call's tail, untimed
     res = {"median_s": {k: statistics.median(v) for k, v in times.items()},
            "first_call_s": compile_s}
     res["ratio"] = {k: statistics.median(a / b for a, b in zip(times[k], times["jax"]))
