@@ -687,11 +687,11 @@ def _normalized_hlo(compiled) -> str:
 
 #: :func:`quiesce`: this process counts as idle once its threads used less than QUIET_SHARE of
 #: one core over a QUIET_WINDOW_S window (other threads' CPU time is accounted in 4 ms ticks
-#: here, so a window is 10 ms); the wait is at most QUIET_WAIT_SHARE of the timed block before
-#: it (and QUIET_MAX_WAIT_S), so a process kept busy by other threads slows a measurement by at
-#: most that share. Calls shorter than QUIET_MIN_CALL_S are not followed by a wait (a program
-#: that short frees little).
-QUIET_WINDOW_S = 0.01
+#: here, so a window spans at least one tick); the wait is at most QUIET_WAIT_SHARE of the
+#: timed block before it (and QUIET_MAX_WAIT_S), so a process kept busy by other threads slows
+#: a measurement by at most that share. Calls shorter than QUIET_MIN_CALL_S are not followed by
+#: a wait (a program that short frees little).
+QUIET_WINDOW_S = 0.005
 QUIET_SHARE = 0.2
 QUIET_WAIT_SHARE = 0.5
 QUIET_MAX_WAIT_S = 1.0
