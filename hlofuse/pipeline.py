@@ -299,6 +299,8 @@ PIPELINES: dict[str, list[tuple[str, str]]] = {
         ("fuse-attention", "outline QK^T-softmax-PV subgraphs for flash kernels before other fusions claim their ops"),
         ("dot-f32-accumulate", "cpu: bf16 dots with an f32 result (XLA:CPU's library bf16 matmul; a bf16 result is "
                                "upcast to an f32 matmul); after fuse-attention, so matmul regions hold the f32 dot"),
+        ("conv-winograd", "cpu: 3x3 stride-1 f32 convolutions as Winograd F(2x2,3x3) regions (2.25x fewer "
+                          "multiplies than XLA:CPU's direct convolution); before conv1x1-to-dot, which notes the rest"),
         ("conv1x1-to-dot", "1x1 NHWC convolutions are matmuls: their epilogue fuses as a dot's (cpu: XLA's library dot beats its library conv)"),
         ("fuse-matmul-epilogue", "dot_general + operand prologues + epilogue (bias, activations, residual) as one tiled kernel"),
         ("fuse-reduction", "row reductions with their producers and epilogue (softmax, layernorm, rmsnorm) kept on chip"),

@@ -15,6 +15,7 @@ from hlofuse.kernels.attention import backward as attention_backward
 from hlofuse.kernels import reduction as reduction
 from hlofuse.kernels import matmul_epilogue as matmul_epilogue
 from hlofuse.kernels import horizontal as horizontal
+from hlofuse.kernels import conv_winograd as conv_winograd
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,4 +42,7 @@ FAMILIES: dict[str, Family] = {
                               matmul_epilogue.matmul_epilogue_reference),
     "horizontal": Family(horizontal.spec_from_func, horizontal.build_horizontal,
                          horizontal.horizontal_reference),
+    # cpu: a 3x3 convolution by Winograd F(2x2, 3x3) (conv-winograd)
+    "conv_winograd": Family(conv_winograd.spec_from_func, conv_winograd.build_conv_winograd,
+                            conv_winograd.conv_winograd_reference),
 }
