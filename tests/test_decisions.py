@@ -472,3 +472,34 @@ def test_decided_calls_take_the_fast_path_and_a_new_signature_is_still_tuned(cac
     for a in ((x, g, b), (x2, g, b)):
         assert_same(f(*a), jax.jit(_ln)(*a), category="exact")
     assert len(keyed) == n                             # both decided alike: fast again
+
+
+@pytest.mark.parametrize("alone", [0.60, 0.90])
+def test_regions_kept_as_xla_are_checked_again_under_the_chosen_options(monkeypatch, alone):
+    """A region measured slower as a kernel under XLA's default options is timed again under
+    the option variant chosen: the options alone (kernel kept) against the options with the
+    region as XLA's code. The faster of the two is kept."""
+    calls = []
+
+    def fake_measure(make, args, variants, **kw):
+        calls.append(sorted(variants))
+        rr = {"default": [1.0] * 5, "combined": [0.80] * 5, "ynn-off": [alone] * 5}
+        return at.Measurement({n: rr[n][0] for n in variants},
+                              [n for n in variants if n != "default"], 1e-2, 5,
+                              round_ratios={n: rr[n] for n in variants})
+    monkeypatch.setattr(at, "measure", fake_measure)
+    variants = {"default": {}, "ynn-off": at.VARIANTS["cpu"]["ynn-off"],
+                "xla:abc": at.Variant(xla=frozenset(["h"]))}
+    regions = {"xla:abc": {"hash": "h"}}
+    chosen = {"h": {"choice": "xla", "ratio": 1.08, "reason": "kept XLA: kernel 1.08x slower, measured"}}
+    m = at.Measurement({"default": 1.0, "ynn-off": 0.75, "xla:abc": 0.93}, ["ynn-off", "xla:abc"],
+                       1e-2, 5)
+    best, reason = at._confirm_combination(lambda spec: None, (), {}, variants, regions, m,
+                                           "ynn-off", "r", chosen, 5.0, None, lambda msg: None)
+    assert calls == [["combined", "default", "ynn-off"]] and best == "ynn-off"
+    if alone < 0.80:      # the kernel wins under ynn-off: kept
+        assert chosen["h"]["choice"] == "kernel", chosen
+        assert "with ynn-off the kernel's program measured 0.75x of XLA's" in chosen["h"]["reason"]
+        assert "kernels kept" in reason
+    else:                 # XLA's code still wins: the combination stands
+        assert chosen["h"]["choice"] == "xla" and "confirmed together: 0.80x" in reason
