@@ -5,8 +5,9 @@ A region of a sharded program can run as a kernel on each shard when its computa
 :func:`check_region` decides it op by op from the propagated shardings (elementwise ops with one
 sharding, broadcasts that keep sharded dims, reductions over unsharded dims, dot_general whose
 contracting dims are unsharded, transposes, reshapes that keep every sharded dim and what lies
-before it, splat constants, iotas along unsharded dims; any other op only when it touches no
-sharded dim). :func:`local_function` types a copy of the region function for one shard, and
+before it, splat constants, iotas along unsharded dims, convolutions sharded along the batch or
+the output features only; any other op only when it touches no sharded dim).
+:func:`local_function` types a copy of the region function for one shard, and
 :func:`manual_wrapper` builds ``sdy.manual_computation`` around the kernel built from it, with
 the region's shardings, so XLA's SPMD partitioner never sees (and never gathers for) the kernel.
 
@@ -21,6 +22,7 @@ import math
 import re
 
 from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import stablehlo
 
 from hlofuse import ir as hir
 from hlofuse import ops as hops
@@ -252,6 +254,27 @@ def check_region(fn_op, arg_shardings: list, axes: dict[str, int]) -> dict:
             rf = [d for d in range(len(sr)) if d not in rb + rc]
             want = [sl[d] for d in lb] + [sl[d] for d in lf] + [sr[d] for d in rf]
             if any(sl[a] != sr[b] for a, b in zip(lb, rb)) or tuple(want) != out:
+                raise NotShardLocal(f"{where}: operand and result shardings disagree")
+            continue
+        if name == "stablehlo.convolution":
+            # batch-parallel (input batch dim) and output-feature-parallel (filter output
+            # features) shardings are shard-local; a sharded window dim needs a halo, a sharded
+            # input feature dim an all-reduce
+            dn = stablehlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
+            sl, sr, out = ins[0], ins[1], outs[0]
+            if "*" in (sl, sr):
+                raise NotShardLocal(f"{where}: a constant operand")
+            if any(ir.IntegerAttr(op.attributes[k]).value != 1
+                   for k in ("feature_group_count", "batch_group_count") if k in op.attributes):
+                raise NotShardLocal(f"{where}: a grouped convolution with a sharded operand")
+            if any(sl[d] for d in (*dn.input_spatial_dimensions, dn.input_feature_dimension)) or any(
+                    sr[d] for d in (*dn.kernel_spatial_dimensions, dn.kernel_input_feature_dimension)):
+                raise NotShardLocal(f"{where}: a window or contracted dim is sharded (needs a halo "
+                                    "or an all-reduce)")
+            want = [()] * len(out)
+            want[dn.output_batch_dimension] = sl[dn.input_batch_dimension]
+            want[dn.output_feature_dimension] = sr[dn.kernel_output_feature_dimension]
+            if tuple(want) != tuple(out):
                 raise NotShardLocal(f"{where}: operand and result shardings disagree")
             continue
         if name == "stablehlo.transpose":

@@ -44,6 +44,13 @@ def block(x, wqkv, wo, w1, w2, heads_dim=8):
     return x + jax.nn.gelu(_ln(x) @ w1) @ w2
 
 
+def cnn(x, w1, w2):
+    """Two 3x3 convolutions (NHWC) with a ReLU between (on cpu: Winograd kernels per shard)."""
+    dn = ("NHWC", "HWIO", "NHWC")
+    h = jax.nn.relu(jax.lax.conv_general_dilated(x, w1, (1, 1), "SAME", dimension_numbers=dn))
+    return jax.lax.conv_general_dilated(h, w2, (1, 1), "SAME", dimension_numbers=dn)
+
+
 def make_fsdp(mesh):
     """Parameters stored sharded over "data" and gathered for use. (A NamedSharding, not a bare
     PartitionSpec: hlofuse traces the function outside the caller's ``jax.set_mesh``.)"""
@@ -93,6 +100,8 @@ def cases(make_mesh, scale: int = 1):
          [P(), P(None, None, "model"), P("model"), P(None, "model"), P("model")], (1, 8)),
         ("mesh_2d", block, [(B, S, D), (D, 3, H, HD), (H, HD, D), (D, F), (F, D)],
          [P("data"), P(None, None, "model"), P("model"), P(None, "model"), P("model")], (2, 4)),
+        ("data_parallel_cnn", cnn, [(B, 8, 8, 16), (3, 3, 16, 16), (3, 3, 16, 16)],
+         [P("data"), P(), P()], (8, 1)),
     ]
     out.append(("shard_map_mlp", make_shard_map_mlp(make_mesh((2, 4))), [(B, S, D), (D, F), (F, D)],
                 [P("data"), P(None, "model"), P("model")], (2, 4)))

@@ -81,7 +81,7 @@ def _run():
 
 def test_sharded_programs_on_eight_cpu_devices():
     out = _run()
-    assert len(out) == 13
+    assert len(out) == 15
     for name, o in out.items():
         tol = TOLERANCES["grad" if name.endswith("_train") else "reassociate"]["float32"][0]
         assert o["err"] <= tol, (name, o["err"])
@@ -95,6 +95,9 @@ def test_sharded_programs_on_eight_cpu_devices():
         # ... and the epilogue of the row-parallel matmul (contraction sharded) stays with XLA
         assert any("contraction is sharded" in r for r in out[name]["reasons"]), out[name]
     assert out["data_parallel"]["per_shard"], out["data_parallel"]
+    # batch-sharded 3x3 convolutions: Winograd kernels per shard, forward and input gradient
+    assert out["data_parallel_cnn"]["per_shard"].count("conv_winograd") == 2, out["data_parallel_cnn"]
+    assert out["data_parallel_cnn_train"]["per_shard"].count("conv_winograd") >= 3, out["data_parallel_cnn_train"]
     # inside shard_map bodies (sdy.manual_computation) regions are fused like at the top level:
     # the layernorm and the gelu epilogue become kernels of per-device shapes
     for name in ("shard_map_mlp", "shard_map_mlp_train", "shard_map_uncommitted"):
