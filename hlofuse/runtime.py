@@ -494,7 +494,9 @@ class Program:
         mesh = next((a.sharding.mesh for a in avals
                      if getattr(a, "sharding", None) is not None
                      and not a.sharding.mesh.empty), None)
-        if mesh is None:
+        if mesh is None or jax.sharding.AxisType.Manual not in tuple(mesh.axis_types):
+            # no mesh, or one with Explicit axes: the traced outputs carry the shardings
+            # jax.jit's own would (sharding in types), the program must keep them
             return list(closed.out_avals)
         varying = frozenset().union(*[a.mat.varying for a in avals if hasattr(a, "mat")])
         out = []
