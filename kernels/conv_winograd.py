@@ -146,7 +146,8 @@ def winograd_f2x2_3x3(x, w, padding):
     (pt, pb), (pl_, pr) = padding
     ho, wo = x.shape[1] + pt + pb - 2, x.shape[2] + pl_ + pr - 2
     th, tw = -(-ho // 2), -(-wo // 2)                    # 2x2 output tiles
-    # pad (and crop: a tile grid past the input reads zeros) to [N, 2th+2, 2tw+2, Ci]
+    # pad to [N, 2th+2, 2tw+2, Ci] (high amounts >= the program's: past an odd output size
+    # the last tiles read zeros, and their extra row/column is cropped at the end)
     xp = lax.pad(x, jnp.zeros((), x.dtype), ((0, 0, 0), (pt, 2 * th + 2 - x.shape[1] - pt, 0),
                                              (pl_, 2 * tw + 2 - x.shape[2] - pl_, 0), (0, 0, 0)))
     d = [[xp[:, a:a + 2 * th:2, b:b + 2 * tw:2, :] for b in range(4)] for a in range(4)]
