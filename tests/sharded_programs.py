@@ -1,6 +1,7 @@
 """Sharded test programs (issue 16): data parallel, FSDP-style, Megatron-style tensor-parallel MLP
 and transformer block (attention heads sharded), and a 2-D mesh; each as a forward and a
-training step. Used by ``tests/test_sharded.py`` (8 CPU devices, in a child process) and by the
+training step. Used by ``tests/test_sharded.py`` (8 CPU devices, in a child process:
+:func:`run_json_child`) and by the
 deviceless compile for an 8-GPU topology and a TPU v5e 2x2 slice (``tests/test_aot.py``).
 
 A case is ``(name, fn, shapes, specs, mesh_shape)``: ``specs`` are PartitionSpec tuples over the
@@ -9,12 +10,26 @@ mesh axes ``("data", "model")``; ``mesh_shape`` is (data, model).
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 
 import jax
 import jax.numpy as jnp
+
+def run_json_child(code: str, timeout: float = 900):
+    """Run ``code`` in a fresh Python (its own CPU device count: fixed when jax starts; cpu only,
+    autotune off) and return the JSON of its last stdout line."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", HLOFUSE_AUTOTUNE="off")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       timeout=timeout)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
 
 COLLECTIVES = ("all-gather", "all-reduce", "collective-permute", "all-to-all", "reduce-scatter")
 

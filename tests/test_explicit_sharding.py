@@ -5,11 +5,10 @@ outside ``jax.set_mesh``, for matmuls, reductions, row kernels and a gradient.
 Runs in a child process with 4 CPU devices (the device count is fixed at jax's start).
 """
 
-import json
 import os
-import subprocess
-import sys
 import textwrap
+
+from tests.sharded_programs import run_json_child
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -51,11 +50,7 @@ CHILD = textwrap.dedent('''
 
 
 def test_explicit_mesh_outputs_keep_jax_jit_shardings():
-    env = dict(os.environ, JAX_PLATFORMS="cpu", HLOFUSE_AUTOTUNE="off")
-    r = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, env=env,
-                       timeout=600)
-    assert r.returncode == 0, r.stderr[-4000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = run_json_child(CHILD, timeout=600)
     assert len(out) == 10
     for name, o in out.items():
         assert not o["problems"], (name, o)

@@ -13,13 +13,11 @@ sharded must stay with XLA and say why.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 import textwrap
 
 from hlofuse.testing import TOLERANCES
+from tests.sharded_programs import run_json_child
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -71,16 +69,8 @@ CHILD = textwrap.dedent('''
 ''').replace("ROOT", repr(ROOT))
 
 
-def _run():
-    env = dict(os.environ, JAX_PLATFORMS="cpu", HLOFUSE_AUTOTUNE="off")
-    r = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, env=env,
-                       timeout=900)
-    assert r.returncode == 0, r.stderr[-4000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
-
-
 def test_sharded_programs_on_eight_cpu_devices():
-    out = _run()
+    out = run_json_child(CHILD)
     assert len(out) == 15
     for name, o in out.items():
         tol = TOLERANCES["grad" if name.endswith("_train") else "reassociate"]["float32"][0]
