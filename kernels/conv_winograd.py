@@ -52,8 +52,6 @@ class ConvSpec:
     w_perm: tuple                    # filter dims in H, W, I, O order
     out_perm: tuple                  # output dims (N, H, W, C) -> the program's output layout
     padding: tuple                   # ((lo, hi), (lo, hi)) over the two spatial dims
-    out_shape: tuple
-    dtype: str
     body_text: str = ""
 
     @property
@@ -69,47 +67,28 @@ class ConvSpec:
                                         (int(inv[0]), int(inv[3]), int(inv[1]), int(inv[2])))
 
 
-def _ints(attr) -> list:
-    from jaxlib.mlir import ir
-    return [int(v) for v in ir.DenseI64ArrayAttr(attr)]
-
-
 def winograd_reason(op) -> str | None:
     """None when ``op`` is a convolution this family computes: 2 spatial dims, a 3x3 filter,
-    stride 1, no dilation or reversal, one group, f32, static shapes."""
-    from jaxlib.mlir import ir
-    from jaxlib.mlir.dialects import stablehlo
-    from hlofuse.kernels.support import value_info
+    stride 1, no dilation or reversal, one group, non-negative padding, f32, static shapes."""
+    from hlofuse.kernels.support import conv_filter_size, conv_window_reason, value_info
     if op.name != "stablehlo.convolution":
         return "not a convolution"
-    x, w, out = value_info(op.operands[0]), value_info(op.operands[1]), value_info(op.results[0])
-    if x is None or w is None or out is None:
+    x, out, size = value_info(op.operands[0]), value_info(op.results[0]), conv_filter_size(op)
+    if x is None or out is None or size is None:
         return "dynamic shape"
     if len(x.shape) != 4:
         return f"{len(x.shape) - 2} spatial dims (Winograd F(2x2,3x3) handles 2)"
-    if x.dtype != "f32" or w.dtype != "f32" or out.dtype != "f32":
+    if x.dtype != "f32" or value_info(op.operands[1]).dtype != "f32" or out.dtype != "f32":
         return f"{x.dtype} convolution (Winograd is built for f32 only)"
-    dn = stablehlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
-    if [w.shape[d] for d in dn.kernel_spatial_dimensions] != [3, 3]:
-        return f"{'x'.join(str(w.shape[d]) for d in dn.kernel_spatial_dimensions)} filter (only 3x3)"
-    attrs = op.attributes
-    for key in ("window_strides", "lhs_dilation", "rhs_dilation"):
-        if key in attrs and any(v != 1 for v in _ints(attrs[key])):
-            return f"{key} != 1"
-    for key in ("feature_group_count", "batch_group_count"):
-        if key in attrs and ir.IntegerAttr(attrs[key]).value != 1:
-            return f"{key} != 1"
-    if "window_reversal" in attrs and any(bool(v) for v in ir.DenseBoolArrayAttr(attrs["window_reversal"])):
-        return "window reversal"
-    if "padding" in attrs and any(int(v) < 0 for v in ir.DenseIntElementsAttr(attrs["padding"])):
-        return "negative padding"
-    return None
+    if size != (3, 3):
+        return f"{'x'.join(map(str, size))} filter (only 3x3)"
+    return conv_window_reason(op, lambda pad: "negative padding" if min(pad) < 0 else None)
 
 
 def spec_from_func(fn_op) -> ConvSpec:
     """Read an outlined region holding one convolution of its two arguments."""
-    from jaxlib.mlir import ir
     from jaxlib.mlir.dialects import stablehlo
+    from hlofuse.kernels.support import conv_padding
     entry = fn_op.regions[0].blocks[0]
     ops = [o.operation for o in entry.operations]
     convs = [o for o in ops if o.name == "stablehlo.convolution"]
@@ -123,8 +102,7 @@ def spec_from_func(fn_op) -> ConvSpec:
     if conv.operands[0] not in args or conv.operands[1] not in args:
         raise EmitError("convolution operands must be region inputs")
     dn = stablehlo.ConvDimensionNumbers(conv.attributes["dimension_numbers"])
-    pad = [int(v) for v in ir.DenseIntElementsAttr(conv.attributes["padding"])] \
-        if "padding" in conv.attributes else [0, 0, 0, 0]
+    pad = conv_padding(conv)
     out_dims = (dn.output_batch_dimension, *dn.output_spatial_dimensions, dn.output_feature_dimension)
     out_perm = tuple(int(i) for i in np.argsort(out_dims))   # NHWC result -> output layout
     return ConvSpec(
@@ -133,8 +111,30 @@ def spec_from_func(fn_op) -> ConvSpec:
         w_perm=(*dn.kernel_spatial_dimensions, dn.kernel_input_feature_dimension,
                 dn.kernel_output_feature_dimension),
         out_perm=out_perm, padding=((pad[0], pad[1]), (pad[2], pad[3])),
-        out_shape=tuple(hir.tensor_type_info(conv.results[0].type).shape), dtype="float32",
         body_text=hir.ops_text(ops))
+
+
+def _combine(mat, vals) -> list:
+    """Rows of ``mat`` (entries 0, ±1, ±.5) applied to the list of arrays ``vals``: adds,
+    subtractions and exact halvings only."""
+    out = []
+    for row in mat:
+        acc = None
+        for c, v in zip(row, vals):
+            if c == 0:
+                continue
+            term = v if c == 1 else -v if c == -1 else v * jnp.asarray(c, v.dtype)
+            acc = term if acc is None else acc + term
+        out.append(acc)
+    return out
+
+
+def _sandwich(mat, grid) -> list:
+    """``mat · grid · matᵀ`` of a square grid (list of lists) of arrays: ``mat`` along the
+    grid's rows, then along its columns."""
+    k = len(grid)
+    cols = [_combine(mat, [grid[r][c] for r in range(k)]) for c in range(k)]   # cols[c][i]
+    return [_combine(mat, [cols[c][i] for c in range(k)]) for i in range(len(mat))]
 
 
 def winograd_f2x2_3x3(x, w, padding):
@@ -152,35 +152,13 @@ def winograd_f2x2_3x3(x, w, padding):
                                              (pl_, 2 * tw + 2 - x.shape[2] - pl_, 0), (0, 0, 0)))
     d = [[xp[:, a:a + 2 * th:2, b:b + 2 * tw:2, :] for b in range(4)] for a in range(4)]
 
-    def combine(mat, vals):
-        """Rows of ``mat`` (entries 0, ±1, ±.5) applied to the list ``vals``."""
-        out = []
-        for row in mat:
-            acc = None
-            for c, v in zip(row, vals):
-                if c == 0:
-                    continue
-                term = v if c == 1 else -v if c == -1 else v * jnp.asarray(c, v.dtype)
-                acc = term if acc is None else acc + term
-            out.append(acc)
-        return out
-    # V = Bᵀ d B: along the tile rows, then along the columns
-    t = [[None] * 4 for _ in range(4)]
-    for b in range(4):
-        for a, val in enumerate(combine(_BT, [d[k][b] for k in range(4)])):
-            t[a][b] = val
-    v = [combine(_BT, t[a]) for a in range(4)]
-    vm = jnp.stack([v[a][b].reshape(n * th * tw, ci) for a in range(4) for b in range(4)])
+    vm = _sandwich(_BT, d)                                              # V = Bᵀ d B
+    vm = jnp.stack([vm[a][b].reshape(n * th * tw, ci) for a in range(4) for b in range(4)])
     u = jnp.einsum("ai,ijco,bj->abco", _G, w.astype(jnp.float32), _G,
                    precision=lax.Precision.HIGHEST).reshape(16, ci, co)       # G g Gᵀ
     m = lax.dot_general(vm, u, (((2,), (1,)), ((0,), (0,))), preferred_element_type=jnp.float32)
     m = m.reshape(4, 4, n, th, tw, co)
-    # Y = Aᵀ M A
-    r = [[None] * 4 for _ in range(2)]
-    for b in range(4):
-        for i, val in enumerate(combine(_AT, [m[k, b] for k in range(4)])):
-            r[i][b] = val
-    y = [combine(_AT, r[i]) for i in range(2)]                                   # y[i][j]
+    y = _sandwich(_AT, [[m[a, b] for b in range(4)] for a in range(4)])     # Y = Aᵀ M A
     y = jnp.stack([jnp.stack(y[i], axis=3) for i in range(2)], axis=2)          # [n, th, 2, tw, 2, co]
     return y.reshape(n, 2 * th, 2 * tw, co)[:, :ho, :wo, :]
 
@@ -195,7 +173,7 @@ def build_conv_winograd(spec: ConvSpec, target: Target | str, **_):
         x = jnp.transpose(inputs[spec.x_arg], spec.x_perm)
         w = jnp.transpose(inputs[spec.w_arg], spec.w_perm)
         y = winograd_f2x2_3x3(x, w, spec.padding)
-        return (jnp.transpose(y, spec.out_perm).astype(spec.dtype),)
+        return (jnp.transpose(y, spec.out_perm),)
 
     fn.kernel_name = f"hlofuse_conv_winograd_{spec.digest}"
     fn.blocks = "winograd F(2x2,3x3)"

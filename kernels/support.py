@@ -250,6 +250,49 @@ def dot_layout(op) -> dict | None:
     return {"nb": nb, "lhs_t": lhs_t, "rhs_t": rhs_t}
 
 
+def conv_groups(op) -> tuple[int, int]:
+    """A convolution's ``(feature_group_count, batch_group_count)``, 1 where absent."""
+    return tuple(ir.IntegerAttr(op.attributes[k]).value if k in op.attributes else 1
+                 for k in ("feature_group_count", "batch_group_count"))
+
+
+def conv_padding(op) -> list[int]:
+    """A convolution's padding as the flat ``[lo, hi, lo, hi, ...]`` list over its spatial dims
+    (zeros where absent)."""
+    if "padding" in op.attributes:
+        return [int(v) for v in ir.DenseIntElementsAttr(op.attributes["padding"])]
+    dn = stablehlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
+    return [0] * (2 * len(dn.input_spatial_dimensions))
+
+
+def conv_filter_size(op) -> tuple | None:
+    """A convolution's filter extent along its spatial dims (``(3, 3)``), None if dynamic."""
+    w = value_info(op.operands[1])
+    if w is None:
+        return None
+    dn = stablehlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
+    return tuple(w.shape[d] for d in dn.kernel_spatial_dimensions)
+
+
+def conv_window_reason(op, padding_reason) -> str | None:
+    """Why the convolution ``op`` is not a plain sliding window, or None: stride 1, no
+    dilation, its padding accepted by ``padding_reason(conv_padding(op)) -> reason | None``,
+    one group, no window reversal (checked in that order)."""
+    attrs = op.attributes
+    for key in ("window_strides", "lhs_dilation", "rhs_dilation"):
+        if key in attrs and any(v != 1 for v in ir.DenseI64ArrayAttr(attrs[key])):
+            return f"{key} != 1"
+    why = padding_reason(conv_padding(op))
+    if why is not None:
+        return why
+    for key, n in zip(("feature_group_count", "batch_group_count"), conv_groups(op)):
+        if n != 1:
+            return f"{key} != 1"
+    if "window_reversal" in attrs and any(bool(v) for v in ir.DenseBoolArrayAttr(attrs["window_reversal"])):
+        return "window reversal"
+    return None
+
+
 def matmul_dims(op) -> dict | None:
     """A ``dot_general`` or ``convolution`` as a GEMM: ``dict(batch, m, n, k, dtype)`` (a
     convolution in its im2col view: M = batch x output pixels, N = output features, K = input

@@ -32,7 +32,7 @@ from jaxlib.mlir.dialects import stablehlo
 
 from hlofuse import ir as hir
 from hlofuse.pipeline import Pass, register_pass
-from hlofuse.kernels.support import value_info
+from hlofuse.kernels.support import conv_window_reason, value_info
 from hlofuse.passes.fusion.commit import LeftToXla
 from hlofuse.passes.fusion.outline import program_blocks
 
@@ -60,18 +60,7 @@ def conv1x1_as_dot_reason(op, any_layout: bool = False) -> str | None:
         return "layout is not NHWC/HWIO"
     elif any(d != 1 for d in w.shape[:rank - 2]):
         return f"{'x'.join(map(str, w.shape[:rank - 2]))} kernel (only 1x1 convolutions are matmuls)"
-    attrs = op.attributes
-    for key in ("window_strides", "lhs_dilation", "rhs_dilation"):
-        if key in attrs and any(v != 1 for v in ir.DenseI64ArrayAttr(attrs[key])):
-            return f"{key} != 1"
-    if "padding" in attrs and any(int(v) != 0 for v in ir.DenseIntElementsAttr(attrs["padding"])):
-        return "padded"
-    for key in ("feature_group_count", "batch_group_count"):
-        if key in attrs and ir.IntegerAttr(attrs[key]).value != 1:
-            return f"{key} != 1"
-    if "window_reversal" in attrs and any(bool(v) for v in ir.DenseBoolArrayAttr(attrs["window_reversal"])):
-        return "window reversal"
-    return None
+    return conv_window_reason(op, lambda pad: "padded" if any(pad) else None)
 
 
 def conv1x1_to_dot(op):

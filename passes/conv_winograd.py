@@ -34,7 +34,7 @@ from jaxlib.mlir.dialects import stablehlo
 
 from hlofuse.pipeline import Pass, register_pass
 from hlofuse.kernels.conv_winograd import winograd_reason
-from hlofuse.kernels.support import value_info
+from hlofuse.kernels.support import conv_filter_size, value_info
 from hlofuse.passes.fusion import cost as cost_model
 from hlofuse.passes.fusion.anchored import Grown, fuse_anchored
 from hlofuse.passes.fusion.commit import LeftToXla
@@ -42,19 +42,11 @@ from hlofuse.passes.fusion.commit import LeftToXla
 KIND = "conv_winograd"
 
 
-def _is_3x3_conv(op) -> bool:
-    w = value_info(op.operands[1])
-    if w is None:
-        return False
-    dn = stablehlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
-    return [w.shape[d] for d in dn.kernel_spatial_dimensions] == [3, 3]
-
-
 class _Refused3x3(LeftToXla):
     """Refusal notes for 3x3 convolutions only (other sizes are ``conv1x1-to-dot``'s to note)."""
 
     def add(self, what, op, reason):
-        if op is not None and _is_3x3_conv(op):
+        if op is not None and conv_filter_size(op) == (3, 3):
             super().add(what, op, reason)
 
 

@@ -26,6 +26,7 @@ from jaxlib.mlir.dialects import stablehlo
 
 from hlofuse import ir as hir
 from hlofuse import ops as hops
+from hlofuse.kernels.support import conv_groups
 
 __all__ = ["mesh_of", "is_sharded_module", "value_sharding", "check_region", "local_function",
            "manual_wrapper", "NotShardLocal"]
@@ -264,8 +265,7 @@ def check_region(fn_op, arg_shardings: list, axes: dict[str, int]) -> dict:
             sl, sr, out = ins[0], ins[1], outs[0]
             if "*" in (sl, sr):
                 raise NotShardLocal(f"{where}: a constant operand")
-            if any(ir.IntegerAttr(op.attributes[k]).value != 1
-                   for k in ("feature_group_count", "batch_group_count") if k in op.attributes):
+            if conv_groups(op) != (1, 1):
                 raise NotShardLocal(f"{where}: a grouped convolution with a sharded operand")
             if any(sl[d] for d in (*dn.input_spatial_dimensions, dn.input_feature_dimension)) or any(
                     sr[d] for d in (*dn.kernel_spatial_dimensions, dn.kernel_input_feature_dimension)):
