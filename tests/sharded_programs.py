@@ -1,8 +1,8 @@
 """Sharded test programs (issue 16): data parallel, FSDP-style, Megatron-style tensor-parallel MLP
 and transformer block (attention heads sharded), and a 2-D mesh; each as a forward and a
-training step. Used by ``tests/test_sharded.py`` (8 CPU devices, in a child process:
-:func:`run_json_child`) and by the
-deviceless compile for an 8-GPU topology and a TPU v5e 2x2 slice (``tests/test_aot.py``).
+training step. Used by ``tests/test_sharded.py`` (8 CPU devices, in a child process run by
+:func:`run_json_child`) and by the deviceless compile for an 8-GPU topology and a TPU v5e 2x2
+slice (``tests/test_aot.py``).
 
 A case is ``(name, fn, shapes, specs, mesh_shape)``: ``specs`` are PartitionSpec tuples over the
 mesh axes ``("data", "model")``; ``mesh_shape`` is (data, model).
@@ -20,6 +20,7 @@ import numpy as np
 
 import jax
 import jax.numpy as jnp
+
 
 def run_json_child(code: str, timeout: float = 900):
     """Run ``code`` in a fresh Python (its own CPU device count: fixed when jax starts; cpu only,
