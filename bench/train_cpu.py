@@ -15,6 +15,10 @@ Workloads (issue 15):
   ff=3072, causal, pre-LN, tanh-GELU; ``LAYERS`` blocks) training step: forward, a
   next-token-style squared loss, backward, SGD update of every parameter. Target at S=1024:
   time <= 0.85.
+* ``gpt2_scan_train_s1024`` / ``gpt2_scan_remat_train_s1024``: the same stack's step with its
+  blocks run by ``lax.scan`` over stacked parameters, without and with ``jax.checkpoint``
+  around the scanned block (no target: what a scan-over-layers user gets, and what remat
+  buys there).
 * ``attn_grad_of_hlofuse_s2048``: ``jax.jit(jax.value_and_grad(hlofuse.jit(loss)))`` (hlofuse
   inside a user's jax transformation: the runtime's linearize residuals, no recomputation)
   against ``jax.jit(jax.value_and_grad(loss))``. Target <= 1.0.
@@ -94,6 +98,42 @@ def gpt2_step(params, x):
     return loss, new
 
 
+def gpt2_scan_loss(params, x, remat: bool = False):
+    """:func:`gpt2_loss` with the blocks' parameters stacked and the blocks run by
+    ``lax.scan`` (scan over layers); ``remat``: the scanned block under ``jax.checkpoint``
+    (``dots_with_no_batch_dims_saveable``, the projections' products are saved)."""
+    import jax
+    import jax.numpy as jnp
+    from bench.workloads import gpt2_block
+
+    def block(h, p):
+        return gpt2_block(p, h, n_heads=N_HEADS)
+    if remat:
+        block = jax.checkpoint(block, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+    h = jax.lax.scan(lambda h, p: (block(h, p), None), x, params)[0]
+    return jnp.mean((h[:, :-1] - x[:, 1:]) ** 2)
+
+
+def _gpt2_scan_step(remat: bool):
+    def step(params, x):
+        import jax
+        loss, grads = jax.value_and_grad(gpt2_scan_loss)(params, x, remat)
+        new = jax.tree.map(lambda p, g: p - 1e-3 * g, params, grads)
+        return loss, new
+    step.__name__ = "gpt2_scan_remat_step" if remat else "gpt2_scan_step"
+    return step
+
+
+def _gpt2_scan_args(seq):
+    params, x = _gpt2_args(seq)
+    return [{k: _stack([p[k] for p in params]) for k in params[0]}, x]
+
+
+def _stack(trees):
+    import jax
+    return jax.tree.map(lambda *xs: np.stack(xs), *trees)
+
+
 def _gpt2_args(seq):
     from bench.workloads import _transformer_params
     rng = np.random.default_rng(0)
@@ -109,6 +149,11 @@ WORKLOADS = {
     "gpt2_train_s1024": (gpt2_step, lambda: _gpt2_args(1024)),
     "gpt2_train_s2048": (gpt2_step, lambda: _gpt2_args(2048)),
     "attn_grad_of_hlofuse_s2048": (None, lambda: _attn_args(2048)),
+    # the gpt2 stack as scan over layers: without remat the probabilities are the forward
+    # loop's residuals (no kernel spans the two loops); with remat the backward loop
+    # recomputes the forward and gets the flash forward and backward
+    "gpt2_scan_train_s1024": (_gpt2_scan_step(False), lambda: _gpt2_scan_args(1024)),
+    "gpt2_scan_remat_train_s1024": (_gpt2_scan_step(True), lambda: _gpt2_scan_args(1024)),
 }
 
 
