@@ -29,6 +29,10 @@ The check is an identity test by evaluation at random points: the forward and ba
 compositions of the same elementwise, reduction and dot ops at every size, so a backward that
 is not the forward's VJP gives different numbers at random inputs (float rounding aside:
 tolerance ``1e-3`` relative, evaluated in f32 with float-to-float converts as identities).
+
+A forward in a loop body whose intermediates leave the loop (a scan over layers saving the
+probabilities for the backward loop) has no backward in its block; the refusal says so and
+names the remedy (:data:`LOOP_RESIDUALS`: ``jax.checkpoint`` around the scanned layer).
 """
 
 from __future__ import annotations
@@ -47,7 +51,6 @@ from jaxlib.mlir.dialects import stablehlo
 
 from hlofuse import ir as hir
 from hlofuse.ops import EmitError, const_value, emit_op, splat_scalar
-from hlofuse.kernels.support import is_splat_constant
 from hlofuse.passes import graph_util as gu
 
 __all__ = ["TrainNoMatch", "Training", "match_training", "unshare_generator_trees"]
@@ -297,8 +300,49 @@ def _forward_internal_uses(att) -> dict:
     return out
 
 
+#: the refusal when the forward saves its intermediates as a loop's outputs (see
+#: :func:`_saved_across_loop`)
+LOOP_RESIDUALS = ("the forward runs in a loop body (a scan over layers) that passes its "
+                  "probabilities out as residuals for the backward, which runs in another loop; "
+                  "no rewrite spans two loops. Wrap the scanned function in jax.checkpoint "
+                  "(remat): the backward loop then recomputes the forward and both are fused there")
+
+
+def _saved_across_loop(block, att, limit: int = 64) -> bool:
+    """``block`` is a ``while`` body and a forward intermediate reaches its terminator, through
+    ops without regions (``dynamic_update_slice`` into a scan's stacked outputs, converts,
+    layout ops): the values a scan saves for its backward leave the loop."""
+    owner = getattr(block, "owner", None)
+    if owner is None or hir.as_op(owner).name != "stablehlo.while":
+        return False
+    members = set(att.members)
+    todo, seen = list(_forward_internal_uses(att).values()), set()
+    while todo and len(seen) < limit:
+        v = todo.pop()
+        if hir.value_key(v) in seen:
+            continue
+        seen.add(hir.value_key(v))
+        for u in _users(v):
+            if u in members or len(u.regions):
+                continue
+            if u.name == "stablehlo.return":
+                return True
+            todo.extend(u.results)
+    return False
+
+
 def match_training(att, block, index: dict, boundary) -> Training:
-    """The backward of the forward match ``att`` in ``block``; raises :class:`TrainNoMatch`."""
+    """The backward of the forward match ``att`` in ``block``; raises :class:`TrainNoMatch`
+    (:data:`LOOP_RESIDUALS` when the forward's intermediates leave a loop body instead)."""
+    try:
+        return _match_training(att, block, index, boundary)
+    except TrainNoMatch as e:
+        if _saved_across_loop(block, att):
+            raise TrainNoMatch(LOOP_RESIDUALS) from e
+        raise
+
+
+def _match_training(att, block, index: dict, boundary) -> Training:
     _stat_layouts(att)        # the lse can be formed (raises here, never while committing)
     members = set(att.members)
     leaked = _forward_internal_uses(att)

@@ -223,3 +223,42 @@ def test_a_value_from_outside_the_match_is_named_with_its_producer():
         at._run([ops[1]], env, at._Shrink([x], ()))
     assert "'stablehlo.exponential' at model.py:7" in str(e.value), str(e.value)
     assert "internal" not in str(e.value) and e.value.op == ops[1]
+
+
+def _scanned_attention_step(remat: bool):
+    """A loss over two attention layers scanned over stacked projections (scan over layers),
+    with or without ``jax.checkpoint`` around the scanned layer. The output projection's
+    gradient reads the attention output, so the remat backward recomputes the whole forward."""
+    def layer(x, w):
+        q, k, v = (x @ w[i] for i in range(3))
+        split = lambda t: t.reshape(2, 24, 2, 8)                      # noqa: E731
+        a = jax.nn.dot_product_attention(split(q), split(k), split(v), is_causal=True)
+        return x + a.reshape(2, 24, 16) @ w[3]
+    body = jax.checkpoint(layer) if remat else layer
+
+    def loss(x, ws):
+        return jnp.sum(jax.lax.scan(lambda c, w: (body(c, w), None), x, ws)[0] ** 2)
+    rng = np.random.default_rng(0)
+    args = (rng.standard_normal((2, 24, 16)).astype(np.float32),
+            (rng.standard_normal((2, 4, 16, 16)) * 0.2).astype(np.float32))
+    return jax.value_and_grad(loss, argnums=(0, 1)), args
+
+
+def test_scan_over_layers_says_to_remat_and_remat_gets_both_kernels():
+    """Without remat the forward loop saves the probabilities for the backward loop: no rewrite
+    spans the two loops, and the note says what to do. With ``jax.checkpoint`` the backward
+    loop recomputes the forward, and the forward and backward kernels are built there."""
+    from hlofuse.passes.attention_train import LOOP_RESIDUALS
+    step, args = _scanned_attention_step(remat=False)
+    g = hlofuse.jit(step, autotune=False)
+    report = g.report(*args)
+    assert train_kernels(report) == []
+    assert any(LOOP_RESIDUALS in n for n in report.notes), report.notes
+    assert_same(g(*args), jax.jit(step)(*args), "grad")
+
+    step, args = _scanned_attention_step(remat=True)
+    g = hlofuse.jit(step, autotune=False)
+    report = g.report(*args)
+    assert train_kernels(report) == ["attention_bwd", "attention_fwd_lse"], report
+    assert not any(LOOP_RESIDUALS in n for n in report.notes)
+    assert_same(g(*args), jax.jit(step)(*args), "grad")
