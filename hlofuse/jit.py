@@ -282,13 +282,16 @@ class HlofuseFunction:
         self._check_argnums(sig, static_argnums, _norm_tuple(jit_kwargs.get("donate_argnums")))
         self._user_static = (static_argnums, static_argnames)
         if sig is not None:
-            nums, names = api_util.infer_argnums_and_argnames(sig, static_argnums,
-                                                               static_argnames)
+            # () as None: jax infers the missing one only when the other is None
+            nums, names = api_util.infer_argnums_and_argnames(sig, static_argnums or None,
+                                                               static_argnames or None)
         else:
             nums, names = static_argnums, static_argnames
         self._static_nums, self._static_names = tuple(nums), tuple(names)
-        self._jit_kwargs = dict(jit_kwargs, static_argnums=static_argnums + self._freeze,
-                                static_argnames=static_argnames)
+        # both inferred from the signature: jax.jit infers neither when it is given both, and
+        # a static_argnames argument passed by position would be traced
+        self._jit_kwargs = dict(jit_kwargs, static_argnums=self._static_nums + self._freeze,
+                                static_argnames=self._static_names)
         self._donate_nums, self._donate_names = self._donation(sig, jit_kwargs)
         self._donating = bool(self._donate_nums or self._donate_names)
         self._sig = sig
@@ -334,7 +337,8 @@ class HlofuseFunction:
         names = _norm_tuple(kw.get("donate_argnames"))
         if sig is not None and (nums or names):
             try:
-                nums, names = api_util.infer_argnums_and_argnames(sig, nums, names)
+                nums, names = api_util.infer_argnums_and_argnames(sig, nums or None,
+                                                                   names or None)
             except Exception:  # noqa: BLE001 - jax.jit reports bad donation itself
                 pass
         return tuple(nums), tuple(names)

@@ -50,6 +50,21 @@ def test_static_argnums_and_argnames():
     assert hf.compilations == 3
 
 
+def test_static_argnames_or_argnums_alone_cover_both_ways_of_passing():
+    """As jax.jit: an argument named static is static passed by position too, and one numbered
+    static is static passed by keyword (hlofuse.jit used to pass jax.jit both lists, and jax
+    infers neither then: a string passed by position was traced and refused)."""
+    def f(x, cfg, scale=2.0):
+        return x * scale if cfg == "mul" else x + scale
+    x = np.linspace(-1, 1, 8, dtype=np.float32)
+    by_name = hlofuse.jit(f, static_argnames="cfg", autotune=False)
+    assert_same(by_name(x, "mul"), jax.jit(f, static_argnames="cfg")(x, "mul"))
+    assert_same(by_name(x, cfg="add"), jax.jit(f, static_argnames="cfg")(x, cfg="add"))
+    by_num = hlofuse.jit(f, static_argnums=1, autotune=False)
+    assert_same(by_num(x, cfg="add"), jax.jit(f, static_argnums=1)(x, cfg="add"))
+    assert_same(by_num(x, "mul", 3.0), jax.jit(f, static_argnums=1)(x, "mul", 3.0))
+
+
 def test_unhashable_static_arg_error():
     hf = hlofuse.jit(lambda x, cfg: x * 2, static_argnums=1)
     with pytest.raises(ValueError, match="Non-hashable static arguments"):
