@@ -8,6 +8,7 @@ from hlofuse.passes import canonicalize as canonicalize
 from hlofuse.passes import cse as cse
 from hlofuse.passes import symbol_dce as symbol_dce
 from hlofuse.passes import inline_calls as inline_calls
+from hlofuse.passes import sink_loop_generators as sink_loop_generators
 from hlofuse.passes import fuse_elementwise as fuse_elementwise
 from hlofuse.passes import fuse_attention as fuse_attention
 from hlofuse.passes import fuse_reduction as fuse_reduction
