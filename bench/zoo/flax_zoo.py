@@ -168,6 +168,68 @@ def nnx_llama_train(cfg, seed):
 
 
 # ------------------------------------------------------------------------------------------
+# NNX GPT with its blocks scanned (nnx.scan over stacked layers, nnx.remat)
+# ------------------------------------------------------------------------------------------
+class GPTBlock(nnx.Module):
+    def __init__(self, d, heads, ff, *, rngs):
+        self.ln1, self.ln2 = nnx.LayerNorm(d, rngs=rngs), nnx.LayerNorm(d, rngs=rngs)
+        self.attn = nnx.MultiHeadAttention(heads, d, decode=False, deterministic=True, rngs=rngs)
+        self.fc1, self.fc2 = nnx.Linear(d, ff, rngs=rngs), nnx.Linear(ff, d, rngs=rngs)
+
+    def __call__(self, x):
+        causal = nnx.make_causal_mask(jnp.ones(x.shape[:2], jnp.int32))
+        x = x + self.attn(self.ln1(x), mask=causal)
+        return x + self.fc2(nnx.gelu(self.fc1(self.ln2(x))))
+
+
+class ScannedGPT(nnx.Module):
+    """The blocks' parameters stacked along a layer axis (``nnx.vmap`` at init) and run by
+    ``nnx.scan``, each block under ``nnx.remat``: how deep stacks are written to keep compile
+    time flat and activation memory down."""
+
+    def __init__(self, cfg, *, rngs):
+        self.embed = nnx.Embed(cfg["vocab"], cfg["d"], rngs=rngs)
+
+        @nnx.split_rngs(splits=cfg["layers"])
+        @nnx.vmap(in_axes=(0,), out_axes=0)
+        def blocks(rngs):
+            return GPTBlock(cfg["d"], cfg["heads"], cfg["ff"], rngs=rngs)
+        self.blocks = blocks(rngs)
+        self.ln = nnx.LayerNorm(cfg["d"], rngs=rngs)
+        self.head = nnx.Linear(cfg["d"], cfg["vocab"], use_bias=False, rngs=rngs)
+
+    def __call__(self, ids):
+        @nnx.remat
+        def block(x, blk):
+            return blk(x)
+
+        @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
+        def run(x, blk):
+            return block(x, blk)
+        return self.head(self.ln(run(self.embed(ids), self.blocks)))
+
+
+def nnx_gpt_scan_train(cfg, seed):
+    """A GPT training step over scanned, rematerialized blocks: next-token cross-entropy, SGD
+    with momentum (not Adam: see :func:`nnx_llama_train`). The backward loop recomputes each
+    block's causal attention, where hlofuse fuses its forward and backward (the causal mask,
+    hoisted out of the loops by jax, is generated in them again: ``sink-loop-generators``)."""
+    rng = np.random.default_rng(seed)
+    graphdef, params = nnx.split(ScannedGPT(cfg, rngs=nnx.Rngs(seed)), nnx.Param)
+    tx = optax.sgd(1e-2, momentum=0.9)
+
+    def step(params, opt_state, ids):
+        def loss_fn(p):
+            logits = nnx.merge(graphdef, p)(ids[:, :-1]).astype(jnp.float32)
+            return optax.softmax_cross_entropy_with_integer_labels(logits, ids[:, 1:]).mean()
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return loss, optax.apply_updates(params, updates), opt_state
+
+    return step, (params, tx.init(params), _ids(rng, (cfg["batch"], cfg["seq"] + 1), cfg["vocab"]))
+
+
+# ------------------------------------------------------------------------------------------
 # NNX ViT
 # ------------------------------------------------------------------------------------------
 class ViTBlock(nnx.Module):
@@ -421,5 +483,5 @@ def linen_int8_bert(cfg, seed):
     return fn, (params, x, keep)
 
 
-__all__ = ["nnx_bert", "nnx_llama", "nnx_llama_train", "nnx_vit", "nnx_mlp_train", "linen_resnet",
+__all__ = ["nnx_bert", "nnx_llama", "nnx_llama_train", "nnx_gpt_scan_train", "nnx_vit", "nnx_mlp_train", "linen_resnet",
            "linen_resnet_train", "linen_int8_bert", "rope"]
