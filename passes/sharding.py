@@ -33,6 +33,11 @@ __all__ = ["mesh_of", "is_sharded_module", "value_sharding", "check_region", "lo
 
 SHARDING_ATTR = "sdy.sharding"
 PROPAGATED_ATTR = "hlofuse.shardings_propagated"   # on the module, set by propagate-shardings
+# a while op's propagated shardings (one per carried value), moved off ``sdy.sharding`` by
+# propagate-shardings: XLA's import turns loop invariants into implicit captures without
+# updating a while's ``sdy.sharding`` and then fails on the count ("has 4 leaf nodes while this
+# sharding has 6"); jax itself never annotates a while
+LOOP_SHARDING_ATTR = "hlofuse.loop_shardings"
 
 
 class NotShardLocal(Exception):
@@ -101,6 +106,12 @@ def _value_sharding(v: ir.Value) -> tuple | None:
     owner = v.owner
     if isinstance(owner, ir.Block):
         fn = owner.owner
+        parent = hir.as_op(fn)
+        if parent.name == "stablehlo.while":
+            # a loop-carried value: Shardy keeps one sharding per carried value (its data-flow
+            # edge) on the while op's result of the same index, for the operand, the body and
+            # condition arguments and the result alike
+            return _value_sharding(parent.results[ir.BlockArgument(v).arg_number])
         if "arg_attrs" not in fn.attributes:
             return None
         attrs = ir.ArrayAttr(fn.attributes["arg_attrs"])
@@ -110,9 +121,10 @@ def _value_sharding(v: ir.Value) -> tuple | None:
             return None
         return _parse_sharding(str(a[SHARDING_ATTR]))
     op = owner
-    if SHARDING_ATTR not in op.attributes:
+    key = LOOP_SHARDING_ATTR if LOOP_SHARDING_ATTR in op.attributes else SHARDING_ATTR
+    if key not in op.attributes:
         return None
-    vals = _per_value(op.attributes[SHARDING_ATTR])
+    vals = _per_value(op.attributes[key])
     idx = ir.OpResult(v).result_number
     return vals[idx] if idx < len(vals) else None
 

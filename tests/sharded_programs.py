@@ -67,6 +67,20 @@ def cnn(x, w1, w2):
     return jax.lax.conv_general_dilated(h, w2, (1, 1), "SAME", dimension_numbers=dn)
 
 
+def scanned(x, wqkv, wo):
+    """Two causal attention layers run by ``lax.scan`` over stacked weights, each under
+    ``jax.checkpoint`` (remat): the causal mask is hoisted out of the loops by jax and generated
+    in them again by ``sink-loop-generators``; the attention runs per shard in the loop bodies
+    (in the step, the forward loop's; the backward loop's flash forward and backward stay with
+    XLA, as in every sharded step: their recomputed ops carry no propagated sharding)."""
+    def layer(h, w):
+        wq, wo_ = w
+        qkv = jnp.einsum("bsd,dthk->tbshk", _ln(h), wq)
+        a = jax.nn.dot_product_attention(qkv[0], qkv[1], qkv[2], is_causal=True)
+        return h + jnp.einsum("bqhk,hkd->bqd", a, wo_), None
+    return jax.lax.scan(jax.checkpoint(layer), x, (wqkv, wo))[0]
+
+
 def make_fsdp(mesh):
     """Parameters stored sharded over "data" and gathered for use. (A NamedSharding, not a bare
     PartitionSpec: hlofuse traces the function outside the caller's ``jax.set_mesh``.)"""
@@ -117,6 +131,8 @@ def cases(make_mesh, scale: int = 1):
         ("mesh_2d", block, [(B, S, D), (D, 3, H, HD), (H, HD, D), (D, F), (F, D)],
          [P("data"), P(None, None, "model"), P("model"), P(None, "model"), P("model")], (2, 4)),
         ("data_parallel_cnn", cnn, [(B, 8, 8, 16), (3, 3, 16, 16), (3, 3, 16, 16)],
+         [P("data"), P(), P()], (8, 1)),
+        ("data_parallel_scan", scanned, [(B, S, D), (2, D, 3, H, HD), (2, H, HD, D)],
          [P("data"), P(), P()], (8, 1)),
     ]
     out.append(("shard_map_mlp", make_shard_map_mlp(make_mesh((2, 4))), [(B, S, D), (D, F), (F, D)],

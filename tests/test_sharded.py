@@ -2,8 +2,8 @@
 
 Runs in a child process (``--xla_force_host_platform_device_count=8`` must be set before jax
 starts). For each program of :mod:`tests.sharded_programs` (data parallel, FSDP-style,
-tensor-parallel MLP and transformer block, a 2-D mesh, a shard_map body; forward and training
-step) it compares
+tensor-parallel MLP and transformer block, a 2-D mesh, a shard_map body, a convnet, scanned
+attention layers; forward and training step) it compares
 ``hlofuse.jit`` with ``jax.jit`` called with the same ``in_shardings``: results (the ``grad``
 tolerance for training steps, ``kernel`` for forwards), and for every kind of collective the
 count in the compiled HLO (hlofuse's may not have more). In the tensor-parallel block the
@@ -71,7 +71,7 @@ CHILD = textwrap.dedent('''
 
 def test_sharded_programs_on_eight_cpu_devices():
     out = run_json_child(CHILD)
-    assert len(out) == 15
+    assert len(out) == 17
     for name, o in out.items():
         tol = TOLERANCES["grad" if name.endswith("_train") else "reassociate"]["float32"][0]
         assert o["err"] <= tol, (name, o["err"])
@@ -88,6 +88,12 @@ def test_sharded_programs_on_eight_cpu_devices():
     # batch-sharded 3x3 convolutions: Winograd kernels per shard, forward and input gradient
     assert out["data_parallel_cnn"]["per_shard"].count("conv_winograd") == 2, out["data_parallel_cnn"]
     assert out["data_parallel_cnn_train"]["per_shard"].count("conv_winograd") >= 3, out["data_parallel_cnn_train"]
+    # scanned layers: Shardy's shardings reach into the loop bodies (through the loops'
+    # data-flow edges), so their attention and layernorm run per shard without the all-gathers
+    # a body read as replicated made XLA insert (checked above: no more collectives than jax)
+    for name in ("data_parallel_scan", "data_parallel_scan_train"):
+        kinds = out[name]["per_shard"]
+        assert "attention" in kinds and "reduction" in kinds, (name, out[name])
     # inside shard_map bodies (sdy.manual_computation) regions are fused like at the top level:
     # the layernorm and the gelu epilogue become kernels of per-device shapes
     for name in ("shard_map_mlp", "shard_map_mlp_train", "shard_map_uncommitted"):

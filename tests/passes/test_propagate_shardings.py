@@ -125,3 +125,41 @@ def test_partially_manual_shard_map_body_stays_with_xla_and_says_why():
                            pipeline=["propagate-shardings", "fuse-elementwise", "kernelize"])
     (r,) = opt.report.regions
     assert r.kernel is None and "manual over model only" in r.reason, r.reason
+
+
+# a loop carrying a batch-sharded activation (a scan over two layers)
+LOOP = f"""
+module @jit_f attributes {{mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 : i32}} {{
+  {MESH}
+  func.func public @main(%x: tensor<8x16xf32> {SH('{"data"}, {}')}) -> tensor<8x16xf32> {{
+    %c0 = stablehlo.constant dense<0> : tensor<i32>
+    %r:2 = stablehlo.while(%i = %c0, %h = %x) : tensor<i32>, tensor<8x16xf32>
+     cond {{
+      %two = stablehlo.constant dense<2> : tensor<i32>
+      %lt = stablehlo.compare LT, %i, %two, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %lt : tensor<i1>
+    }} do {{
+      %one = stablehlo.constant dense<1> : tensor<i32>
+      %n = stablehlo.add %i, %one : tensor<i32>
+      %t = stablehlo.tanh %h : tensor<8x16xf32>
+      %e = stablehlo.exponential %t : tensor<8x16xf32>
+      stablehlo.return %n, %e : tensor<i32>, tensor<8x16xf32>
+    }}
+    return %r#1 : tensor<8x16xf32>
+  }}
+}}"""
+
+
+def test_propagation_reaches_into_loop_bodies():
+    """Shardy propagates along a loop's data-flow edges: the body's ops are sharded like the
+    carried activation, and a body argument reads the loop's sharding (before, nothing in a
+    body was annotated, its regions read as replicated and their per-shard kernels made XLA
+    all-gather the activation). The loop's own shardings move to ``hlofuse.loop_shardings``:
+    XLA's import drops loop invariants without updating a while's ``sdy.sharding``."""
+    opt = hlofuse.optimize(LOOP, pipeline=["propagate-shardings"])
+    body = [l for l in opt.text.splitlines() if "stablehlo.tanh" in l or "stablehlo.exponential" in l]
+    assert len(body) == 2 and all('[{"data"' in l for l in body), body
+    loop = next(op for op in hir.all_ops(opt.module) if op.name == "stablehlo.while")
+    assert shd.LOOP_SHARDING_ATTR in loop.attributes and shd.SHARDING_ATTR not in loop.attributes
+    arg = loop.regions[1].blocks[0].arguments[1]
+    assert shd.value_sharding(arg) == (("data",), ())
