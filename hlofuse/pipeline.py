@@ -295,9 +295,10 @@ PIPELINES: dict[str, list[tuple[str, str]]] = {
         ("algebraic-simplify", "again: identities exposed by the second fold (idempotence, fuzz-found)"),
         ("quantize-matmul", "fake-quant / weight-only int8 dots as integer dots with the dequant scale after "
                             "the sum, so the matmul fusion below sees an int8 dot and its scale epilogue"),
-        ("propagate-shardings", "sharded programs: Shardy's shardings on every op, so kernelize builds per-shard kernels (no-op otherwise)"),
         ("sink-loop-generators", "masks from iotas that scan (or cse) hoisted out of a loop are generated in the "
-                                 "body again, where attention sees its iotas; after the last cse, which would hoist them"),
+                                 "body again, where attention sees its iotas; after the last cse, which would hoist "
+                                 "them, and before propagate-shardings, which annotates the copies"),
+        ("propagate-shardings", "sharded programs: Shardy's shardings on every op, so kernelize builds per-shard kernels (no-op otherwise)"),
         ("fuse-attention", "outline QK^T-softmax-PV subgraphs for flash kernels before other fusions claim their ops"),
         ("dot-f32-accumulate", "cpu: bf16 dots with an f32 result (XLA:CPU's library bf16 matmul; a bf16 result is "
                                "upcast to an f32 matmul); after fuse-attention, so matmul regions hold the f32 dot"),

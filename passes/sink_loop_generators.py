@@ -22,8 +22,9 @@ replaces a mask generated in the body by an identical one outside): the tree is 
 top of the block and the uses there read the clone. A carried value itself stays (the body
 returns it; XLA's while-loop simplifier drops an element nothing reads).
 
-Preconditions: calls inlined. After the last ``cse`` (which would hoist the clones out again)
-and before ``fuse-attention``.
+Preconditions: calls inlined. After the last ``cse`` (which would hoist the clones out again),
+before ``propagate-shardings`` (sharded programs: the copies get their shardings there) and
+``fuse-attention``.
 Invariant: bit-exact (the same ops on the same constants compute the same values); the module
 verifies; rerunning changes nothing (the body no longer reads the block argument).
 Statistics: ``sunk`` (carried values regenerated in a loop), ``loops``.
