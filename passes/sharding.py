@@ -6,7 +6,11 @@ A region of a sharded program can run as a kernel on each shard when its computa
 sharding, broadcasts that keep sharded dims, reductions over unsharded dims, dot_general whose
 contracting dims are unsharded, transposes, reshapes that keep every sharded dim and what lies
 before it, splat constants, iotas along unsharded dims, convolutions sharded along the batch or
-the output features only; any other op only when it touches no sharded dim).
+the output features only, concatenations along unsharded dims; any other op only when it touches
+no sharded dim). Ops made after propagation carry no annotation: :func:`check_region` and
+:func:`input_sharding` carry their operands' shardings to them by the same rules
+(:func:`_infer_sharding`), and :func:`local_function` also localizes the sizes an attention
+spec records (forward, forward with row statistics, backward).
 :func:`local_function` types a copy of the region function for one shard, and
 :func:`manual_wrapper` builds ``sdy.manual_computation`` around the kernel built from it, with
 the region's shardings, so XLA's SPMD partitioner never sees (and never gathers for) the kernel.
@@ -18,6 +22,7 @@ XLA, the caller says why.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -129,13 +134,41 @@ def _value_sharding(v: ir.Value) -> tuple | None:
     return vals[idx] if idx < len(vals) else None
 
 
+def input_sharding(v: ir.Value, depth: int = 0) -> tuple | None:
+    """:func:`value_sharding` of a region input, or, for a value made after propagation (the
+    lse a training match adds, the layout ops around it), its operands' carried forward by the
+    rules of :func:`check_region`; replicated when nothing shards it."""
+    s = value_sharding(v)
+    if s is not None:
+        return s
+    op = hir.defining_op(v)
+    if (depth < 32 and op is not None and op.name != "func.call" and len(op.results) == 1
+            and not len(op.regions)):
+        ins = ["*" if _is_splat_constant(hir.defining_op(a) or op) and hir.defining_op(a) is not None
+               else input_sharding(a, depth + 1) for a in op.operands]
+        guess = _infer_sharding(op, ins)
+        if guess is not None:
+            return guess
+    return value_sharding(v, True)
+
+
 def annotate_calls(module, calls, table) -> None:
     """Give each region ``func.call`` the propagated shardings of its callee's results (Shardy
-    does not look into calls), so a region fed by another region knows its inputs'."""
+    does not look into calls), so a region fed by another region knows its inputs'. Results
+    computed by ops made after propagation (a training match's lse) take the shardings
+    :func:`check_region` carries to them from the call's inputs."""
+    axes = mesh_of(module)[2]
     for call in calls:
         fn = table[ir.FlatSymbolRefAttr(call.attributes["callee"]).value]
         ret = hir.block_ops(fn.regions[0].blocks[0])[-1]
         per = [value_sharding(v, True) for v in ret.operands]
+        if any(value_sharding(v) is None for v in ret.operands):
+            try:
+                shard = check_region(fn, [input_sharding(a) for a in call.operands], axes)
+                per = [shard.get(hir.value_key(v)) for v in ret.operands]
+                per = [None if x == "*" else x for x in per]
+            except NotShardLocal:
+                pass
         if not per or any(p is None for p in per) or SHARDING_ATTR in call.attributes:
             continue
         mesh = mesh_of(module)[0]
@@ -176,6 +209,55 @@ def _reshape_ok(src: tuple, dst: tuple, s_in, s_out) -> bool:
     return keyed(src, s_in) == keyed(dst, s_out)
 
 
+def _reshaped(src: tuple, dst: tuple, s_in) -> tuple:
+    """The sharding of ``dst`` keeping each of ``s_in``'s sharded dims where the reshape keeps
+    the dim (same size, same elements before it); unsharded elsewhere, which
+    :func:`_reshape_ok` then refuses."""
+    keys, pre = {}, 1
+    for n, ax in zip(src, s_in):
+        if ax:
+            keys[(pre, n)] = ax
+        pre *= n
+    out, pre = [], 1
+    for n in dst:
+        out.append(keys.get((pre, n), ()))
+        pre *= n
+    return tuple(out)
+
+
+def _infer_sharding(op, ins: list) -> tuple | None:
+    """The sharding of ``op``'s single result implied by its operands' ``ins`` (the rules of
+    :func:`check_region`, read forwards); None when no operand is sharded or no rule applies."""
+    if len(op.results) != 1 or not isinstance(op.results[0].type, ir.RankedTensorType):
+        return None
+    name = op.name
+    real = [(v, s) for v, s in zip(op.operands, ins) if s not in (None, "*")]
+    if not real or all(_unsharded(s) for _, s in real):
+        return None
+    shape = _shape(op.results[0])
+    if hops.op_class(op) is hops.OpClass.ELEMENTWISE or name in (
+            "stablehlo.convert", "stablehlo.select", "stablehlo.compare", "stablehlo.clamp"):
+        same = [s for v, s in real if _shape(v) == shape]
+        return same[0] if same else None
+    v, s = real[0]
+    if name == "stablehlo.reduce":
+        dims = _ints(op, "dimensions")
+        return tuple(s[d] for d in range(len(s)) if d not in dims)
+    if name == "stablehlo.broadcast_in_dim":
+        out = [()] * len(shape)
+        for i, d in enumerate(_ints(op, "broadcast_dimensions")):
+            if _shape(v)[i] == shape[d]:
+                out[d] = s[i]
+        return tuple(out)
+    if name == "stablehlo.transpose":
+        return tuple(s[p] for p in _ints(op, "permutation"))
+    if name == "stablehlo.reshape":
+        return _reshaped(_shape(v), shape, s)
+    if name == "stablehlo.concatenate":
+        return s
+    return None
+
+
 def check_region(fn_op, arg_shardings: list, axes: dict[str, int]) -> dict:
     """Decide whether the region function ``fn_op`` is shard-local.
 
@@ -207,7 +289,14 @@ def check_region(fn_op, arg_shardings: list, axes: dict[str, int]) -> dict:
             shard[hir.value_key(op.results[0])] = "*"
             continue
         ins = [of(v) for v in op.operands]
-        outs = [value_sharding(r, True) for r in op.results]
+        outs = [value_sharding(r) for r in op.results]
+        if any(o is None for o in outs):
+            # an op made after propagation (a training match's lse ops, the forward its
+            # backward recomputes) carries no sharding: its operands' as Shardy would propagate
+            # them; a value nothing shards is replicated
+            guess = _infer_sharding(op, ins)
+            outs = [o if o is not None else guess if guess is not None else value_sharding(r, True)
+                    for o, r in zip(outs, op.results)]
         loc = hir.op_location(op)
         where = f"{name} at {loc}"
         if any(o is None for o in outs):
@@ -299,6 +388,13 @@ def check_region(fn_op, arg_shardings: list, axes: dict[str, int]) -> dict:
                                             ins[0], outs[0]):
                 continue
             raise NotShardLocal(f"{where}: reshapes a sharded dim")
+        if name == "stablehlo.concatenate":
+            # along an unsharded dim, of operands sharded as the result: each shard
+            # concatenates its own pieces
+            d = ir.IntegerAttr(op.attributes["dimension"]).value
+            if outs[0][d] or any(s != "*" and s != outs[0] for s in ins):
+                raise NotShardLocal(f"{where}: concatenates along or across a sharded dim")
+            continue
         if name == "stablehlo.iota":
             d = ir.IntegerAttr(op.attributes["iota_dimension"]).value
             if outs[0][d]:
@@ -365,16 +461,26 @@ def local_function(fn_op, shard: dict, arg_shardings: list, result_shardings: li
         outs = [_local_type(t, s, axes) for t, s in
                 zip(hir.function_type(fn).results, result_shardings)]
         fn.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(ins, outs))
-        if "hlofuse.attention" in fn.attributes:   # the spec records label sizes: per shard
-            import json
+        # attention specs record label sizes: per shard (the forward's own attribute, and the
+        # forward inside the training pair's: its output is the lse kernel's result or the
+        # backward's input)
+        if "hlofuse.attention" in fn.attributes:
             spec = json.loads(ir.StringAttr(fn.attributes["hlofuse.attention"]).value)
-            sizes = dict(spec["label_sizes"])
-            for arg, dims in (("q_arg", "q_dims"), ("k_arg", "k_dims"), ("v_arg", "v_dims")):
-                shape = ir.RankedTensorType(ins[spec[arg]]).shape
-                sizes.update(zip(spec[dims], shape))
-            sizes.update(zip(spec["out_dims"], ir.RankedTensorType(outs[0]).shape))
-            spec["label_sizes"] = [[k, sizes[k]] for k, _ in spec["label_sizes"]]
+            _localize_attention(spec, ins, outs[0])
             fn.attributes["hlofuse.attention"] = ir.StringAttr.get(json.dumps(spec))
+        for key, o_of in (("hlofuse.attention_fwd_lse", lambda d: outs[int(d["o_index"])]),
+                          ("hlofuse.attention_bwd", lambda d: ins[int(d["o_arg"])])):
+            if key in fn.attributes:
+                d = json.loads(ir.StringAttr(fn.attributes[key]).value)
+                spec = json.loads(d["fwd"])
+                _localize_attention(spec, ins, o_of(d))
+                d["fwd"] = json.dumps(spec, separators=(",", ":"))
+                if "outs" in d:
+                    glob = list(hir.function_type(fn_op).inputs)
+                    d["outs"] = [[g, _local_perm(perm, ir.RankedTensorType(glob[g]).shape,
+                                                 ir.RankedTensorType(ins[g]).shape)]
+                                 for g, perm in d["outs"]]
+                fn.attributes[key] = ir.StringAttr.get(json.dumps(d))
         for key in ("arg_attrs", "res_attrs"):
             if key in fn.attributes:
                 del fn.attributes[key]
@@ -383,6 +489,25 @@ def local_function(fn_op, shard: dict, arg_shardings: list, result_shardings: li
                 op.operation.erase()
     hir.verify(mod)
     return mod
+
+
+def _local_perm(perm, global_shape, local_shape) -> list:
+    """A gradient's recorded permutation of its input's non-unit dims, for the local shapes: a
+    dim sharded down to size 1 is a unit dim there, and leaves the permutation."""
+    nonunit = [i for i, n in enumerate(global_shape) if n != 1]
+    kept = [nonunit[p] for p in perm if local_shape[nonunit[p]] != 1]
+    local_nonunit = [i for i, n in enumerate(local_shape) if n != 1]
+    return [local_nonunit.index(i) for i in kept]
+
+
+def _localize_attention(spec: dict, ins: list, o_type) -> None:
+    """An attention spec's recorded label sizes, from the local types of Q, K, V and the P·V
+    result (``o_type``)."""
+    sizes = dict(spec["label_sizes"])
+    for arg, dims in (("q_arg", "q_dims"), ("k_arg", "k_dims"), ("v_arg", "v_dims")):
+        sizes.update(zip(spec[dims], ir.RankedTensorType(ins[spec[arg]]).shape))
+    sizes.update(zip(spec["out_dims"], ir.RankedTensorType(o_type).shape))
+    spec["label_sizes"] = [[k, sizes[k]] for k, _ in spec["label_sizes"]]
 
 
 def _sharding_text(mesh: str, s) -> str:

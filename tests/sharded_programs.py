@@ -71,8 +71,7 @@ def scanned(x, wqkv, wo):
     """Two causal attention layers run by ``lax.scan`` over stacked weights, each under
     ``jax.checkpoint`` (remat): the causal mask is hoisted out of the loops by jax and generated
     in them again by ``sink-loop-generators``; the attention runs per shard in the loop bodies
-    (in the step, the forward loop's; the backward loop's flash forward and backward stay with
-    XLA, as in every sharded step: their recomputed ops carry no propagated sharding)."""
+    (in the step, the backward loop's flash forward and backward too)."""
     def layer(h, w):
         wq, wo_ = w
         qkv = jnp.einsum("bsd,dthk->tbshk", _ln(h), wq)

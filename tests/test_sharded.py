@@ -94,6 +94,13 @@ def test_sharded_programs_on_eight_cpu_devices():
     for name in ("data_parallel_scan", "data_parallel_scan_train"):
         kinds = out[name]["per_shard"]
         assert "attention" in kinds and "reduction" in kinds, (name, out[name])
+    # training steps: the flash forward (with its row statistics) and the flash backward run
+    # per shard too, batch- or heads-sharded, scanned or not (their ops are made after
+    # propagation; check_region carries the shardings to them)
+    for name in ("tp_block_train", "mesh_2d_train", "data_parallel_scan_train"):
+        kinds = out[name]["per_shard"]
+        assert kinds.count("attention_fwd_lse") == 1 and kinds.count("attention_bwd") == 1, \
+            (name, out[name])
     # inside shard_map bodies (sdy.manual_computation) regions are fused like at the top level:
     # the layernorm and the gelu epilogue become kernels of per-device shapes
     for name in ("shard_map_mlp", "shard_map_mlp_train", "shard_map_uncommitted"):
