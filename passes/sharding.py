@@ -144,8 +144,10 @@ def input_sharding(v: ir.Value, depth: int = 0) -> tuple | None:
     op = hir.defining_op(v)
     if (depth < 32 and op is not None and op.name != "func.call" and len(op.results) == 1
             and not len(op.regions)):
-        ins = ["*" if _is_splat_constant(hir.defining_op(a) or op) and hir.defining_op(a) is not None
-               else input_sharding(a, depth + 1) for a in op.operands]
+        ins = []
+        for a in op.operands:
+            p = hir.defining_op(a)
+            ins.append("*" if p is not None and _is_splat_constant(p) else input_sharding(a, depth + 1))
         guess = _infer_sharding(op, ins)
         if guess is not None:
             return guess
@@ -197,28 +199,26 @@ def _ints(op, key: str) -> list[int]:
         return [int(x) for x in re.findall(r"-?\d+", str(a))]
 
 
+def _keyed(shape, s) -> dict:
+    """Sharded dims keyed by (elements before the dim, its size): what a reshape can keep."""
+    out, pre = {}, 1
+    for n, axes in zip(shape, s):
+        if axes:
+            out[(pre, n)] = axes
+        pre *= n
+    return out
+
+
 def _reshape_ok(src: tuple, dst: tuple, s_in, s_out) -> bool:
     """Every sharded dim is kept as is, with the same elements before it, on both sides."""
-    def keyed(shape, s):
-        out, pre = {}, 1
-        for n, axes in zip(shape, s):
-            if axes:
-                out[(pre, n)] = axes
-            pre *= n
-        return out
-    return keyed(src, s_in) == keyed(dst, s_out)
+    return _keyed(src, s_in) == _keyed(dst, s_out)
 
 
 def _reshaped(src: tuple, dst: tuple, s_in) -> tuple:
     """The sharding of ``dst`` keeping each of ``s_in``'s sharded dims where the reshape keeps
     the dim (same size, same elements before it); unsharded elsewhere, which
     :func:`_reshape_ok` then refuses."""
-    keys, pre = {}, 1
-    for n, ax in zip(src, s_in):
-        if ax:
-            keys[(pre, n)] = ax
-        pre *= n
-    out, pre = [], 1
+    keys, out, pre = _keyed(src, s_in), [], 1
     for n in dst:
         out.append(keys.get((pre, n), ()))
         pre *= n
