@@ -35,8 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
-
 from jaxlib.mlir import ir
 
 from hlofuse import ir as hir
@@ -81,10 +79,6 @@ def generated_tree(v, limit: int = MAX_TREE_OPS) -> list | None:
     return order if go(v) else None
 
 
-def _numel(v) -> int:
-    return int(np.prod(hir.tensor_type_info(v.type).shape))
-
-
 def sink_into(loop, min_elements: int) -> int:
     """Regenerate in ``loop``'s regions the generated values they read: operands carried
     unchanged through the body, and values read from outside the loop (implicit captures: the
@@ -112,8 +106,9 @@ def sink_into(loop, min_elements: int) -> int:
         todo += [(block, uses, v) for v, uses in captured.values()]
     n = 0
     for block, uses, v in todo:
-        if _numel(v) < min_elements:
-            continue                      # too small to matter
+        t = gu.info(v)
+        if t is None or t.size < min_elements:
+            continue                      # a token or dynamic shape; or too small to matter
         tree = generated_tree(v)
         if tree is None:
             continue

@@ -72,6 +72,32 @@ def test_generated_values_are_regenerated_in_the_loop_bit_exactly():
     assert again.text == opt.text
 
 
+def test_a_loop_carrying_a_token_is_left_as_it_is():
+    """A while carrying a ``!stablehlo.token`` (ordered effects) has a carried value with no
+    tensor type, carried unchanged and read in the body: the pass reads no size from it (it
+    failed with an AttributeError)."""
+    text = """
+func.func @main(%x: tensor<64x64xf32>, %t: !stablehlo.token) -> (tensor<64x64xf32>, !stablehlo.token) {
+  %zero = stablehlo.constant dense<0> : tensor<i32>
+  %r:3 = stablehlo.while(%i = %zero, %acc = %x, %tok = %t) : tensor<i32>, tensor<64x64xf32>, !stablehlo.token
+   cond {
+    %three = stablehlo.constant dense<3> : tensor<i32>
+    %lt = stablehlo.compare LT, %i, %three, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+    stablehlo.return %lt : tensor<i1>
+  } do {
+    %one = stablehlo.constant dense<1> : tensor<i32>
+    %n = stablehlo.add %i, %one : tensor<i32>
+    %tok2 = stablehlo.after_all %tok : !stablehlo.token
+    %y = stablehlo.tanh %acc : tensor<64x64xf32>
+    stablehlo.return %n, %y, %tok : tensor<i32>, tensor<64x64xf32>, !stablehlo.token
+  }
+  func.return %r#1, %r#2 : tensor<64x64xf32>, !stablehlo.token
+}
+"""
+    opt = hlofuse.optimize(text, pipeline=["sink-loop-generators"])
+    assert opt.report.passes[0].stats == {"sunk": 0, "loops": 0}
+
+
 def test_option_turns_it_off():
     opt = hlofuse.optimize(LOOP, pipeline=["sink-loop-generators"],
                            options={"sink-loop-generators": {"enabled": False}})
