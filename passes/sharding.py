@@ -159,8 +159,10 @@ def annotate_calls(module, calls, table) -> None:
     does not look into calls), so a region fed by another region knows its inputs'. Results
     computed by ops made after propagation (a training match's lse) take the shardings
     :func:`check_region` carries to them from the call's inputs."""
-    axes = mesh_of(module)[2]
+    mesh, _, axes = mesh_of(module)
     for call in calls:
+        if SHARDING_ATTR in call.attributes:
+            continue
         fn = table[ir.FlatSymbolRefAttr(call.attributes["callee"]).value]
         ret = hir.block_ops(fn.regions[0].blocks[0])[-1]
         per = [value_sharding(v, True) for v in ret.operands]
@@ -171,9 +173,8 @@ def annotate_calls(module, calls, table) -> None:
                 per = [None if x == "*" else x for x in per]
             except NotShardLocal:
                 pass
-        if not per or any(p is None for p in per) or SHARDING_ATTR in call.attributes:
+        if not per or any(p is None for p in per):
             continue
-        mesh = mesh_of(module)[0]
         text = "#sdy.sharding_per_value<[" + ", ".join(_sharding_text(mesh, p) for p in per) + "]>"
         with module.context:
             call.attributes[SHARDING_ATTR] = ir.Attribute.parse(text)
