@@ -168,20 +168,25 @@ def nnx_llama_train(cfg, seed):
 
 
 # ------------------------------------------------------------------------------------------
-# NNX GPT with its blocks scanned (nnx.scan over stacked layers, nnx.remat)
+# A pre-LN transformer block (the scanned GPT's, causal, and the ViT's)
 # ------------------------------------------------------------------------------------------
-class GPTBlock(nnx.Module):
-    def __init__(self, d, heads, ff, *, rngs):
-        self.ln1, self.ln2 = nnx.LayerNorm(d, rngs=rngs), nnx.LayerNorm(d, rngs=rngs)
+class PreLNBlock(nnx.Module):
+    def __init__(self, d, heads, ff, *, causal=False, rngs):
+        self.causal = causal
+        self.ln1 = nnx.LayerNorm(d, epsilon=1e-6, rngs=rngs)
         self.attn = nnx.MultiHeadAttention(heads, d, decode=False, deterministic=True, rngs=rngs)
+        self.ln2 = nnx.LayerNorm(d, epsilon=1e-6, rngs=rngs)
         self.fc1, self.fc2 = nnx.Linear(d, ff, rngs=rngs), nnx.Linear(ff, d, rngs=rngs)
 
     def __call__(self, x):
-        causal = nnx.make_causal_mask(jnp.ones(x.shape[:2], jnp.int32))
-        x = x + self.attn(self.ln1(x), mask=causal)
+        mask = nnx.make_causal_mask(jnp.ones(x.shape[:2], jnp.int32)) if self.causal else None
+        x = x + self.attn(self.ln1(x), mask=mask)
         return x + self.fc2(nnx.gelu(self.fc1(self.ln2(x))))
 
 
+# ------------------------------------------------------------------------------------------
+# NNX GPT with its blocks scanned (nnx.scan over stacked layers, nnx.remat)
+# ------------------------------------------------------------------------------------------
 class ScannedGPT(nnx.Module):
     """The blocks' parameters stacked along a layer axis (``nnx.vmap`` at init) and run by
     ``nnx.scan``, each block under ``nnx.remat``: how deep stacks are written to keep compile
@@ -193,7 +198,7 @@ class ScannedGPT(nnx.Module):
         @nnx.split_rngs(splits=cfg["layers"])
         @nnx.vmap(in_axes=(0,), out_axes=0)
         def blocks(rngs):
-            return GPTBlock(cfg["d"], cfg["heads"], cfg["ff"], rngs=rngs)
+            return PreLNBlock(cfg["d"], cfg["heads"], cfg["ff"], causal=True, rngs=rngs)
         self.blocks = blocks(rngs)
         self.ln = nnx.LayerNorm(cfg["d"], rngs=rngs)
         self.head = nnx.Linear(cfg["d"], cfg["vocab"], use_bias=False, rngs=rngs)
@@ -232,18 +237,6 @@ def nnx_gpt_scan_train(cfg, seed):
 # ------------------------------------------------------------------------------------------
 # NNX ViT
 # ------------------------------------------------------------------------------------------
-class ViTBlock(nnx.Module):
-    def __init__(self, d, heads, ff, *, rngs):
-        self.ln1 = nnx.LayerNorm(d, epsilon=1e-6, rngs=rngs)
-        self.attn = nnx.MultiHeadAttention(heads, d, decode=False, deterministic=True, rngs=rngs)
-        self.ln2 = nnx.LayerNorm(d, epsilon=1e-6, rngs=rngs)
-        self.fc1, self.fc2 = nnx.Linear(d, ff, rngs=rngs), nnx.Linear(ff, d, rngs=rngs)
-
-    def __call__(self, x):
-        x = x + self.attn(self.ln1(x))
-        return x + self.fc2(nnx.gelu(self.fc1(self.ln2(x))))
-
-
 class ViT(nnx.Module):
     def __init__(self, cfg, *, rngs):
         d, p = cfg["d"], cfg["patch"]
@@ -251,7 +244,7 @@ class ViT(nnx.Module):
         self.patch = nnx.Conv(3, d, (p, p), strides=(p, p), padding="VALID", rngs=rngs)
         self.cls = nnx.Param(jax.random.normal(rngs.params(), (1, 1, d)) * 0.02)
         self.pos = nnx.Param(jax.random.normal(rngs.params(), (1, n + 1, d)) * 0.02)
-        self.blocks = _list(ViTBlock(d, cfg["heads"], cfg["ff"], rngs=rngs)
+        self.blocks = _list(PreLNBlock(d, cfg["heads"], cfg["ff"], rngs=rngs)
                             for _ in range(cfg["layers"]))
         self.ln = nnx.LayerNorm(d, epsilon=1e-6, rngs=rngs)
         self.head = nnx.Linear(d, cfg["classes"], rngs=rngs)
