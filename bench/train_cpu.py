@@ -81,21 +81,18 @@ def _attn_args(seq, batch=1, heads=8):
     return [rng.standard_normal((batch, seq, heads, 64)).astype(np.float32) for _ in range(3)]
 
 
-def gpt2_loss(params, x):
+def _next_token_loss(h, x):
+    """Next-token-style target: each position predicts the next position's input."""
     import jax.numpy as jnp
+    return jnp.mean((h[:, :-1] - x[:, 1:]) ** 2)
+
+
+def gpt2_loss(params, x):
     from bench.workloads import gpt2_block
     h = x
     for p in params:
         h = gpt2_block(p, h, n_heads=N_HEADS)
-    # next-token-style target: predict the next position's input
-    return jnp.mean((h[:, :-1] - x[:, 1:]) ** 2)
-
-
-def gpt2_step(params, x):
-    import jax
-    loss, grads = jax.value_and_grad(gpt2_loss)(params, x)
-    new = jax.tree.map(lambda p, g: p - 1e-3 * g, params, grads)
-    return loss, new
+    return _next_token_loss(h, x)
 
 
 def gpt2_scan_loss(params, x, remat: bool = False):
@@ -103,35 +100,38 @@ def gpt2_scan_loss(params, x, remat: bool = False):
     ``lax.scan`` (scan over layers); ``remat``: the scanned block under ``jax.checkpoint``
     (``dots_with_no_batch_dims_saveable``, the projections' products are saved)."""
     import jax
-    import jax.numpy as jnp
     from bench.workloads import gpt2_block
 
     def block(h, p):
         return gpt2_block(p, h, n_heads=N_HEADS)
     if remat:
         block = jax.checkpoint(block, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
-    h = jax.lax.scan(lambda h, p: (block(h, p), None), x, params)[0]
-    return jnp.mean((h[:, :-1] - x[:, 1:]) ** 2)
+    return _next_token_loss(jax.lax.scan(lambda h, p: (block(h, p), None), x, params)[0], x)
 
 
-def _gpt2_scan_step(remat: bool):
+def _sgd_step(loss_fn, name: str):
+    """``step(params, x) -> (loss, params - 1e-3 * grad)`` of ``loss_fn``, named ``name``."""
     def step(params, x):
         import jax
-        loss, grads = jax.value_and_grad(gpt2_scan_loss)(params, x, remat)
-        new = jax.tree.map(lambda p, g: p - 1e-3 * g, params, grads)
-        return loss, new
-    step.__name__ = "gpt2_scan_remat_step" if remat else "gpt2_scan_step"
+        loss, grads = jax.value_and_grad(loss_fn)(params, x)
+        return loss, jax.tree.map(lambda p, g: p - 1e-3 * g, params, grads)
+    step.__name__ = step.__qualname__ = name
     return step
 
 
+gpt2_step = _sgd_step(gpt2_loss, "gpt2_step")
+
+
+def _gpt2_scan_step(remat: bool):
+    return _sgd_step(lambda params, x: gpt2_scan_loss(params, x, remat),
+                     "gpt2_scan_remat_step" if remat else "gpt2_scan_step")
+
+
 def _gpt2_scan_args(seq):
-    params, x = _gpt2_args(seq)
-    return [{k: _stack([p[k] for p in params]) for k in params[0]}, x]
-
-
-def _stack(trees):
+    """:func:`_gpt2_args` with the blocks' parameter trees stacked along a leading layer axis."""
     import jax
-    return jax.tree.map(lambda *xs: np.stack(xs), *trees)
+    params, x = _gpt2_args(seq)
+    return [jax.tree.map(lambda *xs: np.stack(xs), *params), x]
 
 
 def _gpt2_args(seq):
