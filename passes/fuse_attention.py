@@ -50,7 +50,8 @@ backward program, as ``jax.grad(hlofuse.jit(f))`` makes), dropout (the probabili
 feed a multiply by a random mask, not the P·V product), softmax over a non-key dim, two
 candidate QKᵀ products, dynamic shapes. Candidates are the ``dot_general`` ops with a softmax
 (exp normalized by its sum) as an operand, in blocks with an exp and two dot_generals; a block
-with neither gets one reason (:data:`NO_SOFTMAX_DOT`), other dots none.
+with a softmax but no candidate gets one reason (:data:`NO_SOFTMAX_DOT`), a block without a
+softmax (a cross-entropy's log-softmax and its gradient) none.
 
 Preconditions: calls inlined (``inline-calls``); runs after ``cse`` and before the other fusion
 passes so it claims its ops first. Invariant: the module verifies; results equal the original
@@ -1190,7 +1191,10 @@ class FuseAttention(Pass):
             trains, refused = _training_matches(block, refused, found, module, ctx.target)
             for op, reason in refused:
                 left.add(WHAT, op, reason)
-            if not found and not refused and not trains:
+            if not found and not refused and not trains and any(
+                    o.name == "stablehlo.divide" and _softmax_behind(o.results[0]) for o in ops):
+                # a softmax no dot reads as probabilities (dropout between); a block with no
+                # exp normalized by a divide (a cross-entropy's log-softmax) has no candidate
                 left.add(WHAT, next(o for o in ops if o.name == "stablehlo.dot_general"),
                          NO_SOFTMAX_DOT)
             for att, spec, copies in matches:

@@ -298,6 +298,24 @@ def test_not_attention_is_left_alone(f, reason):
     assert_same(g(*args), jax.jit(f)(*args), "grad")
 
 
+def test_cross_entropy_step_is_no_attention_candidate():
+    """A classifier's training step has an exp and dots but no softmax a dot reads as
+    probabilities (log-softmax, its gradient ``g - exp(logp)·Σg``): no fuse-attention note."""
+    def loss(w1, w2, x, y):
+        logp = jax.nn.log_softmax(jnp.tanh(x @ w1) @ w2)
+        return -jnp.take_along_axis(logp, y[:, None], axis=-1).mean()
+    step = jax.value_and_grad(loss, argnums=(0, 1))
+    rng = np.random.default_rng(0)
+    args = (rng.standard_normal((32, 64), np.float32), rng.standard_normal((64, 100), np.float32),
+            rng.standard_normal((16, 32), np.float32), np.arange(16, dtype=np.int32) * 5)
+    g = hlofuse.jit(step, autotune=False)
+    report = g.report(*args)
+    assert any(r.kernel for r in report.regions)   # the step is fused, just not as attention
+    assert attention_refusals(report) == {}
+    assert not [n for n in report.notes if n.startswith("fuse-attention:")]
+    assert_same(g(*args), jax.jit(step)(*args), "grad")
+
+
 def test_grad_program_gets_flash_forward_and_backward():
     """jax.grad of an attention function: the backward reads the probabilities, so the
     forward alone is refused; forward and backward are matched together instead
