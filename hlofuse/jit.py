@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import logging
 import re
 import threading
@@ -299,6 +300,7 @@ class HlofuseFunction:
         self._jit = jax.jit(self._traced_fn(), **self._jit_kwargs)
         module_cache.enable_xla_cache()   # a second process skips XLA's compile too
         self._programs: dict[tuple, Program] = {}
+        self._last_sig = None  # (in_tree, leaves): the last signature traced, for report()
         self._lock = threading.RLock()
         # autotune: None follows HLOFUSE_AUTOTUNE / the platform (see hlofuse.tools.autotune.mode)
         self._autotune = autotune
@@ -380,6 +382,9 @@ class HlofuseFunction:
         donated = self._donated_leaves(args, kwargs, dyn)
         shardings = self._leaf_shardings(args, kwargs, dyn)
         xs = [x for x, d in zip(leaves, dyn) if d]
+        self._last_sig = (in_tree, [jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                                         weak_type=jax.typeof(x).weak_type)
+                                    if d else x for x, d in zip(leaves, dyn)])
         key_impls = _key_impls(xs)
         key = (in_tree, tuple(dyn), static, donated, shardings, key_impls)
         program = self._programs.get(key)
@@ -945,7 +950,19 @@ class HlofuseFunction:
     def report(self, *args, **kwargs):
         """The fusion report for these arguments' signature. Aliases and the memory plan are
         read back from XLA's compiled executable when it can be compiled here (the outer
-        ``jax.jit``'s donation decides them, not the module's own annotations)."""
+        ``jax.jit``'s donation decides them, not the module's own annotations).
+
+        Without arguments, for a function that needs some: the report of the last signature
+        traced (a call, ``lower`` or a transformation)."""
+        if not args and not kwargs and not self._binds_no_arguments():
+            if self._last_sig is None:
+                raise TypeError(
+                    f"{self._name}.report() needs the arguments of a call (arrays, or "
+                    f"jax.ShapeDtypeStruct for the dynamic ones): report(*args, **kwargs); "
+                    f"without them it reports the last signature called, and {self._name} "
+                    f"has not been called yet")
+            in_tree, leaves = self._last_sig
+            args, kwargs = tree_util.tree_unflatten(in_tree, leaves)
         lowered = self.lower(*args, **kwargs)
         rep = lowered.report
         if lowered._entry is not None and self._donating and (
@@ -958,6 +975,15 @@ class HlofuseFunction:
             else:
                 _report_compiled_aliases(rep, lowered._entry, aliases)
         return rep
+
+    def _binds_no_arguments(self) -> bool:
+        try:
+            inspect.signature(self._fun).bind()
+        except TypeError:
+            return False
+        except ValueError:  # no signature to read (a builtin): let the call decide
+            return True
+        return True
 
     def tune(self, *args, budget_s: float | None = None, **kwargs):
         """Measure now, for these arguments' signature, whatever a call would measure: XLA

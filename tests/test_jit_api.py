@@ -227,3 +227,24 @@ def test_report_aliases_are_the_compiled_executables():
     assert rep.memory["aliases_from"] == "compiled executable"
     assert not any("output 1 aliases" in n for n in rep.notes)
     assert f.lower(x, y).compile().aliases() == want
+
+
+def test_report_without_arguments_is_the_last_signature_called():
+    """``f.report()`` after a call reports that call's signature (static arguments included);
+    before any call it says what it needs, naming the function."""
+    def f(x, n, *, scale):
+        return jnp.tanh(x * scale) + n
+    g = hlofuse.jit(f, static_argnums=1, autotune=False)
+    with pytest.raises(TypeError, match=r"f\.report\(\) needs the arguments of a call.*"
+                                        r"has not been called yet"):
+        g.report()
+    x = jnp.ones((8, 128), jnp.float32)
+    g(x, 2, scale=0.5)
+    rep, again = g.report(), g.report(x, 2, scale=0.5)
+    assert str(rep) == str(again) and any(r.kernel for r in rep.regions)
+    y = jnp.ones((4, 64), jnp.bfloat16)
+    g(y, 3, scale=1.0)
+    assert str(g.report()) == str(g.report(y, 3, scale=1.0)) != str(rep)
+    # a function that takes no arguments still reports its own (empty) signature
+    h = hlofuse.jit(lambda: jnp.tanh(jnp.arange(8.0)), autotune=False)
+    assert str(h.report()) == str(h.report())
