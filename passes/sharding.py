@@ -175,9 +175,14 @@ def annotate_calls(module, calls, table) -> None:
                 pass
         if not per or any(p is None for p in per):
             continue
-        text = "#sdy.sharding_per_value<[" + ", ".join(_sharding_text(mesh, p) for p in per) + "]>"
-        with module.context:
-            call.attributes[SHARDING_ATTR] = ir.Attribute.parse(text)
+        set_shardings(call, mesh, per)
+
+
+def set_shardings(op, mesh: str, per_value: list) -> None:
+    """Annotate ``op`` (made after propagation) with one closed sharding per result."""
+    text = "#sdy.sharding_per_value<[" + ", ".join(_sharding_text(mesh, p) for p in per_value) + "]>"
+    with op.context:
+        op.attributes[SHARDING_ATTR] = ir.Attribute.parse(text)
 
 
 def _unsharded(s) -> bool:
@@ -210,9 +215,22 @@ def _keyed(shape, s) -> dict:
     return out
 
 
+def reshape_keeps(src: tuple, dst: tuple, s_in, s_out) -> bool:
+    """A reshape from ``src`` sharded ``s_in`` to ``dst`` sharded ``s_out`` moves no data
+    between shards: every sharded dim is kept, with the same elements before it."""
+    return _reshape_ok(src, dst, s_in, s_out)
+
+
 def _reshape_ok(src: tuple, dst: tuple, s_in, s_out) -> bool:
-    """Every sharded dim is kept as is, with the same elements before it, on both sides."""
-    return _keyed(src, s_in) == _keyed(dst, s_out)
+    """Every sharded dim has a dim sharded over the same axes on the other side, with the same
+    elements before it. Its size may differ: a shard is the slice of the index space after
+    those elements (row-major: ``(index mod period) // (period / shards)``, ``period`` fixed by
+    what lies before), so merging the dim with unsharded dims after it, or splitting off its
+    major part (the axes divide it: both sides' annotations are valid), moves no data between
+    shards (a GQA product's query heads ``(kv, g)`` merged back to ``kv*g`` sharded on ``kv``)."""
+    def by_offset(shape, sh):
+        return {pre: axes for (pre, _), axes in _keyed(shape, sh).items()}
+    return by_offset(src, s_in) == by_offset(dst, s_out)
 
 
 def _reshaped(src: tuple, dst: tuple, s_in) -> tuple:
