@@ -300,6 +300,9 @@ PIPELINES: dict[str, list[tuple[str, str]]] = {
                                  "them, and before propagate-shardings, which annotates the copies"),
         ("propagate-shardings", "sharded programs: Shardy's shardings on every op, so kernelize builds per-shard kernels (no-op otherwise)"),
         ("fuse-attention", "outline QK^T-softmax-PV subgraphs for flash kernels before other fusions claim their ops"),
+        ("fold-dot-repeats", "a dot reading K/V repeated to the query heads (GQA decode, attention fuse-attention "
+                             "left to XLA) reads them unrepeated; after fuse-attention, whose GQA match reads "
+                             "the repeat, before the matmul fusions, which see the smaller product"),
         ("dot-f32-accumulate", "cpu: bf16 dots with an f32 result (XLA:CPU's library bf16 matmul; a bf16 result is "
                                "upcast to an f32 matmul); after fuse-attention, so matmul regions hold the f32 dot"),
         ("conv-winograd", "cpu: 3x3 stride-1 f32 convolutions as Winograd F(2x2,3x3) regions (2.25x fewer "

@@ -11,6 +11,7 @@ from hlofuse.passes import inline_calls as inline_calls
 from hlofuse.passes import sink_loop_generators as sink_loop_generators
 from hlofuse.passes import fuse_elementwise as fuse_elementwise
 from hlofuse.passes import fuse_attention as fuse_attention
+from hlofuse.passes import fold_dot_repeats as fold_dot_repeats
 from hlofuse.passes import fuse_reduction as fuse_reduction
 from hlofuse.passes import conv_winograd as conv_winograd
 from hlofuse.passes import conv1x1_to_dot as conv1x1_to_dot

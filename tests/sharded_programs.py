@@ -4,6 +4,8 @@ training step. Used by ``tests/test_sharded.py`` (8 CPU devices, in a child proc
 :func:`run_json_child`) and by the deviceless compile for an 8-GPU topology and a TPU v5e 2x2
 slice (``tests/test_aot.py``).
 
+A GQA decode step (batch and KV heads sharded) checks ``fold-dot-repeats`` on a 2-D mesh.
+
 A case is ``(name, fn, shapes, specs, mesh_shape)``: ``specs`` are PartitionSpec tuples over the
 mesh axes ``("data", "model")``; ``mesh_shape`` is (data, model).
 """
@@ -80,6 +82,14 @@ def scanned(x, wqkv, wo):
     return jax.lax.scan(jax.checkpoint(layer), x, (wqkv, wo))[0]
 
 
+def gqa_decode(q, k, v):
+    """One decode step of grouped-query attention over a KV cache (``jnp.repeat`` of K/V to
+    the query heads; one query row): ``fold-dot-repeats`` reads K/V unrepeated, heads sharded."""
+    g = q.shape[2] // k.shape[2]
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, jnp.repeat(k, g, axis=2)) / np.sqrt(q.shape[-1])
+    return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, -1), jnp.repeat(v, g, axis=2))
+
+
 def make_fsdp(mesh):
     """Parameters stored sharded over "data" and gathered for use. (A NamedSharding, not a bare
     PartitionSpec: hlofuse traces the function outside the caller's ``jax.set_mesh``.)"""
@@ -133,6 +143,8 @@ def cases(make_mesh, scale: int = 1):
          [P("data"), P(), P()], (8, 1)),
         ("data_parallel_scan", scanned, [(B, S, D), (2, D, 3, H, HD), (2, H, HD, D)],
          [P("data"), P(), P()], (8, 1)),
+        ("gqa_decode", gqa_decode, [(B, 1, H, HD), (B, S, 4, HD), (B, S, 4, HD)],
+         [P("data", None, "model")] * 3, (2, 4)),
     ]
     out.append(("shard_map_mlp", make_shard_map_mlp(make_mesh((2, 4))), [(B, S, D), (D, F), (F, D)],
                 [P("data"), P(None, "model"), P("model")], (2, 4)))

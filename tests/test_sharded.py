@@ -53,6 +53,8 @@ CHILD = textwrap.dedent('''
             "per_shard": sorted(r.kind for r in rep.regions if "per_shard" in r.extra),
             "kernels": len(rep.kernels),
             "reasons": [r.reason for r in rep.regions if r.reason],
+            "folded": sum(p.stats.get("folded", 0) for p in rep.passes
+                          if p.name == "fold-dot-repeats"),
         }
     # a shard_map body with uncommitted inputs (no in_shardings): fused, on the mesh's devices
     fn = [c for c in cases(make_mesh) if c[0] == "shard_map_mlp"][0][1]
@@ -64,14 +66,14 @@ CHILD = textwrap.dedent('''
         "err": float(np.max(np.abs(np.asarray(yj) - np.asarray(yh)))),
         "jax": collectives(jax.jit(fn).lower(*args).compile().as_text()),
         "hlofuse": collectives(lowered.compile().as_text()),
-        "per_shard": [], "kernels": len(lowered.report.kernels), "reasons": []}
+        "per_shard": [], "kernels": len(lowered.report.kernels), "reasons": [], "folded": 0}
     print(json.dumps(out))
 ''').replace("ROOT", repr(ROOT))
 
 
 def test_sharded_programs_on_eight_cpu_devices():
     out = run_json_child(CHILD)
-    assert len(out) == 17
+    assert len(out) == 19
     for name, o in out.items():
         tol = TOLERANCES["grad" if name.endswith("_train") else "reassociate"]["float32"][0]
         assert o["err"] <= tol, (name, o["err"])
@@ -101,6 +103,10 @@ def test_sharded_programs_on_eight_cpu_devices():
         kinds = out[name]["per_shard"]
         assert kinds.count("attention_fwd_lse") == 1 and kinds.count("attention_bwd") == 1, \
             (name, out[name])
+    # GQA decode with heads sharded: the products read K/V unrepeated (the split head dim keeps
+    # its sharding on the KV heads; no more collectives, checked above)
+    assert out["gqa_decode"]["folded"] == 2 and out["gqa_decode_train"]["folded"] >= 2, \
+        (out["gqa_decode"], out["gqa_decode_train"])
     # inside shard_map bodies (sdy.manual_computation) regions are fused like at the top level:
     # the layernorm and the gelu epilogue become kernels of per-device shapes
     for name in ("shard_map_mlp", "shard_map_mlp_train", "shard_map_uncommitted"):
