@@ -14,6 +14,8 @@ bert_s128          BERT-base encoder layer (d=768, 12 heads, FFN 3072, GELU), B=
 bert_s512          the same at S=512
 gpt2_block         GPT-2-small decoder block (d=768, 12 heads, causal, FFN 3072), B=1, S=512
 llama_block        LLaMA-style block (RMSNorm, rotary, GQA 16 q / 4 kv heads, SwiGLU), S=256
+llama_decode       llama_block's layer decoding 16 tokens (one query row each, fori_loop) from
+                   a 2048-slot KV cache filled to 1024, B=4
 resnet_nhwc        ResNet-50 stage conv2_x (3 bottlenecks, 56x56, 64->256), inference BN, NHWC
 resnet_nchw        the same stage in NCHW
 resnet_nhwc_frozen resnet_nhwc with the parameters closed over (constants), as deployed
@@ -216,6 +218,45 @@ def _llama_args(s=256, b=1, d=1024, ff=2816, n_heads=16, n_kv=4):
     return make
 
 
+def llama_decode(p, x, cache_k, cache_v, cos, sin, start, n_heads=16, n_kv=4):
+    """``T = cos.shape[0] - start`` greedy-style decode steps of :func:`llama_block`'s layer
+    with a KV cache (``[B, S_max, n_kv, Dh]``, filled up to ``start`` as a prompt would), one
+    query row per step under ``lax.fori_loop``: each step writes its K/V at the position and
+    attends to the cache up to it (the mask), K/V repeated to the query heads as models write
+    it. Returns the last hidden state and the caches."""
+    b, _, d = x.shape
+    dh = d // n_heads
+    rep = n_heads // n_kv
+    s_max = cache_k.shape[1]
+
+    def step(t, carry):
+        x, ck, cv = carry
+        y = rms_norm(x, p["attn_norm"])
+        c, s_ = lax.dynamic_slice_in_dim(cos, t, 1), lax.dynamic_slice_in_dim(sin, t, 1)
+        q = rotary((y @ p["wq"]).reshape(b, 1, n_heads, dh), c, s_)
+        k = rotary((y @ p["wk"]).reshape(b, 1, n_kv, dh), c, s_)
+        ck = lax.dynamic_update_slice(ck, k, (0, t, 0, 0))
+        cv = lax.dynamic_update_slice(cv, (y @ p["wv"]).reshape(b, 1, n_kv, dh), (0, t, 0, 0))
+        s = jnp.einsum("bqhd,bkhd->bhqk", q, jnp.repeat(ck, rep, axis=2)) / math.sqrt(dh)
+        s = jnp.where(jnp.arange(s_max) <= t, s, jnp.finfo(s.dtype).min)
+        a = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, -1), jnp.repeat(cv, rep, axis=2))
+        x = x + a.reshape(b, 1, d) @ p["wo"]
+        y = rms_norm(x, p["ffn_norm"])
+        return x + (jax.nn.silu(y @ p["w1"]) * (y @ p["w3"])) @ p["w2"], ck, cv
+    return lax.fori_loop(start, cos.shape[0], step, (x, cache_k, cache_v))
+
+
+def _llama_decode_args(s_max=2048, start=1024, steps=16, b=4, d=1024, n_heads=16, n_kv=4):
+    block = _llama_args(s=start + steps, b=b, d=d, n_heads=n_heads, n_kv=n_kv)
+
+    def make(rng):
+        p, _, cos, sin = block(rng)
+        dh = d // n_heads
+        cache = [_normal(rng, (b, s_max, n_kv, dh)) for _ in range(2)]
+        return (p, _normal(rng, (b, 1, d)), cache[0], cache[1], cos, sin, np.int32(start))
+    return make
+
+
 # ------------------------------------------------------------------------------------------
 # ResNet-50 stage conv2_x with inference BatchNorm
 # ------------------------------------------------------------------------------------------
@@ -397,6 +438,9 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in [
              "transformer"),
     Workload("llama_block", llama_block, _llama_args(),
              "LLaMA-style block (RMSNorm, rotary, GQA 16/4, SwiGLU), d=1024 S=256", "transformer"),
+    Workload("llama_decode", llama_decode, _llama_decode_args(),
+             "llama_block's layer decoding 16 tokens from a 2048-slot KV cache at 1024, B=4",
+             "transformer"),
     Workload("resnet_nhwc", lambda p, x: resnet_stage(p, x, "NHWC"), _resnet_args("NHWC"),
              "ResNet-50 conv2_x stage, inference BN, NHWC 1x56x56x64", "conv"),
     Workload("resnet_nchw", lambda p, x: resnet_stage(p, x, "NCHW"), _resnet_args("NCHW"),
@@ -429,8 +473,8 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in [
 ]}
 
 #: what ``python -m bench`` runs without ``--models``
-DEFAULT = ["bert_s128", "bert_s512", "gpt2_block", "llama_block", "resnet_nhwc", "resnet_nchw",
-           "resnet_nhwc_frozen", "mlp_3x4096", "attn_s2048", "attn_s4096", "layernorm", "softmax"]
+DEFAULT = ["bert_s128", "bert_s512", "gpt2_block", "llama_block", "llama_decode", "resnet_nhwc",
+           "resnet_nchw", "resnet_nhwc_frozen", "mlp_3x4096", "attn_s2048", "attn_s4096", "layernorm", "softmax"]
 #: ``--quick`` (< 5 min on 2 cores): fewer rounds, without the two slowest/most redundant
 #: workloads (attn_s4096: seconds per call on CPU; resnet_nchw: same stage as resnet_nhwc)
 QUICK = [n for n in DEFAULT if n not in ("attn_s4096", "resnet_nchw", "resnet_nhwc_frozen")]
