@@ -76,6 +76,11 @@ def test_small_model_matches_jax_jit(name):
         want_kind = "attention" if m.mode == "inference" else "attention_fwd_lse"
         assert any(r.kind == want_kind for r in rep.kernels), \
             (name, [(r.kind, r.reason) for r in rep.left_to_xla], rep.notes)
+    if m.kind == "decode":
+        # one query row: no attention kernel (XLA's two products and a softmax kernel), but the
+        # products read the KV cache unrepeated (grouped-query attention)
+        (stats,) = [p.stats for p in rep.passes if p.name == "fold-dot-repeats"]
+        assert stats["folded"] == 2 * m.small["layers"], (name, stats)
     for x in jax.tree_util.tree_leaves(got):
         assert np.isfinite(np.asarray(x, np.float64)).all(), name
     if m.mode == "train":

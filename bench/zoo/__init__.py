@@ -41,7 +41,8 @@ class ZooModel:
       name: identifier on the command line and in tables.
       library: the library it is written with ('flax.nnx', 'flax.linen', 'equinox', 'haiku',
         'transformers', 'keras').
-      kind: 'encoder', 'decoder', 'vit', 'convnet' or 'mlp'.
+      kind: 'encoder', 'decoder', 'decode' (one generation step with a KV cache), 'vit',
+            'convnet' or 'mlp'.
       mode: 'inference' or 'train' (a training step: value_and_grad + an optax update).
       builder: ``'module:function'`` in this package; called as ``function(cfg, seed)`` it
         returns ``(fn, args)``.
@@ -182,6 +183,12 @@ MODELS: dict[str, ZooModel] = {m.name: m for m in [
        dict(layers=2, d=768, heads=12, ff=3072, seq=128, batch=2, vocab=30522),
        "Transformers FlaxBertModel (BertConfig, exact GELU, head mask einsum, padding mask), "
        "2 of 12 layers, B=2 S=128", "reassociate", _HF),
+    _m("hf_llama_decode", "transformers", "decode", "inference", "hf_zoo:hf_llama_decode",
+       dict(layers=1, d=32, heads=4, kv_heads=2, ff=64, prompt=8, cache=16, batch=2, vocab=64),
+       dict(layers=2, d=1024, heads=16, kv_heads=4, ff=2816, prompt=1024, cache=2048, batch=4,
+            vocab=32000),
+       "Transformers FlaxLlamaForCausalLM decode step (GQA 16q/4kv, KV cache of 2048 filled to "
+       "1024 by the prompt, one token), d=1024, 2 layers, B=4", "reassociate", _HF),
     # ---------------------------------------------------------------- Keras 3 (JAX backend)
     _m("keras_mobilenet", "keras", "convnet", "inference", "keras_zoo:keras_mobilenet",
        dict(image=32, alpha=0.35, classes=10, batch=2),
