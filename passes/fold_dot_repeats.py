@@ -13,7 +13,8 @@ batched product of a repeated operand.
 
 Rewrites: ``dot_general(X, O)`` (either side) where ``X = reshape(broadcast_in_dim(Y))``, the
 broadcast repeats ``Y`` ``G`` times along one new (or size-1) dim, and the reshape merges that
-dim with its neighbour ``a`` into a batch dim of the product (``a*G``: ``repeat`` order,
+dim with its neighbour ``a`` into a batch dim of the product (or ``X = broadcast_in_dim(Y)``
+growing one size-1 dim: ``jnp.broadcast_to`` of a single KV head, ``a = 1``) (``a*G``: ``repeat`` order,
 index ``i*G + g``; ``G*a``: ``tile`` order, ``g*a + i``). Then ``O``'s paired batch dim is
 split into ``(a, G)`` (resp. ``(G, a)``), the product reads ``Y`` with ``a`` as that batch dim
 and ``G`` as a free dim of ``O``, and a transpose (when ``G`` does not land next to ``a``) and
@@ -64,6 +65,15 @@ def repeat_of(x: ir.Value) -> Repeat | None:
     or drop unit dims (``jnp.tile`` makes ``[1, b, 1, s, G, kv, 1, d]``): the non-unit dims of
     the broadcast must group, in order, into ``x``'s dims, the repeated one first (``tile``)
     or last (``repeat``) in its group."""
+    bc = gu.is_op(x, "stablehlo.broadcast_in_dim")
+    if bc is not None:      # broadcast_to of one KV head (multi-query attention)
+        y, yi, xi = bc.operands[0], gu.info(bc.operands[0]), gu.info(x)
+        if yi is None or xi is None or len(yi.shape) != len(xi.shape):
+            return None
+        grown = [d for d, (m, n) in enumerate(zip(yi.shape, xi.shape)) if m != n]
+        if gu.i64_array(bc, "broadcast_dimensions") != list(range(len(xi.shape))) or len(grown) != 1:
+            return None
+        return Repeat(y, grown[0], 1, xi.shape[grown[0]], True)
     rs = gu.is_op(x, "stablehlo.reshape")
     if rs is None:
         return None
@@ -232,11 +242,12 @@ def _rewrite(dot, s: int, rep: Repeat, k: int, parts, sh: _Shardings | None) -> 
         annotate(res, sh and sh.out)
     dot.results[0].replace_all_uses_with(res)
     hir.safe_erase(dot)
-    repeat = hir.defining_op(dot_operand)
-    for op in (repeat, hir.defining_op(repeat.operands[0])):   # the reshape, the broadcast
-        if gu.n_uses(op.results[0]):
-            break
+    op = hir.defining_op(dot_operand)
+    while op is not None and op.name in ("stablehlo.reshape", "stablehlo.broadcast_in_dim") \
+            and not gu.n_uses(op.results[0]):         # the repeat, now unused
+        nxt = hir.defining_op(op.operands[0]) if op.name == "stablehlo.reshape" else None
         hir.safe_erase(op)
+        op = nxt
 
 
 @register_pass

@@ -87,6 +87,21 @@ def test_gqa_products_read_kv_unrepeated(rep, sq, dropout):
     assert_same(g(*args), jax.jit(f)(*args), "reassociate")
 
 
+def test_multi_query_attention_broadcast_to():
+    """One KV head given to every query head with ``jnp.broadcast_to`` (no reshape)."""
+    def f(q, k, v):
+        s = jnp.einsum("bqhd,bkhd->bhqk", q, jnp.broadcast_to(k, (B, S, H, D)))
+        return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, -1), jnp.broadcast_to(v, (B, S, H, D)))
+    rng = np.random.default_rng(2)
+    args = (rng.standard_normal((B, 1, H, D), np.float32),
+            *(rng.standard_normal((B, S, 1, D), np.float32) for _ in range(2)))
+    g = hlofuse.jit(f, autotune=False)
+    assert _folded(g.report(*args)) == 2
+    assert _repeated_dot_operands(g.lower(*args).as_text()) == 0
+    assert "tensor<2x64x8x16xf32>" not in g.lower(*args).as_text()   # no broadcast K/V left
+    assert_same(g(*args), jax.jit(f)(*args), "reassociate")
+
+
 def test_training_step_of_unfused_gqa_attention():
     """The gradient of the dropout attention: the forward products and the backward's product
     reading V repeated are folded; gradients match jax.jit's."""
