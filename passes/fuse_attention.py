@@ -673,7 +673,8 @@ def _qk_operands(qk, parts, sizes: dict, key: str) -> _Operands:
     batch = [f"b{i}" for i in range(len(lb)) if f"b{i}" in sizes]
     rows = [f"{'lr'[q_side]}{d}" for d in (lf, rf)[q_side] if f"{'lr'[q_side]}{d}" in sizes]
     if not rows:
-        raise NoMatch("no query rows")
+        raise NoMatch("one query row (e.g. a decode step): the kernels tile query rows, XLA keeps the "
+                      "two products (fold-dot-repeats reads a repeated K/V unrepeated)")
     qc, kc = (lc, rc) if q_side == 0 else (rc, lc)
     q_val, k_val = qk.operands[q_side], qk.operands[k_side]
     q_shape, k_shape = shape_of(q_val), shape_of(k_val)

@@ -151,5 +151,8 @@ def test_decode_loop_with_a_kv_cache():
     args = (np.arange(B, dtype=np.int32), np.zeros((B, S, KV, D), np.float32),
             np.zeros((B, S, KV, D), np.float32))
     g = hlofuse.jit(generate, autotune=False)
-    assert _folded(g.report(*args)) == 2
+    report = g.report(*args)
+    assert _folded(report) == 2
+    # fuse-attention says why the step's attention is XLA's
+    assert any(n.startswith("fuse-attention:") and "one query row" in n for n in report.notes)
     np.testing.assert_array_equal(g(*args), jax.jit(generate)(*args))
