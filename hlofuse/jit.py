@@ -476,7 +476,7 @@ class HlofuseFunction:
             return None
         mesh = out[0].mesh
         if (mesh.size <= 1 or any(p.mesh != mesh for p in out)
-                or any(t != jax.sharding.AxisType.Auto for t in mesh.axis_types)):
+                or any(t == jax.sharding.AxisType.Manual for t in mesh.axis_types)):
             return None
         return tuple(out)
 

@@ -161,7 +161,7 @@ def export_optimized(fun: Callable, sig: Signature, opts: Options, *, name: str 
                 exp = dataclasses.replace(exp, mlir_module_serialized=hir.to_bytecode(opt.module))
         return exp, opt
     jitted = jax.jit(fun) if shardings is None else jax.jit(fun, in_shardings=shardings)
-    exp0 = jexport.export(jitted, platforms=[platform])(*sds(sig))
+    exp0 = jexport.export(jitted, platforms=[platform])(*sds_of(sig, shardings))
     ckey = _module_cache_key(exp0, opts, target, name, donated, learned, pass_options)
     hit = module_cache.load(ckey) if ckey else None
     optimized = False
@@ -466,8 +466,8 @@ class Program:
             with self._lock:
                 j = self._jaxprs.get(sig)
                 if j is None:
-                    with _isolated():
-                        j = jax.make_jaxpr(self.fun)(*sds(sig))
+                    with _tracing(self.shardings):
+                        j = jax.make_jaxpr(self.fun)(*sds_of(sig, self.shardings))
                     self._jaxprs[sig] = j
         return j
 
@@ -532,7 +532,7 @@ class Program:
         with self._lock:
             e = self._entries.get(key)
             if e is None:
-                with _isolated():
+                with _tracing(self.shardings):
                     e = self._build(sig, target, spmd_devices)
                 self._entries[key] = e
                 self.builds += 1
@@ -546,7 +546,7 @@ class Program:
         if key in self._entries or self.runs_as_traced(sig):
             return True
         try:
-            with _isolated():   # the context :meth:`entry` builds in (part of the key)
+            with _tracing(self.shardings):   # where :meth:`entry` builds (part of the key)
                 *_, tkey = _export_plan(sig, self.opts, target, self.name, self.donated,
                                         self.shardings, 1, self.jaxpr(sig))
         except Exception:  # noqa: BLE001 - unknown: the build says what is wrong
@@ -757,6 +757,38 @@ def _copy_eqns(trace, closed: jcore.ClosedJaxpr, xs: Sequence) -> tuple:
 
 def _call_jaxpr(closed, *xs):
     return run_jaxpr(closed, xs)
+
+
+def explicit_mesh(shardings):
+    """The mesh of ``shardings`` (a ``NamedSharding`` per input) when it has ``Explicit`` axes
+    (sharding in types: the avals carry the shardings, and ``out_sharding=P(...)`` needs the
+    mesh in context), else None."""
+    if not shardings:
+        return None
+    mesh = shardings[0].mesh
+    return mesh if jax.sharding.AxisType.Explicit in tuple(mesh.axis_types) else None
+
+
+def _tracing(shardings):
+    """Where a program is traced, exported and built: under its ``Explicit`` mesh (the
+    function's sharding-typed ops need it, as under ``jax.set_mesh`` for ``jax.jit``), else
+    :func:`_isolated`."""
+    mesh = explicit_mesh(shardings)
+    if mesh is None:
+        return _isolated()
+    stack = contextlib.ExitStack()   # jax.set_mesh's two parts (it refuses inside a trace)
+    stack.enter_context(mesh_lib.use_abstract_mesh(mesh.abstract_mesh))
+    stack.enter_context(sharding_impls._internal_use_concrete_mesh(mesh))
+    stack.enter_context(jconfig._check_vma(False))
+    return stack
+
+
+def sds_of(sig: Signature, shardings) -> list[jax.ShapeDtypeStruct]:
+    """:func:`sds`, with the inputs' shardings when they are types (``Explicit`` axes)."""
+    if explicit_mesh(shardings) is None:
+        return sds(sig)
+    return [jax.ShapeDtypeStruct(s, d, weak_type=w, sharding=sh)
+            for (s, d, w), sh in zip(sig, shardings)]
 
 
 def _isolated():
