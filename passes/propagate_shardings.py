@@ -4,8 +4,11 @@ Rewrites: in a module with an ``sdy.mesh`` of more than one device and sharded `
 arguments (jax.export of a ``jax.jit`` with shardings), runs Shardy's ``sdy-aggressive-propagate``
 (between adding and sinking the data-flow edges of while loops, :data:`PIPELINE`) so every op,
 loop bodies included, carries the ``sdy.sharding`` XLA's partitioner would start from, and marks the
-module ``hlofuse.shardings_propagated``. Only attributes
-change: the ops, and so the numbers, are the same. ``kernelize`` reads them to build kernels that
+module ``hlofuse.shardings_propagated``. Then an ``sdy.sharding_constraint`` that asks for
+the sharding its operand already has is dropped, its sharding written (closed) on the op that
+makes the operand: on a mesh with ``Explicit`` axes (sharding in types) jax puts one after
+nearly every op, and each one would cut a fusion region in two. Only attributes change, and
+those no-op constraints: the ops that compute, and so the numbers, are the same. ``kernelize`` reads them to build kernels that
 run per shard, or to leave a region that is not shard-local with XLA (and say why). Modules
 without shardings are left as they are. Preconditions: calls inlined (Shardy does not look into
 ``func.call``). Invariant: results bit-identical.
@@ -14,6 +17,7 @@ without shardings are left as they are. Preconditions: calls inlined (Shardy doe
 from __future__ import annotations
 
 from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import stablehlo
 
 from hlofuse import ir as hir
 from hlofuse.pipeline import Pass, register_pass
@@ -47,4 +51,52 @@ class PropagateShardings(Pass):
                     op.attributes[shd.LOOP_SHARDING_ATTR] = op.attributes[shd.SHARDING_ATTR]
                     del op.attributes[shd.SHARDING_ATTR]
         after = sum(1 for op in hir.all_ops(module) if shd.SHARDING_ATTR in op.attributes)
-        return {"annotated_ops": after - before}
+        dropped = _drop_kept_constraints(module)
+        return {"annotated_ops": after - before, "constraints_dropped": dropped,
+                "splats_folded": _fold_splat_layouts(module) if dropped else 0}
+
+
+def _drop_kept_constraints(module) -> int:
+    """Erase each ``sdy.sharding_constraint`` whose sharding its operand already has after
+    propagation (an ``Explicit`` mesh's per-op constraints), moving its sharding, closed, onto
+    the single-result op that makes the operand (a function argument keeps its own). Returns
+    how many were dropped."""
+    n = 0
+    with module.context:
+        for op in [o for o in hir.all_ops(module) if o.name == "sdy.sharding_constraint"]:
+            v = op.operands[0]
+            want = shd._parse_sharding(str(op.attributes["sharding"]))
+            if want is None or shd.value_sharding(v) != want:
+                continue
+            producer = hir.defining_op(v)
+            if producer is not None and producer.name != "stablehlo.constant":
+                # (a constant stays unannotated: kernelize gives a splat its per-shard shape)
+                if len(producer.results) != 1 or producer.name == "sdy.manual_computation":
+                    continue
+                producer.attributes[shd.SHARDING_ATTR] = ir.Attribute.parse(
+                    f"#sdy.sharding_per_value<[{op.attributes['sharding']}]>")
+            op.results[0].replace_all_uses_with(v)
+            hir.safe_erase(op)
+            n += 1
+    return n
+
+
+def _fold_splat_layouts(module) -> int:
+    """A reshape, transpose or broadcast of a splat constant becomes a splat constant of its
+    result type (exact). ``canonicalize`` does this before propagation, but a dropped
+    constraint between them hid the pair from it; a region's per-shard copy gives a splat its
+    users' local shape, which it cannot do through a reshape."""
+    n = 0
+    with module.context:
+        for op in [o for o in hir.all_ops(module) if o.name in (
+                "stablehlo.reshape", "stablehlo.transpose", "stablehlo.broadcast_in_dim")]:
+            src = hir.defining_op(op.operands[0])
+            if src is None or src.name != "stablehlo.constant" or not shd._is_splat_constant(src):
+                continue
+            value = ir.DenseElementsAttr(src.attributes["value"]).get_splat_value()
+            with ir.InsertionPoint(op), op.location:
+                c = stablehlo.ConstantOp(ir.DenseElementsAttr.get_splat(op.results[0].type, value))
+            op.results[0].replace_all_uses_with(c.result)
+            hir.safe_erase(op)
+            n += 1
+    return n

@@ -55,3 +55,93 @@ def test_explicit_mesh_outputs_keep_jax_jit_shardings():
     for name, o in out.items():
         assert not o["problems"], (name, o)
         assert o["same_sharding"], (name, o)    # before: hlofuse's outputs came back replicated
+
+
+# Sharding in types on a 2x4 mesh: programs as users write them for Explicit axes (the
+# contraction-sharded matmul names its output sharding with a bare PartitionSpec under
+# jax.set_mesh, jnp.repeat takes out_sharding=), forward and training step.
+CHILD_8 = textwrap.dedent('''
+    import json, os, sys
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    sys.path.insert(0, ROOT)
+    import numpy as np, jax, jax.numpy as jnp, hlofuse
+    from jax.sharding import NamedSharding, PartitionSpec as P, AxisType
+    from tests.sharded_programs import collectives, _ln, scanned
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+
+    def tp_mlp(x, w1, w2):
+        h = jax.nn.gelu(_ln(x) @ w1)
+        return jnp.einsum("bsf,fd->bsd", h, w2, out_sharding=P("data")) + x
+
+    def block(x, wqkv, wo):
+        qkv = jnp.einsum("bsd,dthk->tbshk", _ln(x), wqkv)
+        s = jnp.einsum("bqhk,bshk->bhqs", qkv[0], qkv[1]) / np.sqrt(qkv.shape[-1])
+        a = jnp.einsum("bhqs,bshk->bqhk", jax.nn.softmax(s, -1), qkv[2])
+        return x + jnp.einsum("bqhk,hkd->bqd", a, wo, out_sharding=P("data"))
+
+    def gqa_decode(q, k, v):
+        rep = lambda t: jnp.repeat(t, 2, axis=2, out_sharding=P("data", None, "model"))
+        s = jnp.einsum("bqhd,bkhd->bhqk", q, rep(k)) / np.sqrt(q.shape[-1])
+        return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, -1), rep(v))
+
+    def step(fn):
+        def train(x, *ps):
+            return jax.value_and_grad(lambda ps: jnp.mean(fn(x, *ps) ** 2))(ps)
+        return train
+
+    B, S, D, F, H, HD = 8, 16, 32, 64, 8, 4
+    cases = [("tp_mlp", tp_mlp, [(B, S, D), (D, F), (F, D)], [P("data"), P(None, "model"), P("model")]),
+             ("block", block, [(B, S, D), (D, 3, H, HD), (H, HD, D)],
+              [P("data"), P(None, None, "model"), P("model")]),
+             ("gqa_decode", gqa_decode, [(B, 1, H, HD), (B, S, 4, HD), (B, S, 4, HD)],
+              [P("data", None, "model")] * 3),
+             ("scan", scanned, [(B, S, D), (2, D, 3, H, HD), (2, H, HD, D)], [P("data"), P(), P()])]
+    cases += [(n + "_train", step(f), sh, sp) for n, f, sh, sp in cases]
+    out = {}
+    for name, fn, shapes, specs in cases:
+        shard = [NamedSharding(mesh, s) for s in specs]
+        args = [jax.device_put(jax.random.normal(jax.random.key(i), s) * (1.0 if i == 0 else 0.2), h)
+                for i, (s, h) in enumerate(zip(shapes, shard))]
+        with jax.set_mesh(mesh):
+            jj, hf = jax.jit(fn), hlofuse.jit(fn, autotune=False, tiered=False)
+            yj, yh = jj(*args), hf(*args)
+            lowered = hf.lower(*args)
+            rep = lowered.report
+            out[name] = {
+                "err": max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)) / (1 + np.abs(np.asarray(a)))))
+                           for a, b in zip(jax.tree.leaves(yj), jax.tree.leaves(yh))),
+                "same_sharding": all(a.sharding.is_equivalent_to(b.sharding, a.ndim)
+                                     for a, b in zip(jax.tree.leaves(yj), jax.tree.leaves(yh))),
+                "jax": collectives(jj.lower(*args).compile().as_text()),
+                "hlofuse": collectives(lowered.compile().as_text()),
+                "per_shard": sorted(r.kind for r in rep.regions if "per_shard" in r.extra),
+                "stats": {p.name: p.stats for p in rep.passes
+                          if p.name in ("propagate-shardings", "fold-dot-repeats")},
+                "notes": [n for n in rep.notes if "failed" in n]}
+    print(json.dumps(out))
+''').replace("ROOT", repr(ROOT))
+
+
+def test_explicit_mesh_programs_run_and_fuse_per_shard():
+    """Before, tracing outside the caller's mesh failed on ``out_sharding=P(...)`` ("Using
+    PartitionSpec when you are not under a mesh context"), and Explicit meshes got no per-shard
+    kernels. Now: jax.jit's numbers and output shardings, no more collectives, the constraints
+    jax puts after every op dropped where propagation already gives their sharding, and the
+    attention, layernorms and matmul epilogues per shard, scanned layers included."""
+    from hlofuse.testing import TOLERANCES
+    out = run_json_child(CHILD_8, timeout=900)
+    assert len(out) == 8
+    for name, o in out.items():
+        tol = TOLERANCES["grad" if name.endswith("_train") else "reassociate"]["float32"][0]
+        assert o["err"] <= tol and o["same_sharding"] and not o["notes"], (name, o)
+        for kind, n in o["hlofuse"].items():
+            assert n <= o["jax"][kind], (name, kind, o)
+        assert o["stats"]["propagate-shardings"]["constraints_dropped"] > 10, (name, o["stats"])
+    assert "attention" in out["block"]["per_shard"] and "reduction" in out["block"]["per_shard"]
+    assert {"attention_fwd_lse", "attention_bwd"} <= set(out["block_train"]["per_shard"])
+    assert "matmul_epilogue" in out["tp_mlp"]["per_shard"]
+    assert out["gqa_decode"]["stats"]["fold-dot-repeats"]["folded"] == 2, out["gqa_decode"]
+    # scanned layers: the splat constants jax writes between constraints fold once these are
+    # dropped (a reshape of a full-size splat had no per-shard shape: the build failed)
+    assert "attention" in out["scan"]["per_shard"], out["scan"]
+    assert {"attention_fwd_lse", "attention_bwd"} <= set(out["scan_train"]["per_shard"])
