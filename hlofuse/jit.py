@@ -48,7 +48,7 @@ from hlofuse.passes.buffer_aliasing import memory_plan
 from hlofuse.report import HlofuseWarning, Report
 from hlofuse.target import Target
 from hlofuse.runtime import (TRACED_NOTE, Options, Program, call, context_movable,
-                              find_calls, signature_of)
+                              find_calls, signature_of, typed_shardings)
 from hlofuse.tools import autotune as at
 from hlofuse.tools import module_cache
 
@@ -261,6 +261,16 @@ class _Tuning:
     tier_error: str | None = None
 
 
+def _typed_shardings(leaves, dyn) -> list | None:
+    """:func:`hlofuse.runtime.typed_shardings` of the dynamic leaves (tracers); None for the
+    static ones."""
+    typed = typed_shardings([jax.typeof(x) for x, d in zip(leaves, dyn) if d])
+    if typed is None:
+        return None
+    it = iter(typed)
+    return [next(it) if d else None for d in dyn]
+
+
 class HlofuseFunction:
     """The callable returned by :func:`jit`."""
 
@@ -461,12 +471,17 @@ class HlofuseFunction:
                         tree_util.tree_map(lambda _, s=sp: s, a) if isinstance(
                             sp, jax.sharding.Sharding) else sp,
                         is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
-            elif concrete is not None and concrete[0] is not None:
+            elif concrete is not None and concrete[0] is not None and not any(
+                    isinstance(x, jcore.Tracer) for x in tree_util.tree_leaves(concrete)):
                 c_args, c_kwargs = concrete
                 per = [getattr(x, "sharding", None)
                        for x in tree_util.tree_leaves((c_args, c_kwargs))]
             else:
-                return None
+                # under an outer jax.jit / grad: on an Explicit mesh the shardings are the
+                # tracers' types (on the mesh jax.set_mesh put in context)
+                per = _typed_shardings(tree_util.tree_leaves((args, kwargs)), dyn)
+                if per is None:
+                    return None
         except Exception:  # noqa: BLE001 - an odd prefix: jax.jit reports it itself
             return None
         if len(per) != len(dyn):

@@ -447,6 +447,23 @@ class Program:
                 p = self.variants[hashes] = _XlaVariant(self, hashes)
             return p
 
+    def typed(self, avals) -> "Program":
+        """This program for inputs whose types carry ``Explicit`` shardings (a derived
+        program called under ``jax.grad`` on such a mesh): traced and built with them."""
+        if self.shardings is not None:
+            return self
+        sh = typed_shardings(avals)
+        if sh is None:
+            return self
+
+        def make():
+            p = Program(self.fun, self.opts, name=self.name, linear=self.linear,
+                        donated=self.donated, shardings=sh)
+            p.out_trees = self.out_trees
+            p.res_trees = getattr(self, "res_trees", {})
+            return p
+        return self._derive(("typed", sh), make)
+
     def __repr__(self):
         return f"<hlofuse program {self.name}>"
 
@@ -665,7 +682,7 @@ class Program:
                 def restricted(*lv):
                     nl, li = iter(nonlin), iter(lv)
                     return fn(*[next(li) if i in lin else next(nl) for i in range(n_in)])
-                zeros = [jnp.zeros(s, d) for s, d in linear_avals]
+                zeros = [jnp.zeros(s, d, out_sharding=sh) for s, d, sh in linear_avals]
                 outs, pull = jax.vjp(restricted, *zeros)
                 full = [next(cts) if nz else jnp.zeros_like(o) for o, nz in zip(outs, ct_nonzero)]
                 return tuple(pull(tuple(full)))
@@ -759,6 +776,24 @@ def _call_jaxpr(closed, *xs):
     return run_jaxpr(closed, xs)
 
 
+def typed_shardings(avals) -> tuple | None:
+    """The ``NamedSharding`` of each aval read from its type, when those are shardings over
+    the ``Explicit`` axes of the concrete mesh in context (``jax.set_mesh``; sharding in
+    types), else None (non-array avals get None)."""
+    mesh = mesh_lib.get_concrete_mesh()
+    if mesh is None or mesh.empty or \
+            jax.sharding.AxisType.Explicit not in tuple(mesh.axis_types):
+        return None
+    out = []
+    for a in avals:
+        sh = getattr(a, "sharding", None)
+        if sh is None or getattr(sh, "mesh", None) is None or sh.mesh.empty or \
+                tuple(sh.mesh.axis_names) != tuple(mesh.axis_names):
+            return None
+        out.append(jax.sharding.NamedSharding(mesh, sh.spec))
+    return tuple(out)
+
+
 def explicit_mesh(shardings):
     """The mesh of ``shardings`` (a ``NamedSharding`` per input) when it has ``Explicit`` axes
     (sharding in types: the avals carry the shardings, and ``out_sharding=P(...)`` needs the
@@ -829,7 +864,13 @@ def call(program: Program, xs: Sequence) -> tuple:
     tracers = [c for c in closed.consts if isinstance(c, jcore.Tracer)]
     if tracers:
         return call(program.lifted(sig), [*tracers, *xs])
-    return tuple(hlofuse_call_p.bind(*xs, program=program))
+    return tuple(_bind(program, xs))
+
+
+def _bind(program: Program, xs: Sequence):
+    """Bind ``program`` on ``xs``: the program for their sharding types on an ``Explicit``
+    mesh (:meth:`Program.typed`)."""
+    return hlofuse_call_p.bind(*xs, program=program.typed([jax.typeof(x) for x in xs]))
 
 
 # ------------------------------------------------------------------------------------------
@@ -902,15 +943,14 @@ def _jvp(primals, tangents, *, program: Program):
     nonzero = tuple(type(t) is not ad.Zero and _inexact(jax.typeof(x).dtype)
                     for x, t in zip(primals, tangents))
     if not any(nonzero):
-        outs = hlofuse_call_p.bind(*primals, program=program)
+        outs = _bind(program, primals)
         return outs, [ad.Zero(jax.typeof(o).to_tangent_aval()) for o in outs]
     sig = signature_of([jax.typeof(x) for x in primals])
     n_out = len(program.jaxpr(sig).out_avals)
-    both = hlofuse_call_p.bind(*primals, program=program.linearize_program(nonzero))
+    both = _bind(program.linearize_program(nonzero), primals)
     outs, res = both[:n_out], both[n_out:]
     t_in = [ad.instantiate_zeros(t) for t, nz in zip(tangents, nonzero) if nz]
-    t_out = iter(hlofuse_call_p.bind(*res, *t_in,
-                                     program=program.tangent_program(nonzero, sig)))
+    t_out = iter(_bind(program.tangent_program(nonzero, sig), [*res, *t_in]))
     return outs, [next(t_out) if _inexact(jax.typeof(o).dtype)
                   else ad.Zero(jax.typeof(o).to_tangent_aval()) for o in outs]
 
@@ -925,17 +965,17 @@ def _transpose(cts, *args, program: Program):
     undefined = [i for i, a in enumerate(args) if ad.is_undefined_primal(a)]
     if any(i not in lin for i in undefined):
         raise NotImplementedError(f"{program.name}: transpose with respect to a non-linear input")
-    linear_avals = tuple(
-        (tuple(a.aval.shape), np.dtype(a.aval.dtype)) if ad.is_undefined_primal(a)
-        else (tuple(jax.typeof(a).shape), np.dtype(jax.typeof(a).dtype))
-        for i, a in enumerate(args) if i in lin)
+    lin_avals = [a.aval if ad.is_undefined_primal(a) else jax.typeof(a)
+                 for i, a in enumerate(args) if i in lin]
+    typed = typed_shardings(lin_avals)   # an Explicit mesh: the cotangents' types
+    linear_avals = tuple((tuple(a.shape), np.dtype(a.dtype), typed[k] if typed else None)
+                         for k, a in enumerate(lin_avals))
     nonlin = [a for i, a in enumerate(args) if i not in lin]
     ct_nonzero = tuple(type(c) is not ad.Zero for c in cts)
     if not any(ct_nonzero):
         return [None] * len(args)
     tp = program.transpose_program(len(args), linear_avals, ct_nonzero)
-    res = iter(hlofuse_call_p.bind(*nonlin, *[c for c in cts if type(c) is not ad.Zero],
-                                   program=tp))
+    res = iter(_bind(tp, [*nonlin, *[c for c in cts if type(c) is not ad.Zero]]))
     out = [None] * len(args)
     for i in lin:
         r = next(res)
@@ -951,7 +991,7 @@ def _batch(args, dims, *, program: Program):
     not_mapped = getattr(batching, "not_mapped", None)
     moved = [a if d is not_mapped else batching.moveaxis(a, d, 0) for a, d in zip(args, dims)]
     bp = program.batched_program(tuple(d is not not_mapped for d in dims))
-    outs = hlofuse_call_p.bind(*moved, program=bp)
+    outs = _bind(bp, moved)
     return outs, [0] * len(outs)
 
 

@@ -118,6 +118,26 @@ CHILD_8 = textwrap.dedent('''
                 "stats": {p.name: p.stats for p in rep.passes
                           if p.name in ("propagate-shardings", "fold-dot-repeats")},
                 "notes": [n for n in rep.notes if "failed" in n]}
+    # transformations around hlofuse.jit: its jvp/backward/batched programs take the
+    # shardings of their inputs' types (the backward's cotangents keep the primal's)
+    x, w1, w2 = [jax.device_put(jax.random.normal(jax.random.key(i), s) * 0.3, NamedSharding(mesh, p))
+                 for i, (s, p) in enumerate(zip([(8, 32), (32, 64), (64, 32)],
+                                                [P("data"), P(None, "model"), P("model")]))]
+    def mlp(x, w1, w2):
+        return jnp.einsum("bf,fd->bd", jax.nn.gelu(x @ w1), w2, out_sharding=P("data"))
+    sq = lambda g: (lambda *a: jnp.sum(g(*a) ** 2))
+    batched = lambda g: (lambda x, a, b: jax.vmap(g, in_axes=(0, None, None))(jnp.stack([x, 2 * x]), a, b))
+    with jax.set_mesh(mesh):
+        h = hlofuse.jit(mlp, autotune=False, tiered=False)
+        for name, (mine, ref) in {
+                "grad_of_hlofuse": (jax.grad(sq(h), argnums=(1, 2)), jax.grad(sq(mlp), argnums=(1, 2))),
+                "jit_of_hlofuse": (jax.jit(h), jax.jit(mlp)),
+                "vmap_of_hlofuse": (batched(h), batched(mlp))}.items():
+            a, b = ref(x, w1, w2), mine(x, w1, w2)
+            out[name] = {"err": max(float(np.max(np.abs(np.asarray(p) - np.asarray(q)) / (1 + np.abs(np.asarray(p)))))
+                                    for p, q in zip(jax.tree.leaves(a), jax.tree.leaves(b))),
+                         "same_sharding": all(p.sharding.is_equivalent_to(q.sharding, p.ndim)
+                                              for p, q in zip(jax.tree.leaves(a), jax.tree.leaves(b)))}
     print(json.dumps(out))
 ''').replace("ROOT", repr(ROOT))
 
@@ -130,7 +150,10 @@ def test_explicit_mesh_programs_run_and_fuse_per_shard():
     attention, layernorms and matmul epilogues per shard, scanned layers included."""
     from hlofuse.testing import TOLERANCES
     out = run_json_child(CHILD_8, timeout=900)
-    assert len(out) == 8
+    assert len(out) == 11
+    for name in ("grad_of_hlofuse", "jit_of_hlofuse", "vmap_of_hlofuse"):
+        o = out.pop(name)   # before: 'Expected cotangent type float32[32,64@model]' and the like
+        assert o["err"] <= TOLERANCES["grad"]["float32"][0] and o["same_sharding"], (name, o)
     for name, o in out.items():
         tol = TOLERANCES["grad" if name.endswith("_train") else "reassociate"]["float32"][0]
         assert o["err"] <= tol and o["same_sharding"] and not o["notes"], (name, o)
