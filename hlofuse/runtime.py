@@ -483,7 +483,7 @@ class Program:
             with self._lock:
                 j = self._jaxprs.get(sig)
                 if j is None:
-                    with _tracing(self.shardings):
+                    with _tracing(self.shardings, user_code=True):
                         j = jax.make_jaxpr(self.fun)(*sds_of(sig, self.shardings))
                     self._jaxprs[sig] = j
         return j
@@ -804,11 +804,20 @@ def explicit_mesh(shardings):
     return mesh if jax.sharding.AxisType.Explicit in tuple(mesh.axis_types) else None
 
 
-def _tracing(shardings):
+def _tracing(shardings, user_code: bool = False):
     """Where a program is traced, exported and built: under its ``Explicit`` mesh (the
     function's sharding-typed ops need it, as under ``jax.set_mesh`` for ``jax.jit``), else
-    :func:`_isolated`."""
+    :func:`_isolated`. ``user_code``: tracing the user's function, where a bare
+    ``PartitionSpec`` (``with_sharding_constraint(x, P("data"))``) needs a mesh in context:
+    the mesh of its input shardings, else the caller's ``jax.set_mesh`` one (never a
+    ``shard_map`` body's manual axes: the trace is cached per signature)."""
     mesh = explicit_mesh(shardings)
+    if mesh is None and user_code:
+        mesh = shardings[0].mesh if shardings else mesh_lib.get_concrete_mesh()
+        if mesh is None or mesh.empty or \
+                jax.sharding.AxisType.Manual in tuple(mesh.axis_types) or \
+                jax.sharding.AxisType.Manual in tuple(mesh_lib.get_abstract_mesh().axis_types):
+            mesh = None
     if mesh is None:
         return _isolated()
     stack = contextlib.ExitStack()   # jax.set_mesh's two parts (it refuses inside a trace)

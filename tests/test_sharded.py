@@ -111,3 +111,45 @@ def test_sharded_programs_on_eight_cpu_devices():
     # the layernorm and the gelu epilogue become kernels of per-device shapes
     for name in ("shard_map_mlp", "shard_map_mlp_train", "shard_map_uncommitted"):
         assert out[name]["kernels"] >= 2, (name, out[name])
+
+
+CHILD_SPEC = textwrap.dedent('''
+    import json, os, sys
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    sys.path.insert(0, ROOT)
+    import numpy as np, jax, jax.numpy as jnp, hlofuse
+    from jax.sharding import NamedSharding, PartitionSpec as P, AxisType
+    from tests.sharded_programs import collectives
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    def f(x, w):
+        h = jax.lax.with_sharding_constraint(jax.nn.gelu(x @ w), P("data", "model"))
+        return jnp.tanh(h) * 2
+    x = jax.device_put(jax.random.normal(jax.random.key(0), (8, 32)), NamedSharding(mesh, P("data")))
+    w = jax.device_put(jax.random.normal(jax.random.key(1), (32, 64)) * 0.2,
+                       NamedSharding(mesh, P(None, "model")))
+    out = {}
+    with jax.set_mesh(mesh):
+        h = hlofuse.jit(f, autotune=False, tiered=False)
+        a, b = jax.jit(f)(x, w), h(x, w)
+        ga = jax.grad(lambda w: jax.jit(f)(x, w).sum())(w)
+        gb = jax.grad(lambda w: h(x, w).sum())(w)
+        rep = h.report(x, w)
+        out = {"err": float(jnp.max(jnp.abs(a - b))), "grad_err": float(jnp.max(jnp.abs(ga - gb))),
+               "spec": str(b.sharding.spec), "jax_spec": str(a.sharding.spec),
+               "jax": collectives(jax.jit(f).lower(x, w).compile().as_text()),
+               "hlofuse": collectives(h.lower(x, w).compile().as_text()),
+               "per_shard": [r.kind for r in rep.regions if "per_shard" in r.extra]}
+    print(json.dumps(out))
+''').replace("ROOT", repr(ROOT))
+
+
+def test_bare_partition_spec_constraint_under_set_mesh():
+    """``with_sharding_constraint(x, P(...))`` under ``jax.set_mesh`` (an Auto mesh), directly
+    and under ``jax.grad``: it failed ('requires a non-empty mesh in context'), hlofuse traced
+    the function outside the caller's mesh. Now jax.jit's numbers, sharding and collectives,
+    and the epilogue runs per shard."""
+    o = run_json_child(CHILD_SPEC)
+    assert o["err"] <= TOLERANCES["kernel"]["float32"][0] and o["spec"] == o["jax_spec"], o
+    assert o["grad_err"] <= TOLERANCES["grad"]["float32"][0], o
+    assert all(n <= o["jax"][k] for k, n in o["hlofuse"].items()), o
+    assert o["per_shard"] == ["matmul_epilogue"], o
