@@ -261,6 +261,13 @@ class _Tuning:
     tier_error: str | None = None
 
 
+def _context_mesh():
+    """The concrete mesh ``jax.set_mesh`` put in context, or None."""
+    from jax._src import mesh as mesh_lib
+    mesh = mesh_lib.get_concrete_mesh()
+    return None if mesh is None or mesh.empty else mesh
+
+
 def _typed_shardings(leaves, dyn) -> list | None:
     """:func:`hlofuse.runtime.typed_shardings` of the dynamic leaves (tracers); None for the
     static ones."""
@@ -396,7 +403,10 @@ class HlofuseFunction:
                                                          weak_type=jax.typeof(x).weak_type)
                                     if d else x for x, d in zip(leaves, dyn)])
         key_impls = _key_impls(xs)
-        key = (in_tree, tuple(dyn), static, donated, shardings, key_impls)
+        # without known shardings the trace may still read the caller's mesh (a bare
+        # PartitionSpec constraint): a program per mesh in context, as jax.jit caches
+        ctx_mesh = None if shardings is not None else _context_mesh()
+        key = (in_tree, tuple(dyn), static, donated, shardings, key_impls, ctx_mesh)
         program = self._programs.get(key)
         if program is None:
             with self._lock:

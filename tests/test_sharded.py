@@ -139,6 +139,14 @@ CHILD_SPEC = textwrap.dedent('''
                "jax": collectives(jax.jit(f).lower(x, w).compile().as_text()),
                "hlofuse": collectives(h.lower(x, w).compile().as_text()),
                "per_shard": [r.kind for r in rep.regions if "per_shard" in r.extra]}
+    # the same function, uncommitted inputs, under two meshes in turn: a trace per mesh
+    g = hlofuse.jit(lambda x: jnp.tanh(jax.lax.with_sharding_constraint(x * 2, P("data", "model"))),
+                    autotune=False, tiered=False)
+    out["meshes"] = []
+    for shape in ((2, 4), (4, 2)):
+        with jax.set_mesh(jax.make_mesh(shape, ("data", "model"), axis_types=(AxisType.Auto,) * 2)):
+            y = g(np.ones((8, 8), np.float32))
+            out["meshes"].append(list(y.sharding.mesh.shape.values()))
     print(json.dumps(out))
 ''').replace("ROOT", repr(ROOT))
 
@@ -153,3 +161,5 @@ def test_bare_partition_spec_constraint_under_set_mesh():
     assert o["grad_err"] <= TOLERANCES["grad"]["float32"][0], o
     assert all(n <= o["jax"][k] for k, n in o["hlofuse"].items()), o
     assert o["per_shard"] == ["matmul_epilogue"], o
+    # before: the second mesh reused the first's trace ('IndivisibleError: ... mesh_shape')
+    assert o["meshes"] == [[2, 4], [4, 2]], o
