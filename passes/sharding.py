@@ -126,6 +126,8 @@ def _value_sharding(v: ir.Value) -> tuple | None:
             return None
         return _parse_sharding(str(a[SHARDING_ATTR]))
     op = owner
+    if op.name == "sdy.sharding_constraint":   # its result has the sharding it asks for
+        return _parse_sharding(str(op.attributes["sharding"]))
     key = LOOP_SHARDING_ATTR if LOOP_SHARDING_ATTR in op.attributes else SHARDING_ATTR
     if key not in op.attributes:
         return None
@@ -233,18 +235,24 @@ def _reshape_ok(src: tuple, dst: tuple, s_in, s_out) -> bool:
     return by_offset(src, s_in) == by_offset(dst, s_out)
 
 
-def _reshaped(src: tuple, dst: tuple, s_in) -> tuple:
-    """The sharding of ``dst`` keeping each of ``s_in``'s sharded dims where the reshape keeps
-    the dim (same size, same elements before it); unsharded elsewhere, which
-    :func:`_reshape_ok` then refuses."""
+def _reshaped(src: tuple, dst: tuple, s_in, axes: dict | None = None) -> tuple:
+    """The sharding of ``dst`` keeping each of ``s_in``'s sharded dims on the ``dst`` dim with
+    the same elements before it (:func:`_reshape_ok`): the same size, a merge with dims after
+    it (a multiple of its size), or, with the mesh's ``axes`` sizes known, its major part when
+    the axes divide it. Unsharded elsewhere, which :func:`_reshape_ok` then refuses."""
     keys, out, pre = _keyed(src, s_in), [], 1
+    by_pre = {p: (n, ax) for (p, n), ax in keys.items()}
     for n in dst:
-        out.append(keys.get((pre, n), ()))
+        n0, ax = by_pre.get(pre, (None, ()))
+        k = math.prod(axes.get(a, 0) for a in ax) if axes is not None and ax else 0
+        if ax and not (n % n0 == 0 or (k and n0 % n == 0 and n % k == 0)):
+            ax = ()
+        out.append(ax)
         pre *= n
     return tuple(out)
 
 
-def _infer_sharding(op, ins: list) -> tuple | None:
+def _infer_sharding(op, ins: list, axes: dict | None = None) -> tuple | None:
     """The sharding of ``op``'s single result implied by its operands' ``ins`` (the rules of
     :func:`check_region`, read forwards); None when no operand is sharded or no rule applies."""
     if len(op.results) != 1 or not isinstance(op.results[0].type, ir.RankedTensorType):
@@ -271,7 +279,7 @@ def _infer_sharding(op, ins: list) -> tuple | None:
     if name == "stablehlo.transpose":
         return tuple(s[p] for p in _ints(op, "permutation"))
     if name == "stablehlo.reshape":
-        return _reshaped(_shape(v), shape, s)
+        return _reshaped(_shape(v), shape, s, axes)
     if name == "stablehlo.concatenate":
         return s
     return None
@@ -313,7 +321,7 @@ def check_region(fn_op, arg_shardings: list, axes: dict[str, int]) -> dict:
             # an op made after propagation (a training match's lse ops, the forward its
             # backward recomputes) carries no sharding: its operands' as Shardy would propagate
             # them; a value nothing shards is replicated
-            guess = _infer_sharding(op, ins)
+            guess = _infer_sharding(op, ins, axes)
             outs = [o if o is not None else guess if guess is not None else value_sharding(r, True)
                     for o, r in zip(outs, op.results)]
         loc = hir.op_location(op)
