@@ -5,6 +5,7 @@ shrinks towards "no difference" with little evidence, and a kind predicted slowe
 code on this device is not proposed there (the report says why).
 """
 
+import dataclasses
 import math
 
 import numpy as np
@@ -18,8 +19,9 @@ from hlofuse.passes.fusion import cost
 from hlofuse.tools import autotune as at
 
 
-def _rec(kind, ratio, mf=10.0, mu=20.0):
-    return {"kind": kind, "ratio": ratio, "modeled_us_fused": mf, "modeled_us_unfused": mu}
+def _rec(kind, ratio, mf=10.0, mu=20.0, dtype="f32"):
+    return {"kind": kind, "ratio": ratio, "modeled_us_fused": mf, "modeled_us_unfused": mu,
+            "dtype": dtype}
 
 
 def test_fit_recovers_constants():
@@ -50,8 +52,10 @@ def test_fit_bounds_and_shrinkage():
     # one measurement moves the offset only half way (ridge towards 0: no evidence = equal)
     one = cost.fit([_rec("elementwise", math.e, 10, 10)])
     assert one.offsets["elementwise"] == pytest.approx(0.5, abs=0.05)
-    # garbage rows are skipped, nothing usable gives no model
-    assert cost.fit([{"kind": "x"}, _rec("x", -1), _rec("x", float("nan"))]) is None
+    # garbage rows are skipped, nothing usable gives no model; a record without its dtype
+    # (written before dtypes were kept) does not say which constant it belongs to
+    assert cost.fit([{"kind": "x"}, _rec("x", -1), _rec("x", float("nan")),
+                     _rec("x", 2.0, dtype=None)]) is None
 
 
 def _cost():
@@ -70,6 +74,24 @@ def test_decide_refuses_kinds_predicted_slower():
     with cost.learned_model("cpu", few):
         assert cost.decide("horizontal", _cost(), "cpu").fuse   # too little evidence
     assert cost.decide("horizontal", _cost(), "cpu").fuse       # restored after the block
+
+
+def test_constants_are_per_dtype():
+    """f32 matmul kernels measured slower than XLA:CPU's f32 GEMM do not refuse bf16 matmul
+    kernels, which beat XLA's bf16 path (a bench run refused mlp_bf16_train's eight bf16
+    matmul kernels on three f32 measurements of other workloads: 0.78 of jax.jit, 0.63 with
+    them); bf16 measurements judge bf16 regions."""
+    f32_slow = cost.fit([_rec("matmul_epilogue", 1.3)] * 5)
+    bf16 = dataclasses.replace(_cost(), dtype="bf16")
+    with cost.learned_model("cpu", f32_slow):
+        assert not cost.decide("matmul_epilogue", _cost(), "cpu").fuse
+        assert cost.decide("matmul_epilogue", bf16, "cpu").fuse
+    both = cost.fit([_rec("matmul_epilogue", 1.3)] * 5
+                    + [_rec("matmul_epilogue", 1.5, dtype="bf16")] * 5)
+    with cost.learned_model("cpu", both):
+        d = cost.decide("matmul_epilogue", bf16, "cpu")
+        assert not d.fuse and "bf16 matmul_epilogue kernels predicted" in d.reason
+    assert both.counts == {"matmul_epilogue": 5, "matmul_epilogue[bf16]": 5}
 
 
 @pytest.fixture

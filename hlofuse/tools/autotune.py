@@ -1257,4 +1257,5 @@ def record_of(region, target_kind: str) -> dict:
             "bytes_unfused": int(region.bytes_unfused), "bytes_fused": int(region.bytes_fused),
             "flops": int(region.flops), "intermediate_bytes": int(ex.get("intermediate_bytes", 0)),
             "modeled_us_fused": float(ex.get("modeled_us_fused", 0.0)),
-            "modeled_us_unfused": float(ex.get("modeled_us_unfused", 0.0))}
+            "modeled_us_unfused": float(ex.get("modeled_us_unfused", 0.0)),
+            "dtype": str(ex.get("dtype", "f32"))}

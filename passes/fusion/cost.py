@@ -96,6 +96,7 @@ class RegionCost:
             "fits_on_chip": self.fits_on_chip(model),
             "modeled_us_unfused": round(self.seconds(model, False) * 1e6, 3),
             "modeled_us_fused": round(self.seconds(model, True) * 1e6, 3),
+            "dtype": self.dtype,
         }
 
 
@@ -270,14 +271,24 @@ LEARNED_MARGIN = 0.05
 _EPS_US = 1e-3
 
 
+def learned_key(kind: str, dtype: str | None) -> str | None:
+    """What the learned model fits a constant per: the region kind and its dominant compute
+    dtype (a bf16 matmul kernel beats XLA:CPU's bf16 path where an f32 one loses to its f32
+    GEMM: one constant for both refused the winners). None for a record without its dtype
+    (written before dtypes were kept: it does not say which constant it belongs to)."""
+    if not dtype:
+        return None
+    return kind if dtype == "f32" else f"{kind}[{dtype}]"
+
+
 @dataclasses.dataclass(frozen=True)
 class LearnedModel:
     """Measured kernel/XLA time ratios of one device, fitted:
     ``log(kernel / XLA) = offset[kind] + slope * log(modeled fused us / modeled unfused us)``.
     """
-    offsets: dict            # kind -> fitted offset (log ratio)
+    offsets: dict            # learned_key -> fitted offset (log ratio)
     slope: float
-    counts: dict             # kind -> records it was fitted on
+    counts: dict             # learned_key -> records it was fitted on
     residual: float = 0.0    # RMS of the log-ratio residuals
 
     def predict(self, kind: str, modeled_us_fused: float, modeled_us_unfused: float) -> float | None:
@@ -299,8 +310,10 @@ def fit(records, *, ridge: float = RIDGE) -> LearnedModel | None:
         try:
             ratio = float(r["ratio"])
             mf, mu = float(r.get("modeled_us_fused", 0)), float(r.get("modeled_us_unfused", 0))
-            kind = str(r["kind"])
+            kind = learned_key(str(r["kind"]), r.get("dtype"))
         except (KeyError, TypeError, ValueError):
+            continue
+        if kind is None:
             continue
         if not (ratio > 0 and math.isfinite(ratio) and math.isfinite(mf) and math.isfinite(mu)):
             continue
@@ -361,18 +374,21 @@ def predicted_ratio(features: dict, target) -> float | None:
     m = learned(target)
     if m is None:
         return None
-    return m.predict(features.get("kind", ""), float(features.get("modeled_us_fused", 0.0)),
+    key = learned_key(features.get("kind", ""), features.get("dtype", "f32"))
+    return m.predict(key, float(features.get("modeled_us_fused", 0.0)),
                      float(features.get("modeled_us_unfused", 0.0)))
 
 
 def _learned_refusal(kind: str, cost: RegionCost, target: Target, model: TargetModel):
     m = learned(target)
-    if m is None or m.counts.get(kind, 0) < MIN_RECORDS:
+    key = learned_key(kind, cost.dtype)
+    if m is None or m.counts.get(key, 0) < MIN_RECORDS:
         return None
-    p = m.predict(kind, cost.seconds(model, True) * 1e6, cost.seconds(model, False) * 1e6)
+    p = m.predict(key, cost.seconds(model, True) * 1e6, cost.seconds(model, False) * 1e6)
     if p is not None and p > 1.0 + LEARNED_MARGIN:
-        return Decision(False, f"cost model: {kind} kernels predicted {p:.2f}x slower than XLA's "
-                               f"code on this device (fitted on {m.counts[kind]} measurements)")
+        return Decision(False, f"cost model: {cost.dtype} {kind} kernels predicted {p:.2f}x "
+                               f"slower than XLA's code on this device (fitted on "
+                               f"{m.counts[key]} measurements)")
     return None
 
 
