@@ -47,8 +47,8 @@ from hlofuse.passes import graph_util as gu
 from hlofuse.passes.buffer_aliasing import memory_plan
 from hlofuse.report import HlofuseWarning, Report
 from hlofuse.target import Target
-from hlofuse.runtime import (TRACED_NOTE, Options, Program, call, context_movable,
-                              find_calls, signature_of, typed_shardings)
+from hlofuse.runtime import (TRACED_NOTE, Options, Program, call, context_mesh,
+                              context_movable, find_calls, signature_of, typed_shardings)
 from hlofuse.tools import autotune as at
 from hlofuse.tools import module_cache
 
@@ -261,13 +261,6 @@ class _Tuning:
     tier_error: str | None = None
 
 
-def _context_mesh():
-    """The concrete mesh ``jax.set_mesh`` put in context, or None."""
-    from jax._src import mesh as mesh_lib
-    mesh = mesh_lib.get_concrete_mesh()
-    return None if mesh is None or mesh.empty else mesh
-
-
 def _typed_shardings(leaves, dyn) -> list | None:
     """:func:`hlofuse.runtime.typed_shardings` of the dynamic leaves (tracers); None for the
     static ones."""
@@ -405,7 +398,7 @@ class HlofuseFunction:
         key_impls = _key_impls(xs)
         # without known shardings the trace may still read the caller's mesh (a bare
         # PartitionSpec constraint): a program per mesh in context, as jax.jit caches
-        ctx_mesh = None if shardings is not None else _context_mesh()
+        ctx_mesh = None if shardings is not None else context_mesh()
         key = (in_tree, tuple(dyn), static, donated, shardings, key_impls, ctx_mesh)
         program = self._programs.get(key)
         if program is None:

@@ -776,13 +776,18 @@ def _call_jaxpr(closed, *xs):
     return run_jaxpr(closed, xs)
 
 
+def context_mesh():
+    """The concrete mesh ``jax.set_mesh`` put in context, or None."""
+    mesh = mesh_lib.get_concrete_mesh()
+    return None if mesh is None or mesh.empty else mesh
+
+
 def typed_shardings(avals) -> tuple | None:
     """The ``NamedSharding`` of each aval read from its type, when those are shardings over
     the ``Explicit`` axes of the concrete mesh in context (``jax.set_mesh``; sharding in
     types), else None (non-array avals get None)."""
-    mesh = mesh_lib.get_concrete_mesh()
-    if mesh is None or mesh.empty or \
-            jax.sharding.AxisType.Explicit not in tuple(mesh.axis_types):
+    mesh = context_mesh()
+    if mesh is None or jax.sharding.AxisType.Explicit not in tuple(mesh.axis_types):
         return None
     out = []
     for a in avals:
@@ -813,7 +818,7 @@ def _tracing(shardings, user_code: bool = False):
     ``shard_map`` body's manual axes: the trace is cached per signature)."""
     mesh = explicit_mesh(shardings)
     if mesh is None and user_code:
-        mesh = shardings[0].mesh if shardings else mesh_lib.get_concrete_mesh()
+        mesh = shardings[0].mesh if shardings else context_mesh()
         if mesh is None or mesh.empty or \
                 jax.sharding.AxisType.Manual in tuple(mesh.axis_types) or \
                 jax.sharding.AxisType.Manual in tuple(mesh_lib.get_abstract_mesh().axis_types):

@@ -195,7 +195,6 @@ def _rewrite(dot, s: int, rep: Repeat, k: int, parts, sh: _Shardings | None) -> 
     ob, oc = (rb, rc) if s == 0 else (lb, lc)
     new_ob, new_oc = [shift(d) for d in ob], [shift(d) for d in oc]
     o_shape = os_[:m_o] + split + os_[m_o + 1:]
-    o_free = [d for d in range(len(o_shape)) if d not in new_ob and d not in new_oc]
     out = gu.info(dot.results[0])
     ety = ir.RankedTensorType(dot.results[0].type).element_type
     with dot.context, dot.location, ir.InsertionPoint(dot):
@@ -226,7 +225,7 @@ def _rewrite(dot, s: int, rep: Repeat, k: int, parts, sh: _Shardings | None) -> 
         new = gu.create("stablehlo.dot_general", operands, [gu.tensor_type(new_shape, ety)],
                         attrs, before=dot).results[0]
         # G's place in the new result: among the other side's free dims
-        pg = len(lb2) + (o_free.index(g_pos) if o == 0 else len(free[0]) + o_free.index(g_pos))
+        pg = len(lb2) + (len(free[0]) if o == 1 else 0) + free[o].index(g_pos)
         if sh is not None:
             new_s = list(sh.out[:k]) + [sh.a_axes] + list(sh.out[k + 1:])
             new_s.insert(pg, sh.g_axes)

@@ -20,6 +20,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
 from hlofuse import ir as hir
+from hlofuse.kernels.support import is_splat_constant
 from hlofuse.pipeline import Pass, register_pass
 from hlofuse.passes import sharding as shd
 
@@ -65,7 +66,7 @@ def _drop_kept_constraints(module) -> int:
     with module.context:
         for op in [o for o in hir.all_ops(module) if o.name == "sdy.sharding_constraint"]:
             v = op.operands[0]
-            want = shd._parse_sharding(str(op.attributes["sharding"]))
+            want = shd.value_sharding(op.results[0])   # the sharding it asks for
             if want is None or shd.value_sharding(v) != want:
                 continue
             producer = hir.defining_op(v)
@@ -91,7 +92,7 @@ def _fold_splat_layouts(module) -> int:
         for op in [o for o in hir.all_ops(module) if o.name in (
                 "stablehlo.reshape", "stablehlo.transpose", "stablehlo.broadcast_in_dim")]:
             src = hir.defining_op(op.operands[0])
-            if src is None or src.name != "stablehlo.constant" or not shd._is_splat_constant(src):
+            if src is None or not is_splat_constant(src):
                 continue
             value = ir.DenseElementsAttr(src.attributes["value"]).get_splat_value()
             with ir.InsertionPoint(op), op.location:

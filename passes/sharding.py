@@ -219,17 +219,13 @@ def _keyed(shape, s) -> dict:
 
 def reshape_keeps(src: tuple, dst: tuple, s_in, s_out) -> bool:
     """A reshape from ``src`` sharded ``s_in`` to ``dst`` sharded ``s_out`` moves no data
-    between shards: every sharded dim is kept, with the same elements before it."""
-    return _reshape_ok(src, dst, s_in, s_out)
-
-
-def _reshape_ok(src: tuple, dst: tuple, s_in, s_out) -> bool:
-    """Every sharded dim has a dim sharded over the same axes on the other side, with the same
-    elements before it. Its size may differ: a shard is the slice of the index space after
-    those elements (row-major: ``(index mod period) // (period / shards)``, ``period`` fixed by
-    what lies before), so merging the dim with unsharded dims after it, or splitting off its
-    major part (the axes divide it: both sides' annotations are valid), moves no data between
-    shards (a GQA product's query heads ``(kv, g)`` merged back to ``kv*g`` sharded on ``kv``)."""
+    between shards: every sharded dim has a dim sharded over the same axes on the other side,
+    with the same elements before it. Its size may differ: a shard is the slice of the index
+    space after those elements (row-major: ``(index mod period) // (period / shards)``,
+    ``period`` fixed by what lies before), so merging the dim with unsharded dims after it, or
+    splitting off its major part (the axes divide it: both sides' annotations are valid), moves
+    no data between shards (a GQA product's query heads ``(kv, g)`` merged back to ``kv*g``
+    sharded on ``kv``)."""
     def by_offset(shape, sh):
         return {pre: axes for (pre, _), axes in _keyed(shape, sh).items()}
     return by_offset(src, s_in) == by_offset(dst, s_out)
@@ -237,9 +233,9 @@ def _reshape_ok(src: tuple, dst: tuple, s_in, s_out) -> bool:
 
 def _reshaped(src: tuple, dst: tuple, s_in, axes: dict | None = None) -> tuple:
     """The sharding of ``dst`` keeping each of ``s_in``'s sharded dims on the ``dst`` dim with
-    the same elements before it (:func:`_reshape_ok`): the same size, a merge with dims after
+    the same elements before it (:func:`reshape_keeps`): the same size, a merge with dims after
     it (a multiple of its size), or, with the mesh's ``axes`` sizes known, its major part when
-    the axes divide it. Unsharded elsewhere, which :func:`_reshape_ok` then refuses."""
+    the axes divide it. Unsharded elsewhere, which :func:`reshape_keeps` then refuses."""
     keys, out, pre = _keyed(src, s_in), [], 1
     by_pre = {p: (n, ax) for (p, n), ax in keys.items()}
     for n in dst:
@@ -411,7 +407,7 @@ def check_region(fn_op, arg_shardings: list, axes: dict[str, int]) -> dict:
                 raise NotShardLocal(f"{where}: permuted sharding disagrees")
             continue
         if name == "stablehlo.reshape":
-            if ins[0] == "*" or _reshape_ok(_shape(op.operands[0]), _shape(op.results[0]),
+            if ins[0] == "*" or reshape_keeps(_shape(op.operands[0]), _shape(op.results[0]),
                                             ins[0], outs[0]):
                 continue
             raise NotShardLocal(f"{where}: reshapes a sharded dim")

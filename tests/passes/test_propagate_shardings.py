@@ -96,7 +96,7 @@ def test_reshape_rule_is_by_the_elements_before_the_sharded_dim():
     """A reshape is shard-local when each sharded dim keeps the elements before it: merging it
     with unsharded dims after it, or splitting off its major part, is; merging it under an
     unsharded dim before it is not."""
-    ok, m = shd._reshape_ok, ("model",)        # a 4-way axis: every sharded size is a multiple
+    ok, m = shd.reshape_keeps, ("model",)        # a 4-way axis: every sharded size is a multiple
     assert ok((8, 2, 16), (16, 16), (m, (), ()), (m, ()))          # [8 sharded, 2] -> 16
     assert ok((16, 16), (8, 2, 16), (m, ()), (m, (), ()))          # and back
     assert ok((3, 4, 2), (3, 8), ((), m, ()), ((), m))             # elements before kept: 3
