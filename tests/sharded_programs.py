@@ -42,6 +42,16 @@ def collectives(hlo_text: str) -> dict[str, int]:
     return {c: len(re.findall(r"= \S+ " + c + r"(?:-start)?\(", hlo_text)) for c in COLLECTIVES}
 
 
+def agreement(want, got) -> dict:
+    """How ``got`` (hlofuse.jit's outputs) agrees with ``want`` (jax.jit's): ``err``, the largest
+    ``|want - got| / (1 + |want|)`` over the leaves, and ``same_sharding``, every leaf's
+    sharding equivalent to jax.jit's."""
+    pairs = list(zip(jax.tree.leaves(want), jax.tree.leaves(got)))
+    return {"err": max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)) / (1.0 + np.abs(np.asarray(a)))))
+                       for a, b in pairs),
+            "same_sharding": all(a.sharding.is_equivalent_to(b.sharding, a.ndim) for a, b in pairs)}
+
+
 def _ln(x):
     m = x.mean(-1, keepdims=True)
     v = ((x - m) ** 2).mean(-1, keepdims=True)

@@ -116,7 +116,7 @@ NNX_EXPLICIT = textwrap.dedent('''
     import jax, jax.numpy as jnp, hlofuse
     from flax import nnx
     from jax.sharding import NamedSharding, PartitionSpec as P, AxisType
-    from tests.sharded_programs import collectives
+    from tests.sharded_programs import agreement, collectives
     mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
     part = lambda *names: nnx.with_partitioning(nnx.initializers.lecun_normal(), names)
 
@@ -144,10 +144,7 @@ NNX_EXPLICIT = textwrap.dedent('''
         h = hlofuse.jit(step, autotune=False, tiered=False)
         a, b = jax.jit(step)(state, x), h(state, x)
         rep = h.report(state, x)
-        out = {"err": max(float(jnp.max(jnp.abs(p - q) / (1 + jnp.abs(p))))
-                          for p, q in zip(jax.tree.leaves(a), jax.tree.leaves(b))),
-               "same_sharding": all(p.sharding.is_equivalent_to(q.sharding, p.ndim)
-                                    for p, q in zip(jax.tree.leaves(a), jax.tree.leaves(b))),
+        out = {**agreement(a, b),
                "jax": collectives(jax.jit(step).lower(state, x).compile().as_text()),
                "hlofuse": collectives(h.lower(state, x).compile().as_text()),
                "per_shard": sorted(r.kind for r in rep.regions if "per_shard" in r.extra)}

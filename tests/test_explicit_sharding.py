@@ -66,7 +66,7 @@ CHILD_8 = textwrap.dedent('''
     sys.path.insert(0, ROOT)
     import numpy as np, jax, jax.numpy as jnp, hlofuse
     from jax.sharding import NamedSharding, PartitionSpec as P, AxisType
-    from tests.sharded_programs import collectives, _ln, scanned
+    from tests.sharded_programs import agreement, collectives, _ln, scanned
     mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
 
     def tp_mlp(x, w1, w2):
@@ -108,10 +108,7 @@ CHILD_8 = textwrap.dedent('''
             lowered = hf.lower(*args)
             rep = lowered.report
             out[name] = {
-                "err": max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)) / (1 + np.abs(np.asarray(a)))))
-                           for a, b in zip(jax.tree.leaves(yj), jax.tree.leaves(yh))),
-                "same_sharding": all(a.sharding.is_equivalent_to(b.sharding, a.ndim)
-                                     for a, b in zip(jax.tree.leaves(yj), jax.tree.leaves(yh))),
+                **agreement(yj, yh),
                 "jax": collectives(jj.lower(*args).compile().as_text()),
                 "hlofuse": collectives(lowered.compile().as_text()),
                 "per_shard": sorted(r.kind for r in rep.regions if "per_shard" in r.extra),
@@ -133,11 +130,7 @@ CHILD_8 = textwrap.dedent('''
                 "grad_of_hlofuse": (jax.grad(sq(h), argnums=(1, 2)), jax.grad(sq(mlp), argnums=(1, 2))),
                 "jit_of_hlofuse": (jax.jit(h), jax.jit(mlp)),
                 "vmap_of_hlofuse": (batched(h), batched(mlp))}.items():
-            a, b = ref(x, w1, w2), mine(x, w1, w2)
-            out[name] = {"err": max(float(np.max(np.abs(np.asarray(p) - np.asarray(q)) / (1 + np.abs(np.asarray(p)))))
-                                    for p, q in zip(jax.tree.leaves(a), jax.tree.leaves(b))),
-                         "same_sharding": all(p.sharding.is_equivalent_to(q.sharding, p.ndim)
-                                              for p, q in zip(jax.tree.leaves(a), jax.tree.leaves(b)))}
+            out[name] = agreement(ref(x, w1, w2), mine(x, w1, w2))
     print(json.dumps(out))
 ''').replace("ROOT", repr(ROOT))
 

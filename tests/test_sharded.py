@@ -27,7 +27,7 @@ CHILD = textwrap.dedent('''
     sys.path.insert(0, ROOT)
     import numpy as np, jax, jax.numpy as jnp, hlofuse
     from jax.sharding import NamedSharding
-    from tests.sharded_programs import cases, collectives
+    from tests.sharded_programs import agreement, cases, collectives
     out = {}
     make_mesh = lambda shape: jax.make_mesh(shape, ("data", "model"),
                                             axis_types=(jax.sharding.AxisType.Auto,) * 2)
@@ -41,9 +41,7 @@ CHILD = textwrap.dedent('''
             jj = jax.jit(fn, in_shardings=shard)
             hf = hlofuse.jit(fn, in_shardings=shard, autotune=False)
             yj, yh = jj(*args), hf(*args)
-            err = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)) /
-                                   (1.0 + np.abs(np.asarray(a)))))
-                      for a, b in zip(jax.tree.leaves(yj), jax.tree.leaves(yh)))
+            err = agreement(yj, yh)["err"]
             lowered = hf.lower(*args)
             rep = lowered.report
         out[name] = {
