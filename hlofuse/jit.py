@@ -542,6 +542,10 @@ class HlofuseFunction:
 
     # -- calling -----------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
+        if jax.config.jax_disable_jit:
+            # as jax.jit under jax.disable_jit(): the function runs op by op on concrete
+            # values (a user debugging with print / breakpoints sees arrays, not tracers)
+            return self._fun(*args, **kwargs)
         if self._freeze:
             args = self._wrap_frozen(args)
         _CALL.args = (args, kwargs)  # read only when this call traces (argument shardings)

@@ -248,3 +248,24 @@ def test_report_without_arguments_is_the_last_signature_called():
     # a function that takes no arguments still reports its own (empty) signature
     h = hlofuse.jit(lambda: jnp.tanh(jnp.arange(8.0)), autotune=False)
     assert str(h.report()) == str(h.report())
+
+
+def test_disable_jit_runs_the_function_op_by_op():
+    """Under ``jax.disable_jit()`` jax.jit runs the Python function on concrete arrays (users
+    debug with print and breakpoints there); hlofuse.jit does the same, with no trace."""
+    seen = []
+
+    def f(x, n):
+        seen.append(type(x))
+        return jnp.tanh(x) * n
+
+    x = jnp.arange(4.0)
+    hf = hlofuse.jit(f, static_argnums=1)
+    with jax.disable_jit():
+        out = hf(x, 2)
+        assert seen == [type(x)]  # concrete, called once
+        want = jax.jit(f, static_argnums=1)(x, 2)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(want))
+    seen.clear()
+    hf(x, 2)  # outside, it traces as usual
+    assert seen and all(t is not type(x) for t in seen)
