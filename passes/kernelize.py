@@ -267,7 +267,8 @@ def _per_shard_plan(call, fn_op, mesh, context):
     replicated region runs whole on every shard. Raises
     :class:`hlofuse.passes.sharding.NotShardLocal` when the region is not shard-local."""
     _, mesh_text, axes = mesh
-    args_s = [shd.input_sharding(v) for v in call.operands]
+    args_s = shd.slice_replicated_inputs(fn_op, [shd.input_sharding(v) for v in call.operands],
+                                         axes)
     shard = shd.check_region(fn_op, args_s, axes)
     ret = hir.block_ops(fn_op.regions[0].blocks[0])[-1]
     res_s = []

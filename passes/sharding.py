@@ -31,10 +31,10 @@ from jaxlib.mlir.dialects import stablehlo
 
 from hlofuse import ir as hir
 from hlofuse import ops as hops
-from hlofuse.kernels.support import conv_groups
+from hlofuse.kernels.support import conv_groups, is_splat_constant
 
-__all__ = ["mesh_of", "is_sharded_module", "value_sharding", "check_region", "local_function",
-           "manual_wrapper", "NotShardLocal"]
+__all__ = ["mesh_of", "is_sharded_module", "value_sharding", "check_region",
+           "slice_replicated_inputs", "local_function", "manual_wrapper", "NotShardLocal"]
 
 SHARDING_ATTR = "sdy.sharding"
 PROPAGATED_ATTR = "hlofuse.shardings_propagated"   # on the module, set by propagate-shardings
@@ -149,7 +149,7 @@ def input_sharding(v: ir.Value, depth: int = 0) -> tuple | None:
         ins = []
         for a in op.operands:
             p = hir.defining_op(a)
-            ins.append("*" if p is not None and _is_splat_constant(p) else input_sharding(a, depth + 1))
+            ins.append("*" if p is not None and is_splat_constant(p) else input_sharding(a, depth + 1))
         guess = _infer_sharding(op, ins)
         if guess is not None:
             return guess
@@ -191,8 +191,11 @@ def _unsharded(s) -> bool:
     return s is not None and all(not d for d in s)
 
 
-def _is_splat_constant(op) -> bool:
-    return op.name == "stablehlo.constant" and hops.splat_scalar(op) is not None
+def _pointwise(op) -> bool:
+    """Each result element reads the operand elements at its own index (a shard's result reads
+    that shard's operands)."""
+    return hops.op_class(op) is hops.OpClass.ELEMENTWISE or op.name in (
+        "stablehlo.convert", "stablehlo.select", "stablehlo.compare", "stablehlo.clamp")
 
 
 def _shape(v) -> tuple:
@@ -258,8 +261,7 @@ def _infer_sharding(op, ins: list, axes: dict | None = None) -> tuple | None:
     if not real or all(_unsharded(s) for _, s in real):
         return None
     shape = _shape(op.results[0])
-    if hops.op_class(op) is hops.OpClass.ELEMENTWISE or name in (
-            "stablehlo.convert", "stablehlo.select", "stablehlo.compare", "stablehlo.clamp"):
+    if _pointwise(op):
         same = [s for v, s in real if _shape(v) == shape]
         return same[0] if same else None
     v, s = real[0]
@@ -279,6 +281,48 @@ def _infer_sharding(op, ins: list, axes: dict | None = None) -> tuple | None:
     if name == "stablehlo.concatenate":
         return s
     return None
+
+
+def _read_as(op, v) -> tuple | None:
+    """The sharding ``op`` reads its operand ``v`` with, from ``op``'s propagated result: a
+    broadcast's kept dims, an elementwise op's result of ``v``'s shape; None for other ops or
+    when the result's sharding is not known."""
+    if len(op.results) != 1 or not isinstance(op.results[0].type, ir.RankedTensorType):
+        return None
+    out = value_sharding(op.results[0])
+    if out is None:
+        return None
+    if op.name == "stablehlo.broadcast_in_dim":
+        src, dst = _shape(v), _shape(op.results[0])
+        return tuple(out[d] if src[i] == dst[d] else ()
+                     for i, d in enumerate(_ints(op, "broadcast_dimensions")))
+    if _pointwise(op) and _shape(v) == _shape(op.results[0]):
+        return out
+    return None
+
+
+def slice_replicated_inputs(fn_op, arg_shardings: list, axes: dict[str, int]) -> list:
+    """``arg_shardings`` with each replicated region input that every use in the region reads
+    as one sharded layout (the replicated bias of a column-parallel ``x @ w + b``, broadcast
+    onto the product's sharded columns) given that layout. Each device already holds the whole
+    value, so the sharded input of the per-shard kernel is a local slice (no communication),
+    and the region runs per shard instead of staying with XLA. Other inputs as given."""
+    block = fn_op.regions[0].blocks[0]
+    out = list(arg_shardings)
+    for i, (a, s) in enumerate(zip(block.arguments, arg_shardings)):
+        if not (_unsharded(s) and isinstance(a.type, ir.RankedTensorType)):
+            continue
+        reads = {_read_as(op, a) for op in hir.users(a)}
+        if len(reads) != 1:
+            continue
+        want = reads.pop()
+        if want is None or _unsharded(want) or len(want) != len(s):
+            continue
+        if all(n % math.prod(axes.get(x, 0) or 1 for x in ax) == 0 if ax else True
+               for n, ax in zip(_shape(a), want)) and all(
+                   axes.get(x) for ax in want for x in ax):
+            out[i] = want
+    return out
 
 
 def check_region(fn_op, arg_shardings: list, axes: dict[str, int]) -> dict:
@@ -308,7 +352,7 @@ def check_region(fn_op, arg_shardings: list, axes: dict[str, int]) -> dict:
         name = op.name
         if name == "func.return":
             continue
-        if _is_splat_constant(op):
+        if is_splat_constant(op):
             shard[hir.value_key(op.results[0])] = "*"
             continue
         ins = [of(v) for v in op.operands]
@@ -331,8 +375,7 @@ def check_region(fn_op, arg_shardings: list, axes: dict[str, int]) -> dict:
         real = [s for s in ins if s != "*"]
         if all(_unsharded(s) for s in real + outs):
             continue                       # replicated: any op computes the same on every shard
-        if hops.op_class(op) is hops.OpClass.ELEMENTWISE or name in (
-                "stablehlo.convert", "stablehlo.select", "stablehlo.compare", "stablehlo.clamp"):
+        if _pointwise(op):
             out = outs[0]
             for v, s in zip(op.operands, ins):
                 if s == "*" or (not _shape(v) and s is not None):

@@ -4,7 +4,8 @@ training step. Used by ``tests/test_sharded.py`` (8 CPU devices, in a child proc
 :func:`run_json_child`) and by the deviceless compile for an 8-GPU topology and a TPU v5e 2x2
 slice (``tests/test_aot.py``).
 
-A GQA decode step (batch and KV heads sharded) checks ``fold-dot-repeats`` on a 2-D mesh.
+A tensor-parallel MLP with replicated biases checks that a replicated region input is read as
+a local slice. A GQA decode step (batch and KV heads sharded) checks ``fold-dot-repeats`` on a 2-D mesh.
 
 A case is ``(name, fn, shapes, specs, mesh_shape)``: ``specs`` are PartitionSpec tuples over the
 mesh axes ``("data", "model")``; ``mesh_shape`` is (data, model).
@@ -60,6 +61,12 @@ def _ln(x):
 
 def mlp(x, w1, w2):
     return jax.nn.gelu(_ln(x) @ w1) @ w2 + x
+
+
+def mlp_bias(x, w1, b1, w2, b2):
+    """Megatron's MLP with the biases replicated (as ``nnx.with_partitioning`` leaves them when
+    only the kernels are annotated): the column-parallel epilogue reads its shard of ``b1``."""
+    return jax.nn.gelu(_ln(x) @ w1 + b1) @ w2 + b2 + x
 
 
 def block(x, wqkv, wo, w1, w2, heads_dim=8):
@@ -145,6 +152,8 @@ def cases(make_mesh, scale: int = 1):
         ("data_parallel", mlp, [(B, S, D), (D, F), (F, D)], [P("data"), P(), P()], (8, 1)),
         ("fsdp", make_fsdp(make_mesh((8, 1))), [(B, S, D), (D, F), (F, D)], [P("data"), P("data"), P("data")], (8, 1)),
         ("tp_mlp", mlp, [(B, S, D), (D, F), (F, D)], [P(), P(None, "model"), P("model")], (1, 8)),
+        ("tp_mlp_bias", mlp_bias, [(B, S, D), (D, F), (F,), (F, D), (D,)],
+         [P(), P(None, "model"), P(), P("model"), P()], (1, 8)),
         ("tp_block", block, [(B, S, D), (D, 3, H, HD), (H, HD, D), (D, F), (F, D)],
          [P(), P(None, None, "model"), P("model"), P(None, "model"), P("model")], (1, 8)),
         ("mesh_2d", block, [(B, S, D), (D, 3, H, HD), (H, HD, D), (D, F), (F, D)],

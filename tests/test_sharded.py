@@ -14,6 +14,7 @@ sharded must stay with XLA and say why.
 from __future__ import annotations
 
 import os
+import re
 import textwrap
 
 from hlofuse.testing import TOLERANCES
@@ -49,6 +50,7 @@ CHILD = textwrap.dedent('''
             "jax": collectives(jj.lower(*args).compile().as_text()),
             "hlofuse": collectives(lowered.compile().as_text()),
             "per_shard": sorted(r.kind for r in rep.regions if "per_shard" in r.extra),
+            "specs": [r.extra["per_shard"] for r in rep.regions if "per_shard" in r.extra],
             "kernels": len(rep.kernels),
             "reasons": [r.reason for r in rep.regions if r.reason],
             "folded": sum(p.stats.get("folded", 0) for p in rep.passes
@@ -64,14 +66,15 @@ CHILD = textwrap.dedent('''
         "err": float(np.max(np.abs(np.asarray(yj) - np.asarray(yh)))),
         "jax": collectives(jax.jit(fn).lower(*args).compile().as_text()),
         "hlofuse": collectives(lowered.compile().as_text()),
-        "per_shard": [], "kernels": len(lowered.report.kernels), "reasons": [], "folded": 0}
+        "per_shard": [], "specs": [], "kernels": len(lowered.report.kernels), "reasons": [],
+        "folded": 0}
     print(json.dumps(out))
 ''').replace("ROOT", repr(ROOT))
 
 
 def test_sharded_programs_on_eight_cpu_devices():
     out = run_json_child(CHILD)
-    assert len(out) == 19
+    assert len(out) == 21
     for name, o in out.items():
         tol = TOLERANCES["grad" if name.endswith("_train") else "reassociate"]["float32"][0]
         assert o["err"] <= tol, (name, o["err"])
@@ -85,6 +88,13 @@ def test_sharded_programs_on_eight_cpu_devices():
         # ... and the epilogue of the row-parallel matmul (contraction sharded) stays with XLA
         assert any("contraction is sharded" in r for r in out[name]["reasons"]), out[name]
     assert out["data_parallel"]["per_shard"], out["data_parallel"]
+    # replicated biases: the column-parallel product's epilogue runs per shard, reading its
+    # slice of b1 (a local slice, no collective: checked above); the row-parallel one stays
+    for name in ("tp_mlp_bias", "tp_mlp_bias_train"):
+        o = out[name]
+        assert any(re.search(r"(^|, )P\('model'\)( ->|,)", sp.split(" -> ")[0] + " ->")
+                   for sp in o["specs"]), (name, o)
+        assert any("contraction is sharded" in r for r in o["reasons"]), (name, o)
     # batch-sharded 3x3 convolutions: Winograd kernels per shard, forward and input gradient
     assert out["data_parallel_cnn"]["per_shard"].count("conv_winograd") == 2, out["data_parallel_cnn"]
     assert out["data_parallel_cnn_train"]["per_shard"].count("conv_winograd") >= 3, out["data_parallel_cnn_train"]
