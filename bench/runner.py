@@ -82,7 +82,7 @@ class Config:
 # ------------------------------------------------------------------------------------------
 # the probe lives in hlofuse.tools.autotune (tuning records the load it ran under too)
 from hlofuse.tools.autotune import ForeignLoad as LoadProbe  # noqa: E402
-from hlofuse.tools.autotune import quiesce  # noqa: E402
+from hlofuse.tools.autotune import time_calls  # noqa: E402
 
 
 # ------------------------------------------------------------------------------------------
@@ -108,21 +108,12 @@ def timed_calls(fn: Callable, args, reps: int, cpu: list | None = None) -> float
     """Seconds per call for ``reps`` back-to-back calls, synchronized once at the end, then
     an untimed wait until work the calls left running in this process is done
     (``hlofuse.tools.autotune.quiesce``: jax.jit's attention S=4096 frees 1 GiB on a thread of
-    its own after its outputs are ready, which ran during the next measured call).
+    its own after its outputs are ready, which ran during the next measured call): the
+    autotuner's own timing, so the benchmark and the decisions measure alike.
 
     When ``cpu`` is a list, this process's CPU seconds per call (all threads) are appended.
     """
-    c0 = time.process_time()
-    t0 = time.perf_counter()
-    out = None
-    for _ in range(reps):
-        out = fn(*args)
-    _block(out)
-    dt = time.perf_counter() - t0
-    if cpu is not None:
-        cpu.append((time.process_time() - c0) / reps)
-    quiesce(dt / reps, dt)
-    return dt / reps
+    return time_calls(fn, args, reps, cpu=cpu)
 
 
 def first_call(fn: Callable, args) -> tuple[float, object]:

@@ -59,6 +59,10 @@ class Repeat:
     g: int
     interleave: bool
 
+    def unrepeated(self, shape) -> list:
+        """``shape`` (the repeated operand's) with dim ``m`` of size ``a``: ``y`` in its dims."""
+        return list(shape[:self.m]) + [self.a] + list(shape[self.m + 1:])
+
 
 def repeat_of(x: ir.Value) -> Repeat | None:
     """``x`` as a repeat of a smaller value along one dim, or None. The reshape may also add
@@ -146,7 +150,7 @@ def _shardings(dot, s: int, rep: Repeat, m_o: int, k: int, mesh) -> _Shardings |
         return None
     a_axes, g_axes = (merged, ()) if rep.interleave else ((), merged)
     y = s_x[:rep.m] + (a_axes,) + s_x[rep.m + 1:]
-    y_shape = gu.info(dot.operands[s]).shape[:rep.m] + (rep.a,) + gu.info(dot.operands[s]).shape[rep.m + 1:]
+    y_shape = rep.unrepeated(gu.info(dot.operands[s]).shape)
     if not shd.reshape_keeps(tuple(gu.info(rep.y).shape), tuple(y_shape), s_y, y):
         return None
     return _Shardings(name, a_axes, g_axes, s_o, s_out, y)
@@ -190,8 +194,7 @@ def _rewrite(dot, s: int, rep: Repeat, k: int, parts, sh: _Shardings | None) -> 
         if sh is not None:
             shd.set_shardings(hir.defining_op(v), sh.mesh, [tuple(sharding)])
 
-    xs = list(gu.info(dot_operand).shape)
-    y_shape = xs[:rep.m] + [a] + xs[rep.m + 1:]
+    y_shape = rep.unrepeated(gu.info(dot_operand).shape)
     ob, oc = (rb, rc) if s == 0 else (lb, lc)
     new_ob, new_oc = [shift(d) for d in ob], [shift(d) for d in oc]
     o_shape = os_[:m_o] + split + os_[m_o + 1:]

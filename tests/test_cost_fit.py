@@ -132,7 +132,7 @@ def test_measured_decision_shows_the_prediction(cache_dir, monkeypatch):
     at.cache().put_regions({}, [dict(_rec("reduction", 1.02), target="cpu", device=dev,
                                      rule=rule, created=i) for i in range(4)])
     monkeypatch.setattr(at, "MIN_CALL_S", 0.0)
-    monkeypatch.setattr(at, "_time_once", lambda fn, args, reps, kwargs=None: 1e-3)
+    monkeypatch.setattr(at, "time_calls", lambda fn, args, reps, kwargs=None, cpu=None: 1e-3)
     args = (jnp.ones((64, 128)), jnp.ones((128,)), jnp.zeros((128,)))
     f = hlofuse.jit(_ln, autotune="on")
     f(*args)
@@ -147,7 +147,7 @@ def test_disturbed_measurements_do_not_teach_the_model(cache_dir, monkeypatch, b
     memory), but adds no record to the fit: one noisy tuning must not refuse a kind for every
     later program of the process."""
     monkeypatch.setattr(at, "MIN_CALL_S", 0.0)
-    monkeypatch.setattr(at, "_time_once", lambda fn, args, reps, kwargs=None: 1e-3)
+    monkeypatch.setattr(at, "time_calls", lambda fn, args, reps, kwargs=None, cpu=None: 1e-3)
     monkeypatch.setattr(at, "BUSY_SHARE", -1.0 if busy else 2.0)   # every / no measurement busy
     before = len(at.cache().records())
     args = (jnp.ones((64, 128)), jnp.ones((128,)), jnp.zeros((128,)))

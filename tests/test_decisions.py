@@ -70,7 +70,7 @@ def _fake_clock(monkeypatch, kernel_s: float, xla_s: float, xla_module_s: float 
             self.foreign = 0.0
             return False
 
-    monkeypatch.setattr(at, "_time_once", time_once)
+    monkeypatch.setattr(at, "time_calls", time_once)
     monkeypatch.setattr(at, "ForeignLoad", Idle)
     return seen
 
@@ -212,7 +212,7 @@ def test_choices_are_confirmed_together(cache_dir, monkeypatch):
             return 1.5e-3 if has_kernel else 1.0e-3   # each choice alone wins
         return 3.0e-3             # both together: slower than either
 
-    monkeypatch.setattr(at, "_time_once", time_once)
+    monkeypatch.setattr(at, "time_calls", time_once)
     args = _args()
     f = hlofuse.jit(_ln, autotune="on")
     f(*args)
@@ -311,7 +311,7 @@ def test_cpu_int8_matmul_choice_is_measured(cache_dir, monkeypatch, xla_faster):
             return 3.0e-3         # XLA's own module: slower than both of hlofuse's
         return 1.0e-3 if (not _has_kernel(texts[id(fn)][1])) == xla_faster else 1.5e-3
 
-    monkeypatch.setattr(at, "_time_once", time_once)
+    monkeypatch.setattr(at, "time_calls", time_once)
     args = _int8_args()
     f = hlofuse.jit(_int8_linear, autotune="on")
     (k,) = [r for r in f.report(*args).kernels if r.kind == "matmul_epilogue"]

@@ -710,7 +710,7 @@ def quiesce(call_s: float, block_s: float | None = None) -> float:
     after a 0.2 s pause, 290-300 ms right after a jax.jit call. Waiting here charges that
     tail to neither side (its cost stays out of the program that caused it too, which only
     makes a program with large temporaries look a little faster than its steady state).
-    Every timed measurement (:func:`_time_once`, ``bench.runner.timed_calls``) ends with it."""
+    Every timed measurement (:func:`time_calls`, ``bench.runner.timed_calls``) ends with it."""
     if call_s < QUIET_MIN_CALL_S:
         return 0.0
     block_s = call_s if block_s is None else block_s
@@ -724,16 +724,21 @@ def quiesce(call_s: float, block_s: float | None = None) -> float:
             return time.perf_counter() - t_start
 
 
-def _time_once(fn: Callable, args: Sequence, reps: int, kwargs: dict | None = None) -> float:
+def time_calls(fn: Callable, args: Sequence, reps: int, kwargs: dict | None = None,
+               cpu: list | None = None) -> float:
     """Seconds per call of ``reps`` back-to-back calls (synchronized once at the end), then
-    :func:`quiesce` (untimed)."""
+    :func:`quiesce` (untimed). When ``cpu`` is a list, this process's CPU seconds per call
+    (all threads) are appended to it."""
     kwargs = kwargs or {}
+    c0 = time.process_time()
     t0 = time.perf_counter()
     out = None
     for _ in range(reps):
         out = fn(*args, **kwargs)
     jax.block_until_ready(out)
     dt = time.perf_counter() - t0
+    if cpu is not None:
+        cpu.append((time.process_time() - c0) / reps)
     quiesce(dt / reps, dt)
     return dt / reps
 
@@ -784,15 +789,15 @@ def measure(make: Callable, args: Sequence, variants: dict[str, dict], *,
     t_start = time.perf_counter()
     base = make({})
     if default_s is None:
-        _time_once(base, args, 1, kwargs)          # compile (or hit the cache) + warm up
-        t_def = _time_once(base, args, 1, kwargs)
+        time_calls(base, args, 1, kwargs)          # compile (or hit the cache) + warm up
+        t_def = time_calls(base, args, 1, kwargs)
     else:
         t_def = default_s
         # one warm call is a noisy sample: a fresh executable's first runs pay for allocations
         # and thread start-up (a zoo BERT: 2.5 ms on its 2nd call, then 0.2 ms), so a short
         # program was tuned for 5s. Up to 5 more calls (< 0.25 s) confirm a short one.
         for _ in range(5 if t_def < CONFIRM_BELOW_S else 0):
-            t_def = min(t_def, _time_once(base, args, 1, kwargs))
+            t_def = min(t_def, time_calls(base, args, 1, kwargs))
             if t_def < MIN_CALL_S:
                 break
     reps = max(1, min(50, int(0.05 / max(t_def, 1e-6))))  # >= ~50 ms per measurement
@@ -878,7 +883,7 @@ def measure(make: Callable, args: Sequence, variants: dict[str, dict], *,
                 del fns[n]
                 say(f"{n}: results differ from the default beyond 'reassociate', not a candidate")
         elif n != "default" or default_s is not None:
-            _time_once(f, args, 1, kwargs)         # warm up
+            time_calls(f, args, 1, kwargs)         # warm up
     if len(fns) < 2:
         return Measurement({"default": 1.0}, [], t_def, 0, dup,
                            "no variant computes the default's results within tolerance",
@@ -895,7 +900,7 @@ def measure(make: Callable, args: Sequence, variants: dict[str, dict], *,
             break
         order = names[r % len(names):] + names[:r % len(names)]
         for n in order:
-            times[n].append(_time_once(fns[n], args, reps, kwargs))
+            times[n].append(time_calls(fns[n], args, reps, kwargs))
         n_rounds += 1
         say(f"round {n_rounds} ({time.perf_counter() - t_start:.1f}s)")
     pairs = {n: list(zip(times[n], times["default"])) for n in names}
@@ -944,9 +949,9 @@ def _heavy_rounds(fn, base, args, kwargs, reps, rounds, t_start, budget_s) -> li
         if est is not None and spent + est > budget_s:
             break
         t0 = time.perf_counter()
-        a = _time_once(fn, args, reps, kwargs)
-        _time_once(base, args, 1, kwargs)
-        d = _time_once(base, args, reps, kwargs)
+        a = time_calls(fn, args, reps, kwargs)
+        time_calls(base, args, 1, kwargs)
+        d = time_calls(base, args, reps, kwargs)
         pairs.append((a, d))
         est = time.perf_counter() - t0
     return pairs
