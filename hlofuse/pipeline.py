@@ -298,6 +298,10 @@ PIPELINES: dict[str, list[tuple[str, str]]] = {
         ("sink-loop-generators", "masks from iotas that scan (or cse) hoisted out of a loop are generated in the "
                                  "body again, where attention sees its iotas; after the last cse, which would hoist "
                                  "them, and before propagate-shardings, which annotates the copies"),
+        ("remat-loop-attention", "a scan's attention whose probabilities the forward loop saves for the backward "
+                                 "loop is recomputed there (what jax.checkpoint writes), so fuse-attention finds a "
+                                 "forward kernel and a forward + backward; after sink-loop-generators (masks in "
+                                 "both bodies), before propagate-shardings (annotates the clones)"),
         ("propagate-shardings", "sharded programs: Shardy's shardings on every op, so kernelize builds per-shard kernels (no-op otherwise)"),
         ("fuse-attention", "outline QK^T-softmax-PV subgraphs for flash kernels before other fusions claim their ops"),
         ("fold-dot-repeats", "a dot reading K/V repeated to the query heads (GQA decode, attention fuse-attention "

@@ -9,6 +9,7 @@ from hlofuse.passes import cse as cse
 from hlofuse.passes import symbol_dce as symbol_dce
 from hlofuse.passes import inline_calls as inline_calls
 from hlofuse.passes import sink_loop_generators as sink_loop_generators
+from hlofuse.passes import remat_loop_attention as remat_loop_attention
 from hlofuse.passes import fuse_elementwise as fuse_elementwise
 from hlofuse.passes import fuse_attention as fuse_attention
 from hlofuse.passes import fold_dot_repeats as fold_dot_repeats

@@ -31,8 +31,10 @@ is not the forward's VJP gives different numbers at random inputs (float roundin
 tolerance ``1e-3`` relative, evaluated in f32 with float-to-float converts as identities).
 
 A forward in a loop body whose intermediates leave the loop (a scan over layers saving the
-probabilities for the backward loop) has no backward in its block; the refusal says so and
-names the remedy (:data:`LOOP_RESIDUALS`: ``jax.checkpoint`` around the scanned layer).
+probabilities for the backward loop) has no backward in its block. ``remat-loop-attention``
+recomputes them in the backward loop where it can (then both loops match); otherwise the
+refusal says so and names the remedy (:data:`LOOP_RESIDUALS`: ``jax.checkpoint`` around the
+scanned layer).
 """
 
 from __future__ import annotations
@@ -303,9 +305,10 @@ def _forward_internal_uses(att) -> dict:
 #: the refusal when the forward saves its intermediates as a loop's outputs (see
 #: :func:`_saved_across_loop`)
 LOOP_RESIDUALS = ("the forward runs in a loop body (a scan over layers) that passes its "
-                  "probabilities out as residuals for the backward, which runs in another loop; "
-                  "no rewrite spans two loops. Wrap the scanned function in jax.checkpoint "
-                  "(remat): the backward loop then recomputes the forward and both are fused there")
+                  "probabilities out as residuals for the backward, which runs in another loop, "
+                  "and remat-loop-attention could not recompute them there (its note says why). "
+                  "Wrap the scanned function in jax.checkpoint (remat): the backward loop then "
+                  "recomputes the forward and both are fused there")
 
 
 def _saved_across_loop(block, att, limit: int = 64) -> bool:
@@ -327,8 +330,14 @@ def _saved_across_loop(block, att, limit: int = 64) -> bool:
                 continue
             if u.name == "stablehlo.return":
                 return True
-            todo.extend(u.results)
+            if u.name in _SAVING:       # not a backward's arithmetic (a backward loop's
+                todo.extend(u.results)  # gradient stacks also reach its terminator)
     return False
+
+
+# the ops between a saved intermediate and the loop's terminator
+_SAVING = ("stablehlo.reshape", "stablehlo.broadcast_in_dim", "stablehlo.transpose",
+           "stablehlo.convert", "stablehlo.dynamic_update_slice")
 
 
 def match_training(att, block, index: dict, boundary) -> Training:

@@ -99,6 +99,18 @@ def scanned(x, wqkv, wo):
     return jax.lax.scan(jax.checkpoint(layer), x, (wqkv, wo))[0]
 
 
+def scanned_noremat(x, wqkv, wo):
+    """:func:`scanned` without ``jax.checkpoint``: in the step the forward loop saves the
+    probabilities for the backward loop, where ``remat-loop-attention`` recomputes them (the
+    copies get their shardings from ``propagate-shardings``)."""
+    def layer(h, w):
+        wq, wo_ = w
+        qkv = jnp.einsum("bsd,dthk->tbshk", _ln(h), wq)
+        a = jax.nn.dot_product_attention(qkv[0], qkv[1], qkv[2], is_causal=True)
+        return h + jnp.einsum("bqhk,hkd->bqd", a, wo_), None
+    return jax.lax.scan(layer, x, (wqkv, wo))[0]
+
+
 def gqa_decode(q, k, v):
     """One decode step of grouped-query attention over a KV cache (``jnp.repeat`` of K/V to
     the query heads; one query row): ``fold-dot-repeats`` reads K/V unrepeated, heads sharded."""
@@ -167,4 +179,8 @@ def cases(make_mesh, scale: int = 1):
     ]
     out.append(("shard_map_mlp", make_shard_map_mlp(make_mesh((2, 4))), [(B, S, D), (D, F), (F, D)],
                 [P("data"), P(None, "model"), P("model")], (2, 4)))
-    return out + [(f"{n}_train", step(f), sh, sp, m) for n, f, sh, sp, m in out]
+    # (its forward is the scanned forward above: only the step)
+    scan_nr = ("mesh_2d_scan_noremat_train", step(scanned_noremat),
+               [(B, S, D), (2, D, 3, H, HD), (2, H, HD, D)],
+               [P("data"), P(None, None, None, "model"), P(None, "model")], (2, 4))
+    return out + [(f"{n}_train", step(f), sh, sp, m) for n, f, sh, sp, m in out] + [scan_nr]

@@ -74,7 +74,7 @@ CHILD = textwrap.dedent('''
 
 def test_sharded_programs_on_eight_cpu_devices():
     out = run_json_child(CHILD)
-    assert len(out) == 21
+    assert len(out) == 22
     for name, o in out.items():
         tol = TOLERANCES["grad" if name.endswith("_train") else "reassociate"]["float32"][0]
         assert o["err"] <= tol, (name, o["err"])
@@ -105,9 +105,10 @@ def test_sharded_programs_on_eight_cpu_devices():
         kinds = out[name]["per_shard"]
         assert "attention" in kinds and "reduction" in kinds, (name, out[name])
     # training steps: the flash forward (with its row statistics) and the flash backward run
-    # per shard too, batch- or heads-sharded, scanned or not (their ops are made after
-    # propagation; check_region carries the shardings to them)
-    for name in ("tp_block_train", "mesh_2d_train", "data_parallel_scan_train"):
+    # per shard too, batch- or heads-sharded, scanned or not, with or without remat (their ops
+    # are made after propagation; check_region carries the shardings to them)
+    for name in ("tp_block_train", "mesh_2d_train", "data_parallel_scan_train",
+                 "mesh_2d_scan_noremat_train"):
         kinds = out[name]["per_shard"]
         assert kinds.count("attention_fwd_lse") == 1 and kinds.count("attention_bwd") == 1, \
             (name, out[name])

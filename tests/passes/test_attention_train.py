@@ -244,13 +244,20 @@ def _scanned_attention_step(remat: bool):
     return jax.value_and_grad(loss, argnums=(0, 1)), args
 
 
-def test_scan_over_layers_says_to_remat_and_remat_gets_both_kernels():
-    """Without remat the forward loop saves the probabilities for the backward loop: no rewrite
-    spans the two loops, and the note says what to do. With ``jax.checkpoint`` the backward
-    loop recomputes the forward, and the forward and backward kernels are built there."""
+def test_scan_over_layers_gets_both_kernels_with_and_without_remat():
+    """Without remat the forward loop saves the probabilities for the backward loop:
+    remat-loop-attention recomputes them there, and the forward and backward kernels are built
+    in the backward loop (the forward kernel in the forward loop). With that pass disabled no
+    rewrite spans the two loops, and the note says what to do. With ``jax.checkpoint`` the
+    backward loop recomputes the forward itself."""
     from hlofuse.passes.attention_train import LOOP_RESIDUALS
     step, args = _scanned_attention_step(remat=False)
     g = hlofuse.jit(step, autotune=False)
+    report = g.report(*args)
+    assert train_kernels(report) == ["attention_bwd", "attention_fwd_lse"], report
+    assert not any(LOOP_RESIDUALS in n for n in report.notes), report.notes
+    assert_same(g(*args), jax.jit(step)(*args), "grad")
+    g = hlofuse.jit(step, autotune=False, disable=("remat-loop-attention",))
     report = g.report(*args)
     assert train_kernels(report) == []
     assert any(LOOP_RESIDUALS in n for n in report.notes), report.notes

@@ -1,0 +1,209 @@
+// golden: before=sink-loop-generators
+// golden: numbers=reassociate
+// jax.value_and_grad of one causal attention layer under lax.scan (2 layers), no remat: the
+// forward loop saves exp, the row sum, 1/sum² and the output for the backward loop. They are
+// recomputed there from the saved Q, K, V (the backward loop now holds the forward, as under
+// jax.checkpoint) and the forward loop returns those stacks unchanged.
+module {
+  func.func public @main(%arg0: tensor<1x8x8xf32>, %arg1: tensor<2x3x8x8xf32>) -> (tensor<f32> {jax.result_info = "result[0]"}, tensor<1x8x8xf32> {jax.result_info = "result[1][0]"}, tensor<2x3x8x8xf32> {jax.result_info = "result[1][1]"}) {
+    %cst = stablehlo.constant dense<2.000000e+00> : tensor<f32>
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %cst_0 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %cst_1 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %cst_2 = stablehlo.constant dense<5.000000e-01> : tensor<f32>
+    %c_3 = stablehlo.constant dense<2> : tensor<i32>
+    %cst_4 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %cst_5 = stablehlo.constant dense<-2.38197633E+38> : tensor<f32>
+    %c_6 = stablehlo.constant dense<false> : tensor<i1>
+    %c_7 = stablehlo.constant dense<0> : tensor<i32>
+    %c_8 = stablehlo.constant dense<true> : tensor<i1>
+    %0 = stablehlo.broadcast_in_dim %c_8, dims = [] : (tensor<i1>) -> tensor<1x2x8x8xi1>
+    %1 = stablehlo.broadcast_in_dim %c_8, dims = [] : (tensor<i1>) -> tensor<8x8xi1>
+    %2 = stablehlo.iota dim = 0 : tensor<8x8xi32>
+    %3 = stablehlo.broadcast_in_dim %c_7, dims = [] : (tensor<i32>) -> tensor<8x8xi32>
+    %4 = stablehlo.add %2, %3 : tensor<8x8xi32>
+    %5 = stablehlo.iota dim = 1 : tensor<8x8xi32>
+    %6 = stablehlo.compare GE, %4, %5, SIGNED : (tensor<8x8xi32>, tensor<8x8xi32>) -> tensor<8x8xi1>
+    %7 = stablehlo.broadcast_in_dim %c_6, dims = [] : (tensor<i1>) -> tensor<8x8xi1>
+    %8 = stablehlo.select %6, %1, %7 : tensor<8x8xi1>, tensor<8x8xi1>
+    %9 = stablehlo.broadcast_in_dim %8, dims = [2, 3] : (tensor<8x8xi1>) -> tensor<1x1x8x8xi1>
+    %10 = stablehlo.broadcast_in_dim %9, dims = [0, 1, 2, 3] : (tensor<1x1x8x8xi1>) -> tensor<1x2x8x8xi1>
+    %11 = stablehlo.and %0, %10 : tensor<1x2x8x8xi1>
+    %12 = stablehlo.broadcast_in_dim %cst_5, dims = [] : (tensor<f32>) -> tensor<1x2x8x8xf32>
+    %13 = stablehlo.broadcast_in_dim %11, dims = [1, 2, 3, 4] : (tensor<1x2x8x8xi1>) -> tensor<1x1x2x8x8xi1>
+    %14 = stablehlo.broadcast_in_dim %12, dims = [1, 2, 3, 4] : (tensor<1x2x8x8xf32>) -> tensor<1x1x2x8x8xf32>
+    %15 = stablehlo.broadcast_in_dim %cst_4, dims = [] : (tensor<f32>) -> tensor<2x8x8xf32>
+    %16 = stablehlo.broadcast_in_dim %cst_4, dims = [] : (tensor<f32>) -> tensor<2x1x8x8xf32>
+    %17 = stablehlo.broadcast_in_dim %cst_4, dims = [] : (tensor<f32>) -> tensor<2x1x8x2x4xf32>
+    %18 = stablehlo.broadcast_in_dim %cst_4, dims = [] : (tensor<f32>) -> tensor<2x1x8x2x1x4xf32>
+    %19 = stablehlo.broadcast_in_dim %cst_4, dims = [] : (tensor<f32>) -> tensor<2x1x1x2x8x8xf32>
+    %20 = stablehlo.broadcast_in_dim %cst_4, dims = [] : (tensor<f32>) -> tensor<2x1x1x2x8x1xf32>
+    %21:16 = stablehlo.while(%iterArg = %arg1, %iterArg_9 = %13, %iterArg_10 = %14, %iterArg_11 = %c_7, %iterArg_12 = %arg0, %iterArg_13 = %15, %iterArg_14 = %16, %iterArg_15 = %15, %iterArg_16 = %15, %iterArg_17 = %17, %iterArg_18 = %18, %iterArg_19 = %19, %iterArg_20 = %20, %iterArg_21 = %20, %iterArg_22 = %19, %iterArg_23 = %17) : tensor<2x3x8x8xf32>, tensor<1x1x2x8x8xi1>, tensor<1x1x2x8x8xf32>, tensor<i32>, tensor<1x8x8xf32>, tensor<2x8x8xf32>, tensor<2x1x8x8xf32>, tensor<2x8x8xf32>, tensor<2x8x8xf32>, tensor<2x1x8x2x4xf32>, tensor<2x1x8x2x1x4xf32>, tensor<2x1x1x2x8x8xf32>, tensor<2x1x1x2x8x1xf32>, tensor<2x1x1x2x8x1xf32>, tensor<2x1x1x2x8x8xf32>, tensor<2x1x8x2x4xf32>
+    cond {
+      %30 = stablehlo.compare LT, %iterArg_11, %c_3, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %30 : tensor<i1>
+    } do {
+      %30 = stablehlo.dynamic_slice %iterArg, %iterArg_11, %c_7, %c_7, %c_7, sizes = [1, 3, 8, 8] : (tensor<2x3x8x8xf32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<1x3x8x8xf32>
+      %31 = stablehlo.reshape %30 : (tensor<1x3x8x8xf32>) -> tensor<3x8x8xf32>
+      %32 = stablehlo.slice %31 [0:1, 0:8, 0:8] : (tensor<3x8x8xf32>) -> tensor<1x8x8xf32>
+      %33 = stablehlo.reshape %32 : (tensor<1x8x8xf32>) -> tensor<8x8xf32>
+      %34 = stablehlo.dot_general %iterArg_12, %33, contracting_dims = [2] x [0], precision = [DEFAULT, DEFAULT] : (tensor<1x8x8xf32>, tensor<8x8xf32>) -> tensor<1x8x8xf32>
+      %35 = stablehlo.slice %31 [1:2, 0:8, 0:8] : (tensor<3x8x8xf32>) -> tensor<1x8x8xf32>
+      %36 = stablehlo.reshape %35 : (tensor<1x8x8xf32>) -> tensor<8x8xf32>
+      %37 = stablehlo.dot_general %iterArg_12, %36, contracting_dims = [2] x [0], precision = [DEFAULT, DEFAULT] : (tensor<1x8x8xf32>, tensor<8x8xf32>) -> tensor<1x8x8xf32>
+      %38 = stablehlo.slice %31 [2:3, 0:8, 0:8] : (tensor<3x8x8xf32>) -> tensor<1x8x8xf32>
+      %39 = stablehlo.reshape %38 : (tensor<1x8x8xf32>) -> tensor<8x8xf32>
+      %40 = stablehlo.dot_general %iterArg_12, %39, contracting_dims = [2] x [0], precision = [DEFAULT, DEFAULT] : (tensor<1x8x8xf32>, tensor<8x8xf32>) -> tensor<1x8x8xf32>
+      %41 = stablehlo.reshape %34 : (tensor<1x8x8xf32>) -> tensor<1x8x2x4xf32>
+      %42 = stablehlo.reshape %37 : (tensor<1x8x8xf32>) -> tensor<1x8x2x4xf32>
+      %43 = stablehlo.reshape %40 : (tensor<1x8x8xf32>) -> tensor<1x8x2x4xf32>
+      %44 = stablehlo.reshape %41 : (tensor<1x8x2x4xf32>) -> tensor<1x8x2x1x4xf32>
+      %45 = stablehlo.dot_general %44, %42, batching_dims = [0, 2] x [0, 2], contracting_dims = [4] x [3], precision = [DEFAULT, DEFAULT] : (tensor<1x8x2x1x4xf32>, tensor<1x8x2x4xf32>) -> tensor<1x2x8x1x8xf32>
+      %46 = stablehlo.broadcast_in_dim %cst_2, dims = [] : (tensor<f32>) -> tensor<1x2x8x1x8xf32>
+      %47 = stablehlo.multiply %45, %46 : tensor<1x2x8x1x8xf32>
+      %48 = stablehlo.transpose %47, dims = [3, 0, 1, 2, 4] : (tensor<1x2x8x1x8xf32>) -> tensor<1x1x2x8x8xf32>
+      %49 = stablehlo.select %iterArg_9, %48, %iterArg_10 : tensor<1x1x2x8x8xi1>, tensor<1x1x2x8x8xf32>
+      %50 = stablehlo.reduce(%49 init: %cst_1) applies stablehlo.maximum across dimensions = [4] : (tensor<1x1x2x8x8xf32>, tensor<f32>) -> tensor<1x1x2x8xf32>
+      %51 = stablehlo.broadcast_in_dim %cst_1, dims = [] : (tensor<f32>) -> tensor<1x1x2x8xf32>
+      %52 = stablehlo.maximum %51, %50 : tensor<1x1x2x8xf32>
+      %53 = stablehlo.broadcast_in_dim %52, dims = [0, 1, 2, 3] : (tensor<1x1x2x8xf32>) -> tensor<1x1x2x8x1xf32>
+      %54 = stablehlo.broadcast_in_dim %53, dims = [0, 1, 2, 3, 4] : (tensor<1x1x2x8x1xf32>) -> tensor<1x1x2x8x8xf32>
+      %55 = stablehlo.subtract %49, %54 : tensor<1x1x2x8x8xf32>
+      %56 = stablehlo.exponential %55 : tensor<1x1x2x8x8xf32>
+      %57 = stablehlo.reduce(%56 init: %cst_4) applies stablehlo.add across dimensions = [4] : (tensor<1x1x2x8x8xf32>, tensor<f32>) -> tensor<1x1x2x8xf32>
+      %58 = stablehlo.broadcast_in_dim %57, dims = [0, 1, 2, 3] : (tensor<1x1x2x8xf32>) -> tensor<1x1x2x8x1xf32>
+      %59 = stablehlo.broadcast_in_dim %58, dims = [0, 1, 2, 3, 4] : (tensor<1x1x2x8x1xf32>) -> tensor<1x1x2x8x8xf32>
+      %60 = stablehlo.divide %56, %59 : tensor<1x1x2x8x8xf32>
+      %61 = stablehlo.multiply %58, %58 : tensor<1x1x2x8x1xf32>
+      %62 = stablehlo.broadcast_in_dim %cst_0, dims = [] : (tensor<f32>) -> tensor<1x1x2x8x1xf32>
+      %63 = stablehlo.divide %62, %61 : tensor<1x1x2x8x1xf32>
+      %64 = stablehlo.dot_general %43, %60, batching_dims = [0, 2] x [1, 2], contracting_dims = [1] x [4], precision = [DEFAULT, DEFAULT] : (tensor<1x8x2x4xf32>, tensor<1x1x2x8x8xf32>) -> tensor<1x2x4x1x8xf32>
+      %65 = stablehlo.transpose %64, dims = [3, 0, 4, 1, 2] : (tensor<1x2x4x1x8xf32>) -> tensor<1x1x8x2x4xf32>
+      %66 = stablehlo.transpose %65, dims = [1, 2, 3, 0, 4] : (tensor<1x1x8x2x4xf32>) -> tensor<1x8x2x1x4xf32>
+      %67 = stablehlo.reshape %66 : (tensor<1x8x2x1x4xf32>) -> tensor<1x8x2x4xf32>
+      %68 = stablehlo.reshape %67 : (tensor<1x8x2x4xf32>) -> tensor<1x8x8xf32>
+      %69 = stablehlo.add %iterArg_12, %68 : tensor<1x8x8xf32>
+      %70 = stablehlo.broadcast_in_dim %33, dims = [1, 2] : (tensor<8x8xf32>) -> tensor<1x8x8xf32>
+      %71 = stablehlo.dynamic_update_slice %iterArg_13, %70, %iterArg_11, %c_7, %c_7 : (tensor<2x8x8xf32>, tensor<1x8x8xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<2x8x8xf32>
+      %72 = stablehlo.broadcast_in_dim %iterArg_12, dims = [1, 2, 3] : (tensor<1x8x8xf32>) -> tensor<1x1x8x8xf32>
+      %73 = stablehlo.dynamic_update_slice %iterArg_14, %72, %iterArg_11, %c_7, %c_7, %c_7 : (tensor<2x1x8x8xf32>, tensor<1x1x8x8xf32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<2x1x8x8xf32>
+      %74 = stablehlo.broadcast_in_dim %36, dims = [1, 2] : (tensor<8x8xf32>) -> tensor<1x8x8xf32>
+      %75 = stablehlo.dynamic_update_slice %iterArg_15, %74, %iterArg_11, %c_7, %c_7 : (tensor<2x8x8xf32>, tensor<1x8x8xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<2x8x8xf32>
+      %76 = stablehlo.broadcast_in_dim %39, dims = [1, 2] : (tensor<8x8xf32>) -> tensor<1x8x8xf32>
+      %77 = stablehlo.dynamic_update_slice %iterArg_16, %76, %iterArg_11, %c_7, %c_7 : (tensor<2x8x8xf32>, tensor<1x8x8xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<2x8x8xf32>
+      %78 = stablehlo.broadcast_in_dim %42, dims = [1, 2, 3, 4] : (tensor<1x8x2x4xf32>) -> tensor<1x1x8x2x4xf32>
+      %79 = stablehlo.dynamic_update_slice %iterArg_17, %78, %iterArg_11, %c_7, %c_7, %c_7, %c_7 : (tensor<2x1x8x2x4xf32>, tensor<1x1x8x2x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<2x1x8x2x4xf32>
+      %80 = stablehlo.broadcast_in_dim %44, dims = [1, 2, 3, 4, 5] : (tensor<1x8x2x1x4xf32>) -> tensor<1x1x8x2x1x4xf32>
+      %81 = stablehlo.dynamic_update_slice %iterArg_18, %80, %iterArg_11, %c_7, %c_7, %c_7, %c_7, %c_7 : (tensor<2x1x8x2x1x4xf32>, tensor<1x1x8x2x1x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<2x1x8x2x1x4xf32>
+      %82 = stablehlo.broadcast_in_dim %56, dims = [1, 2, 3, 4, 5] : (tensor<1x1x2x8x8xf32>) -> tensor<1x1x1x2x8x8xf32>
+      %83 = stablehlo.dynamic_update_slice %iterArg_19, %82, %iterArg_11, %c_7, %c_7, %c_7, %c_7, %c_7 : (tensor<2x1x1x2x8x8xf32>, tensor<1x1x1x2x8x8xf32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<2x1x1x2x8x8xf32>
+      %84 = stablehlo.broadcast_in_dim %58, dims = [1, 2, 3, 4, 5] : (tensor<1x1x2x8x1xf32>) -> tensor<1x1x1x2x8x1xf32>
+      %85 = stablehlo.dynamic_update_slice %iterArg_20, %84, %iterArg_11, %c_7, %c_7, %c_7, %c_7, %c_7 : (tensor<2x1x1x2x8x1xf32>, tensor<1x1x1x2x8x1xf32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<2x1x1x2x8x1xf32>
+      %86 = stablehlo.broadcast_in_dim %63, dims = [1, 2, 3, 4, 5] : (tensor<1x1x2x8x1xf32>) -> tensor<1x1x1x2x8x1xf32>
+      %87 = stablehlo.dynamic_update_slice %iterArg_21, %86, %iterArg_11, %c_7, %c_7, %c_7, %c_7, %c_7 : (tensor<2x1x1x2x8x1xf32>, tensor<1x1x1x2x8x1xf32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<2x1x1x2x8x1xf32>
+      %88 = stablehlo.broadcast_in_dim %60, dims = [1, 2, 3, 4, 5] : (tensor<1x1x2x8x8xf32>) -> tensor<1x1x1x2x8x8xf32>
+      %89 = stablehlo.dynamic_update_slice %iterArg_22, %88, %iterArg_11, %c_7, %c_7, %c_7, %c_7, %c_7 : (tensor<2x1x1x2x8x8xf32>, tensor<1x1x1x2x8x8xf32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<2x1x1x2x8x8xf32>
+      %90 = stablehlo.broadcast_in_dim %43, dims = [1, 2, 3, 4] : (tensor<1x8x2x4xf32>) -> tensor<1x1x8x2x4xf32>
+      %91 = stablehlo.dynamic_update_slice %iterArg_23, %90, %iterArg_11, %c_7, %c_7, %c_7, %c_7 : (tensor<2x1x8x2x4xf32>, tensor<1x1x8x2x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<2x1x8x2x4xf32>
+      %92 = stablehlo.add %iterArg_11, %c : tensor<i32>
+      stablehlo.return %iterArg, %iterArg_9, %iterArg_10, %92, %69, %71, %73, %75, %77, %79, %81, %83, %85, %87, %89, %91 : tensor<2x3x8x8xf32>, tensor<1x1x2x8x8xi1>, tensor<1x1x2x8x8xf32>, tensor<i32>, tensor<1x8x8xf32>, tensor<2x8x8xf32>, tensor<2x1x8x8xf32>, tensor<2x8x8xf32>, tensor<2x8x8xf32>, tensor<2x1x8x2x4xf32>, tensor<2x1x8x2x1x4xf32>, tensor<2x1x1x2x8x8xf32>, tensor<2x1x1x2x8x1xf32>, tensor<2x1x1x2x8x1xf32>, tensor<2x1x1x2x8x8xf32>, tensor<2x1x8x2x4xf32>
+    }
+    %22 = stablehlo.multiply %21#4, %21#4 : tensor<1x8x8xf32>
+    %23 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<1x8x8xf32>
+    %24 = stablehlo.multiply %23, %21#4 : tensor<1x8x8xf32>
+    %25 = stablehlo.reduce(%22 init: %cst_4) applies stablehlo.add across dimensions = [0, 1, 2] : (tensor<1x8x8xf32>, tensor<f32>) -> tensor<f32>
+    %26 = stablehlo.broadcast_in_dim %cst_0, dims = [] : (tensor<f32>) -> tensor<1x8x8xf32>
+    %27 = stablehlo.multiply %26, %24 : tensor<1x8x8xf32>
+    %28 = stablehlo.broadcast_in_dim %cst_4, dims = [] : (tensor<f32>) -> tensor<2x3x8x8xf32>
+    %29:15 = stablehlo.while(%iterArg = %21#5, %iterArg_9 = %21#6, %iterArg_10 = %21#7, %iterArg_11 = %21#8, %iterArg_12 = %21#9, %iterArg_13 = %21#10, %iterArg_14 = %21#11, %iterArg_15 = %21#12, %iterArg_16 = %21#13, %iterArg_17 = %21#14, %iterArg_18 = %21#15, %iterArg_19 = %13, %iterArg_20 = %c_7, %iterArg_21 = %27, %iterArg_22 = %28) : tensor<2x8x8xf32>, tensor<2x1x8x8xf32>, tensor<2x8x8xf32>, tensor<2x8x8xf32>, tensor<2x1x8x2x4xf32>, tensor<2x1x8x2x1x4xf32>, tensor<2x1x1x2x8x8xf32>, tensor<2x1x1x2x8x1xf32>, tensor<2x1x1x2x8x1xf32>, tensor<2x1x1x2x8x8xf32>, tensor<2x1x8x2x4xf32>, tensor<1x1x2x8x8xi1>, tensor<i32>, tensor<1x8x8xf32>, tensor<2x3x8x8xf32>
+    cond {
+      %30 = stablehlo.compare LT, %iterArg_20, %c_3, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %30 : tensor<i1>
+    } do {
+      %30 = stablehlo.subtract %c_3, %iterArg_20 : tensor<i32>
+      %31 = stablehlo.subtract %30, %c : tensor<i32>
+      %32 = stablehlo.dynamic_slice %iterArg, %31, %c_7, %c_7, sizes = [1, 8, 8] : (tensor<2x8x8xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<1x8x8xf32>
+      %33 = stablehlo.reshape %32 : (tensor<1x8x8xf32>) -> tensor<8x8xf32>
+      %34 = stablehlo.dynamic_slice %iterArg_9, %31, %c_7, %c_7, %c_7, sizes = [1, 1, 8, 8] : (tensor<2x1x8x8xf32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<1x1x8x8xf32>
+      %35 = stablehlo.reshape %34 : (tensor<1x1x8x8xf32>) -> tensor<1x8x8xf32>
+      %36 = stablehlo.dynamic_slice %iterArg_10, %31, %c_7, %c_7, sizes = [1, 8, 8] : (tensor<2x8x8xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<1x8x8xf32>
+      %37 = stablehlo.reshape %36 : (tensor<1x8x8xf32>) -> tensor<8x8xf32>
+      %38 = stablehlo.dynamic_slice %iterArg_11, %31, %c_7, %c_7, sizes = [1, 8, 8] : (tensor<2x8x8xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<1x8x8xf32>
+      %39 = stablehlo.reshape %38 : (tensor<1x8x8xf32>) -> tensor<8x8xf32>
+      %40 = stablehlo.dynamic_slice %iterArg_12, %31, %c_7, %c_7, %c_7, %c_7, sizes = [1, 1, 8, 2, 4] : (tensor<2x1x8x2x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<1x1x8x2x4xf32>
+      %41 = stablehlo.reshape %40 : (tensor<1x1x8x2x4xf32>) -> tensor<1x8x2x4xf32>
+      %42 = stablehlo.dynamic_slice %iterArg_13, %31, %c_7, %c_7, %c_7, %c_7, %c_7, sizes = [1, 1, 8, 2, 1, 4] : (tensor<2x1x8x2x1x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<1x1x8x2x1x4xf32>
+      %43 = stablehlo.reshape %42 : (tensor<1x1x8x2x1x4xf32>) -> tensor<1x8x2x1x4xf32>
+      %44 = stablehlo.dynamic_slice %iterArg_14, %31, %c_7, %c_7, %c_7, %c_7, %c_7, sizes = [1, 1, 1, 2, 8, 8] : (tensor<2x1x1x2x8x8xf32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<1x1x1x2x8x8xf32>
+      %45 = stablehlo.reshape %44 : (tensor<1x1x1x2x8x8xf32>) -> tensor<1x1x2x8x8xf32>
+      %46 = stablehlo.dynamic_slice %iterArg_15, %31, %c_7, %c_7, %c_7, %c_7, %c_7, sizes = [1, 1, 1, 2, 8, 1] : (tensor<2x1x1x2x8x1xf32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<1x1x1x2x8x1xf32>
+      %47 = stablehlo.reshape %46 : (tensor<1x1x1x2x8x1xf32>) -> tensor<1x1x2x8x1xf32>
+      %48 = stablehlo.dynamic_slice %iterArg_16, %31, %c_7, %c_7, %c_7, %c_7, %c_7, sizes = [1, 1, 1, 2, 8, 1] : (tensor<2x1x1x2x8x1xf32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<1x1x1x2x8x1xf32>
+      %49 = stablehlo.reshape %48 : (tensor<1x1x1x2x8x1xf32>) -> tensor<1x1x2x8x1xf32>
+      %50 = stablehlo.dynamic_slice %iterArg_17, %31, %c_7, %c_7, %c_7, %c_7, %c_7, sizes = [1, 1, 1, 2, 8, 8] : (tensor<2x1x1x2x8x8xf32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<1x1x1x2x8x8xf32>
+      %51 = stablehlo.reshape %50 : (tensor<1x1x1x2x8x8xf32>) -> tensor<1x1x2x8x8xf32>
+      %52 = stablehlo.dynamic_slice %iterArg_18, %31, %c_7, %c_7, %c_7, %c_7, sizes = [1, 1, 8, 2, 4] : (tensor<2x1x8x2x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<1x1x8x2x4xf32>
+      %53 = stablehlo.reshape %52 : (tensor<1x1x8x2x4xf32>) -> tensor<1x8x2x4xf32>
+      %54 = stablehlo.reshape %iterArg_21 : (tensor<1x8x8xf32>) -> tensor<1x8x2x4xf32>
+      %55 = stablehlo.reshape %54 : (tensor<1x8x2x4xf32>) -> tensor<1x8x2x1x4xf32>
+      %56 = stablehlo.transpose %55, dims = [3, 0, 1, 2, 4] : (tensor<1x8x2x1x4xf32>) -> tensor<1x1x8x2x4xf32>
+      %57 = stablehlo.transpose %56, dims = [1, 3, 4, 0, 2] : (tensor<1x1x8x2x4xf32>) -> tensor<1x2x4x1x8xf32>
+      %58 = stablehlo.dot_general %57, %53, batching_dims = [0, 1] x [0, 2], contracting_dims = [2] x [3], precision = [DEFAULT, DEFAULT] : (tensor<1x2x4x1x8xf32>, tensor<1x8x2x4xf32>) -> tensor<1x2x1x8x8xf32>
+      %59 = stablehlo.transpose %58, dims = [2, 0, 1, 3, 4] : (tensor<1x2x1x8x8xf32>) -> tensor<1x1x2x8x8xf32>
+      %60 = stablehlo.dot_general %57, %51, batching_dims = [0, 1] x [1, 2], contracting_dims = [3, 4] x [0, 3], precision = [DEFAULT, DEFAULT] : (tensor<1x2x4x1x8xf32>, tensor<1x1x2x8x8xf32>) -> tensor<1x2x4x8xf32>
+      %61 = stablehlo.transpose %60, dims = [0, 3, 1, 2] : (tensor<1x2x4x8xf32>) -> tensor<1x8x2x4xf32>
+      %62 = stablehlo.broadcast_in_dim %49, dims = [0, 1, 2, 3, 4] : (tensor<1x1x2x8x1xf32>) -> tensor<1x1x2x8x8xf32>
+      %63 = stablehlo.multiply %59, %62 : tensor<1x1x2x8x8xf32>
+      %64 = stablehlo.multiply %63, %45 : tensor<1x1x2x8x8xf32>
+      %65 = stablehlo.reduce(%64 init: %cst_4) applies stablehlo.add across dimensions = [4] : (tensor<1x1x2x8x8xf32>, tensor<f32>) -> tensor<1x1x2x8xf32>
+      %66 = stablehlo.reshape %65 : (tensor<1x1x2x8xf32>) -> tensor<1x1x2x8x1xf32>
+      %67 = stablehlo.negate %66 : tensor<1x1x2x8x1xf32>
+      %68 = stablehlo.broadcast_in_dim %47, dims = [0, 1, 2, 3, 4] : (tensor<1x1x2x8x1xf32>) -> tensor<1x1x2x8x8xf32>
+      %69 = stablehlo.divide %59, %68 : tensor<1x1x2x8x8xf32>
+      %70 = stablehlo.reduce(%67 init: %cst_4) applies stablehlo.add across dimensions = [0, 1, 4] : (tensor<1x1x2x8x1xf32>, tensor<f32>) -> tensor<2x8xf32>
+      %71 = stablehlo.broadcast_in_dim %70, dims = [2, 3] : (tensor<2x8xf32>) -> tensor<1x1x2x8xf32>
+      %72 = stablehlo.broadcast_in_dim %71, dims = [0, 1, 2, 3] : (tensor<1x1x2x8xf32>) -> tensor<1x1x2x8x8xf32>
+      %73 = stablehlo.add %69, %72 : tensor<1x1x2x8x8xf32>
+      %74 = stablehlo.multiply %73, %45 : tensor<1x1x2x8x8xf32>
+      %75 = stablehlo.broadcast_in_dim %cst_4, dims = [] : (tensor<f32>) -> tensor<1x1x2x8x8xf32>
+      %76 = stablehlo.select %iterArg_19, %74, %75 : tensor<1x1x2x8x8xi1>, tensor<1x1x2x8x8xf32>
+      %77 = stablehlo.transpose %76, dims = [1, 2, 3, 0, 4] : (tensor<1x1x2x8x8xf32>) -> tensor<1x2x8x1x8xf32>
+      %78 = stablehlo.broadcast_in_dim %cst_2, dims = [] : (tensor<f32>) -> tensor<1x2x8x1x8xf32>
+      %79 = stablehlo.multiply %77, %78 : tensor<1x2x8x1x8xf32>
+      %80 = stablehlo.dot_general %79, %43, batching_dims = [0, 1] x [0, 2], contracting_dims = [2, 3] x [1, 3], precision = [DEFAULT, DEFAULT] : (tensor<1x2x8x1x8xf32>, tensor<1x8x2x1x4xf32>) -> tensor<1x2x8x4xf32>
+      %81 = stablehlo.transpose %80, dims = [0, 2, 1, 3] : (tensor<1x2x8x4xf32>) -> tensor<1x8x2x4xf32>
+      %82 = stablehlo.dot_general %79, %41, batching_dims = [0, 1] x [0, 2], contracting_dims = [4] x [1], precision = [DEFAULT, DEFAULT] : (tensor<1x2x8x1x8xf32>, tensor<1x8x2x4xf32>) -> tensor<1x2x8x1x4xf32>
+      %83 = stablehlo.transpose %82, dims = [0, 2, 1, 3, 4] : (tensor<1x2x8x1x4xf32>) -> tensor<1x8x2x1x4xf32>
+      %84 = stablehlo.reshape %83 : (tensor<1x8x2x1x4xf32>) -> tensor<1x8x2x4xf32>
+      %85 = stablehlo.reshape %61 : (tensor<1x8x2x4xf32>) -> tensor<1x8x8xf32>
+      %86 = stablehlo.reshape %81 : (tensor<1x8x2x4xf32>) -> tensor<1x8x8xf32>
+      %87 = stablehlo.reshape %84 : (tensor<1x8x2x4xf32>) -> tensor<1x8x8xf32>
+      %88 = stablehlo.dot_general %85, %35, contracting_dims = [0, 1] x [0, 1], precision = [DEFAULT, DEFAULT] : (tensor<1x8x8xf32>, tensor<1x8x8xf32>) -> tensor<8x8xf32>
+      %89 = stablehlo.transpose %88, dims = [1, 0] : (tensor<8x8xf32>) -> tensor<8x8xf32>
+      %90 = stablehlo.dot_general %85, %39, contracting_dims = [2] x [1], precision = [DEFAULT, DEFAULT] : (tensor<1x8x8xf32>, tensor<8x8xf32>) -> tensor<1x8x8xf32>
+      %91 = stablehlo.add %iterArg_21, %90 : tensor<1x8x8xf32>
+      %92 = stablehlo.broadcast_in_dim %89, dims = [1, 2] : (tensor<8x8xf32>) -> tensor<1x8x8xf32>
+      %93 = stablehlo.pad %92, %cst_4, low = [2, 0, 0], high = [0, 0, 0], interior = [0, 0, 0] : (tensor<1x8x8xf32>, tensor<f32>) -> tensor<3x8x8xf32>
+      %94 = stablehlo.dot_general %86, %35, contracting_dims = [0, 1] x [0, 1], precision = [DEFAULT, DEFAULT] : (tensor<1x8x8xf32>, tensor<1x8x8xf32>) -> tensor<8x8xf32>
+      %95 = stablehlo.transpose %94, dims = [1, 0] : (tensor<8x8xf32>) -> tensor<8x8xf32>
+      %96 = stablehlo.dot_general %86, %37, contracting_dims = [2] x [1], precision = [DEFAULT, DEFAULT] : (tensor<1x8x8xf32>, tensor<8x8xf32>) -> tensor<1x8x8xf32>
+      %97 = stablehlo.add %91, %96 : tensor<1x8x8xf32>
+      %98 = stablehlo.broadcast_in_dim %95, dims = [1, 2] : (tensor<8x8xf32>) -> tensor<1x8x8xf32>
+      %99 = stablehlo.pad %98, %cst_4, low = [1, 0, 0], high = [1, 0, 0], interior = [0, 0, 0] : (tensor<1x8x8xf32>, tensor<f32>) -> tensor<3x8x8xf32>
+      %100 = stablehlo.add %93, %99 : tensor<3x8x8xf32>
+      %101 = stablehlo.dot_general %87, %35, contracting_dims = [0, 1] x [0, 1], precision = [DEFAULT, DEFAULT] : (tensor<1x8x8xf32>, tensor<1x8x8xf32>) -> tensor<8x8xf32>
+      %102 = stablehlo.transpose %101, dims = [1, 0] : (tensor<8x8xf32>) -> tensor<8x8xf32>
+      %103 = stablehlo.dot_general %87, %33, contracting_dims = [2] x [1], precision = [DEFAULT, DEFAULT] : (tensor<1x8x8xf32>, tensor<8x8xf32>) -> tensor<1x8x8xf32>
+      %104 = stablehlo.add %97, %103 : tensor<1x8x8xf32>
+      %105 = stablehlo.broadcast_in_dim %102, dims = [1, 2] : (tensor<8x8xf32>) -> tensor<1x8x8xf32>
+      %106 = stablehlo.pad %105, %cst_4, low = [0, 0, 0], high = [2, 0, 0], interior = [0, 0, 0] : (tensor<1x8x8xf32>, tensor<f32>) -> tensor<3x8x8xf32>
+      %107 = stablehlo.add %100, %106 : tensor<3x8x8xf32>
+      %108 = stablehlo.broadcast_in_dim %107, dims = [1, 2, 3] : (tensor<3x8x8xf32>) -> tensor<1x3x8x8xf32>
+      %109 = stablehlo.dynamic_update_slice %iterArg_22, %108, %31, %c_7, %c_7, %c_7 : (tensor<2x3x8x8xf32>, tensor<1x3x8x8xf32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<2x3x8x8xf32>
+      %110 = stablehlo.add %iterArg_20, %c : tensor<i32>
+      stablehlo.return %iterArg, %iterArg_9, %iterArg_10, %iterArg_11, %iterArg_12, %iterArg_13, %iterArg_14, %iterArg_15, %iterArg_16, %iterArg_17, %iterArg_18, %iterArg_19, %110, %104, %109 : tensor<2x8x8xf32>, tensor<2x1x8x8xf32>, tensor<2x8x8xf32>, tensor<2x8x8xf32>, tensor<2x1x8x2x4xf32>, tensor<2x1x8x2x1x4xf32>, tensor<2x1x1x2x8x8xf32>, tensor<2x1x1x2x8x1xf32>, tensor<2x1x1x2x8x1xf32>, tensor<2x1x1x2x8x8xf32>, tensor<2x1x8x2x4xf32>, tensor<1x1x2x8x8xi1>, tensor<i32>, tensor<1x8x8xf32>, tensor<2x3x8x8xf32>
+    }
+    return %25, %29#13, %29#14 : tensor<f32>, tensor<1x8x8xf32>, tensor<2x3x8x8xf32>
+  }
+}
+

@@ -1,0 +1,153 @@
+"""``remat-loop-attention``: attention under ``lax.scan`` without remat. The forward loop saves
+its probabilities (and exp, the row sum, 1/sum²) for the backward loop; the pass recomputes
+them in the backward loop, so ``fuse-attention`` builds a forward kernel in the forward loop
+and flash forward + backward kernels in the backward loop, as under ``jax.checkpoint``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+import hlofuse
+from hlofuse import ir as hir
+from hlofuse.testing import assert_same
+
+B, S, H, D = 2, 32, 4, 8
+W = H * D
+PAD = np.where(np.arange(S)[None, None, None, :] < S - 5, 0.0, -1e9).astype(np.float32)
+
+
+def _attend(q, k, v, kind):
+    if kind == "causal":
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True)
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(D)
+    if kind == "padding":
+        s = s + PAD
+    p = jax.nn.softmax(s.astype(jnp.float32), -1).astype(v.dtype)
+    return jnp.einsum("bhqk,bkhd->bqhd", p, v)
+
+
+def scanned_step(kind: str, dtype=jnp.float32, layers: int = 3, remat: bool = False):
+    """A training step over ``layers`` attention layers run by ``lax.scan`` (scan over layers,
+    as Flax's ``nn.scan`` / ``nnx.scan`` write it). ``kind``: ``causal``
+    (``jax.nn.dot_product_attention(is_causal=True)``), ``padding`` (a hand-written softmax
+    with an additive key mask), ``gqa`` (K/V of 2 heads repeated to 4), ``weights`` (the
+    attention weights are also returned, as the scan's outputs)."""
+    def layer(x, w):
+        q, k, v = (x @ w[i] for i in range(3))
+        q = q.reshape(B, S, H, D)
+        if kind == "gqa":
+            k, v = (jnp.repeat(t[..., : W // 2].reshape(B, S, H // 2, D), 2, axis=2) for t in (k, v))
+            a = _attend(q, k, v, "causal")
+        else:
+            k, v = k.reshape(B, S, H, D), v.reshape(B, S, H, D)
+            a = _attend(q, k, v, "padding" if kind == "weights" else kind)
+        out = x + a.reshape(B, S, W) @ w[3]
+        if kind == "weights":
+            s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(D) + PAD
+            return out, jax.nn.softmax(s, -1)
+        return out, None
+    body = jax.checkpoint(layer) if remat else layer
+
+    def loss(x, ws):
+        y, aux = jax.lax.scan(body, x, ws)
+        value = jnp.sum(y.astype(jnp.float32) ** 2)
+        return value + (0.0 if aux is None else jnp.sum(aux[..., 0] ** 2))
+    rng = np.random.default_rng(0)
+    args = (jnp.asarray(rng.standard_normal((B, S, W)), dtype),
+            jnp.asarray(rng.standard_normal((layers, 4, W, W)) * 0.08, dtype))
+    return jax.value_and_grad(loss, argnums=(0, 1)), args
+
+
+def _stats(report) -> dict:
+    return [p.stats for p in report.passes if p.name == "remat-loop-attention"][0]
+
+
+def _attention_kernels(report) -> list:
+    return sorted(r.kind for r in report.kernels if r.kind.startswith("attention"))
+
+
+@pytest.mark.parametrize("kind,dtype", [("causal", jnp.float32), ("padding", jnp.float32),
+                                        ("gqa", jnp.float32), ("padding", jnp.bfloat16)])
+def test_scanned_attention_without_remat_gets_its_kernels(kind, dtype):
+    step, args = scanned_step(kind, dtype)
+    g = hlofuse.jit(step, autotune=False)
+    report = g.report(*args)
+    stats = _stats(report)
+    assert stats["regions"] == 1 and stats["recomputed"] >= 3, stats
+    assert _attention_kernels(report) == ["attention", "attention_bwd", "attention_fwd_lse"], \
+        (report.notes, _attention_kernels(report))
+    assert_same(g(*args), jax.jit(step)(*args), "grad")
+
+
+def test_the_saved_probabilities_are_no_longer_stored():
+    """What the pass saves: the [layers, B, H, S, S] stacks of the probabilities between the
+    loops (XLA drops the elements the loops no longer read or write)."""
+    step, args = scanned_step("causal")
+    plain = jax.jit(step).lower(*args).compile().memory_analysis().temp_size_in_bytes
+    fused = hlofuse.jit(step, autotune=False).lower(*args).compile().memory_analysis()
+    off = hlofuse.jit(step, autotune=False, disable=("remat-loop-attention",)).lower(
+        *args).compile().memory_analysis()
+    square = 3 * B * H * S * S * 4          # one [layers, B, H, S, S] f32 stack
+    assert fused.temp_size_in_bytes + square <= min(plain, off.temp_size_in_bytes), \
+        (fused.temp_size_in_bytes, off.temp_size_in_bytes, plain)
+
+
+def _exported(step, args) -> str:
+    text = jax.jit(step).lower(*args).as_text()
+    return hlofuse.optimize(text, pipeline=["inline-calls", "canonicalize", "cse",
+                                            "sink-loop-generators"]).text
+
+
+def test_the_rewrite_alone_computes_the_same_values_exactly():
+    """Recomputing the saved values applies the same ops to the same inputs: the reference
+    interpreter gives identical numbers before and after the pass."""
+    b, s, h, d = 1, 8, 2, 4
+
+    def layer(x, w):
+        q, k, v = ((x @ w[i]).reshape(b, s, h, d) for i in range(3))
+        a = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+        return x + a.reshape(b, s, h * d), None
+    step = jax.value_and_grad(lambda x, ws: jnp.sum(jax.lax.scan(layer, x, ws)[0] ** 2),
+                              argnums=(0, 1))
+    rng = np.random.default_rng(1)
+    args = [rng.standard_normal((b, s, h * d)).astype(np.float32),
+            (rng.standard_normal((2, 3, h * d, h * d)) * 0.3).astype(np.float32)]
+    before = _exported(step, args)
+    opt = hlofuse.optimize(before, pipeline=["remat-loop-attention"])
+    assert opt.report.passes[0].stats == {"recomputed": 4, "regions": 1}
+    for want, got in zip(hir.eval_module(before, args), hir.eval_module(opt.text, args)):
+        np.testing.assert_array_equal(got, want)
+    # rerunning changes nothing: the forward loop's intermediates stay in the attention now
+    again = hlofuse.optimize(opt.text, pipeline=["remat-loop-attention"])
+    assert again.report.passes[0].stats == {"recomputed": 0, "regions": 0}
+    off = hlofuse.optimize(before, pipeline=["remat-loop-attention"],
+                           options={"remat-loop-attention": {"enabled": False}})
+    assert off.report.passes[0].stats == {"recomputed": 0, "regions": 0}
+
+
+def test_returned_attention_weights_stay_saved_and_the_note_says_why():
+    """The scan also outputs the attention weights (a stack the program returns): the
+    probabilities are not only saved for the backward loop, so the loops are left as they are,
+    with a note; the numbers are jax.jit's."""
+    step, args = scanned_step("weights")
+    g = hlofuse.jit(step, autotune=False)
+    report = g.report(*args)
+    assert _stats(report) == {"recomputed": 0, "regions": 0}
+    assert any(n.startswith("remat-loop-attention:") for n in report.notes), report.notes
+    assert_same(g(*args), jax.jit(step)(*args), "grad")
+
+
+def test_remat_programs_are_left_to_jax_checkpoint():
+    """Under ``jax.checkpoint`` the backward loop recomputes the forward already: nothing is
+    saved across the loops, the pass does nothing and the kernels are built as before (the
+    forward loop's attention, and the forward + backward in the backward loop)."""
+    step, args = scanned_step("causal", remat=True)
+    g = hlofuse.jit(step, autotune=False)
+    report = g.report(*args)
+    assert _stats(report) == {"recomputed": 0, "regions": 0}
+    assert _attention_kernels(report) == ["attention", "attention_bwd", "attention_fwd_lse"]
+    assert_same(g(*args), jax.jit(step)(*args), "grad")
