@@ -113,6 +113,12 @@ MODELS: dict[str, ZooModel] = {m.name: m for m in [
        dict(layers=4, d=256, heads=8, ff=1024, seq=256, batch=4, vocab=4096),
        "GPT training step with its blocks under nnx.scan and nnx.remat (causal, pre-LN, GELU; "
        "next-token CE, optax.sgd momentum), d=256, 4 layers, B=4 S=256", "grad", _NNX),
+    _m("nnx_gpt_scan_noremat_train", "flax.nnx", "decoder", "train",
+       "flax_zoo:nnx_gpt_scan_noremat_train",
+       dict(layers=2, d=32, heads=4, ff=64, seq=8, batch=2, vocab=64),
+       dict(layers=4, d=256, heads=8, ff=1024, seq=256, batch=4, vocab=4096),
+       "nnx_gpt_scan_train without nnx.remat: the forward loop saves the probabilities for the "
+       "backward loop, d=256, 4 layers, B=4 S=256", "grad", _NNX),
     _m("nnx_vit", "flax.nnx", "vit", "inference", "flax_zoo:nnx_vit",
        dict(layers=1, d=32, heads=4, ff=64, image=16, patch=8, batch=2, classes=10),
        dict(layers=4, d=384, heads=6, ff=1536, image=224, patch=16, batch=2, classes=1000),

@@ -189,8 +189,8 @@ class PreLNBlock(nnx.Module):
 # ------------------------------------------------------------------------------------------
 class ScannedGPT(nnx.Module):
     """The blocks' parameters stacked along a layer axis (``nnx.vmap`` at init) and run by
-    ``nnx.scan``, each block under ``nnx.remat``: how deep stacks are written to keep compile
-    time flat and activation memory down."""
+    ``nnx.scan``, each block under ``nnx.remat`` (unless ``cfg["remat"]`` is False): how deep
+    stacks are written to keep compile time flat and activation memory down."""
 
     def __init__(self, cfg, *, rngs):
         self.embed = nnx.Embed(cfg["vocab"], cfg["d"], rngs=rngs)
@@ -202,11 +202,13 @@ class ScannedGPT(nnx.Module):
         self.blocks = blocks(rngs)
         self.ln = nnx.LayerNorm(cfg["d"], rngs=rngs)
         self.head = nnx.Linear(cfg["d"], cfg["vocab"], use_bias=False, rngs=rngs)
+        self.remat = cfg.get("remat", True)
 
     def __call__(self, ids):
-        @nnx.remat
         def block(x, blk):
             return blk(x)
+        if self.remat:
+            block = nnx.remat(block)
 
         @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
         def run(x, blk):
@@ -232,6 +234,13 @@ def nnx_gpt_scan_train(cfg, seed):
         return loss, optax.apply_updates(params, updates), opt_state
 
     return step, (params, tx.init(params), _ids(rng, (cfg["batch"], cfg["seq"] + 1), cfg["vocab"]))
+
+
+def nnx_gpt_scan_noremat_train(cfg, seed):
+    """:func:`nnx_gpt_scan_train` without ``nnx.remat``: jax saves each block's attention
+    probabilities in the forward loop for the backward loop; hlofuse recomputes them there
+    (``remat-loop-attention``) and fuses the attention in both loops."""
+    return nnx_gpt_scan_train(dict(cfg, remat=False), seed)
 
 
 # ------------------------------------------------------------------------------------------
