@@ -337,7 +337,8 @@ def _saved_across_loop(block, att, limit: int = 64) -> bool:
 
 # the ops between a saved intermediate and the loop's terminator
 _SAVING = ("stablehlo.reshape", "stablehlo.broadcast_in_dim", "stablehlo.transpose",
-           "stablehlo.convert", "stablehlo.dynamic_update_slice")
+           "stablehlo.convert", "stablehlo.dynamic_update_slice",
+           "stablehlo.concatenate")   # an unrolled scan saves its iterations' values together
 
 
 def match_training(att, block, index: dict, boundary) -> Training:
