@@ -308,6 +308,21 @@ class _Plan:
                 self.aliases[hir.value_key(rd.ds.results[0])] = (w, rd, first)
         return first
 
+    def _above(self, d) -> bool:
+        """``d`` is in the loops' block or a block enclosing it (a nested scan: the outer
+        body's values, the function's constants): its value is defined for both loops."""
+        block = self.fwd.block
+        while True:
+            if d.block == block:
+                return True
+            owner = getattr(block, "owner", None)
+            if owner is None:
+                return False
+            op = hir.as_op(owner)
+            if op.name == "func.func" or op.block is None:
+                return False
+            block = op.block
+
     def _carried_in_bwd(self, x):
         """``x`` (from outside the loops) as the backward body reads it: the argument the
         backward loop carries it in unchanged, if any (the backward's own reads use that one: a
@@ -343,7 +358,7 @@ class _Plan:
             r = ("gen", generated_tree(v))
         elif self._residual_read(v) is not None:
             r = ("read", self._residual_read(v))
-        elif d is not None and d.block == self.fwd.block:
+        elif d is not None and self._above(d):
             r = ("outer", self._carried_in_bwd(v))
         elif d is None and isinstance(v.owner, ir.Block) and v.owner == self.body:
             i = ir.BlockArgument(v).arg_number

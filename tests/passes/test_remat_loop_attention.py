@@ -151,3 +151,22 @@ def test_remat_programs_are_left_to_jax_checkpoint():
     assert _stats(report) == {"recomputed": 0, "regions": 0}
     assert _attention_kernels(report) == ["attention", "attention_bwd", "attention_fwd_lse"]
     assert_same(g(*args), jax.jit(step)(*args), "grad")
+
+
+def test_layer_scan_inside_a_gradient_accumulation_scan():
+    """The step's two loops inside an outer ``lax.scan`` over microbatches (gradient
+    accumulation): the constants and masks the recomputation reads are defined in enclosing
+    blocks, not next to the loops."""
+    step, (x, ws) = scanned_step("causal")
+    xs = jnp.stack([x, x * 0.5, -x])
+
+    def accumulate(ws, xs):
+        def body(acc, xb):
+            loss, (_, gw) = step(xb, ws)
+            return (acc[0] + loss, acc[1] + gw), None
+        return jax.lax.scan(body, (0.0, jnp.zeros_like(ws)), xs)[0]
+    g = hlofuse.jit(accumulate, autotune=False)
+    report = g.report(ws, xs)
+    assert _stats(report)["regions"] == 1, report.notes
+    assert _attention_kernels(report) == ["attention", "attention_bwd", "attention_fwd_lse"]
+    assert_same(g(ws, xs), jax.jit(accumulate)(ws, xs), "grad")
