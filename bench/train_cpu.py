@@ -20,8 +20,12 @@ Workloads (issue 15):
   around the scanned block (no target: what a scan-over-layers user gets, and what remat
   buys there).
 * ``attn_grad_of_hlofuse_s2048``: ``jax.jit(jax.value_and_grad(hlofuse.jit(loss)))`` (hlofuse
-  inside a user's jax transformation: the runtime's linearize residuals, no recomputation)
-  against ``jax.jit(jax.value_and_grad(loss))``. Target <= 1.0.
+  inside a user's jax transformation: the derived forward saves no probabilities, the derived
+  backward recomputes them and gets the flash kernels) against
+  ``jax.jit(jax.value_and_grad(loss))``. Target <= 1.0.
+* ``gpt2_blocks_grad_of_hlofuse_s1024``: the gpt2 step at S=1024 with each block under
+  ``hlofuse.jit`` and ``jax.jit(jax.value_and_grad(...))`` outside (a user who wraps the model,
+  not the step), against the same step without hlofuse (no target).
 
 Modes per workload: ``hlofuse`` (``autotune=False``: fusion alone) and, with ``--autotune``,
 ``hlofuse+tune`` (the default a user gets: XLA options measured on the second call).
@@ -154,7 +158,26 @@ WORKLOADS = {
     # recomputes the forward and gets the flash forward and backward
     "gpt2_scan_train_s1024": (_gpt2_scan_step(False), lambda: _gpt2_scan_args(1024)),
     "gpt2_scan_remat_train_s1024": (_gpt2_scan_step(True), lambda: _gpt2_scan_args(1024)),
+    # the gpt2 step with each block under hlofuse.jit, grad and jit outside (a user who wraps
+    # the model, not the step)
+    "gpt2_blocks_grad_of_hlofuse_s1024": (None, lambda: _gpt2_args(1024)),
 }
+
+
+def _gpt2_step_of(block):
+    """:data:`gpt2_step` with ``block(p, h)`` for the blocks, under ``jax.jit``."""
+    import jax
+
+    def loss(params, x):
+        h = x
+        for p in params:
+            h = block(p, h)
+        return _next_token_loss(h, x)
+
+    def step(params, x):
+        value, grads = jax.value_and_grad(loss)(params, x)
+        return value, jax.tree.map(lambda p, g: p - 1e-3 * g, params, grads)
+    return jax.jit(step)
 
 
 def _with_bwd_blocks(step, blocks: str):
@@ -184,6 +207,13 @@ def functions(name: str, autotune: bool, bwd_blocks: tuple = ()) -> dict:
     import jax
     import hlofuse
     step, _ = WORKLOADS[name]
+    if name == "gpt2_blocks_grad_of_hlofuse_s1024":
+        from bench.workloads import gpt2_block
+
+        def block(p, h):
+            return gpt2_block(p, h, n_heads=N_HEADS)
+        return {"jax": _gpt2_step_of(block),
+                "hlofuse": _gpt2_step_of(hlofuse.jit(block, autotune=False))}
     if step is None:    # hlofuse inside the user's grad
         return {"jax": jax.jit(jax.value_and_grad(attn_loss, argnums=(0, 1, 2))),
                 "hlofuse": jax.jit(jax.value_and_grad(hlofuse.jit(attn_loss, autotune=False),

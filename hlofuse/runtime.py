@@ -21,7 +21,10 @@ called through the primitive ``hlofuse_call`` whose rules make it a first-class 
 * **transpose** (for derived linear programs): a derived program ``T(g)`` = the VJP of ``g``
   with respect to its linear inputs, optimized. ``grad`` = jvp + partial eval + transpose, so
   the forward runs ``fwd(f)`` once and the backward ``T(jvp(f))`` consumes its residuals:
-  nothing is recomputed (like ``jax.jit(jax.grad(f))``);
+  nothing is recomputed (like ``jax.jit(jax.grad(f))``), except in a program with attention:
+  ``fwd(f)`` then linearizes under a ``jax.checkpoint`` policy that saves products and
+  everything but cheap ops, and not attention's probabilities, which ``T(jvp(f))`` recomputes
+  (:data:`GRAD_REMAT_NOTE`), so both programs get attention kernels;
 * **batching**: a derived program ``vmap(f)`` with the batched axes moved to the front.
 
 Because every rule only derives new programs, everything composes: ``jit``, ``grad``, ``vjp``,
@@ -98,6 +101,76 @@ def signature_of(avals: Sequence) -> Signature:
 
 def sds(sig: Signature) -> list[jax.ShapeDtypeStruct]:
     return [jax.ShapeDtypeStruct(s, d, weak_type=w) for s, d, w in sig]
+
+
+GRAD_REMAT_NOTE = ("grad: this forward saves no attention intermediates for the backward "
+                   "program, which recomputes them from the attention's inputs (a "
+                   "jax.checkpoint policy saving products and everything but cheap ops), so "
+                   "both programs get attention kernels; HLOFUSE_GRAD_REMAT=0 saves them as "
+                   "jax.linearize does")
+
+
+def _attention_dots(closed) -> frozenset:
+    """The batched ``dot_general`` s of the jaxpr (and its sub-jaxprs) that look like
+    attention's two products: the logits QKᵀ (its result has the sizes of an ``exp`` result)
+    and P·V (an operand has them). As ``(lhs shape, rhs shape, dimension numbers)``; shapes, not
+    equations, because the softmax is often in another sub-jaxpr (``jax.nn.softmax``,
+    ``dot_product_attention``) than the products."""
+    exp_shapes, dots = set(), []
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            name = eqn.primitive.name
+            if name == "exp":
+                exp_shapes.add(_nonunit(eqn.outvars[0].aval.shape))
+            elif name == "dot_general" and eqn.params["dimension_numbers"][1][0]:
+                dots.append((tuple(eqn.invars[0].aval.shape), tuple(eqn.invars[1].aval.shape),
+                             tuple(eqn.outvars[0].aval.shape), eqn.params["dimension_numbers"]))
+            for sub in jcore.jaxprs_in_params(eqn.params):
+                walk(sub)
+    walk(closed.jaxpr)
+
+    # (batch + query + key dims: rank 3 at least; layouts differ between the products and
+    # the softmax, e.g. dot_product_attention's [B, K, T, G, S] logits, so shapes compare as
+    # their sorted non-unit sizes)
+    def like(shape) -> bool:
+        return len(shape) >= 3 and _nonunit(shape) in exp_shapes
+    return frozenset((lhs, rhs, _dn_key(dn)) for lhs, rhs, res, dn in dots
+                     if like(res) or like(lhs) or like(rhs))
+
+
+def _nonunit(shape) -> tuple:
+    return tuple(sorted(int(n) for n in shape if n != 1))
+
+
+def _dn_key(dn) -> tuple:
+    return tuple(tuple(tuple(int(d) for d in x) for x in part) for part in dn)
+
+
+# recomputed in the backward (not saved as residuals): the cheap ops a softmax, a norm or an
+# activation is made of; attention's products are recomputed too (:func:`_attention_dots`)
+_RECOMPUTE = frozenset("""
+    exp exp2 log log1p expm1 tanh logistic erf erfc erf_inv sin cos sqrt rsqrt cbrt pow
+    integer_pow square abs sign neg add add_any sub mul div max min rem select_n clamp
+    convert_element_type broadcast_in_dim reshape transpose squeeze expand_dims
+    reduce_max reduce_min reduce_sum reduce_prod argmax argmin iota eq ne lt le gt ge
+    and or not xor is_finite stop_gradient copy copy_p nextafter real imag conj
+    """.split())
+
+
+def _attention_remat_policy(attention_dots: frozenset):
+    """A ``jax.checkpoint`` policy for a program with attention: saveable is what is not in
+    :data:`_RECOMPUTE` and no attention product (projections and other products,
+    convolutions, gathers, loops, custom calls), so the backward recomputes the attention from
+    its inputs and its probabilities are no residual: the forward program gets a forward
+    kernel, the backward program a flash forward and backward."""
+    def policy(prim, *avals, **params) -> bool:
+        if prim.name == "dot_general":
+            key = (tuple(avals[0].shape), tuple(avals[1].shape),
+                   _dn_key(params["dimension_numbers"]))
+            return key not in attention_dots
+        return prim.name not in _RECOMPUTE
+    return policy
 
 
 def _inexact(dtype) -> bool:
@@ -431,6 +504,8 @@ class Program:
         self._as_traced: dict[Signature, bool] = {}
         self._entries: dict[tuple, Entry] = {}
         self.derived: dict[tuple, Program] = {}
+        # notes for the report of a signature's build, from how the program was derived
+        self.build_notes: dict[Signature, list[str]] = {}
         self._lock = threading.RLock()
         self.builds = 0                 # optimized entries built (tests and reports)
         self.variants: dict[frozenset, Program] = {}  # with_xla(...) programs
@@ -580,6 +655,8 @@ class Program:
         exp, opt = export_optimized(fun, sig, self.opts, name=self.name, donated=self.donated,
                                     target=target, shardings=self.shardings,
                                     spmd_devices=spmd_devices, jaxpr=self.jaxpr(sig))
+        for msg in self.build_notes.get(sig, ()):
+            opt.report.note(msg)
         return Entry(exp, opt, tuple(exp.out_avals), tuple(sds(sig)), target)
 
     def plain_entry(self, sig: Signature, target: Target) -> Entry:
@@ -638,6 +715,11 @@ class Program:
                     for i, vi in zip(nz_idx, v):
                         full[i] = vi
                     return prim(*full)
+                sig = signature_of([jax.typeof(x) for x in xs])
+                att = _attention_dots(self.jaxpr(sig))
+                if att and os.environ.get("HLOFUSE_GRAD_REMAT", "1") == "1":
+                    restricted = jax.checkpoint(restricted, policy=_attention_remat_policy(att))
+                    p.build_notes[sig] = [GRAD_REMAT_NOTE]
                 out, f_jvp = jax.linearize(restricted, *[xs[i] for i in nz_idx])
                 res, tree = jax.tree_util.tree_flatten(f_jvp)
                 res_trees[signature_of([jax.typeof(x) for x in xs])] = tree

@@ -269,3 +269,74 @@ def test_scan_over_layers_gets_both_kernels_with_and_without_remat():
     assert train_kernels(report) == ["attention_bwd", "attention_fwd_lse"], report
     assert not any(LOOP_RESIDUALS in n for n in report.notes)
     assert_same(g(*args), jax.jit(step)(*args), "grad")
+
+
+def _block(p, x):
+    """A pre-LN attention block with a GELU MLP (what users wrap in hlofuse.jit)."""
+    b, s, d = x.shape
+    m = x.mean(-1, keepdims=True)
+    h = (x - m) * jax.lax.rsqrt(((x - m) ** 2).mean(-1, keepdims=True) + 1e-5)
+    q, k, v = ((h @ p[i]).reshape(b, s, 2, d // 2) for i in range(3))
+    a = jax.nn.dot_product_attention(q, k, v, is_causal=True).reshape(b, s, d)
+    x = x + a @ p[3]
+    return x + jax.nn.gelu(x @ p[4]) @ p[5]
+
+
+def _programs_kernels(f) -> dict:
+    """program name -> sorted attention kernel kinds, over hlofuse.jit ``f``'s programs."""
+    out = {}
+    for prog in f.all_programs():
+        for e in prog.entries():
+            out.setdefault(prog.name.split("(")[0], []).extend(
+                r.kind for r in e.report.kernels if r.kind.startswith("attention"))
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def test_grad_of_an_hlofuse_jit_block_gets_attention_kernels_in_both_programs(monkeypatch):
+    """``jax.grad`` outside ``hlofuse.jit`` (a user who wraps the model, not the step): the
+    derived forward saves no probabilities for the derived backward, which recomputes the
+    attention from its inputs, so the forward program gets a forward kernel and the backward
+    program a flash forward and backward. Before, the probabilities were the residuals between
+    the programs and neither got an attention kernel."""
+    from hlofuse.runtime import GRAD_REMAT_NOTE
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((2, 32, 16)), jnp.float32)
+    p = jnp.asarray(rng.standard_normal((6, 16, 16)) * 0.2, jnp.float32)
+
+    def step(block):
+        return jax.jit(jax.value_and_grad(lambda p, x: jnp.sum(block(p, block(p, x)) ** 2)))
+
+    blk = hlofuse.jit(_block, autotune=False)
+    assert_same(step(blk)(p, x), step(_block)(p, x), "grad")
+    # (two derived variants: the first call's input has no tangent, the second's has)
+    kinds = _programs_kernels(blk)
+    assert kinds["fwd"] == ["attention"] * 2, kinds
+    assert kinds["T"] == ["attention_bwd", "attention_bwd", "attention_fwd_lse",
+                          "attention_fwd_lse"], kinds
+    for fwd in [prog for prog in blk.all_programs() if prog.name.startswith("fwd(")]:
+        assert GRAD_REMAT_NOTE in fwd.entries()[0].report.notes
+
+    monkeypatch.setenv("HLOFUSE_GRAD_REMAT", "0")     # as jax.linearize saves them
+    blk = hlofuse.jit(_block, autotune=False)
+    assert_same(step(blk)(p, x), step(_block)(p, x), "grad")
+    kinds = _programs_kernels(blk)
+    assert not kinds.get("fwd") and not kinds.get("T"), kinds
+
+
+def test_grad_of_a_program_without_attention_saves_as_jax_does():
+    """No softmax read by a batched product (an MLP; a batched expert matmul whose router
+    softmax has other shapes): the derived forward is jax.linearize's, no policy, no note."""
+    from hlofuse.runtime import GRAD_REMAT_NOTE
+
+    def moe(w, x):
+        gate = jax.nn.softmax(x @ w[0], -1)                        # [T, E]
+        h = jnp.einsum("td,edf->etf", x, w[1:3].reshape(2, 16, 16))  # 2 experts
+        y = jnp.einsum("etf,efd->etd", jax.nn.gelu(h), w[3:5].reshape(2, 16, 16))
+        return jnp.sum(jnp.einsum("etd,te->td", y, gate[:, :2]) ** 2)
+    rng = np.random.default_rng(1)
+    w = jnp.asarray(rng.standard_normal((5, 16, 16)) * 0.2, jnp.float32)
+    x = jnp.asarray(rng.standard_normal((8, 16)), jnp.float32)
+    f = hlofuse.jit(moe, autotune=False)
+    assert_same(jax.grad(f)(w, x), jax.grad(moe)(w, x), "grad")
+    notes = [n for prog in f.all_programs() for e in prog.entries() for n in e.report.notes]
+    assert GRAD_REMAT_NOTE not in notes
