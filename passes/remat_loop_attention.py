@@ -54,6 +54,7 @@ from __future__ import annotations
 import dataclasses
 
 from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import stablehlo
 
 from hlofuse import ir as hir
 from hlofuse.pipeline import Pass, register_pass
@@ -128,21 +129,6 @@ def _write_from(u, v, body, ret) -> _Write | None:
     if _only_user(u.results[0]) != ret or hir.value_key(ret.operands[k]) != hir.value_key(u.results[0]):
         return None
     return _Write(chain, u, k, starts[0])
-
-
-def _writes(t, members: set, body, ret) -> list:
-    """The writes of every use of ``t`` outside ``members``; raises :class:`_Skip`."""
-    out = []
-    for use in t.uses:
-        u = hir.as_op(use.owner)
-        if u in members:
-            continue
-        w = _write_from(u, t, body, ret)
-        if w is None:
-            raise _Skip("an intermediate is read outside the attention other than as a scan "
-                        "residual")
-        out.append(w)
-    return out
 
 
 @dataclasses.dataclass
@@ -426,7 +412,7 @@ class _Plan:
                         u.move_before(before)     # it reads only the read, which is above
                     return u.results[0]
             with ds.location:
-                return gu_reshape(r, v)
+                return _reshape_as(r, v)
 
         def reuse(c):
             """``c`` (a clone just made, operands set) or the same op the backward body already
@@ -513,8 +499,8 @@ class _Plan:
         return n
 
 
-def gu_reshape(r, like):
-    from jaxlib.mlir.dialects import stablehlo
+def _reshape_as(r, like):
+    """``r`` reshaped to ``like``'s type (at the current insertion point)."""
     return stablehlo.ReshapeOp(like.type, r).result
 
 
