@@ -325,7 +325,8 @@ class _Plan:
         """A recipe for every leaf (see :meth:`_recipe`); raises :class:`_Skip`."""
         self.recipes = {}
         self.aliases = {}
-        self.leaf_recipe = {key: self._recipe(v) for key, v in self.leaves.items()}
+        for v in self.leaves.values():
+            self._recipe(v)
 
     def _recipe(self, v, depth: int = 0):
         """How the backward body gets ``v`` (a forward-body value at the same layer):
