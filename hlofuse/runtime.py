@@ -722,7 +722,7 @@ class Program:
                     p.build_notes[sig] = [GRAD_REMAT_NOTE]
                 out, f_jvp = jax.linearize(restricted, *[xs[i] for i in nz_idx])
                 res, tree = jax.tree_util.tree_flatten(f_jvp)
-                res_trees[signature_of([jax.typeof(x) for x in xs])] = tree
+                res_trees[sig] = tree
                 return (*out, *res)
             p = Program(forward, self.opts, name=f"fwd({self.name})",
                         shardings=self.shardings)  # the same inputs as the primal
