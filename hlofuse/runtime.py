@@ -85,11 +85,17 @@ TRACED_NOTE = ("left to XLA whole: the function calls back into Python on the ho
 HOST_CALLBACKS = frozenset({"pure_callback", "io_callback", "debug_callback"})
 
 
+def _all_eqns(jaxpr):
+    """The equations of ``jaxpr`` and of every jaxpr nested in them (scan, cond, pjit,
+    custom_vjp bodies)."""
+    yield from jaxpr.eqns
+    for sub in jcore.subjaxprs(jaxpr):
+        yield from _all_eqns(sub)
+
+
 def _has_host_callback(jaxpr) -> bool:
-    """Whether ``jaxpr`` or any jaxpr nested in its equations (scan, cond, pjit, custom_vjp
-    bodies) calls a :data:`HOST_CALLBACKS` primitive."""
-    return any(e.primitive.name in HOST_CALLBACKS for e in jaxpr.eqns) or any(
-        _has_host_callback(sub) for sub in jcore.subjaxprs(jaxpr))
+    """Whether ``jaxpr`` or any jaxpr nested in it calls a :data:`HOST_CALLBACKS` primitive."""
+    return any(e.primitive.name in HOST_CALLBACKS for e in _all_eqns(jaxpr))
 
 
 def signature_of(avals: Sequence) -> Signature:
@@ -117,18 +123,13 @@ def _attention_dots(closed) -> frozenset:
     equations, because the softmax is often in another sub-jaxpr (``jax.nn.softmax``,
     ``dot_product_attention``) than the products."""
     exp_shapes, dots = set(), []
-
-    def walk(jaxpr):
-        for eqn in jaxpr.eqns:
-            name = eqn.primitive.name
-            if name == "exp":
-                exp_shapes.add(_nonunit(eqn.outvars[0].aval.shape))
-            elif name == "dot_general" and eqn.params["dimension_numbers"][1][0]:
-                dots.append((tuple(eqn.invars[0].aval.shape), tuple(eqn.invars[1].aval.shape),
-                             tuple(eqn.outvars[0].aval.shape), eqn.params["dimension_numbers"]))
-            for sub in jcore.jaxprs_in_params(eqn.params):
-                walk(sub)
-    walk(closed.jaxpr)
+    for eqn in _all_eqns(closed.jaxpr):
+        name = eqn.primitive.name
+        if name == "exp":
+            exp_shapes.add(_nonunit(eqn.outvars[0].aval.shape))
+        elif name == "dot_general" and eqn.params["dimension_numbers"][1][0]:
+            dots.append((tuple(eqn.invars[0].aval.shape), tuple(eqn.invars[1].aval.shape),
+                         tuple(eqn.outvars[0].aval.shape), eqn.params["dimension_numbers"]))
 
     # (batch + query + key dims: rank 3 at least; layouts differ between the products and
     # the softmax, e.g. dot_product_attention's [B, K, T, G, S] logits, so shapes compare as
