@@ -191,6 +191,17 @@ def _unsharded(s) -> bool:
     return s is not None and all(not d for d in s)
 
 
+def _indivisible(shape, s, axes: dict[str, int]) -> tuple | None:
+    """The first dim of ``shape`` that does not divide by the product ``k`` of the mesh axes
+    sharding it, as ``(size, k)`` (``k`` 0: an axis the mesh does not have); None when all
+    do."""
+    for n, ax in zip(shape, s):
+        k = math.prod(axes.get(a, 0) for a in ax) if ax else 1
+        if k == 0 or n % k:
+            return n, k
+    return None
+
+
 def _pointwise(op) -> bool:
     """Each result element reads the operand elements at its own index (a shard's result reads
     that shard's operands)."""
@@ -318,9 +329,7 @@ def slice_replicated_inputs(fn_op, arg_shardings: list, axes: dict[str, int]) ->
         want = reads.pop()
         if want is None or _unsharded(want) or len(want) != len(s):
             continue
-        if all(n % math.prod(axes.get(x, 0) or 1 for x in ax) == 0 if ax else True
-               for n, ax in zip(_shape(a), want)) and all(
-                   axes.get(x) for ax in want for x in ax):
+        if _indivisible(_shape(a), want, axes) is None:
             out[i] = want
     return out
 
@@ -343,10 +352,9 @@ def check_region(fn_op, arg_shardings: list, axes: dict[str, int]) -> dict:
         return shard.get(hir.value_key(v))
 
     def need_divisible(v, s):
-        for n, ax in zip(_shape(v), s):
-            k = math.prod(axes.get(a, 0) for a in ax) if ax else 1
-            if k == 0 or n % k:
-                raise NotShardLocal(f"a dim of size {n} is not divisible by its {k} shards")
+        bad = _indivisible(_shape(v), s, axes)
+        if bad is not None:
+            raise NotShardLocal(f"a dim of size {bad[0]} is not divisible by its {bad[1]} shards")
 
     for op in hir.block_ops(block):
         name = op.name
