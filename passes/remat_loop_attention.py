@@ -74,13 +74,7 @@ class _Skip(Exception):
 
 
 def _const_zero(v) -> bool:
-    op = hir.defining_op(v)
-    if op is None or op.name != "stablehlo.constant":
-        return False
-    try:
-        return int(ir.DenseIntElementsAttr(op.attributes["value"]).get_splat_value().value) == 0
-    except Exception:  # noqa: BLE001 - not an integer splat
-        return False
+    return gu.splat_value(v) == 0
 
 
 def _loop(block):
@@ -475,7 +469,6 @@ class _Plan:
                 c = reuse(c)
                 for r, cr in zip(op.results, c.results):
                     mapping[hir.value_key(r)] = cr
-            n = 0
             for t, w, rd in self.writes:
                 x = mapping[hir.value_key(t)]
                 for op in w.chain:
@@ -483,21 +476,17 @@ class _Plan:
                     c.operands[0] = x
                     x = c.results[0]
                 rd.ds.results[0].replace_all_uses_with(x)
-                n += 1
         # a second copy of a saved input reads the first (same value); its stack goes too
         for w, rd, first in self.aliases.values():
             rd.ds.results[0].replace_all_uses_with(first.ds.results[0])
-        # the forward loop returns the stacks unchanged; the reads and writes go
-        for t, w, rd in self.writes + [(None, w, rd) for w, rd, _ in self.aliases.values()]:
-            hir.safe_erase(rd.ds)
+        # the forward loop returns the stacks unchanged; the reads, the writes and the side
+        # ops that computed what was written go (with whatever else only they read)
+        dead = list(self.side)
+        for _, w, rd in self.writes + [(None, w, rd) for w, rd, _ in self.aliases.values()]:
             self.ret.operands[w.k] = self.body.arguments[w.k]
-            hir.safe_erase(w.dus)
-            for op in reversed(w.chain):
-                hir.safe_erase(op)
-        for op in reversed(self.side):      # now unused in the forward loop
-            if not hir.has_uses(op):
-                hir.safe_erase(op)
-        return n
+            dead += [rd.ds, w.dus]
+        gu.erase_if_dead(dead)
+        return len(self.writes)
 
 
 def _reshape_as(r, like):

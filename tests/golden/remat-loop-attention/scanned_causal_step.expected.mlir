@@ -68,29 +68,28 @@ module {
       %58 = stablehlo.broadcast_in_dim %57, dims = [0, 1, 2, 3] : (tensor<1x1x2x8xf32>) -> tensor<1x1x2x8x1xf32>
       %59 = stablehlo.broadcast_in_dim %58, dims = [0, 1, 2, 3, 4] : (tensor<1x1x2x8x1xf32>) -> tensor<1x1x2x8x8xf32>
       %60 = stablehlo.divide %56, %59 : tensor<1x1x2x8x8xf32>
-      %61 = stablehlo.broadcast_in_dim %cst_0, dims = [] : (tensor<f32>) -> tensor<1x1x2x8x1xf32>
-      %62 = stablehlo.dot_general %43, %60, batching_dims = [0, 2] x [1, 2], contracting_dims = [1] x [4], precision = [DEFAULT, DEFAULT] : (tensor<1x8x2x4xf32>, tensor<1x1x2x8x8xf32>) -> tensor<1x2x4x1x8xf32>
-      %63 = stablehlo.transpose %62, dims = [3, 0, 4, 1, 2] : (tensor<1x2x4x1x8xf32>) -> tensor<1x1x8x2x4xf32>
-      %64 = stablehlo.transpose %63, dims = [1, 2, 3, 0, 4] : (tensor<1x1x8x2x4xf32>) -> tensor<1x8x2x1x4xf32>
-      %65 = stablehlo.reshape %64 : (tensor<1x8x2x1x4xf32>) -> tensor<1x8x2x4xf32>
-      %66 = stablehlo.reshape %65 : (tensor<1x8x2x4xf32>) -> tensor<1x8x8xf32>
-      %67 = stablehlo.add %iterArg_12, %66 : tensor<1x8x8xf32>
-      %68 = stablehlo.broadcast_in_dim %33, dims = [1, 2] : (tensor<8x8xf32>) -> tensor<1x8x8xf32>
-      %69 = stablehlo.dynamic_update_slice %iterArg_13, %68, %iterArg_11, %c_7, %c_7 : (tensor<2x8x8xf32>, tensor<1x8x8xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<2x8x8xf32>
-      %70 = stablehlo.broadcast_in_dim %iterArg_12, dims = [1, 2, 3] : (tensor<1x8x8xf32>) -> tensor<1x1x8x8xf32>
-      %71 = stablehlo.dynamic_update_slice %iterArg_14, %70, %iterArg_11, %c_7, %c_7, %c_7 : (tensor<2x1x8x8xf32>, tensor<1x1x8x8xf32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<2x1x8x8xf32>
-      %72 = stablehlo.broadcast_in_dim %36, dims = [1, 2] : (tensor<8x8xf32>) -> tensor<1x8x8xf32>
-      %73 = stablehlo.dynamic_update_slice %iterArg_15, %72, %iterArg_11, %c_7, %c_7 : (tensor<2x8x8xf32>, tensor<1x8x8xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<2x8x8xf32>
-      %74 = stablehlo.broadcast_in_dim %39, dims = [1, 2] : (tensor<8x8xf32>) -> tensor<1x8x8xf32>
-      %75 = stablehlo.dynamic_update_slice %iterArg_16, %74, %iterArg_11, %c_7, %c_7 : (tensor<2x8x8xf32>, tensor<1x8x8xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<2x8x8xf32>
-      %76 = stablehlo.broadcast_in_dim %42, dims = [1, 2, 3, 4] : (tensor<1x8x2x4xf32>) -> tensor<1x1x8x2x4xf32>
-      %77 = stablehlo.dynamic_update_slice %iterArg_17, %76, %iterArg_11, %c_7, %c_7, %c_7, %c_7 : (tensor<2x1x8x2x4xf32>, tensor<1x1x8x2x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<2x1x8x2x4xf32>
-      %78 = stablehlo.broadcast_in_dim %44, dims = [1, 2, 3, 4, 5] : (tensor<1x8x2x1x4xf32>) -> tensor<1x1x8x2x1x4xf32>
-      %79 = stablehlo.dynamic_update_slice %iterArg_18, %78, %iterArg_11, %c_7, %c_7, %c_7, %c_7, %c_7 : (tensor<2x1x8x2x1x4xf32>, tensor<1x1x8x2x1x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<2x1x8x2x1x4xf32>
-      %80 = stablehlo.broadcast_in_dim %43, dims = [1, 2, 3, 4] : (tensor<1x8x2x4xf32>) -> tensor<1x1x8x2x4xf32>
-      %81 = stablehlo.dynamic_update_slice %iterArg_23, %80, %iterArg_11, %c_7, %c_7, %c_7, %c_7 : (tensor<2x1x8x2x4xf32>, tensor<1x1x8x2x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<2x1x8x2x4xf32>
-      %82 = stablehlo.add %iterArg_11, %c : tensor<i32>
-      stablehlo.return %iterArg, %iterArg_9, %iterArg_10, %82, %67, %69, %71, %73, %75, %77, %79, %iterArg_19, %iterArg_20, %iterArg_21, %iterArg_22, %81 : tensor<2x3x8x8xf32>, tensor<1x1x2x8x8xi1>, tensor<1x1x2x8x8xf32>, tensor<i32>, tensor<1x8x8xf32>, tensor<2x8x8xf32>, tensor<2x1x8x8xf32>, tensor<2x8x8xf32>, tensor<2x8x8xf32>, tensor<2x1x8x2x4xf32>, tensor<2x1x8x2x1x4xf32>, tensor<2x1x1x2x8x8xf32>, tensor<2x1x1x2x8x1xf32>, tensor<2x1x1x2x8x1xf32>, tensor<2x1x1x2x8x8xf32>, tensor<2x1x8x2x4xf32>
+      %61 = stablehlo.dot_general %43, %60, batching_dims = [0, 2] x [1, 2], contracting_dims = [1] x [4], precision = [DEFAULT, DEFAULT] : (tensor<1x8x2x4xf32>, tensor<1x1x2x8x8xf32>) -> tensor<1x2x4x1x8xf32>
+      %62 = stablehlo.transpose %61, dims = [3, 0, 4, 1, 2] : (tensor<1x2x4x1x8xf32>) -> tensor<1x1x8x2x4xf32>
+      %63 = stablehlo.transpose %62, dims = [1, 2, 3, 0, 4] : (tensor<1x1x8x2x4xf32>) -> tensor<1x8x2x1x4xf32>
+      %64 = stablehlo.reshape %63 : (tensor<1x8x2x1x4xf32>) -> tensor<1x8x2x4xf32>
+      %65 = stablehlo.reshape %64 : (tensor<1x8x2x4xf32>) -> tensor<1x8x8xf32>
+      %66 = stablehlo.add %iterArg_12, %65 : tensor<1x8x8xf32>
+      %67 = stablehlo.broadcast_in_dim %33, dims = [1, 2] : (tensor<8x8xf32>) -> tensor<1x8x8xf32>
+      %68 = stablehlo.dynamic_update_slice %iterArg_13, %67, %iterArg_11, %c_7, %c_7 : (tensor<2x8x8xf32>, tensor<1x8x8xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<2x8x8xf32>
+      %69 = stablehlo.broadcast_in_dim %iterArg_12, dims = [1, 2, 3] : (tensor<1x8x8xf32>) -> tensor<1x1x8x8xf32>
+      %70 = stablehlo.dynamic_update_slice %iterArg_14, %69, %iterArg_11, %c_7, %c_7, %c_7 : (tensor<2x1x8x8xf32>, tensor<1x1x8x8xf32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<2x1x8x8xf32>
+      %71 = stablehlo.broadcast_in_dim %36, dims = [1, 2] : (tensor<8x8xf32>) -> tensor<1x8x8xf32>
+      %72 = stablehlo.dynamic_update_slice %iterArg_15, %71, %iterArg_11, %c_7, %c_7 : (tensor<2x8x8xf32>, tensor<1x8x8xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<2x8x8xf32>
+      %73 = stablehlo.broadcast_in_dim %39, dims = [1, 2] : (tensor<8x8xf32>) -> tensor<1x8x8xf32>
+      %74 = stablehlo.dynamic_update_slice %iterArg_16, %73, %iterArg_11, %c_7, %c_7 : (tensor<2x8x8xf32>, tensor<1x8x8xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<2x8x8xf32>
+      %75 = stablehlo.broadcast_in_dim %42, dims = [1, 2, 3, 4] : (tensor<1x8x2x4xf32>) -> tensor<1x1x8x2x4xf32>
+      %76 = stablehlo.dynamic_update_slice %iterArg_17, %75, %iterArg_11, %c_7, %c_7, %c_7, %c_7 : (tensor<2x1x8x2x4xf32>, tensor<1x1x8x2x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<2x1x8x2x4xf32>
+      %77 = stablehlo.broadcast_in_dim %44, dims = [1, 2, 3, 4, 5] : (tensor<1x8x2x1x4xf32>) -> tensor<1x1x8x2x1x4xf32>
+      %78 = stablehlo.dynamic_update_slice %iterArg_18, %77, %iterArg_11, %c_7, %c_7, %c_7, %c_7, %c_7 : (tensor<2x1x8x2x1x4xf32>, tensor<1x1x8x2x1x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<2x1x8x2x1x4xf32>
+      %79 = stablehlo.broadcast_in_dim %43, dims = [1, 2, 3, 4] : (tensor<1x8x2x4xf32>) -> tensor<1x1x8x2x4xf32>
+      %80 = stablehlo.dynamic_update_slice %iterArg_23, %79, %iterArg_11, %c_7, %c_7, %c_7, %c_7 : (tensor<2x1x8x2x4xf32>, tensor<1x1x8x2x4xf32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<2x1x8x2x4xf32>
+      %81 = stablehlo.add %iterArg_11, %c : tensor<i32>
+      stablehlo.return %iterArg, %iterArg_9, %iterArg_10, %81, %66, %68, %70, %72, %74, %76, %78, %iterArg_19, %iterArg_20, %iterArg_21, %iterArg_22, %80 : tensor<2x3x8x8xf32>, tensor<1x1x2x8x8xi1>, tensor<1x1x2x8x8xf32>, tensor<i32>, tensor<1x8x8xf32>, tensor<2x8x8xf32>, tensor<2x1x8x8xf32>, tensor<2x8x8xf32>, tensor<2x8x8xf32>, tensor<2x1x8x2x4xf32>, tensor<2x1x8x2x1x4xf32>, tensor<2x1x1x2x8x8xf32>, tensor<2x1x1x2x8x1xf32>, tensor<2x1x1x2x8x1xf32>, tensor<2x1x1x2x8x8xf32>, tensor<2x1x8x2x4xf32>
     }
     %22 = stablehlo.multiply %21#4, %21#4 : tensor<1x8x8xf32>
     %23 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<1x8x8xf32>
