@@ -44,6 +44,7 @@ fresh subprocess per function compiles ahead of time, runs one call, resets the 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -91,11 +92,12 @@ def _next_token_loss(h, x):
     return jnp.mean((h[:, :-1] - x[:, 1:]) ** 2)
 
 
-def gpt2_loss(params, x):
+def gpt2_loss(params, x, block=None):
+    """The stack's loss; ``block(p, h)`` runs one block (default: ``gpt2_block``)."""
     from bench.workloads import gpt2_block
     h = x
     for p in params:
-        h = gpt2_block(p, h, n_heads=N_HEADS)
+        h = gpt2_block(p, h, n_heads=N_HEADS) if block is None else block(p, h)
     return _next_token_loss(h, x)
 
 
@@ -167,17 +169,7 @@ WORKLOADS = {
 def _gpt2_step_of(block):
     """:data:`gpt2_step` with ``block(p, h)`` for the blocks, under ``jax.jit``."""
     import jax
-
-    def loss(params, x):
-        h = x
-        for p in params:
-            h = block(p, h)
-        return _next_token_loss(h, x)
-
-    def step(params, x):
-        value, grads = jax.value_and_grad(loss)(params, x)
-        return value, jax.tree.map(lambda p, g: p - 1e-3 * g, params, grads)
-    return jax.jit(step)
+    return jax.jit(_sgd_step(functools.partial(gpt2_loss, block=block), "gpt2_step"))
 
 
 def _with_bwd_blocks(step, blocks: str):
