@@ -7,7 +7,8 @@ program (``hlofuse.jit(jax.value_and_grad(loss))``) and outlines two regions:
   row (:class:`FwdLseSpec`; f32, a trailing dim of 2): the forward's online softmax returns them;
 * kind ``attention_bwd``: the program's backward (its body recomputes the forward, so XLA runs it
   unchanged when no kernel is built), replaced by the flash backward (:class:`BwdSpec`): per key
-  block, ``p = exp(x - m) / l``, ``dP = dO·Vᵀ``, ``dx = p·(dP - rowsum(dO·O))``, the logit chain's
+  block, ``p = exp(x - m) / l``, ``dP = dO·Vᵀ``, ``dx = p·(dP - rowsum(dO·O))`` (0 where ``p`` is
+  one-hot, :func:`~.online_softmax.logit_grad`), the logit chain's
   own VJP (``jax.vjp`` of the region's logit ops: scale, masks, bias) gives ``dS`` and the
   learned side inputs' gradients, then ``dQ += dS·K``, ``dK += dSᵀ·Q``, ``dV += pᵀ·dO``. Only
   ``[.., bq, bk]`` blocks are live; nothing of size ``Sq×Sk`` is stored.
@@ -58,6 +59,7 @@ from hlofuse.kernels.attention.cpu import block_index, build_cpu, cpu_split, spl
 from hlofuse.kernels.attention.layout import (canonical_inputs, from_canonical, pad_axis, pad_to,
                                               to_canonical)
 from hlofuse.kernels.attention.logits import F32, eval_logits
+from hlofuse.kernels.attention.online_softmax import logit_grad, online_init, online_update
 from hlofuse.kernels.attention.reference import attention_reference
 from hlofuse.kernels.attention.skip import skip_table_cached
 from hlofuse.kernels.attention.spec import AttentionSpec
@@ -355,6 +357,28 @@ def bwd_reference(bs: BwdSpec):
     return f
 
 
+# The flash backward subtracts the forward's row max from logits it computes again, with its
+# own block sizes and dot form (Q·Kᵀ with K's head dim last; the forward's dot reads Kᵀ and a
+# prescaled Q, faster there, 1.4x slower here: measured). XLA may round the two differently
+# (measured: one 300-key block against two of 256; a 40x40 block, dot form against dot form),
+# by up to an ulp of Σ|q_d·k_d| <= |q|·|k|. Then ``p = exp(x - m) / l`` is off by exp of that:
+# a one-hot row (p = 1, exact zero gradients) got e^±1 at logits of 1e7. Where max|q_i|·max|k_j|
+# reaches this bound (an ulp of 2^-10 and up; below it the error is of the size of the f32
+# logits' own rounding, which jax.jit's gradients have too), the loops first compute each
+# chunk's row statistics from their own logits (one more Q·Kᵀ per block, inside a cond: only
+# such inputs pay), so p is exact against its own logits.
+_OWN_STATS_BOUND = 2.0 ** 14
+
+
+def _needs_own_stats(q, k):
+    """Whether ``max_i |q_i| · max_j |k_j|`` (the rows' norms over the head dim, canonical
+    ``[.., S, D]``) reaches :data:`_OWN_STATS_BOUND` (a bound on the logits' magnitude before
+    any scale, Cauchy-Schwarz): a traced bool."""
+    qn = jnp.max(jnp.sum(jnp.square(q.astype(F32)), axis=-1))
+    kn = jnp.max(jnp.sum(jnp.square(k.astype(F32)), axis=-1))
+    return qn * kn >= _OWN_STATS_BOUND ** 2
+
+
 def _do_in_out_layout(bs: BwdSpec, inputs):
     spec = bs.fwd
     do = to_canonical(inputs[bs.do_arg], bs.do_dims, spec.out_order, spec.repeat)
@@ -407,7 +431,8 @@ def build_cpu_bwd(bs: BwdSpec, blocks: AttentionBlocks | None = None, *,
         k, v = pad_to(k, nb, nk * bk), pad_to(v, nb, nk * bk)
         sides = [pad_axis(pad_axis(s, k_ax, nk * bk), sq_ax, nq * bq) for s in sides]
         do = do.astype(v.dtype)
-        res = [run_part(*xs, part=None if ax is None else (spec.batch[ax], a, b - a))
+        own = _needs_own_stats(q, k)
+        res = [run_part(*xs, own=own, part=None if ax is None else (spec.batch[ax], a, b - a))
                for xs, (a, b) in zip(split_parts(ax, bounds, q, k, v, do, qt, dot_, dd, mx, lsum,
                                                      *sides),
                                      bounds)]
@@ -430,7 +455,7 @@ def build_cpu_bwd(bs: BwdSpec, blocks: AttentionBlocks | None = None, *,
         return _to_outputs(bs, grads, {spec.k_arg: spec.batch + ["d", spec.key],
                                        spec.v_arg: spec.batch + ["dv", spec.key]})
 
-    def run_part(q, k, v, do, qt, dot_, dd, mx, lsum, *sides, part):
+    def run_part(q, k, v, do, qt, dot_, dd, mx, lsum, *sides, own, part):
         """The loops over one part (``part``: its (batch label, start, size), or None).
         dKᵀ = Qᵀ·dS and dVᵀ = dOᵀ·P: Qᵀ/dOᵀ (``qt``/``dot_``, [B.., D, R.., Sq]) are the lhs
         with the contracted rows last and dS/P the rhs [B.., R.., bq, bk]: both NN dots
@@ -451,9 +476,8 @@ def build_cpu_bwd(bs: BwdSpec, blocks: AttentionBlocks | None = None, *,
             qtc, dotc = rows(qt, rank - 1), rows(dot_, rank - 1)
             sc = [rows(s) if s.shape[sq_ax] > 1 else s for s in sides]
 
-            def body(j, carry2):
-                dqc, dkt, dvt, dsd = carry2
-
+            def logits_of(j):
+                """Block j's keys and logits: (kb, vb, sb, x, vjp of the logit chain)."""
                 def keys(a, ax):
                     return lax.dynamic_slice_in_dim(a, j * bk, bk, axis=ax) if nk > 1 else a
                 kb, vb = keys(k, nb), keys(v, nb)
@@ -471,13 +495,37 @@ def build_cpu_bwd(bs: BwdSpec, blocks: AttentionBlocks | None = None, *,
                 if nk * bk != sk:
                     valid = (j * bk + jnp.arange(bk, dtype=jnp.int32)) < sk
                     x = jnp.where(valid, x, -jnp.inf)
+                return kb, vb, sb, x, vjp
+
+            def over_keys(step, init_):
+                """``step`` over the chunk's key blocks (those the forward visited)."""
+                if table is not None:
+                    lo, hi = jnp.asarray(table[0])[c], jnp.asarray(table[1])[c]
+                    return lax.fori_loop(lo, hi, step, init_)
+                if nk == 1:
+                    return step(0, init_)
+                return lax.fori_loop(0, nk, step, init_)
+
+            def own_stats():
+                """The chunk's row max and 1/sum from these loops' own logits."""
+                def step(j, st):
+                    x = logits_of(j)[3]
+                    return online_update(st, x, lambda p: jnp.zeros(p.shape[:-1] + (1,), F32),
+                                         m_init=spec.m_init)
+                m_, l_, _ = over_keys(step, online_init(mc.shape, mc.shape + (1,), spec.m_init))
+                return m_, 1.0 / l_
+            mc, lc = lax.cond(own, own_stats, lambda: (mc, lc))
+
+            def body(j, carry2):
+                dqc, dkt, dvt, dsd = carry2
+                kb, vb, sb, x, vjp = logits_of(j)
                 p = jnp.exp(x - mc[..., None]) * lc[..., None]
                 if nq * bq != sq:      # padded query rows (their logits may be anything)
                     rv = (c * bq + jnp.arange(bq, dtype=jnp.int32)) < sq
                     p = jnp.where(rv[:, None], p, 0.0)
                 dp = lax.dot_general(doc, vb, (((doc.ndim - 1,), (vb.ndim - 1,)), (bdims, bdims)),
                                      preferred_element_type=F32)
-                dx = p * (dp - ddc[..., None])
+                dx = logit_grad(p, dp, ddc[..., None])
                 ds, *dls = vjp(dx)
                 dsq = ds.astype(q.dtype)
                 dqc = dqc + lax.dot_general(dsq, kb, (((k_ax,), (nb,)), (bdims, bdims)),
@@ -500,14 +548,7 @@ def build_cpu_bwd(bs: BwdSpec, blocks: AttentionBlocks | None = None, *,
                         new.append(_add_at(acc, g, k_ax, j * bk, keys_sl))
                 return dqc, dkt, dvt, tuple(new)
 
-            init2 = (jnp.zeros(qc.shape, F32), dkt, dvt, dsd)
-            if table is not None:
-                lo, hi = jnp.asarray(table[0])[c], jnp.asarray(table[1])[c]
-                dqc, dkt, dvt, dsd = lax.fori_loop(lo, hi, body, init2)
-            elif nk == 1:
-                dqc, dkt, dvt, dsd = body(0, init2)
-            else:
-                dqc, dkt, dvt, dsd = lax.fori_loop(0, nk, body, init2)
+            dqc, dkt, dvt, dsd = over_keys(body, (jnp.zeros(qc.shape, F32), dkt, dvt, dsd))
             dq_all = (lax.dynamic_update_slice_in_dim(dq_all, dqc, c * bq, axis=sq_ax)
                       if nq > 1 else dqc)
             return dq_all, dkt, dvt, dsd

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 F32 = jnp.float32
 
-__all__ = ["online_init", "online_update", "online_finish"]
+__all__ = ["online_init", "online_update", "online_finish", "logit_grad"]
 
 
 def _col(stat, x):
@@ -56,3 +56,20 @@ def online_update(carry, x, pv: Callable, *, m_init: float, valid=None):
 def online_finish(l, acc):
     """``acc / l``: the output block in f32 (a row that saw no key: 0/0 = NaN)."""
     return acc / _col(l, acc)
+
+
+def logit_grad(p, dp, delta):
+    """The softmax backward of one block, ``dx = p·(dP - delta)``, with ``delta`` the row's
+    ``rowsum(dO·O)`` (FlashAttention-2's form: computed once, from the output) and ``delta``,
+    ``p`` broadcast against the block.
+
+    ``rowsum(dO·O)`` equals ``rowsum(p·dP)`` only up to rounding (a reduce of ``dO·O`` against
+    the matmul that computes ``dP``). Where a row's softmax is one-hot (``p == 1`` exactly: the
+    other keys' ``exp`` sum to less than half an f32 ulp of 1, each logit ~17 or more below
+    the max),
+    ``dx`` is zero, but ``dP - delta`` is that rounding, and ``dQ = dx·K`` scales it by ``|K|``.
+    With logits of 1e7 and more (unnormalized toy stacks) that made weight gradients 1e3 of
+    their size off (measured; XLA's ``p·dP - p·rowsum(p·dP)`` cancels exactly). ``p == 1``
+    gets the exact 0; elsewhere a row has a second ``p`` above the ulp and the rounding is
+    small against its true gradient."""
+    return jnp.where(p == 1.0, 0.0, p * (dp - delta))

@@ -2,7 +2,7 @@
 
 The same arithmetic as the cpu loops (:func:`~.backward.build_cpu_bwd`), per ``[bq, bk]`` block::
 
-    x = logits(Q·Kᵀ, sides)   p = exp(x - m) / l   dP = dO·Vᵀ   dx = p·(dP - delta)
+    x = logits(Q·Kᵀ, sides)   p = exp(x - m) / l   dP = dO·Vᵀ   dx = p·(dP - delta)  (0 where p == 1: logit_grad)
     dS, dSides = vjp(logits)(dx)   dQ += dS·K   dK += dSᵀ·Q   dV += pᵀ·dO
 
 with ``m``, ``l`` the forward's row statistics and ``delta = rowsum(dO·O)`` (computed once,
@@ -36,8 +36,9 @@ from jax.experimental import pallas as pl
 
 from hlofuse.kernels.attention.blocks import AttentionBlocks
 from hlofuse.kernels.attention.layout import (_flatten_group, canonical_inputs, pad_to,
-                                              pallas_index, pallas_inputs, to_canonical)
+                                              pallas_index, pallas_inputs)
 from hlofuse.kernels.attention.logits import F32, eval_logits
+from hlofuse.kernels.attention.online_softmax import logit_grad
 from hlofuse.kernels.attention.skip import key_ranges
 from hlofuse.kernels.attention.spec import AttentionSpec
 from hlofuse.kernels.tiling import next_pow2
@@ -147,7 +148,7 @@ def _block_grads(spec, learned, n, g, q_pos, k_pos, q, kb, vb, do, m, l, delta, 
     p = jnp.exp(x - m) / l
     p = jnp.where(row_valid, p, 0.0)
     dp = lax.dot_general(do, vb, (((1,), (1,)), ((), ())), preferred_element_type=F32)
-    dx = p * (dp - delta)
+    dx = logit_grad(p, dp, delta)
     ds, *dls = vjp(dx)
     return p, ds, [d.astype(F32) for d in dls]
 

@@ -136,6 +136,57 @@ def test_fully_masked_rows_with_a_finite_fill():
                 "grad")
 
 
+
+@pytest.mark.parametrize("target,seq,mask", [("cpu", 40, "causal"), ("cpu", 300, "none"),
+                                             ("gpu", 40, "causal"), ("tpu", 40, "causal")])
+def test_one_hot_softmax_rows_get_exact_zero_gradients(target, seq, mask):
+    """Q and K scaled so each row's logits are ~1e7 apart: every softmax row is one-hot, and
+    the gradients of Q and K are exactly zero (XLA's ``p·dP - p·rowsum(p·dP)`` cancels).
+
+    Two things must hold for the flash backward to get the same zeros. Its ``dP -
+    rowsum(dO·O)`` is a rounding there, which ``dQ = dS·K`` scales by ``|K|``:
+    :func:`~hlofuse.kernels.attention.online_softmax.logit_grad` gives those rows 0 (dQ 5e-3
+    off before). And its logits must round as the forward's did, whose row max it subtracts:
+    an ulp of 1e7 is 1, and ``exp(±1)`` is no rounding (dQ 0.13 off when it computed QKᵀ in
+    another dot form than the forward). The kernels run with the blocks a program gets (cpu:
+    the forward's and the backward's own plans; at S=300 they differ: one 300-key block and
+    two 256-key blocks)."""
+    from jax.experimental.pallas import tpu as pltpu
+    ffn, bfn = _regions("bshd", mask, np.float32, seq, seq)
+    fs, fwd_in, extra, _ = _inputs(ffn, bfn)
+    for a in (fs.fwd.q_arg, fs.fwd.k_arg):
+        fwd_in[a] = fwd_in[a] * np.float32(3000.0)
+    bs = FAMILIES["attention_bwd"].spec_from_func(bfn)
+    interp = {"cpu": None, "gpu": True, "tpu": pltpu.InterpretParams()}[target]
+    blocks = None if target == "cpu" else _pallas_blocks(target, seq)
+    o_lse = jax.jit(build_fwd_lse(fs, target, interpret=interp, blocks=blocks))(*fwd_in)
+    extra[0], extra[1] = np.asarray(o_lse[fs.o_index]), np.asarray(o_lse[1 - fs.o_index])
+    ins = list(fwd_in) + extra
+    truth = [np.asarray(t) for t in run_region(_text(bfn), ins)]
+    kernel = build_bwd(bs, target, interpret=interp, blocks=blocks)
+    if target == "cpu" and seq == 300:
+        assert "bk=256" in kernel.blocks and "bk=256" not in build_fwd_lse(fs, "cpu").blocks
+    got = [np.asarray(g) for g in jax.jit(kernel)(*ins)]
+    grads = {g: i for i, (g, _) in enumerate(bs.outs)}
+    for arg in (fs.fwd.q_arg, fs.fwd.k_arg):
+        assert not truth[grads[arg]].any()
+        np.testing.assert_array_equal(got[grads[arg]], truth[grads[arg]])
+    v = grads[fs.fwd.v_arg]
+    assert np.abs(truth[v]).max() > 0.1          # dV = pᵀ·dO is not zero: the rows are one-hot
+    assert_same(got[v], truth[v], "grad")
+
+
+def test_own_statistics_bound():
+    """The cpu backward computes its own row statistics where max|q_i|·max|k_j| reaches
+    ``_OWN_STATS_BOUND`` (2^14), and reads the forward's below it."""
+    from hlofuse.kernels.attention.backward import _OWN_STATS_BOUND, _needs_own_stats
+    q = np.zeros((2, 3, 8, 16), np.float32)
+    k = np.zeros((2, 8, 16), np.float32)
+    q[1, 2, 5, 3], k[0, 7, 9] = 128.0, 127.0          # 16256: below
+    assert 128.0 * 127.0 < _OWN_STATS_BOUND and not bool(_needs_own_stats(q, k))
+    k[1, 2, 0] = 128.0                                # 16384: reached
+    assert bool(_needs_own_stats(q, k))
+
 PALLAS_CASES = [("bshd", "causal", np.float32, False), ("bhsd", "bias", np.float32, True),
                 ("mqa", "bool", np.float32, False), ("bhsd", "causal", BF16, False),
                 ("bshd", "causal", np.float32, False, 2),
