@@ -370,3 +370,102 @@ def test_exact_numpy_emitters_match_the_jax_emitters(dtype):
         assert got is not None, body
         assert got.dtype == want.dtype and got.shape == want.shape, body
         np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8), err_msg=body)
+
+
+_FLOAT_EDGES = [0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -3.0, 0.1, 7.5, 2.0 ** 24 + 1, 1e30, -1e-30]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: np.dtype(d).name)
+def test_float_numpy_emitters_match_the_jax_emitters(dtype):
+    """The f32/f64 ops EXACT_EMITTERS evaluates with numpy (IEEE-rounded or exact) against their
+    jax emitters, bit for bit, on every pair of edge values (infinities, NaN, signed zeros,
+    large and small magnitudes; no subnormal results: _subnormal_risk refuses those first)."""
+    import itertools
+    from hlofuse import ir as hir
+    from hlofuse.ops import emit_op
+    from hlofuse.passes import constant_fold as cf
+    import jax
+    vals = np.array(_FLOAT_EDGES, dtype)
+    a, b = (np.array(p, dtype) for p in zip(*itertools.product(vals, vals)))
+    n = a.size
+    ety = {"float32": "f32", "float64": "f64"}[np.dtype(dtype).name]
+    other = {"f32": "f64", "f64": "f32"}[ety]
+    t = f"tensor<{n}x{ety}>"
+    bodies = [f"stablehlo.{o} %a, %b : {t}" for o in ("add", "subtract", "multiply", "divide")]
+    bodies += [f"stablehlo.{o} %a : {t}" for o in
+               ("sqrt", "floor", "ceil", "round_nearest_even", "negate", "abs")]
+    bodies += [f"stablehlo.compare {d}, %a, %b{c} : ({t}, {t}) -> tensor<{n}xi1>"
+               for d in ("EQ", "NE", "LT", "LE", "GT", "GE") for c in ("", ", FLOAT")]
+    bodies.append(f"stablehlo.convert %a : ({t}) -> tensor<{n}x{other}>")
+    ctx = hir.new_context()
+    ops, modules = [], []
+    for body in bodies:
+        m = hir.parse(f"func.func @main(%a: {t}, %b: {t}) -> () {{\n  %r = {body}\n  return\n}}", ctx)
+        modules.append(m)
+        ops.append(hir.block_ops(hir.main_func(m).regions[0].blocks[0])[0])
+    with jax.enable_x64(True):
+        wants = jax.jit(lambda a, b: [emit_op(op, [a, b][:len(op.operands)])[0] for op in ops])(a, b)
+    for body, op, want in zip(bodies, ops, wants):
+        args = [a, b][:len(op.operands)]
+        assert not cf._subnormal_risk(op, args), body
+        got = cf._exact(op, args)
+        want = np.asarray(want)
+        assert got is not None, body
+        assert got.dtype == want.dtype and got.shape == want.shape, body
+        np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8), err_msg=body)
+    # float -> int: in range (truncation toward zero) by numpy; out of range or NaN is XLA's
+    ints = np.array([0.0, -0.0, 1.5, -1.5, -2.5, 2 ** 31 - 128, -2 ** 31, 1e9], dtype)
+    bad = np.array([np.nan, 1.0], dtype), np.array([2.0 ** 31, 1.0], dtype)
+    conv = f"stablehlo.convert %a : (tensor<8x{ety}>) -> tensor<8xi32>"
+    m = hir.parse(f"func.func @main(%a: tensor<8x{ety}>) -> () {{\n  %r = {conv}\n  return\n}}", ctx)
+    op = hir.block_ops(hir.main_func(m).regions[0].blocks[0])[0]
+    with jax.enable_x64(True):
+        want = np.asarray(jax.jit(lambda x: emit_op(op, [x])[0])(ints))
+    np.testing.assert_array_equal(cf._exact(op, [ints]), want)
+    for x in bad:
+        assert cf._exact(op, [np.resize(x, 8)]) is None
+
+
+RESIZE_INDEX = """
+func.func @main(%x: tensor<4x32xf32>) -> tensor<4x32xf32> {
+  %i = stablehlo.iota dim = 0 : tensor<32xf32>
+  %h = stablehlo.constant dense<0.5> : tensor<32xf32>
+  %s = stablehlo.constant dense<2.0> : tensor<32xf32>
+  %a = stablehlo.add %i, %h : tensor<32xf32>
+  %d = stablehlo.divide %a, %s : tensor<32xf32>
+  %f = stablehlo.floor %d : tensor<32xf32>
+  %q = stablehlo.sqrt %f : tensor<32xf32>
+  %b = stablehlo.broadcast_in_dim %q, dims = [1] : (tensor<32xf32>) -> tensor<4x32xf32>
+  %y = stablehlo.multiply %x, %b : tensor<4x32xf32>
+  return %y : tensor<4x32xf32>
+}"""
+
+
+def test_float_index_arithmetic_folds_without_xla_compiles():
+    """An image resize's index arithmetic (iota, add, divide, floor) and an attention scale's
+    sqrt fold with numpy: no per-op XLA compilation (each cost ~30 ms of a first call)."""
+    import jax
+    compiles = []
+    listener = (lambda ev, secs, **kw: compiles.append(ev)
+                if ev.endswith("backend_compile_duration") else None)
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        o = optimize(RESIZE_INDEX)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert stats(o)["folded"] >= 1 and "stablehlo.sqrt" not in o.text
+    assert compiles == []
+    x = np.arange(128, dtype=np.float32).reshape(4, 32)
+    assert_same(run_module(o.text, [x]), run_module(RESIZE_INDEX, [x]), "exact")
+
+
+def test_float_op_with_a_subnormal_result_is_not_folded():
+    """1e-20 * 1e-20 is subnormal in f32: XLA:CPU flushes it to zero at run time, XLA's own
+    folding does not; the multiply is left alone, with numpy as with the jax emitter."""
+    from hlofuse.passes import constant_fold as cf
+    from hlofuse import ir as hir
+    m = hir.parse("func.func @main(%a: tensor<2xf32>) -> () {\n"
+                  "  %r = stablehlo.multiply %a, %a : tensor<2xf32>\n  return\n}")
+    op = hir.block_ops(hir.main_func(m).regions[0].blocks[0])[0]
+    assert cf._subnormal_risk(op, [np.array([1e-20, 1.0], np.float32)] * 2)
+    assert not cf._subnormal_risk(op, [np.array([1e-15, 1.0], np.float32)] * 2)
