@@ -146,6 +146,17 @@ MODELS: dict[str, ZooModel] = {m.name: m for m in [
        "BERT-base encoder with every Dense int8 (int8 weights, per-channel scales, static "
        "activation scales, int8 dot_general -> int32), padding mask, 2 of 12 layers, B=2 S=128",
        "requantize", _LINEN),
+    _m("linen_unet", "flax.linen", "unet", "inference", "flax_zoo:linen_unet",
+       dict(ch=8, groups=4, heads=2, image=8, batch=2),
+       dict(ch=64, groups=32, heads=4, image=32, batch=4),
+       "Diffusion UNet (GroupNorm, SiLU, 3x3 convs, sinusoidal timestep embedding, 16x16 "
+       "self-attention, avg-pool down, nearest resize up with skip), 64/128 channels, 32x32, B=4",
+       "reassociate", _LINEN),
+    _m("linen_unet_train", "flax.linen", "unet", "train", "flax_zoo:linen_unet_train",
+       dict(ch=8, groups=4, heads=2, image=8, batch=2),
+       dict(ch=64, groups=32, heads=4, image=32, batch=4),
+       "linen_unet's denoising training step (noise-prediction MSE, optax.adamw)",
+       "grad", _LINEN),
     # ---------------------------------------------------------------- Equinox
     _m("eqx_cnn_nchw", "equinox", "convnet", "inference", "eqx_zoo:eqx_cnn",
        dict(channels=(4, 8), image=8, batch=2, classes=10),

@@ -1,5 +1,6 @@
 """Zoo models written with Flax: NNX (BERT, Llama-style GQA decoder, ViT, an MLP training step)
-and Linen (ResNet with BatchNorm, a ResNet training step, an int8-quantized BERT encoder).
+and Linen (ResNet with BatchNorm, a ResNet training step, an int8-quantized BERT encoder, a
+diffusion UNet and its denoising training step).
 Random weights from the configs in :mod:`bench.zoo`; nothing is downloaded. Every builder
 returns ``(fn, args)`` with the parameters among the arguments."""
 
@@ -485,5 +486,105 @@ def linen_int8_bert(cfg, seed):
     return fn, (params, x, keep)
 
 
+# ------------------------------------------------------------------------------------------
+# Linen diffusion UNet (GroupNorm, timestep embedding, spatial self-attention, resize)
+# ------------------------------------------------------------------------------------------
+class UNetResBlock(nn.Module):
+    """A DDPM/Stable-Diffusion residual block: GroupNorm, SiLU, 3x3 conv, the timestep
+    embedding added per channel, GroupNorm, SiLU, 3x3 conv, a 1x1 conv on the skip path when
+    the width changes."""
+    ch: int
+    groups: int
+
+    @nn.compact
+    def __call__(self, x, temb):
+        h = nn.Conv(self.ch, (3, 3))(nn.silu(nn.GroupNorm(self.groups)(x)))
+        h = h + nn.Dense(self.ch)(nn.silu(temb))[:, None, None, :]
+        h = nn.Conv(self.ch, (3, 3))(nn.silu(nn.GroupNorm(self.groups)(h)))
+        if x.shape[-1] != self.ch:
+            x = nn.Conv(self.ch, (1, 1))(x)
+        return x + h
+
+
+class UNetAttention(nn.Module):
+    """Self-attention over the feature map's positions (GroupNorm first, residual)."""
+    heads: int
+    groups: int
+
+    @nn.compact
+    def __call__(self, x):
+        b, hh, ww, c = x.shape
+        h = nn.GroupNorm(self.groups)(x).reshape(b, hh * ww, c)
+        h = nn.MultiHeadDotProductAttention(num_heads=self.heads)(h, h)
+        return x + h.reshape(b, hh, ww, c)
+
+
+def timestep_embedding(t, dim: int):
+    """Sinusoidal embedding of integer timesteps (the DDPM / diffusers form)."""
+    half = dim // 2
+    freqs = jnp.exp(-math.log(10000.0) * jnp.arange(half, dtype=jnp.float32) / half)
+    args = t.astype(jnp.float32)[:, None] * freqs[None]
+    return jnp.concatenate([jnp.sin(args), jnp.cos(args)], axis=-1)
+
+
+class UNet(nn.Module):
+    """One down and one up level around an attention middle, as a diffusion model's UNet
+    writes it: conv in, residual blocks, average-pool down, nearest-neighbour resize up with the
+    skip concatenated, GroupNorm + SiLU + conv out."""
+    ch: int
+    groups: int
+    heads: int
+
+    @nn.compact
+    def __call__(self, x, t):
+        temb = timestep_embedding(t, self.ch)
+        temb = nn.Dense(4 * self.ch)(nn.silu(nn.Dense(4 * self.ch)(temb)))
+        h = nn.Conv(self.ch, (3, 3))(x)
+        skip = h = UNetResBlock(self.ch, self.groups)(h, temb)
+        h = nn.avg_pool(h, (2, 2), (2, 2))
+        h = UNetResBlock(2 * self.ch, self.groups)(h, temb)
+        h = UNetAttention(self.heads, self.groups)(h)
+        h = UNetResBlock(2 * self.ch, self.groups)(h, temb)
+        b, hh, ww, c = h.shape
+        h = jax.image.resize(h, (b, 2 * hh, 2 * ww, c), "nearest")
+        h = UNetResBlock(self.ch, self.groups)(jnp.concatenate([h, skip], axis=-1), temb)
+        return nn.Conv(x.shape[-1], (3, 3))(nn.silu(nn.GroupNorm(self.groups)(h)))
+
+
+def _unet(cfg, seed):
+    rng = np.random.default_rng(seed)
+    model = UNet(cfg["ch"], cfg["groups"], cfg["heads"])
+    x = jnp.asarray(rng.standard_normal((cfg["batch"], cfg["image"], cfg["image"], 3))
+                    .astype(np.float32))
+    t = jnp.asarray(rng.integers(0, 1000, (cfg["batch"],)).astype(np.int32))
+    return model, rng, x, t, model.init(jax.random.key(seed), x, t)["params"]
+
+
+def linen_unet(cfg, seed):
+    model, _, x, t, params = _unet(cfg, seed)
+
+    def fn(params, x, t):
+        return model.apply({"params": params}, x, t)
+    return fn, (params, x, t)
+
+
+def linen_unet_train(cfg, seed):
+    """A denoising training step: the UNet predicts the noise added to an image (MSE), AdamW."""
+    model, rng, x, t, params = _unet(cfg, seed)
+    noise = jnp.asarray(rng.standard_normal(x.shape).astype(np.float32))
+    tx = optax.adamw(1e-4)
+
+    def step(params, opt_state, x, noise, t):
+        a = (1.0 - t.astype(jnp.float32) / 1000.0)[:, None, None, None]
+        noisy = jnp.sqrt(a) * x + jnp.sqrt(1.0 - a) * noise
+
+        def loss_fn(p):
+            return jnp.mean((model.apply({"params": p}, noisy, t) - noise) ** 2)
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return loss, optax.apply_updates(params, updates), opt_state
+    return step, (params, tx.init(params), x, noise, t)
+
+
 __all__ = ["nnx_bert", "nnx_llama", "nnx_llama_train", "nnx_gpt_scan_train", "nnx_vit", "nnx_mlp_train", "linen_resnet",
-           "linen_resnet_train", "linen_int8_bert", "rope"]
+           "linen_resnet_train", "linen_int8_bert", "linen_unet", "linen_unet_train", "rope"]
