@@ -305,16 +305,21 @@ func.func @main(%x: tensor<8x8xf32>) -> tensor<8x8xf32> {
 }"""
 
 
-def test_causal_mask_folds_without_xla_compiles():
+def _optimize_counting_compiles(text):
+    """(optimize(text), the XLA compilations it ran)."""
     import jax
     compiles = []
     listener = (lambda ev, secs, **kw: compiles.append(ev)
                 if ev.endswith("backend_compile_duration") else None)
     jax.monitoring.register_event_duration_secs_listener(listener)
     try:
-        o = optimize(CAUSAL_MASK)
+        return optimize(text), compiles
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
+
+
+def test_causal_mask_folds_without_xla_compiles():
+    o, compiles = _optimize_counting_compiles(CAUSAL_MASK)
     assert stats(o)["folded"] >= 1 and "stablehlo.compare" not in o.text
     assert compiles == []   # iota, add, compare and select on integers/booleans: numpy only
     x = np.arange(64, dtype=np.float32).reshape(8, 8)
@@ -444,15 +449,7 @@ func.func @main(%x: tensor<4x32xf32>) -> tensor<4x32xf32> {
 def test_float_index_arithmetic_folds_without_xla_compiles():
     """An image resize's index arithmetic (iota, add, divide, floor) and an attention scale's
     sqrt fold with numpy: no per-op XLA compilation (each cost ~30 ms of a first call)."""
-    import jax
-    compiles = []
-    listener = (lambda ev, secs, **kw: compiles.append(ev)
-                if ev.endswith("backend_compile_duration") else None)
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
-        o = optimize(RESIZE_INDEX)
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
+    o, compiles = _optimize_counting_compiles(RESIZE_INDEX)
     assert stats(o)["folded"] >= 1 and "stablehlo.sqrt" not in o.text
     assert compiles == []
     x = np.arange(128, dtype=np.float32).reshape(4, 32)
