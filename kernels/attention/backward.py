@@ -363,7 +363,7 @@ def bwd_reference(bs: BwdSpec):
 # (measured: one 300-key block against two of 256; a 40x40 block, dot form against dot form),
 # by up to an ulp of Σ|q_d·k_d| <= |q|·|k|. Then ``p = exp(x - m) / l`` is off by exp of that:
 # a one-hot row (p = 1, exact zero gradients) got e^±1 at logits of 1e7. Where max|q_i|·max|k_j|
-# reaches this bound (an ulp of 2^-10 and up; below it the error is of the size of the f32
+# reaches this bound (an ulp of 2^-9 and up; below it the error is of the size of the f32
 # logits' own rounding, which jax.jit's gradients have too), the loops first compute each
 # chunk's row statistics from their own logits (one more Q·Kᵀ per block, inside a cond: only
 # such inputs pay), so p is exact against its own logits.
