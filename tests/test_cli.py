@@ -155,7 +155,9 @@ def test_optimize_round_trip(files, fmt):
 def test_run_and_check_through_the_cli(files):
     d = files["dir"]
     src, opt = files["paths"]["bytecode"], d / "rc_opt.mlirbc"
-    assert hlofuse("optimize", src.name, "-o", opt.name, "--verify", cwd=d).returncode == 0
+    p = hlofuse("optimize", src.name, "-o", opt.name, "--verify", cwd=d)
+    # a matmul-epilogue kernel sums in another order: compared in 'reassociate'
+    assert p.returncode == 0 and "match the original (category reassociate" in p.stdout, p.stderr
     p = hlofuse("run", opt.name, "--inputs", "in.npz", "--outputs", "out.npz", cwd=d)
     assert p.returncode == 0, p.stderr
     with np.load(d / "out.npz") as z:
@@ -780,3 +782,24 @@ def test_bad_pipeline_text_is_a_usage_error_naming_the_flag(tmp_path, capsys, pi
                           cwd=tmp_path)
     one_error_line(p, *needles)
     assert not (tmp_path / "o.mlir").exists()
+
+
+def test_verify_category_follows_what_the_optimization_did():
+    """--verify's default tolerance (hlofuse.verify.program_category): 'kernel' for elementwise
+    kernels only, the loosest category any kernel declares, and the category of a
+    numerics-changing pass that rewrote something (a dequant scale moved: 'quantize')."""
+    from hlofuse.report import PassRecord, Region, Report
+    from hlofuse.verify import program_category
+
+    def report(kinds, passes=()):
+        r = Report()
+        r.regions = [Region(i, k, [], kernel=f"k{i}") for i, k in enumerate(kinds)]
+        r.regions.append(Region(99, "reduction", [], reason="left to XLA"))   # not a kernel
+        r.passes = [PassRecord(n, 0.0, st) for n, st in passes]
+        return r
+    assert program_category(report([])) == "kernel"
+    assert program_category(report(["elementwise"])) == "kernel"
+    assert program_category(report(["elementwise", "attention"])) == "reassociate"
+    assert program_category(report(["elementwise"], [("batchnorm-fold", {"folded": 0})])) == "kernel"
+    assert program_category(report(["elementwise"], [("batchnorm-fold", {"folded": 2})])) == "reassociate"
+    assert program_category(report(["matmul_epilogue"], [("quantize-matmul", {"rewrites": 1})])) == "quantize"

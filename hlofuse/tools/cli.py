@@ -119,8 +119,14 @@ def _define_optimize(fv):
                         "payload of jax.export artifacts); default: the one jax.export uses.",
                         flag_values=fv)
     flags.DEFINE_boolean("verify", False, "Run the original and the optimized module on the same "
-                         "random inputs and compare (tolerance category 'kernel') before writing; "
-                         "nothing is written on a mismatch (exit 1).", flag_values=fv)
+                         "random inputs and compare before writing; nothing is written on a "
+                         "mismatch (exit 1). Tolerance: --verify-category.", flag_values=fv)
+    flags.DEFINE_enum("verify-category", None, ["exact", "kernel", "reassociate", "quantize", "grad"],
+                      "Tolerance category of --verify (hlofuse.testing.TOLERANCES); default: "
+                      "what the optimization did, the loosest of 'kernel' and the categories of "
+                      "its kernels and numerics-changing passes (a reduction, contraction, "
+                      "convolution or attention kernel sums in another order: 'reassociate').",
+                      flag_values=fv)
     flags.DEFINE_integer("seed", 0, "Seed of the random inputs of --verify.", flag_values=fv)
     _common(fv)
 
@@ -409,7 +415,7 @@ def cmd_optimize(fv, pos) -> int:
         data = formats.serialize(res.module, fmt, target_version=tv, exported=loaded.exported,
                                 target=res.target, source=out)
     if fv["verify"].value:
-        status = _verify(fv, loaded, original, data, fmt, out)
+        status = _verify(fv, loaded, original, data, fmt, out, res.report)
         if status:
             return status
     _commit(out, lambda: formats.atomic_write(out, data, inputs=[inp], in_place=in_place))
@@ -427,9 +433,12 @@ def cmd_optimize(fv, pos) -> int:
     return EXIT_OK
 
 
-def _verify(fv, loaded, original, data, fmt, out) -> int:
-    """--verify: run the original and the serialized result; nonzero when they differ."""
+def _verify(fv, loaded, original, data, fmt, out, report) -> int:
+    """--verify: run the original and the serialized result; nonzero when they differ (in
+    ``--verify-category``, default :func:`hlofuse.verify.program_category` of ``report``)."""
     import dataclasses as dc
+    from hlofuse.verify import program_category
+    cat = fv["verify-category"].value or program_category(report)
     before = dc.replace(loaded, module=original)
     _stage(f"loading the optimized {loaded.source} for --verify")
     after = formats.load_bytes(data if isinstance(data, bytes) else data.encode(),
@@ -445,11 +454,11 @@ def _verify(fv, loaded, original, data, fmt, out) -> int:
     want = argspec.execute(before, inputs)
     _stage(f"running the optimized {loaded.source} with XLA for --verify")
     got = argspec.execute(after, inputs)
-    problems = compare(got, want, "kernel")
+    problems = compare(got, want, cat)
     if problems:
         return _mismatch(f"{PROG} optimize: --verify: optimized {loaded.source} differs from the "
-                         f"original (nothing written)", problems)
-    print(f"{PROG}: --verify: {len(got)} output(s) match the original (category kernel, seed "
+                         f"original in category {cat} (nothing written)", problems)
+    print(f"{PROG}: --verify: {len(got)} output(s) match the original (category {cat}, seed "
           f"{fv['seed'].value})")
     return EXIT_OK
 
