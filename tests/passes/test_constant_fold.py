@@ -331,17 +331,45 @@ _EDGES = {np.int8: [-128, -1, 0, 1, 127], np.int32: [-2**31, -7, 0, 5, 2**31 - 1
           np.int64: [-2**63, -3, 0, 9, 2**63 - 1]}
 
 
-@pytest.mark.parametrize("dtype", list(_EDGES), ids=lambda d: np.dtype(d).name)
-def test_exact_numpy_emitters_match_the_jax_emitters(dtype):
-    """Every numpy emitter of EXACT_EMITTERS against the op's jax emitter (what folding used
-    before, and what XLA runs), on the overflow edges of each integer type."""
+def _edge_pairs(vals, dtype):
+    """Every ordered pair of ``vals``, as two arrays of ``dtype``."""
     import itertools
+    vals = np.array(vals, dtype)
+    return tuple(np.array(p, dtype) for p in zip(*itertools.product(vals, vals)))
+
+
+def _ops_of(bodies, t):
+    """Each body (``%r = <body>`` of operands ``%a``, ``%b``: ``t``) parsed in one context:
+    (its op per body, the modules, which own the ops and must stay alive)."""
     from hlofuse import ir as hir
+    ctx = hir.new_context()
+    modules = [hir.parse(f"func.func @main(%a: {t}, %b: {t}) -> () {{\n  %r = {body}\n  return\n}}",
+                         ctx) for body in bodies]
+    return [hir.block_ops(hir.main_func(m).regions[0].blocks[0])[0] for m in modules], modules
+
+
+def _assert_numpy_is_jax(bodies, ops, a, b, operands=None):
+    """``constant_fold._exact`` (numpy) of every op against the op's jax emitter (what folding
+    used before, and what XLA runs), bit for bit; the jax side in one compile."""
+    import jax
     from hlofuse.ops import emit_op
     from hlofuse.passes import constant_fold as cf
-    import jax
-    vals = np.array(_EDGES[dtype], dtype)
-    a, b = (np.array(p, dtype) for p in zip(*itertools.product(vals, vals)))
+    operands = operands or (lambda op, a, b: [a, b][:len(op.operands)])
+    with jax.enable_x64(True):
+        wants = jax.jit(lambda a, b: [emit_op(op, operands(op, a, b))[0] for op in ops])(a, b)
+    for body, op, want in zip(bodies, ops, wants):
+        got = cf._exact(op, operands(op, a, b))
+        want = np.asarray(want)
+        assert got is not None, body
+        assert got.dtype == want.dtype and got.shape == want.shape, body
+        np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8), err_msg=body)
+
+
+@pytest.mark.parametrize("dtype", list(_EDGES), ids=lambda d: np.dtype(d).name)
+def test_exact_numpy_emitters_match_the_jax_emitters(dtype):
+    """Every numpy emitter of EXACT_EMITTERS against the op's jax emitter, on the overflow
+    edges of each integer type."""
+    a, b = _edge_pairs(_EDGES[dtype], dtype)
     n = a.size
     ety = {"int8": "i8", "int32": "i32", "int64": "i64", "uint8": "ui8", "uint32": "ui32"}[np.dtype(dtype).name]
     t = f"tensor<{n}x{ety}>"
@@ -358,23 +386,11 @@ def test_exact_numpy_emitters_match_the_jax_emitters(dtype):
                for to in ("i8", "ui8", "i32", "ui32", "i64", "i1")]
     if np.dtype(dtype).itemsize <= 4:
         bodies += [f"stablehlo.convert %a : ({t}) -> tensor<{n}x{to}>" for to in ("f32", "f64")]
-    ctx = hir.new_context()
-    ops, modules = [], []   # the modules own the ops: keep them alive
-    for body in bodies:
-        m = hir.parse(f"func.func @main(%a: {t}, %b: {t}) -> () {{\n  %r = {body}\n  return\n}}", ctx)
-        modules.append(m)
-        ops.append(hir.block_ops(hir.main_func(m).regions[0].blocks[0])[0])
+    ops, _modules = _ops_of(bodies, t)
 
     def operands(op, a, b):
         return [b, a, b] if op.name == "stablehlo.clamp" else [a, b][:len(op.operands)]
-    with jax.enable_x64(True):   # integer ops are exact: one compile for all of them
-        wants = jax.jit(lambda a, b: [emit_op(op, operands(op, a, b))[0] for op in ops])(a, b)
-    for body, op, want in zip(bodies, ops, wants):
-        got = cf._exact(op, operands(op, a, b))
-        want = np.asarray(want)
-        assert got is not None, body
-        assert got.dtype == want.dtype and got.shape == want.shape, body
-        np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8), err_msg=body)
+    _assert_numpy_is_jax(bodies, ops, a, b, operands)
 
 
 _FLOAT_EDGES = [0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -3.0, 0.1, 7.5, 2.0 ** 24 + 1, 1e30, -1e-30]
@@ -385,13 +401,8 @@ def test_float_numpy_emitters_match_the_jax_emitters(dtype):
     """The f32/f64 ops EXACT_EMITTERS evaluates with numpy (IEEE-rounded or exact) against their
     jax emitters, bit for bit, on every pair of edge values (infinities, NaN, signed zeros,
     large and small magnitudes; no subnormal results: _subnormal_risk refuses those first)."""
-    import itertools
-    from hlofuse import ir as hir
-    from hlofuse.ops import emit_op
     from hlofuse.passes import constant_fold as cf
-    import jax
-    vals = np.array(_FLOAT_EDGES, dtype)
-    a, b = (np.array(p, dtype) for p in zip(*itertools.product(vals, vals)))
+    a, b = _edge_pairs(_FLOAT_EDGES, dtype)
     n = a.size
     ety = {"float32": "f32", "float64": "f64"}[np.dtype(dtype).name]
     other = {"f32": "f64", "f64": "f32"}[ety]
@@ -402,32 +413,16 @@ def test_float_numpy_emitters_match_the_jax_emitters(dtype):
     bodies += [f"stablehlo.compare {d}, %a, %b{c} : ({t}, {t}) -> tensor<{n}xi1>"
                for d in ("EQ", "NE", "LT", "LE", "GT", "GE") for c in ("", ", FLOAT")]
     bodies.append(f"stablehlo.convert %a : ({t}) -> tensor<{n}x{other}>")
-    ctx = hir.new_context()
-    ops, modules = [], []
-    for body in bodies:
-        m = hir.parse(f"func.func @main(%a: {t}, %b: {t}) -> () {{\n  %r = {body}\n  return\n}}", ctx)
-        modules.append(m)
-        ops.append(hir.block_ops(hir.main_func(m).regions[0].blocks[0])[0])
-    with jax.enable_x64(True):
-        wants = jax.jit(lambda a, b: [emit_op(op, [a, b][:len(op.operands)])[0] for op in ops])(a, b)
-    for body, op, want in zip(bodies, ops, wants):
-        args = [a, b][:len(op.operands)]
-        assert not cf._subnormal_risk(op, args), body
-        got = cf._exact(op, args)
-        want = np.asarray(want)
-        assert got is not None, body
-        assert got.dtype == want.dtype and got.shape == want.shape, body
-        np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8), err_msg=body)
+    ops, _modules = _ops_of(bodies, t)
+    for body, op in zip(bodies, ops):
+        assert not cf._subnormal_risk(op, [a, b][:len(op.operands)]), body
+    _assert_numpy_is_jax(bodies, ops, a, b)
     # float -> int: in range (truncation toward zero) by numpy; out of range or NaN is XLA's
     ints = np.array([0.0, -0.0, 1.5, -1.5, -2.5, 2 ** 31 - 128, -2 ** 31, 1e9], dtype)
-    bad = np.array([np.nan, 1.0], dtype), np.array([2.0 ** 31, 1.0], dtype)
-    conv = f"stablehlo.convert %a : (tensor<8x{ety}>) -> tensor<8xi32>"
-    m = hir.parse(f"func.func @main(%a: tensor<8x{ety}>) -> () {{\n  %r = {conv}\n  return\n}}", ctx)
-    op = hir.block_ops(hir.main_func(m).regions[0].blocks[0])[0]
-    with jax.enable_x64(True):
-        want = np.asarray(jax.jit(lambda x: emit_op(op, [x])[0])(ints))
-    np.testing.assert_array_equal(cf._exact(op, [ints]), want)
-    for x in bad:
+    conv = [f"stablehlo.convert %a : (tensor<8x{ety}>) -> tensor<8xi32>"]
+    (op,), _modules = _ops_of(conv, f"tensor<8x{ety}>")
+    _assert_numpy_is_jax(conv, [op], ints, ints)
+    for x in (np.array([np.nan, 1.0], dtype), np.array([2.0 ** 31, 1.0], dtype)):
         assert cf._exact(op, [np.resize(x, 8)]) is None
 
 
