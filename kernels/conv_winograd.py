@@ -36,10 +36,9 @@ from hlofuse.target import Target
 __all__ = ["ConvSpec", "spec_from_func", "build_conv_winograd", "conv_winograd_reference",
            "winograd_f2x2_3x3"]
 
-# F(2x2, 3x3) transforms (Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks")
-_BT = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], np.float32)
+# F(2x2, 3x3) transforms (Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks"):
+# G here, Bᵀ and Aᵀ as the adds of _bt and _at
 _G = np.array([[1, 0, 0], [.5, .5, .5], [.5, -.5, .5], [0, 0, 1]], np.float32)
-_AT = np.array([[1, 1, 1, 0], [0, 1, -1, -1]], np.float32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,12 +114,13 @@ def spec_from_func(fn_op) -> ConvSpec:
 
 
 def _bt(d0, d1, d2, d3) -> list:
-    """``Bᵀ``'s rows on a tile's four samples along one axis: adds and subtractions."""
+    """``Bᵀ`` = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]] on a tile's four
+    samples along one axis: adds and subtractions."""
     return [d0 - d2, d1 + d2, d2 - d1, d1 - d3]
 
 
 def _at(m0, m1, m2, m3) -> list:
-    """``Aᵀ``'s rows on four transformed values along one axis."""
+    """``Aᵀ`` = [[1, 1, 1, 0], [0, 1, -1, -1]] on four transformed values along one axis."""
     return [m0 + m1 + m2, m1 - m2 - m3]
 
 
