@@ -295,6 +295,9 @@ PIPELINES: dict[str, list[tuple[str, str]]] = {
         ("algebraic-simplify", "again: identities exposed by the second fold (idempotence, fuzz-found)"),
         ("quantize-matmul", "fake-quant / weight-only int8 dots as integer dots with the dequant scale after "
                             "the sum, so the matmul fusion below sees an int8 dot and its scale epilogue"),
+        ("split-reduce", "cpu: reductions over non-adjacent dims (GroupNorm's (1, 2, 4)) as a chain of single-run "
+                         "reductions XLA:CPU vectorizes; before propagate-shardings (annotates the new ops) and "
+                         "the fusions (see the row reductions it leaves)"),
         ("sink-loop-generators", "masks from iotas that scan (or cse) hoisted out of a loop are generated in the "
                                  "body again, where attention sees its iotas; after the last cse, which would hoist "
                                  "them, and before propagate-shardings, which annotates the copies"),

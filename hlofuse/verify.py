@@ -165,7 +165,8 @@ def _category(r: Region, category: str | None) -> str:
 PASS_CATEGORY = {"batchnorm-fold": ("reassociate", ("folded", "folded_into_next")),
                  "conv1x1-to-dot": ("reassociate", ("conv1x1_as_dot",)),
                  "dot-f32-accumulate": ("reassociate", ("widened",)),
-                 "quantize-matmul": ("quantize", ("rewrites",))}
+                 "quantize-matmul": ("quantize", ("rewrites",)),
+                 "split-reduce": ("reassociate", ("split_float",))}
 
 
 def program_category(report) -> str:

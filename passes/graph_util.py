@@ -253,17 +253,25 @@ def make_broadcast(v: ir.Value, dims: Sequence[int], result_type: ir.Type, *, be
                   before=before, after=after, loc=loc).results[0]
 
 
-def make_add_reduce(x: ir.Value, init: ir.Value, dims: Sequence[int], result_type: ir.Type, *,
-                    before) -> ir.Value:
-    """``reduce(x, init, dims)`` with an ``add`` body, right before ``before``."""
+def make_reduce(x: ir.Value, init: ir.Value, dims: Sequence[int], result_type: ir.Type, *,
+                before, reducer: str = "stablehlo.add") -> ir.Value:
+    """``reduce(x, init, dims)`` whose body is the binary op ``reducer``, right before
+    ``before`` (at its location)."""
     with ir.InsertionPoint(as_op(before)), as_op(before).location:
         red = stablehlo.ReduceOp([result_type], [x], [init], ir.DenseI64ArrayAttr.get([int(d) for d in dims]))
         scalar = tensor_type([], ir.RankedTensorType(x.type).element_type)
         blk = red.regions[0].blocks.append(scalar, scalar)
         with ir.InsertionPoint(blk):
-            s = stablehlo.AddOp(blk.arguments[0], blk.arguments[1]).result
+            s = ir.Operation.create(reducer, results=[scalar],
+                                    operands=[blk.arguments[0], blk.arguments[1]]).results[0]
             stablehlo.ReturnOp([s])
     return red.results[0]
+
+
+def make_add_reduce(x: ir.Value, init: ir.Value, dims: Sequence[int], result_type: ir.Type, *,
+                    before) -> ir.Value:
+    """``reduce(x, init, dims)`` with an ``add`` body, right before ``before``."""
+    return make_reduce(x, init, dims, result_type, before=before)
 
 
 def clone_tree(op, before, in_tree) -> ir.Value:
