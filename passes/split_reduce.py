@@ -1,34 +1,36 @@
 """``split-reduce``: on cpu, a reduction over dims that are not adjacent becomes a chain of
 reductions over one run of adjacent dims each, the largest run first.
 
-Why: XLA:CPU emits a reduce whose reduced dims are not adjacent (once unit dims are dropped)
-as a loop nest per output element whose innermost loop walks the innermost reduced dim; when
-that dim is short and kept dims sit between the reduced ones, nothing vectorizes. GroupNorm is
-the common case: Flax, Haiku, Equinox and Keras reshape ``x[B, H, W, C]`` to
-``[B, H, W, G, C/G]`` and reduce dims ``(1, 2, 4)``: a run of ``H*W``, then a run of ``C/G``
-(2-4 elements in a diffusion UNet) behind the kept ``G``. Measured on the 2-core host
-(jax.jit, one sum, interleaved medians): ``[4, 32, 32, 32, 2]`` 706 -> 64 us,
-``[4, 16, 16, 32, 4]`` 162 -> 41 us, ``[8, 64, 64, 32, 4]`` 4.2 -> 1.1 ms, ``[1, 64, 64, 32,
-10]`` 561 -> 147 us; BatchNorm's ``(0, 2, 3)`` of NCHW, which XLA:CPU already does well, is
-unchanged (151 vs 154 us). XLA:GPU runs the same rewrite itself (its ``ReductionSplitter``);
-XLA:CPU has none, and its algebraic simplifier merges ``reduce(reduce(x))`` back into one
-reduce, so every step here reads a *reshape* of the previous step's result (dims merged), which
-it leaves alone.
+Why: GroupNorm. Flax, Haiku, Equinox and Keras reshape ``x[B, H, W, C]`` to ``[B, H, W, G,
+C/G]`` and reduce dims ``(1, 2, 4)``: a run of ``H*W``, then, behind the kept ``G``, a run of
+``C/G`` (2-16 elements in a diffusion UNet). XLA:CPU is slow at such reductions with its default
+library (YNNPACK) fusions and with them off. One f32 sum, jax.jit, 2-core host, interleaved
+medians of 80 rounds (default options | library fusions off), as written -> split:
+``[4, 32, 32, 32, 2]`` 600 -> 111 us | 260 -> 117 us; ``[4, 16, 16, 32, 4]`` 182 -> 83 |
+186 -> 67; ``[2, 32, 32, 8, 32]`` 111 -> 94 | 497 -> 90; ``[8, 64, 64, 32, 4]`` 4266 -> 1079 |
+2149 -> 544; ``[1, 64, 64, 32, 10]`` 334 -> 131 | 617 -> 123. Where the innermost reduced run
+is long or the innermost run is kept, splitting is not reliably faster (BatchNorm's ``(0, 2,
+3)`` of NCHW ``[16, 256, 8, 8]``: 49 -> 54 | 83 -> 80 us; ``[16, 32, 64, 8]`` over ``(0, 2)``:
+179 -> 177 | 233 -> 257), so those stay as written. XLA:GPU runs the same rewrite itself (its
+``ReductionSplitter``); XLA:CPU has none, and its algebraic simplifier merges
+``reduce(reduce(x))`` back into one reduce, so every step here reads a *reshape* of the
+previous step's result (dims merged), which it leaves alone.
 
 Rewrites (target cpu; every ``stablehlo.reduce`` of the user's program outside hlofuse's
 outlined regions): the operand's dims, unit dims dropped, are grouped into maximal runs of
 reduced and of kept dims. With two or more reduced runs, the largest run is reduced first, on a
 reshape of the value to ``[dims before it, the run, dims after it]`` (each merged), and so on
 until no reduced run is left; a last reshape gives the original result shape. The reducer and
-the init value are the original's.
+the init value are the original's. Only where the innermost run is reduced and shorter than
+``inner_run_below`` (64) elements (the measurements above).
 
 Not rewritten: variadic reduces (argmax), bodies other than one add/multiply/max/min/and/or,
 an init the reducer is not idempotent on (a sum starting at 1: applied once per step it would
 count twice), float sums and products narrower than f32 (every step would round its partial
 results to that type: more rounding than one reduce; jnp upcasts such sums to f32 first, so
-they are rare), reductions of
-fewer than ``min_split_elements`` elements (two loops cost more than one there: 8 vs 12 us at 1K
-elements), other targets (XLA:GPU splits itself; TPU's layouts are its own).
+they are rare), reductions of fewer than ``min_split_elements`` elements (two loops cost more
+than one there: 16 vs 33 us at 1K elements), a kept or long innermost run (above), other
+targets (XLA:GPU splits itself; TPU's layouts are its own).
 
 Preconditions: calls inlined; before ``propagate-shardings`` (which annotates the new ops) and
 the fusion passes (which see the row reductions it leaves).
@@ -105,7 +107,7 @@ def _idempotent_init(reducer: str, init) -> bool:
     return True
 
 
-def split_reason(op, min_split_elements: int) -> str | None:
+def split_reason(op, min_split_elements: int, inner_run_below: int = 64) -> str | None:
     """None when ``op`` is a reduce this pass splits (see the module docstring), else why not."""
     if len(op.operands) != 2 or len(op.results) != 1:
         return "variadic reduce"
@@ -118,8 +120,14 @@ def split_reason(op, min_split_elements: int) -> str | None:
     x = gu.info(op.operands[0])
     if x is None:
         return "dynamic shape"
-    if not plan(x.shape, set(gu.i64_array(op, "dimensions"))):
+    dims = set(gu.i64_array(op, "dimensions"))
+    if not plan(x.shape, dims):
         return "reduced dims adjacent"
+    inner, reduced = runs(x.shape, dims)[-1]
+    if not reduced:
+        return "innermost dim kept (XLA:CPU reduces the runs before it well)"
+    if inner >= inner_run_below:
+        return f"innermost reduced run of {inner} elements (XLA:CPU reduces long runs well)"
     if math.prod(x.shape) < min_split_elements:
         return f"fewer than {min_split_elements} elements"
     if not _idempotent_init(body[0].name, op.operands[1]):
@@ -168,6 +176,9 @@ class SplitReduce(Pass):
         enabled: bool = True        # False: reductions stay as written
         # reductions of fewer elements stay one reduce (two small loops cost more than one)
         min_split_elements: int = 1 << 15
+        # split only where the innermost run is reduced and shorter than this (longer runs:
+        # XLA:CPU's own reduce was as fast, see the module docstring)
+        inner_run_below: int = 64
 
     def run(self, module, ctx):
         if not ctx.target.is_cpu or not self.options.enabled:
@@ -176,7 +187,7 @@ class SplitReduce(Pass):
         narrow: list[str] = []
         for block in program_blocks(module):
             for op in [o for o in hir.block_ops(block) if o.name == "stablehlo.reduce"]:
-                why = split_reason(op, self.options.min_split_elements)
+                why = split_reason(op, self.options.min_split_elements, self.options.inner_run_below)
                 if why is None:
                     floats += split(op)
                     n += 1

@@ -80,22 +80,25 @@ def test_group_norm_stats_split_with_jax_jit_numbers():
     assert _stats(again.report)["split"] == 0
 
 
+SHAPE, DIMS = (32, 32, 8, 4), (1, 3)      # runs: kept 32, reduced 32, kept 8, reduced 4
+
+
 @pytest.mark.parametrize("dtype,reduce,category", [
-    (np.float32, lambda x: x.max((0, 2)), "exact"),
-    (np.float32, lambda x: x.min((0, 2)), "exact"),
-    (np.int32, lambda x: x.sum((0, 2)), "exact"),
-    (np.int32, lambda x: jnp.prod(x, (0, 2)), "exact"),
-    (np.float32, lambda x: jnp.prod(x, (0, 2)), "reassociate"),
-    (np.bool_, lambda x: x.any((0, 2)), "exact"),
+    (np.float32, lambda x: x.max(DIMS), "exact"),
+    (np.float32, lambda x: x.min(DIMS), "exact"),
+    (np.int32, lambda x: x.sum(DIMS), "exact"),
+    (np.int32, lambda x: jnp.prod(x, DIMS), "exact"),
+    (np.float32, lambda x: jnp.prod(x, DIMS), "reassociate"),
+    (np.bool_, lambda x: x.any(DIMS), "exact"),
 ], ids=["max", "min", "int-sum", "int-prod", "float-prod", "any"])
 def test_every_reducer_keeps_its_numbers(dtype, reduce, category):
     rng = np.random.default_rng(0)
     if dtype == np.bool_:
-        x = rng.random((64, 8, 64)) < 0.001
+        x = rng.random(SHAPE) < 0.001
     elif dtype == np.int32:
-        x = rng.integers(-3, 4, (64, 8, 64)).astype(dtype)
+        x = rng.integers(-3, 4, SHAPE).astype(dtype)
     else:
-        x = (1 + 0.01 * rng.standard_normal((64, 8, 64))).astype(dtype)
+        x = (1 + 0.01 * rng.standard_normal(SHAPE)).astype(dtype)
     text = jax.jit(reduce).lower(x).as_text()
     opt = hlofuse.optimize(text, pipeline=PIPE)
     stats = _stats(opt.report)
@@ -114,28 +117,32 @@ def _left_alone(f, *args, target="cpu", options=None):
 
 
 def test_what_it_leaves_alone():
-    x = _x((64, 8, 64))
+    x = _x(SHAPE)
     # an init the reducer is not idempotent on: applied once per step it would count twice
-    _left_alone(lambda x: lax.reduce(x, np.float32(1.0), lax.add, (0, 2)), x)
+    _left_alone(lambda x: lax.reduce(x, np.float32(1.0), lax.add, DIMS), x)
     # fewer than min_split_elements
-    _left_alone(lambda x: x.sum((0, 2)), _x((4, 8, 4)))
-    _left_alone(lambda x: x.sum((0, 2)), x, options={"split-reduce": {"min_split_elements": 1 << 16}})
+    _left_alone(lambda x: x.sum(DIMS), _x((4, 8, 4, 4)))
+    _left_alone(lambda x: x.sum(DIMS), x, options={"split-reduce": {"min_split_elements": 1 << 16}})
+    # a long innermost reduced run (BatchNorm over NCHW's (0, 2, 3)), a kept innermost run
+    _left_alone(lambda x: x.sum((0, 2, 3)), _x((16, 256, 8, 8)))
+    _left_alone(lambda x: x.sum((0, 2)), x)
+    _left_alone(lambda x: x.sum(DIMS), x, options={"split-reduce": {"inner_run_below": 4}})
     # adjacent dims: one run
-    _left_alone(lambda x: x.sum((1, 2)), x)
+    _left_alone(lambda x: x.sum((1, 2, 3)), x)
     # not cpu: XLA:GPU splits itself
-    _left_alone(lambda x: x.sum((0, 2)), x, target="gpu")
-    _left_alone(lambda x: x.sum((0, 2)), x, options={"split-reduce": {"enabled": False}})
+    _left_alone(lambda x: x.sum(DIMS), x, target="gpu")
+    _left_alone(lambda x: x.sum(DIMS), x, options={"split-reduce": {"enabled": False}})
     # argmax: a variadic reduce
-    _left_alone(lambda x: jnp.argmax(x.reshape(64, 512), 1), x)
+    _left_alone(lambda x: jnp.argmax(x.reshape(1024, 32), 1), x)
 
 
 def test_narrow_float_sums_stay_and_the_report_says_why():
-    x = _x((64, 8, 64)).astype(jnp.bfloat16)
-    f = lambda x: lax.reduce(x, jnp.bfloat16(0), lax.add, (0, 2))   # a bf16 accumulator
+    x = _x(SHAPE).astype(jnp.bfloat16)
+    f = lambda x: lax.reduce(x, jnp.bfloat16(0), lax.add, DIMS)   # a bf16 accumulator
     opt = _left_alone(f, x)
     assert any("split-reduce" in n and "narrower than f32" in n for n in opt.report.notes)
     # bf16 max is exact whatever the width: split
-    text = jax.jit(lambda x: x.max((0, 2))).lower(x).as_text()
+    text = jax.jit(lambda x: x.max(DIMS)).lower(x).as_text()
     assert _stats(hlofuse.optimize(text, pipeline=PIPE).report)["split"] == 1
 
 
