@@ -10,6 +10,7 @@ call and the function carry a fused location of the members so errors point at u
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import func as func_d
@@ -150,33 +151,41 @@ def outline_region(module: ir.Module, members: list, name: str, *, region_id: in
 
 def _sink_dependents(members: list, call, outputs: list) -> None:
     """Move outside ops between the first member and the call that (transitively) use a
-    region output to just after the call, keeping their order."""
+    region output to just after the call, keeping their order.
+
+    Walks the outputs' users (an op nested in a region counts as its ancestor in the call's
+    block: an implicit capture) instead of scanning the block: outlining a train step's 114
+    elementwise regions scanned 5000-op blocks each time (0.6 of fuse-elementwise's 1.2 s)."""
     block = call.block
-    ops = hir.block_ops(block)
-    pos = {op: i for i, op in enumerate(ops)}
-    first, at = pos[members[0]], pos[call]
-    mset = set(members)
-    tainted_vals = {hir.value_key(v) for v in outputs}
-    moving = []
-    for op in ops[first:at]:
-        if op in mset:
-            continue
-        uses_region = any(hir.value_key(v) in tainted_vals for v in _all_operands(op))
-        if uses_region:
+    mset = set(hir.as_op(m) for m in members)
+    call = hir.as_op(call)
+    moving: list = []
+    seen: set = set()
+    stack = list(outputs)
+    while stack:
+        v = stack.pop()
+        for u in v.uses:
+            op = _in_block(u.owner, block)
+            if op is None or op in mset or op in seen or op == call:
+                continue
+            seen.add(op)
+            if not op.is_before_in_block(call):
+                continue           # after the call already, and so are its users
             moving.append(op)
-            for r in op.results:
-                tainted_vals.add(hir.value_key(r))
+            stack.extend(op.results)
+    moving.sort(key=functools.cmp_to_key(lambda a, b: -1 if a.is_before_in_block(b) else 1))
     anchor = call
     for op in moving:
         op.move_after(anchor)
         anchor = op
 
 
-def _all_operands(op) -> list:
-    """Operands of ``op`` and of every op nested in its regions (implicit captures)."""
-    vals = list(op.operands)
-    for region in op.regions:
-        for block in region.blocks:
-            for inner in block.operations:
-                vals.extend(_all_operands(inner.operation))
-    return vals
+def _in_block(op, block):
+    """``op`` or its ancestor that lies in ``block`` (None when neither does)."""
+    op = hir.as_op(op)
+    while op is not None:
+        if op.block == block:
+            return op
+        parent = op.parent
+        op = hir.as_op(parent) if parent is not None else None
+    return None
