@@ -326,25 +326,45 @@ def merge_siblings(graph: BlockGraph, groups: list[list], key: Callable[[list], 
                 if (p := hir.defining_op(v)) is not None and p.name == "stablehlo.constant"}
 
     reads = [inputs(g) for g in groups]
+    consts: dict[int, set] = {}           # group index -> its constants (when asked)
+
+    def consts_of(gi):
+        if gi not in consts:
+            consts[gi] = constants(groups[gi])
+        return consts[gi]
+
+    # per merged set: the union of its groups' reads and constants and its key, kept up to
+    # date on every merge (recomputing them per pair was quadratic: 0.55 s of a UNet step's)
     merged: list[set] = []
+    reads_m: list[set] = []
+    consts_m: list[set | None] = []       # None: not computed yet
+    groups_m: list[list[int]] = []
+    key_m: list = []
     origin: list[int] = []
     where: list[int] = []                 # group index -> index of its merged set
     why: dict[int, str] = {}              # group index -> why it joined no earlier set
     rank = {NOT_CONVEX: 0, OTHER_DOMAIN: 1, ONLY_CONSTANT: 2}
     for gi, g in enumerate(groups):
         placed = False
+        kg = key(g)
         for mi, m in enumerate(merged):
-            in_m = [j for j in range(len(groups)) if groups[j][0] in m]
-            shared = reads[gi] & set().union(*(reads[j] for j in in_m))
-            same_key = key(g) == key(sorted(m, key=graph.index.__getitem__))
+            shared = reads[gi] & reads_m[mi]
+            same_key = kg == key_m[mi]
             reason = None
             if not same_key:
                 reason = OTHER_DOMAIN if shared else None
             elif not shared:
-                if refused is not None and constants(g) & set().union(*(constants(groups[j]) for j in in_m)):
-                    reason = ONLY_CONSTANT
+                if refused is not None:
+                    if consts_m[mi] is None:
+                        consts_m[mi] = set().union(*(consts_of(j) for j in groups_m[mi]))
+                    if consts_of(gi) & consts_m[mi]:
+                        reason = ONLY_CONSTANT
             elif graph.is_convex(m | set(g)):
                 m.update(g)
+                reads_m[mi] |= reads[gi]
+                groups_m[mi].append(gi)
+                consts_m[mi] = None
+                key_m[mi] = key(sorted(m, key=graph.index.__getitem__))
                 origin[mi] += 1
                 where.append(mi)
                 placed = True
@@ -355,6 +375,10 @@ def merge_siblings(graph: BlockGraph, groups: list[list], key: Callable[[list], 
                 why[gi] = reason
         if not placed:
             merged.append(set(g))
+            reads_m.append(set(reads[gi]))
+            consts_m.append(None)
+            groups_m.append([gi])
+            key_m.append(kg)
             origin.append(1)
             where.append(len(merged) - 1)
     if refused is not None:
