@@ -40,7 +40,9 @@ scanned layer).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
+import threading
 
 import numpy as np
 
@@ -242,6 +244,33 @@ def _reducer_kind(op) -> str | None:
     if len(body) != 2 or body[1].name != "stablehlo.return":
         return None
     return {"stablehlo.add": "add", "stablehlo.maximum": "max"}.get(body[0].name)
+
+
+def _canonical(ops: list, roots: list) -> list:
+    """``ops`` in a topological order fixed by their structure alone: depth-first from
+    ``roots`` (then any op not reached, in list order), operands in operand order. Two layers
+    of one model list their ops in different program orders; evaluated in this order they
+    trace to the same HLO, so :func:`_compiled` compiles their checks once."""
+    inside = set(ops)
+    seen: set = set()
+    out: list = []
+    for start in list(roots) + list(ops):
+        if start not in inside or start in seen:
+            continue
+        seen.add(start)
+        stack = [(start, iter(start.operands))]
+        while stack:
+            op, it = stack[-1]
+            for v in it:
+                p = hir.defining_op(v)
+                if p is not None and p in inside and p not in seen:
+                    seen.add(p)
+                    stack.append((p, iter(p.operands)))
+                    break
+            else:
+                stack.pop()
+                out.append(op)
+    return out
 
 
 def _run(ops: list, env: dict, shrink: _Shrink) -> dict:
@@ -569,6 +598,27 @@ def _close(a, b) -> bool:
     return bool(np.allclose(a, b, rtol=RTOL, atol=RTOL * scale, equal_nan=True))
 
 
+_COMPILED: dict[str, object] = {}      # HLO text hash -> executable of a check (_check_vjp)
+_COMPILED_LOCK = threading.Lock()
+_COMPILED_MAX = 16
+
+
+def _compiled(lowered):
+    """``lowered`` compiled with :data:`_FAST_COMPILE`, reusing the executable of an earlier
+    check with the same HLO: a model's attention layers are one structure repeated, and each
+    check's XLA compile (0.42 s for a Llama layer) was most of fuse-attention's time."""
+    key = hashlib.sha256(lowered.as_text().encode()).hexdigest()
+    with _COMPILED_LOCK:
+        exe = _COMPILED.get(key)
+    if exe is None:
+        exe = lowered.compile(_FAST_COMPILE)
+        with _COMPILED_LOCK:
+            if len(_COMPILED) >= _COMPILED_MAX:
+                _COMPILED.pop(next(iter(_COMPILED)))
+            _COMPILED[key] = exe
+    return exe
+
+
 def _check_vjp(att, boundary, bwd_ops, outputs, do_root, do_chain):
     """Evaluate forward and backward at small sizes; each output must be one input's gradient.
     Returns ([(input value, perm)] per output, labels of dO)."""
@@ -584,6 +634,8 @@ def _check_vjp(att, boundary, bwd_ops, outputs, do_root, do_chain):
     float_in = [i for i, v in enumerate(boundary.inputs) if _dtype(v) in _FLOATS]
     fwd_consts = {hir.value_key(c.results[0]): _eval_op(c, [], shrink) for c in boundary.constants}
     pv_key = hir.value_key(att.pv.results[0])
+    fwd_order = _canonical(att.members, [att.pv])
+    bwd_order = _canonical(do_chain + bwd_ops, [hir.defining_op(r) for r in outputs])
 
     def forward(*xs):
         env = dict(fwd_consts)
@@ -592,7 +644,7 @@ def _check_vjp(att, boundary, bwd_ops, outputs, do_root, do_chain):
             full[i] = x
         for v, x in zip(boundary.inputs, full):
             env[hir.value_key(v)] = x
-        _run(att.members, env, shrink)
+        _run(fwd_order, env, shrink)
         return env[pv_key], env
 
     do_shape = shrink(_shape(do_root))
@@ -605,7 +657,7 @@ def _check_vjp(att, boundary, bwd_ops, outputs, do_root, do_chain):
         o_small, env = forward(*xs)
         env = dict(env)
         env[hir.value_key(do_root)] = do
-        _run(do_chain + bwd_ops, env, shrink)
+        _run(bwd_order, env, shrink)
         _, vjp = jax.vjp(lambda *ys: forward(*ys)[0], *xs)
         cts = [vjp(jnp.transpose(_squeeze(do), perm).reshape(o_small.shape)) for perm in perms]
         return [env[hir.value_key(r)] for r in outputs], cts
@@ -614,7 +666,7 @@ def _check_vjp(att, boundary, bwd_ops, outputs, do_root, do_chain):
         # lowered and compiled explicitly: runs on these arrays even when the pass runs under
         # a jax trace (no eager ops, which would each compile)
         xs = [ins[i] for i in float_in]
-        outs, all_cts = jax.jit(check).lower(xs, do).compile(_FAST_COMPILE)(xs, do)
+        outs, all_cts = _compiled(jax.jit(check).lower(xs, do))(xs, do)
     except TrainNoMatch:
         raise
     except Exception as e:  # shapes that do not shrink consistently, unsupported ops

@@ -340,3 +340,37 @@ def test_grad_of_a_program_without_attention_saves_as_jax_does():
     assert_same(jax.grad(f)(w, x), jax.grad(moe)(w, x), "grad")
     notes = [n for prog in f.all_programs() for e in prog.entries() for n in e.report.notes]
     assert GRAD_REMAT_NOTE not in notes
+
+
+def test_layers_of_one_structure_check_their_backward_with_one_compile(monkeypatch):
+    """Each matched backward is checked numerically with an XLA-compiled evaluation. Layers
+    of one structure trace to the same HLO (evaluated in an order fixed by their structure,
+    not their program order, which differs here for the third layer) and share one
+    executable, so a deep model pays for one compile, not one per layer."""
+    from hlofuse.passes import attention_train as at
+    monkeypatch.setattr(at, "_COMPILED", {})
+    compiles = []
+    real = at._compiled
+
+    def counting(lowered):
+        before = len(at._COMPILED)
+        exe = real(lowered)
+        compiles.append(len(at._COMPILED) > before)
+        return exe
+    monkeypatch.setattr(at, "_compiled", counting)
+    att = make_attention("bshd", "causal", 1, "nn", "mul")
+    rng = np.random.default_rng(0)
+    ps = [[rng.standard_normal((16, 16)).astype(np.float32) * 0.1 for _ in range(4)] for _ in range(3)]
+    x = rng.standard_normal((2, 24, 16)).astype(np.float32)
+
+    def loss(ps, x):
+        for p in ps:
+            q, k, v = ((x @ p[i]).reshape(2, 24, 2, 8) for i in range(3))
+            x = x + att(q, k, v).reshape(2, 24, 16) @ p[3]
+        return jnp.mean(x ** 2)
+    step = jax.grad(loss)
+    g = hlofuse.jit(step, autotune=False, tiered=False)
+    report = g.report(ps, x)
+    assert train_kernels(report) == ["attention_bwd"] * 3 + ["attention_fwd_lse"] * 3
+    assert compiles == [True, False, False]
+    assert_same(g(ps, x), jax.jit(step)(ps, x), "grad")
