@@ -45,18 +45,21 @@ def fuse_anchored(module, ctx, *, kind: str, anchor_name: str, check_anchor: Cal
     counts = {"regions": 0, "left_to_xla": 0, "unsupported": 0}
     for block in program_blocks(module):
         tried: set = set()
+        ops = None                      # the block's ops, listed again only after a change
         while True:
-            ops = [o for o in hir.block_ops(block) if not o.name.endswith("return")]
+            if ops is None:
+                ops = [o for o in hir.block_ops(block) if not o.name.endswith("return")]
             anchor = next((o for o in ops if o.name == anchor_name and o not in tried), None)
             if anchor is None:
                 break
             tried.add(anchor)
             reason = check_anchor(anchor, ctx.target)
-            if reason is not None:
+            if reason is not None:      # nothing changed: the same op list serves the next anchor
                 left.add(what, anchor, reason)
                 counts["unsupported"] += 1
                 continue
-            grown = grow(BlockGraph(ops), anchor, tried)
+            graph, ops = BlockGraph(ops), None     # grow may clone ops (rematerialization)
+            grown = grow(graph, anchor, tried)
             if isinstance(grown, str):
                 left.add(what, anchor, grown)
                 continue
