@@ -24,9 +24,9 @@ until no reduced run is left; a last reshape gives the original result shape. Th
 the init value are the original's. Only where the innermost run is reduced and shorter than
 ``inner_run_below`` (64) elements (the measurements above).
 
-Not rewritten: variadic reduces (argmax), bodies other than one add/multiply/max/min/and/or,
-an init the reducer is not idempotent on (a sum starting at 1: applied once per step it would
-count twice), float sums and products narrower than f32 (every step would round its partial
+Not rewritten: variadic reduces (argmax), complex elements, bodies other than one
+add/multiply/max/min/and/or, an init the reducer is not idempotent on (a sum starting at 1:
+applied once per step it would count twice), float sums and products narrower than f32 (every step would round its partial
 results to that type: more rounding than one reduce; jnp upcasts such sums to f32 first, so
 they are rare), reductions of fewer than ``min_split_elements`` elements (two loops cost more
 than one there: 16 vs 33 us at 1K elements), a kept or long innermost run (above), other
@@ -120,6 +120,8 @@ def split_reason(op, min_split_elements: int, inner_run_below: int = 64) -> str 
     x = gu.info(op.operands[0])
     if x is None:
         return "dynamic shape"
+    if isinstance(gu.element_type(op.operands[0]), ir.ComplexType):
+        return "complex elements (not measured; GroupNorm's are real)"
     dims = set(gu.i64_array(op, "dimensions"))
     if not plan(x.shape, dims):
         return "reduced dims adjacent"

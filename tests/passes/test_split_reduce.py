@@ -132,8 +132,9 @@ def test_what_it_leaves_alone():
     # not cpu: XLA:GPU splits itself
     _left_alone(lambda x: x.sum(DIMS), x, target="gpu")
     _left_alone(lambda x: x.sum(DIMS), x, options={"split-reduce": {"enabled": False}})
-    # argmax: a variadic reduce
+    # argmax: a variadic reduce; complex elements
     _left_alone(lambda x: jnp.argmax(x.reshape(1024, 32), 1), x)
+    _left_alone(lambda x: x.sum(DIMS), x.astype(np.complex64))
 
 
 def test_narrow_float_sums_stay_and_the_report_says_why():
