@@ -276,6 +276,18 @@ def as_op(op) -> ir.Operation:
     return op.operation if hasattr(op, "operation") else op
 
 
+def ancestor_in(op, block: ir.Block) -> ir.Operation | None:
+    """``op`` itself, or the op of ``block`` that holds it in one of its regions; None when
+    ``op`` lies outside ``block``."""
+    op = as_op(op)
+    while op is not None:
+        if op.block == block:
+            return op
+        parent = op.parent
+        op = as_op(parent) if parent is not None else None
+    return None
+
+
 def defining_op(v: ir.Value) -> ir.Operation | None:
     """The op producing ``v``, or None for a block argument."""
     owner = v.owner

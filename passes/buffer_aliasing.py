@@ -95,12 +95,6 @@ def arg_name(arg: ir.Value, index: int) -> str:
     return f"argument {index}" + (f" ('{m.group(1)}')" if m else "") + f" of type {ty}"
 
 
-def _top_level(op, block):
-    while op.block != block:
-        op = hir.as_op(op.parent)
-    return op
-
-
 def memory_plan(func, aliases: dict[int, int], in_place: frozenset = frozenset()) -> MemoryPlan:
     """Peak live bytes of ``func``'s body, with ``aliases`` (output index -> argument index);
     ops in ``in_place`` (op keys) write their result into an operand that dies there."""
@@ -129,7 +123,7 @@ def memory_plan(func, aliases: dict[int, int], in_place: frozenset = frozenset()
                 continue
             end = i
             for u in hir.users(r):
-                end = max(end, pos.get(gu.op_key(_top_level(u, block)), i))
+                end = max(end, pos.get(gu.op_key(hir.ancestor_in(u, block)), i))
             size = t.nbytes
             returned = [j for j, v in enumerate(outs) if v == r]
             if returned:

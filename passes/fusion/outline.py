@@ -165,7 +165,7 @@ def _sink_dependents(members: list, call, outputs: list) -> None:
     while stack:
         v = stack.pop()
         for u in v.uses:
-            op = _in_block(u.owner, block)
+            op = hir.ancestor_in(u.owner, block)
             if op is None or op in mset or op in seen or op == call:
                 continue
             seen.add(op)
@@ -178,14 +178,3 @@ def _sink_dependents(members: list, call, outputs: list) -> None:
     for op in moving:
         op.move_after(anchor)
         anchor = op
-
-
-def _in_block(op, block):
-    """``op`` or its ancestor that lies in ``block`` (None when neither does)."""
-    op = hir.as_op(op)
-    while op is not None:
-        if op.block == block:
-            return op
-        parent = op.parent
-        op = hir.as_op(parent) if parent is not None else None
-    return None
