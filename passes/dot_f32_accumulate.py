@@ -148,16 +148,6 @@ def padded_dot(op, side: int, lhs, rhs, result_element_type, **kw):
     return dot, back.result
 
 
-def copy_dialect_attrs(op, made) -> None:
-    """Dialect attributes of ``op`` (Shardy's ``sdy.sharding``, frontend attributes) describe
-    its result: put them on the ``made`` ops, which have that result's shape."""
-    for i in range(len(op.attributes)):
-        na = op.attributes[i]
-        if "." in na.name:
-            for new in made:
-                new.operation.attributes[na.name] = na.attr
-
-
 def precision_kw(op) -> dict:
     return {"precision_config": op.attributes["precision_config"]} if "precision_config" in op.attributes else {}
 
@@ -182,7 +172,7 @@ def widen_dot(op, pad_vector: int | None = None):
             dot, wide = padded_dot(op, pad_vector, op.operands[0], op.operands[1], ir.F32Type.get(), **kw)
             after_dot = [hir.defining_op(wide)]
         cvt = stablehlo.ConvertOp(rt, wide)
-        copy_dialect_attrs(op, ([dot] if pad_vector is None else after_dot) + [cvt])
+        gu.copy_dialect_attrs(op, ([dot] if pad_vector is None else after_dot) + [cvt])
     op.results[0].replace_all_uses_with(cvt.result)
     hir.safe_erase(op)
     return dot.operation

@@ -253,6 +253,16 @@ def make_broadcast(v: ir.Value, dims: Sequence[int], result_type: ir.Type, *, be
                   before=before, after=after, loc=loc).results[0]
 
 
+def copy_dialect_attrs(op, made) -> None:
+    """Dialect attributes of ``op`` (Shardy's ``sdy.sharding``, frontend attributes) describe
+    its result: put them on the ``made`` ops, which have that result's shape."""
+    for i in range(len(op.attributes)):
+        na = op.attributes[i]
+        if "." in na.name:
+            for new in made:
+                new.operation.attributes[na.name] = na.attr
+
+
 def make_reduce(x: ir.Value, init: ir.Value, dims: Sequence[int], result_type: ir.Type, *,
                 before, reducer: str = "stablehlo.add") -> ir.Value:
     """``reduce(x, init, dims)`` whose body is the binary op ``reducer``, right before

@@ -54,8 +54,7 @@ from hlofuse import ir as hir
 from hlofuse.pipeline import Pass, register_pass
 from hlofuse.report import Refusals
 from hlofuse.passes import graph_util as gu
-from hlofuse.passes.dot_f32_accumulate import (copy_dialect_attrs, form_reason, padded_dot,
-                                               precision_kw, vector_side)
+from hlofuse.passes.dot_f32_accumulate import form_reason, padded_dot, precision_kw, vector_side
 
 SHIFT = 128   # a + 128 maps int8 [-128, 127] onto uint8 [0, 255]
 
@@ -142,7 +141,7 @@ def _rewrite(op, pad_vector: bool) -> None:
             value = dot.result
     corr = _correction(op, rhs, op, kw)
     out = gu.create("stablehlo.subtract", [value, corr], [op.results[0].type], before=op)
-    copy_dialect_attrs(op, [out] + ([] if pad_vector else [dot]))
+    gu.copy_dialect_attrs(op, [out] + ([] if pad_vector else [dot]))
     op.results[0].replace_all_uses_with(out.results[0])
     hir.safe_erase(op)
 

@@ -51,11 +51,10 @@ from jaxlib.mlir import ir
 
 from hlofuse import ir as hir
 from hlofuse.pipeline import Pass, register_pass
+from hlofuse.kernels.support import reduce_info
 from hlofuse.passes import graph_util as gu
 from hlofuse.passes.fusion.outline import program_blocks
 
-_REDUCERS = ("stablehlo.add", "stablehlo.multiply", "stablehlo.maximum", "stablehlo.minimum",
-             "stablehlo.and", "stablehlo.or")
 _REASSOCIATES = ("stablehlo.add", "stablehlo.multiply")
 
 
@@ -109,14 +108,9 @@ def _idempotent_init(reducer: str, init) -> bool:
 
 def split_reason(op, min_split_elements: int, inner_run_below: int = 64) -> str | None:
     """None when ``op`` is a reduce this pass splits (see the module docstring), else why not."""
-    if len(op.operands) != 2 or len(op.results) != 1:
-        return "variadic reduce"
-    body = [o.operation for o in op.regions[0].blocks[0].operations]
-    blk = op.regions[0].blocks[0]
-    if (len(body) != 2 or body[0].name not in _REDUCERS
-            or list(body[0].operands) not in ([blk.arguments[0], blk.arguments[1]],
-                                              [blk.arguments[1], blk.arguments[0]])):
-        return "reducer body is not one add/multiply/max/min/and/or"
+    if reduce_info(op) is None:
+        return "variadic reduce, or reducer body not one add/multiply/max/min/and/or"
+    reducer = _reducer(op)
     x = gu.info(op.operands[0])
     if x is None:
         return "dynamic shape"
@@ -132,20 +126,25 @@ def split_reason(op, min_split_elements: int, inner_run_below: int = 64) -> str 
         return f"innermost reduced run of {inner} elements (XLA:CPU reduces long runs well)"
     if math.prod(x.shape) < min_split_elements:
         return f"fewer than {min_split_elements} elements"
-    if not _idempotent_init(body[0].name, op.operands[1]):
+    if not _idempotent_init(reducer, op.operands[1]):
         return "init value applied once per step would change the result"
     et = gu.element_type(op.operands[0])
-    if (body[0].name in _REASSOCIATES and isinstance(et, ir.FloatType)
+    if (reducer in _REASSOCIATES and isinstance(et, ir.FloatType)
             and ir.FloatType(et).width < 32):
         return f"{et} sum/product: every step would round its partial results"
     return None
+
+
+def _reducer(op) -> str:
+    """The name of the one op in a reduce's body (see :func:`reduce_info`)."""
+    return hir.as_op(op.regions[0].blocks[0].operations[0]).name
 
 
 def split(op) -> bool:
     """Replace the reduce ``op`` (see :func:`split_reason`) by its chain; True when the chain
     reassociates floats."""
     x, init = op.operands[0], op.operands[1]
-    reducer = [o.operation for o in op.regions[0].blocks[0].operations][0].name
+    reducer = _reducer(op)
     et = gu.element_type(x)
     v = x
     with op.context, op.location:
@@ -156,11 +155,7 @@ def split(op) -> bool:
             v = gu.make_reduce(v, init, [dim], gu.tensor_type(out, et), before=op, reducer=reducer)
         if v.type != op.results[0].type:
             v = gu.create("stablehlo.reshape", [v], [op.results[0].type], before=op).results[0]
-        made = hir.defining_op(v)
-        for i in range(len(op.attributes)):          # Shardy's sharding of the result, if any
-            na = op.attributes[i]
-            if "." in na.name:
-                made.attributes[na.name] = na.attr
+        gu.copy_dialect_attrs(op, [hir.defining_op(v)])   # Shardy's sharding of the result
     op.results[0].replace_all_uses_with(v)
     producer = hir.defining_op(x)
     hir.safe_erase(op)        # its body's handles are not held: program_blocks skips reduce bodies
