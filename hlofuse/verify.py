@@ -55,7 +55,8 @@ from hlofuse.passes.fusion.outline import XLA_ATTR
 from hlofuse.pipeline import PassFailure
 from hlofuse.report import HlofuseWarning, Region, Report
 from hlofuse.target import Target
-from hlofuse.testing import GraphSpec, assert_same, compare, edge_bound, edge_inputs, random_inputs
+from hlofuse.testing import (TOLERANCES, GraphSpec, assert_same, compare, edge_bound, edge_inputs,
+                             random_inputs)
 
 __all__ = ["verify_module", "verify_regions", "unoptimized", "RegionCheck", "KIND_CATEGORY",
            "program_category",
@@ -176,7 +177,6 @@ def program_category(report) -> str:
     rewrote something. A single kernel's category is not enough for a program of many
     (a UNet's Winograd and attention kernels reassociate: its outputs differ from the
     original's by 4.6e-6 relative, past ``kernel``'s 2e-6)."""
-    from hlofuse.testing import TOLERANCES
     cats = {"kernel"} | {_category(r, None) for r in report.kernels}
     for rec in report.passes:
         cat, keys = PASS_CATEGORY.get(rec.name, (None, ()))
