@@ -59,7 +59,8 @@ from hlofuse.kernels.attention.cpu import block_index, build_cpu, cpu_split, spl
 from hlofuse.kernels.attention.layout import (canonical_inputs, from_canonical, pad_axis, pad_to,
                                               to_canonical)
 from hlofuse.kernels.attention.logits import F32, eval_logits
-from hlofuse.kernels.attention.online_softmax import logit_grad, online_init, online_update
+from hlofuse.kernels.attention.online_softmax import (logit_grad, needs_own_stats, online_init,
+                                                      online_stats)
 from hlofuse.kernels.attention.reference import attention_reference
 from hlofuse.kernels.attention.skip import skip_table_cached
 from hlofuse.kernels.attention.spec import AttentionSpec
@@ -357,28 +358,6 @@ def bwd_reference(bs: BwdSpec):
     return f
 
 
-# The flash backward subtracts the forward's row max from logits it computes again, with its
-# own block sizes and dot form (Q·Kᵀ with K's head dim last; the forward's dot reads Kᵀ and a
-# prescaled Q, faster there, 1.4x slower here: measured). XLA may round the two differently
-# (measured: one 300-key block against two of 256; a 40x40 block, dot form against dot form),
-# by up to an ulp of Σ|q_d·k_d| <= |q|·|k|. Then ``p = exp(x - m) / l`` is off by exp of that:
-# a one-hot row (p = 1, exact zero gradients) got e^±1 at logits of 1e7. Where max|q_i|·max|k_j|
-# reaches this bound (an ulp of 2^-9 and up; below it the error is of the size of the f32
-# logits' own rounding, which jax.jit's gradients have too), the loops first compute each
-# chunk's row statistics from their own logits (one more Q·Kᵀ per block, inside a cond: only
-# such inputs pay), so p is exact against its own logits.
-_OWN_STATS_BOUND = 2.0 ** 14
-
-
-def _needs_own_stats(q, k):
-    """Whether ``max_i |q_i| · max_j |k_j|`` (the rows' norms over the head dim, canonical
-    ``[.., S, D]``) reaches :data:`_OWN_STATS_BOUND` (a bound on the logits' magnitude before
-    any scale, Cauchy-Schwarz): a traced bool."""
-    qn = jnp.max(jnp.sum(jnp.square(q.astype(F32)), axis=-1))
-    kn = jnp.max(jnp.sum(jnp.square(k.astype(F32)), axis=-1))
-    return qn * kn >= _OWN_STATS_BOUND ** 2
-
-
 def _do_in_out_layout(bs: BwdSpec, inputs):
     spec = bs.fwd
     do = to_canonical(inputs[bs.do_arg], bs.do_dims, spec.out_order, spec.repeat)
@@ -431,7 +410,7 @@ def build_cpu_bwd(bs: BwdSpec, blocks: AttentionBlocks | None = None, *,
         k, v = pad_to(k, nb, nk * bk), pad_to(v, nb, nk * bk)
         sides = [pad_axis(pad_axis(s, k_ax, nk * bk), sq_ax, nq * bq) for s in sides]
         do = do.astype(v.dtype)
-        own = _needs_own_stats(q, k)
+        own = needs_own_stats(q, k)
         res = [run_part(*xs, own=own, part=None if ax is None else (spec.batch[ax], a, b - a))
                for xs, (a, b) in zip(split_parts(ax, bounds, q, k, v, do, qt, dot_, dd, mx, lsum,
                                                      *sides),
@@ -509,10 +488,8 @@ def build_cpu_bwd(bs: BwdSpec, blocks: AttentionBlocks | None = None, *,
             def own_stats():
                 """The chunk's row max and 1/sum from these loops' own logits."""
                 def step(j, st):
-                    x = logits_of(j)[3]
-                    return online_update(st, x, lambda p: jnp.zeros(p.shape[:-1] + (1,), F32),
-                                         m_init=spec.m_init)
-                m_, l_, _ = over_keys(step, online_init(mc.shape, mc.shape + (1,), spec.m_init))
+                    return online_stats(st, logits_of(j)[3], m_init=spec.m_init)
+                m_, l_ = over_keys(step, online_init(mc.shape, (), spec.m_init)[:2])
                 return m_, 1.0 / l_
             mc, lc = lax.cond(own, own_stats, lambda: (mc, lc))
 

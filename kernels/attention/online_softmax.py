@@ -21,7 +21,8 @@ import jax.numpy as jnp
 
 F32 = jnp.float32
 
-__all__ = ["online_init", "online_update", "online_finish", "logit_grad"]
+__all__ = ["online_init", "online_update", "online_stats", "online_finish", "logit_grad",
+           "OWN_STATS_BOUND", "needs_own_stats"]
 
 
 def _col(stat, x):
@@ -34,12 +35,9 @@ def online_init(stat_shape, acc_shape, m_init: float):
     return jnp.full(stat_shape, m_init, F32), jnp.zeros(stat_shape, F32), jnp.zeros(acc_shape, F32)
 
 
-def online_update(carry, x, pv: Callable, *, m_init: float, valid=None):
-    """One step on a logits block ``x`` [..., rows, bk]; ``pv(p)`` is ``p @ V_block`` in f32.
-
-    ``valid``: a mask broadcastable to ``x`` (False for padded keys) or None.
-    """
-    m, l, acc = carry
+def _online_step(m, l, x, m_init: float, valid):
+    """(m', a, p, l') of one block: the new row max, the old sum's factor, the block's
+    ``exp(x - m*)`` and the new row sum."""
     xf = x.astype(F32)
     if valid is not None:
         xf = jnp.where(valid, xf, -jnp.inf)
@@ -48,9 +46,48 @@ def online_update(carry, x, pv: Callable, *, m_init: float, valid=None):
     m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) if m_init == -math.inf else m_new
     alpha = jnp.exp(m - m_use)
     p = jnp.exp(xf - _col(m_use, x))
-    l = alpha * l + jnp.sum(p, axis=-1, keepdims=keep)
-    pv_block = pv(p)
-    return m_new, l, _col(alpha, x) * acc + pv_block
+    return m_new, alpha, p, alpha * l + jnp.sum(p, axis=-1, keepdims=keep)
+
+
+def online_update(carry, x, pv: Callable, *, m_init: float, valid=None):
+    """One step on a logits block ``x`` [..., rows, bk]; ``pv(p)`` is ``p @ V_block`` in f32.
+
+    ``valid``: a mask broadcastable to ``x`` (False for padded keys) or None.
+    """
+    m, l, acc = carry
+    m_new, alpha, p, l = _online_step(m, l, x, m_init, valid)
+    return m_new, l, _col(alpha, x) * acc + pv(p)
+
+
+def online_stats(carry, x, *, m_init: float, valid=None):
+    """:func:`online_update` without the output: ``(m, l)`` after the block ``x`` (the flash
+    backward's own row statistics, see :func:`needs_own_stats`)."""
+    m_new, _, _, l = _online_step(*carry, x, m_init, valid)
+    return m_new, l
+
+
+# The flash backward subtracts the forward's row max from logits it computes again, with its
+# own block sizes and dot form (cpu: Q·Kᵀ with K's head dim last; the forward's dot reads Kᵀ
+# and a prescaled Q, faster there, 1.4x slower here: measured). Its logits may round otherwise
+# than the forward's did (cpu, measured: one 300-key block against two of 256; a 40x40 block,
+# dot form against dot form; on gpu/tpu the forward may have other blocks, or be XLA's own code
+# when a measured decision kept it), by up to an ulp of Σ|q_d·k_d| <= |q|·|k|. Then
+# ``p = exp(x - m) / l`` is off by exp of that: a one-hot row (p = 1, exact zero gradients) got
+# e^±1 at logits of 1e7. Where max|q_i|·max|k_j| reaches this bound (an ulp of 2^-9 and up;
+# below it the error is of the size of the f32 logits' own rounding, which jax.jit's gradients
+# have too), every backward (cpu loops, Triton, Mosaic) first computes the row statistics from
+# its own logits (one more Q·Kᵀ per block, behind a cond: only such inputs pay), so p is exact
+# against its own logits.
+OWN_STATS_BOUND = 2.0 ** 14
+
+
+def needs_own_stats(q, k):
+    """Whether ``max_i |q_i| · max_j |k_j|`` (the rows' norms over the last dim, the head
+    dim; any leading dims, zero padding allowed) reaches :data:`OWN_STATS_BOUND` (a bound on
+    the logits' magnitude before any scale, Cauchy-Schwarz): a traced bool."""
+    qn = jnp.max(jnp.sum(jnp.square(q.astype(F32)), axis=-1))
+    kn = jnp.max(jnp.sum(jnp.square(k.astype(F32)), axis=-1))
+    return qn * kn >= OWN_STATS_BOUND ** 2
 
 
 def online_finish(l, acc):

@@ -38,7 +38,8 @@ from hlofuse.kernels.attention.blocks import AttentionBlocks
 from hlofuse.kernels.attention.layout import (_flatten_group, canonical_inputs, pad_to,
                                               pallas_index, pallas_inputs)
 from hlofuse.kernels.attention.logits import F32, eval_logits
-from hlofuse.kernels.attention.online_softmax import logit_grad
+from hlofuse.kernels.attention.online_softmax import (logit_grad, needs_own_stats, online_init,
+                                                      online_stats)
 from hlofuse.kernels.attention.skip import key_ranges
 from hlofuse.kernels.attention.spec import AttentionSpec
 from hlofuse.kernels.tiling import next_pow2
@@ -130,9 +131,12 @@ def _sum_to(x, shape):
     return x.reshape(shape)
 
 
-def _block_grads(spec, learned, n, g, q_pos, k_pos, q, kb, vb, do, m, l, delta, sb, *,
-                 upcast_half: bool, row_valid, key_valid):
-    """One [bq, bk] block: (p, dS, side gradients) in f32."""
+def _block_logits(spec, learned, n, g, q_pos, k_pos, q, kb, sb, *, upcast_half: bool,
+                  key_valid):
+    """One [bq, bk] block's logits in f32 (padding keys -inf) and the vjp of the logit chain
+    in (Q·Kᵀ, the ``learned`` sides). The backward kernels and their own row statistics
+    (:func:`_gpu_stats_kernel`, :func:`_tpu_stats_kernel`) compute them alike, so
+    ``p = exp(x - m) / l`` is exact against statistics taken from them."""
     s = lax.dot_general(q, kb, (((1,), (1,)), ((), ())), preferred_element_type=F32)
     index = pallas_index(spec, n, g, q_pos, k_pos)
     bshape = s.shape
@@ -144,7 +148,14 @@ def _block_grads(spec, learned, n, g, q_pos, k_pos, q, kb, vb, do, m, l, delta, 
         x = eval_logits(spec, s_, sb2, index, upcast_half=upcast_half)
         return jnp.broadcast_to(x, bshape).astype(F32)
     x, vjp = jax.vjp(logits, s, *[sb[i] for i in learned])
-    x = jnp.where(key_valid, x, -jnp.inf)
+    return jnp.where(key_valid, x, -jnp.inf), vjp
+
+
+def _block_grads(spec, learned, n, g, q_pos, k_pos, q, kb, vb, do, m, l, delta, sb, *,
+                 upcast_half: bool, row_valid, key_valid):
+    """One [bq, bk] block: (p, dS, side gradients) in f32."""
+    x, vjp = _block_logits(spec, learned, n, g, q_pos, k_pos, q, kb, sb,
+                           upcast_half=upcast_half, key_valid=key_valid)
     p = jnp.exp(x - m) / l
     p = jnp.where(row_valid, p, 0.0)
     dp = lax.dot_general(do, vb, (((1,), (1,)), ((), ())), preferred_element_type=F32)
@@ -162,6 +173,28 @@ def _tdot(a, dtype, b):
 # ---------------------------------------------------------------------------------------------
 # Triton
 # ---------------------------------------------------------------------------------------------
+
+def _gpu_stats_kernel(q_ref, k_ref, lo_ref, hi_ref, *refs, spec, bq, bk, n_side, side_full_k):
+    """The row statistics (max, sum) of one (batch, group, query block) from the backward's own
+    logits, over the key blocks the forward visits (:func:`~.online_softmax.needs_own_stats`)."""
+    side_refs = refs[:n_side]
+    m_ref, l_ref = refs[n_side:]
+    n, g, i = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    q = q_ref[...]
+    q_pos = i * bq + lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
+
+    def body(j, st):
+        kb = k_ref[pl.ds(j * bk, bk), :]
+        k_pos = j * bk + lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
+        sb = [r[:, pl.ds(j * bk, bk)] if full else r[...] for r, full in zip(side_refs, side_full_k)]
+        x, _ = _block_logits(spec, (), n, g, q_pos, k_pos, q, kb, sb, upcast_half=True,
+                             key_valid=k_pos < spec.seq_k)
+        return online_stats(st, x, m_init=spec.m_init)
+
+    m, l = lax.fori_loop(lo_ref[i], hi_ref[i], body, online_init((bq,), (), spec.m_init)[:2])
+    m_ref[...] = m
+    l_ref[...] = l
+
 
 def _gpu_dkv_kernel(q_ref, k_ref, v_ref, do_ref, m_ref, l_ref, dd_ref, qlo_ref, qhi_ref, *refs,
                     spec, bq, bk, G, sqp, n_side, side_rows):
@@ -244,6 +277,8 @@ def build_gpu_bwd(spec: AttentionSpec, learned: tuple, blocks: AttentionBlocks, 
     nq, nk = -(-spec.seq_q // bq), -(-spec.seq_k // bk)
     lo, hi, skipping = key_ranges(spec, bq, bk)
     qlo, qhi = query_ranges(lo, hi, nk, pad=next_pow2(nk))
+    # the forward's key blocks, for the own statistics
+    flo, fhi = np.pad(lo, (0, next_pow2(nq) - nq)), np.pad(hi, (0, next_pow2(nq) - nq))
     if learned:   # every (i, j) gradient block of a side is written: visit them all
         lo, hi = np.zeros(nq, np.int32), np.full(nq, nk, np.int32)
     lo, hi = np.pad(lo, (0, next_pow2(nq) - nq)), np.pad(hi, (0, next_pow2(nq) - nq))
@@ -255,6 +290,28 @@ def build_gpu_bwd(spec: AttentionSpec, learned: tuple, blocks: AttentionBlocks, 
         N, G, sqp, _ = q.shape
         skp = k.shape[1]
         n_side = len(sides)
+        full_k = tuple(s.shape[3] > 1 for s in sides)
+        qb = lambda w: pl.BlockSpec((None, None, bq, w), lambda n, g, i: (n, g, i, 0))  # noqa: E731
+        sb = pl.BlockSpec((None, None, bq), lambda n, g, i: (n, g, i))
+        tb = pl.BlockSpec((lo.shape[0],), lambda n, g, i: (0,))
+        q_side_specs = []
+        for s in sides:
+            bdims = (None, None, bq if s.shape[2] > 1 else 1, skp if s.shape[3] > 1 else 1)
+            q_side_specs.append(pl.BlockSpec(bdims, functools.partial(
+                _dq_side_index, nb=s.shape[0] > 1, ng=s.shape[1] > 1, nq=s.shape[2] > 1)))
+
+        def own_stats():
+            st = pl.pallas_call(
+                functools.partial(_gpu_stats_kernel, spec=spec, bq=bq, bk=bk, n_side=n_side,
+                                  side_full_k=full_k),
+                out_shape=(jax.ShapeDtypeStruct((N, G, sqp), F32),) * 2,
+                grid=(N, G, nq),
+                in_specs=[qb(dpad), pl.BlockSpec((None, skp, dpad), lambda n, g, i: (n, 0, 0)),
+                          tb, tb] + q_side_specs,
+                out_specs=(sb, sb),
+                compiler_params=params, interpret=interpret or False, name=name + "_stats")
+            return st(q, k, jnp.asarray(flo), jnp.asarray(fhi), *sides)
+        m, l = lax.cond(needs_own_stats(q, k), own_stats, lambda: (m, l))
         # dK/dV: per (batch, key block); rows flattened to [N, G*Sqp, ..]
         side_rows = tuple((s.shape[1] > 1, s.shape[2] > 1) for s in sides)
         flat_sides = [s.reshape(s.shape[0], s.shape[1] * s.shape[2], s.shape[3]) for s in sides]
@@ -280,12 +337,6 @@ def build_gpu_bwd(spec: AttentionSpec, learned: tuple, blocks: AttentionBlocks, 
         dk, dv = dkv(flat(q), k, v, flat(do), flat(m), flat(l), flat(dd), jnp.asarray(qlo),
                      jnp.asarray(qhi), *flat_sides)
         # dQ (+ learned side gradients): per (batch, group, query block)
-        full_k = tuple(s.shape[3] > 1 for s in sides)
-        side_specs = []
-        for s in sides:
-            bdims = (None, None, bq if s.shape[2] > 1 else 1, skp if s.shape[3] > 1 else 1)
-            side_specs.append(pl.BlockSpec(bdims, functools.partial(
-                _dq_side_index, nb=s.shape[0] > 1, ng=s.shape[1] > 1, nq=s.shape[2] > 1)))
         ds_shapes, ds_specs = [], []
         for si in learned:
             s = sides[si]
@@ -293,9 +344,6 @@ def build_gpu_bwd(spec: AttentionSpec, learned: tuple, blocks: AttentionBlocks, 
             c = skp if s.shape[3] > 1 else 1
             ds_shapes.append(jax.ShapeDtypeStruct((N, G, nq * r, c), F32))
             ds_specs.append(pl.BlockSpec((None, None, r, c), lambda n, g, i: (n, g, i, 0)))
-        qb = lambda w: pl.BlockSpec((None, None, bq, w), lambda n, g, i: (n, g, i, 0))  # noqa: E731
-        sb = pl.BlockSpec((None, None, bq), lambda n, g, i: (n, g, i))
-        tb = pl.BlockSpec((lo.shape[0],), lambda n, g, i: (0,))
         dqc = pl.pallas_call(
             functools.partial(_gpu_dq_kernel, spec=spec, bq=bq, bk=bk, n_side=n_side,
                               side_full_k=full_k, learned=tuple(learned)),
@@ -303,7 +351,7 @@ def build_gpu_bwd(spec: AttentionSpec, learned: tuple, blocks: AttentionBlocks, 
             grid=(N, G, nq),
             in_specs=[qb(dpad), pl.BlockSpec((None, skp, dpad), lambda n, g, i: (n, 0, 0)),
                       pl.BlockSpec((None, skp, dvp), lambda n, g, i: (n, 0, 0)), qb(dvp),
-                      sb, sb, sb, tb, tb] + side_specs,
+                      sb, sb, sb, tb, tb] + q_side_specs,
             out_specs=(qb(dpad), *ds_specs),
             compiler_params=params, interpret=interpret or False, name=name + "_dq")
         dq, *dsides = dqc(q, k, v, do, m, l, dd, jnp.asarray(lo), jnp.asarray(hi), *sides)
@@ -324,6 +372,32 @@ def _dq_side_index(n, g, i, *, nb: bool, ng: bool, nq: bool):
 # ---------------------------------------------------------------------------------------------
 # Mosaic (TPU)
 # ---------------------------------------------------------------------------------------------
+
+def _tpu_stats_kernel(lo_ref, hi_ref, q_ref, k_ref, *refs, spec, bq, bk, nk, n_side):
+    """:func:`_gpu_stats_kernel` on Mosaic: one (batch, group, query block, key block) step,
+    the statistics lane-replicated in scratch."""
+    side_refs = refs[:n_side]
+    m_ref, l_ref, m_sc, l_sc = refs[n_side:]
+    n, g, i, j = pl.program_id(0), pl.program_id(1), pl.program_id(2), pl.program_id(3)
+
+    @pl.when(j == 0)
+    def _init():
+        m_sc[...], l_sc[...], _ = online_init(m_sc.shape, (), spec.m_init)
+
+    @pl.when((j >= lo_ref[i]) & (j < hi_ref[i]))
+    def _step():
+        q_pos = i * bq + lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
+        k_pos = j * bk + lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
+        x, _ = _block_logits(spec, (), n, g, q_pos, k_pos, q_ref[...], k_ref[...],
+                             [r[...] for r in side_refs], upcast_half=False,
+                             key_valid=k_pos < spec.seq_k)
+        m_sc[...], l_sc[...] = online_stats((m_sc[...], l_sc[...]), x, m_init=spec.m_init)
+
+    @pl.when(j == nk - 1)
+    def _done():
+        m_ref[...] = m_sc[...]
+        l_ref[...] = l_sc[...]
+
 
 def _tpu_dkv_kernel(lo_ref, hi_ref, q_ref, k_ref, v_ref, do_ref, m_ref, l_ref, dd_ref, *refs,
                     spec, bq, bk, G, nq, n_side):
@@ -409,10 +483,35 @@ def build_tpu_bwd(spec: AttentionSpec, learned: tuple, blocks: AttentionBlocks, 
         m, l, dd = lanes(m), lanes(l), lanes(dd)
         n_side = len(sides)
         kw = dict(interpret=interpret or False)
-        # dK/dV: grid (batch, key block, group, query block); the last two accumulate
+        # dQ's grid (batch, group, query block, key block); own statistics and dQ share it
         qs = lambda w: pl.BlockSpec((None, None, bq, w),  # noqa: E731
-                                    lambda n, j, g, i, lo_r, hi_r: (n, g, i, 0))
-        ks = lambda w: pl.BlockSpec((None, bk, w), lambda n, j, g, i, lo_r, hi_r: (n, j, 0))  # noqa: E731
+                                    lambda n, g, i, j, lo_r, hi_r: (n, g, i, 0))
+        ks = lambda w: pl.BlockSpec((None, bk, w), lambda n, g, i, j, lo_r, hi_r: (n, j, 0))  # noqa: E731
+        q_side_specs = [pl.BlockSpec(
+            (None, None, bq if s.shape[2] > 1 else 1, bk if s.shape[3] > 1 else 1),
+            functools.partial(_tpu_side_index_q, nb=s.shape[0] > 1, ng=s.shape[1] > 1,
+                              nq=s.shape[2] > 1, nkk=s.shape[3] > 1)) for s in sides]
+        q_params = None if interpret else pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"))
+
+        def own_stats():
+            st_shape = jax.ShapeDtypeStruct((N, G, sqp, LANES), F32)
+            st = pl.pallas_call(
+                functools.partial(_tpu_stats_kernel, spec=spec, bq=bq, bk=bk, nk=nk,
+                                  n_side=n_side),
+                out_shape=(st_shape, st_shape),
+                grid_spec=pltpu.PrefetchScalarGridSpec(
+                    num_scalar_prefetch=2, grid=(N, G, nq, nk),
+                    in_specs=[qs(d), ks(d)] + q_side_specs,
+                    out_specs=(qs(LANES), qs(LANES)),
+                    scratch_shapes=[pltpu.VMEM((bq, LANES), F32), pltpu.VMEM((bq, LANES), F32)]),
+                compiler_params=q_params, name=name + "_stats", **kw)
+            return st(jnp.asarray(lo), jnp.asarray(hi), q, k, *sides)
+        m, l = lax.cond(needs_own_stats(q, k), own_stats, lambda: (m, l))
+        # dK/dV: grid (batch, key block, group, query block); the last two accumulate
+        kqs = lambda w: pl.BlockSpec((None, None, bq, w),  # noqa: E731
+                                     lambda n, j, g, i, lo_r, hi_r: (n, g, i, 0))
+        kks = lambda w: pl.BlockSpec((None, bk, w), lambda n, j, g, i, lo_r, hi_r: (n, j, 0))  # noqa: E731
         side_specs = [pl.BlockSpec(
             (None, None, bq if s.shape[2] > 1 else 1, bk if s.shape[3] > 1 else 1),
             functools.partial(_tpu_side_index_kv, nb=s.shape[0] > 1, ng=s.shape[1] > 1,
@@ -423,9 +522,9 @@ def build_tpu_bwd(spec: AttentionSpec, learned: tuple, blocks: AttentionBlocks, 
                        jax.ShapeDtypeStruct((N, k.shape[1], dv_), F32)),
             grid_spec=pltpu.PrefetchScalarGridSpec(
                 num_scalar_prefetch=2, grid=(N, nk, G, nq),
-                in_specs=[qs(d), ks(d), ks(dv_), qs(dv_), qs(LANES), qs(LANES), qs(LANES)]
+                in_specs=[kqs(d), kks(d), kks(dv_), kqs(dv_), kqs(LANES), kqs(LANES), kqs(LANES)]
                 + side_specs,
-                out_specs=(ks(d), ks(dv_)),
+                out_specs=(kks(d), kks(dv_)),
                 scratch_shapes=[pltpu.VMEM((bk, d), F32), pltpu.VMEM((bk, dv_), F32)]),
             compiler_params=None if interpret else pltpu.CompilerParams(
                 dimension_semantics=("parallel", "parallel", "arbitrary", "arbitrary")),
@@ -433,13 +532,6 @@ def build_tpu_bwd(spec: AttentionSpec, learned: tuple, blocks: AttentionBlocks, 
         dk, dv = dkv(jnp.asarray(lo), jnp.asarray(hi), q, k, v, do, m, l, dd, *sides)
         # dQ (+ learned side gradients): grid (batch, group, query block, key block)
         lo2, hi2 = ((np.zeros(nq, np.int32), np.full(nq, nk, np.int32)) if learned else (lo, hi))
-        qs = lambda w: pl.BlockSpec((None, None, bq, w),  # noqa: E731
-                                    lambda n, g, i, j, lo_r, hi_r: (n, g, i, 0))
-        ks = lambda w: pl.BlockSpec((None, bk, w), lambda n, g, i, j, lo_r, hi_r: (n, j, 0))  # noqa: E731
-        side_specs = [pl.BlockSpec(
-            (None, None, bq if s.shape[2] > 1 else 1, bk if s.shape[3] > 1 else 1),
-            functools.partial(_tpu_side_index_q, nb=s.shape[0] > 1, ng=s.shape[1] > 1,
-                              nq=s.shape[2] > 1, nkk=s.shape[3] > 1)) for s in sides]
         ds_shapes, ds_specs = [], []
         for si in learned:
             s = sides[si]
@@ -455,11 +547,10 @@ def build_tpu_bwd(spec: AttentionSpec, learned: tuple, blocks: AttentionBlocks, 
             grid_spec=pltpu.PrefetchScalarGridSpec(
                 num_scalar_prefetch=2, grid=(N, G, nq, nk),
                 in_specs=[qs(d), ks(d), ks(dv_), qs(dv_), qs(LANES), qs(LANES), qs(LANES)]
-                + side_specs,
+                + q_side_specs,
                 out_specs=(qs(d), *ds_specs),
                 scratch_shapes=[pltpu.VMEM((bq, d), F32)]),
-            compiler_params=None if interpret else pltpu.CompilerParams(
-                dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")),
+            compiler_params=q_params,
             name=name + "_dq", **kw)
         dq, *dsides = dqc(jnp.asarray(lo2), jnp.asarray(hi2), q, k, v, do, m, l, dd, *sides)
         return dq, dk, dv, dsides

@@ -137,9 +137,11 @@ def test_fully_masked_rows_with_a_finite_fill():
 
 
 
-@pytest.mark.parametrize("target,seq,mask", [("cpu", 40, "causal"), ("cpu", 300, "none"),
-                                             ("gpu", 40, "causal"), ("tpu", 40, "causal")])
-def test_one_hot_softmax_rows_get_exact_zero_gradients(target, seq, mask):
+@pytest.mark.parametrize("target,seq,mask,shifted", [
+    ("cpu", 40, "causal", False), ("cpu", 300, "none", False), ("gpu", 40, "causal", False),
+    ("tpu", 40, "causal", False), ("cpu", 40, "causal", True), ("gpu", 40, "causal", True),
+    ("tpu", 40, "causal", True)])
+def test_one_hot_softmax_rows_get_exact_zero_gradients(target, seq, mask, shifted):
     """Q and K scaled so each row's logits are ~1e7 apart: every softmax row is one-hot, and
     the gradients of Q and K are exactly zero (XLA's ``p·dP - p·rowsum(p·dP)`` cancels).
 
@@ -150,7 +152,13 @@ def test_one_hot_softmax_rows_get_exact_zero_gradients(target, seq, mask):
     an ulp of 1e7 is 1, and ``exp(±1)`` is no rounding (dQ 0.13 off when it computed QKᵀ in
     another dot form than the forward). The kernels run with the blocks a program gets (cpu:
     the forward's and the backward's own plans; at S=300 they differ: one 300-key block and
-    two 256-key blocks)."""
+    two 256-key blocks).
+
+    ``shifted``: the forward's row max one ulp up, as a forward that rounds its logits
+    otherwise gives it (other blocks or dot form; XLA's own forward, where a measured decision
+    kept it). Every backward then takes its statistics from its own logits
+    (:func:`~hlofuse.kernels.attention.online_softmax.needs_own_stats`); before, the Triton and
+    Mosaic kernels read the forward's and were off by e^-1 there."""
     from jax.experimental.pallas import tpu as pltpu
     ffn, bfn = _regions("bshd", mask, np.float32, seq, seq)
     fs, fwd_in, extra, _ = _inputs(ffn, bfn)
@@ -163,6 +171,11 @@ def test_one_hot_softmax_rows_get_exact_zero_gradients(target, seq, mask):
     extra[0], extra[1] = np.asarray(o_lse[fs.o_index]), np.asarray(o_lse[1 - fs.o_index])
     ins = list(fwd_in) + extra
     truth = [np.asarray(t) for t in run_region(_text(bfn), ins)]
+    if shifted:
+        stats = np.array(ins[bs.lse_arg])
+        assert stats.shape[-1] == 2 and np.abs(stats[..., 0]).max() > 1e6
+        stats[..., 0] = np.nextafter(stats[..., 0], np.float32(np.inf))
+        ins[bs.lse_arg] = stats
     kernel = build_bwd(bs, target, interpret=interp, blocks=blocks)
     if target == "cpu" and seq == 300:
         assert "bk=256" in kernel.blocks and "bk=256" not in build_fwd_lse(fs, "cpu").blocks
@@ -177,9 +190,10 @@ def test_one_hot_softmax_rows_get_exact_zero_gradients(target, seq, mask):
 
 
 def test_own_statistics_bound():
-    """The cpu backward computes its own row statistics where max|q_i|·max|k_j| reaches
-    ``_OWN_STATS_BOUND`` (2^14), and reads the forward's below it."""
-    from hlofuse.kernels.attention.backward import _OWN_STATS_BOUND, _needs_own_stats
+    """The backward computes its own row statistics where max|q_i|·max|k_j| reaches
+    ``OWN_STATS_BOUND`` (2^14), and reads the forward's below it."""
+    from hlofuse.kernels.attention.online_softmax import (OWN_STATS_BOUND as _OWN_STATS_BOUND,
+                                                          needs_own_stats as _needs_own_stats)
     q = np.zeros((2, 3, 8, 16), np.float32)
     k = np.zeros((2, 8, 16), np.float32)
     q[1, 2, 5, 3], k[0, 7, 9] = 128.0, 127.0          # 16256: below
