@@ -13,6 +13,7 @@ import jax as _jax  # noqa: F401  (import order matters; see above)
 from hlofuse.api import optimize as optimize
 from hlofuse.api import Optimized as Optimized
 from hlofuse.jit import jit as jit
+from hlofuse.filter import filter_jit as filter_jit
 from hlofuse.jit import Lowered as Lowered
 from hlofuse.pipeline import PassManager as PassManager
 from hlofuse.pipeline import PIPELINES as PIPELINES

@@ -216,6 +216,12 @@ class BufferAliasing(Pass):
     """See the module docstring."""
     name = "buffer-aliasing"
 
+    @dataclasses.dataclass(frozen=True)
+    class Options:
+        # False: an unusable donation is a report note only, no DonationWarning (the caller
+        # donated every array on purpose: hlofuse.filter_jit(donate='all'))
+        warn_unusable: bool = True
+
     def run(self, module, ctx):
         func = hir.main_func(module)
         block = func.regions[0].blocks[0]
@@ -240,7 +246,8 @@ class BufferAliasing(Pass):
                 arg = args[i]
                 name = arg_name(arg, i)
                 if gu.info(arg) is None:
-                    self._warn(ctx, f"donation of {name} cannot be used: dynamic or unranked shape")
+                    self._warn(ctx, f"donation of {name} cannot be used: dynamic or unranked "
+                                    "shape")
                     failed += 1
                     continue
                 same = [j for j, v in enumerate(outs) if v.type == arg.type]
@@ -291,7 +298,7 @@ class BufferAliasing(Pass):
                 "in_place_kernels": len(in_place),
                 **{k: v for k, v in memory.items() if k != "peak_at"}}
 
-    @staticmethod
-    def _warn(ctx, msg: str) -> None:
-        warnings.warn(msg, DonationWarning, stacklevel=2)
+    def _warn(self, ctx, msg: str) -> None:
+        if self.options.warn_unusable:
+            warnings.warn(msg, DonationWarning, stacklevel=2)
         ctx.report.note(msg)
