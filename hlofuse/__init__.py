@@ -14,6 +14,7 @@ from hlofuse.api import optimize as optimize
 from hlofuse.api import Optimized as Optimized
 from hlofuse.jit import jit as jit
 from hlofuse.filter import filter_jit as filter_jit
+from hlofuse.nnx import nnx_jit as nnx_jit
 from hlofuse.jit import Lowered as Lowered
 from hlofuse.pipeline import PassManager as PassManager
 from hlofuse.pipeline import PIPELINES as PIPELINES

@@ -23,6 +23,8 @@ import numpy as np
 import jax
 from jax import tree_util
 
+from hlofuse.jit import _arg_path
+
 __all__ = ["filter_jit", "FilterFunction"]
 
 DONATE = ("none", "all", "all-except-first")
@@ -50,7 +52,7 @@ class _Static:
                 hashes.append(hash(leaf))
             except TypeError:
                 raise TypeError(
-                    f"hlofuse.filter_jit: {_where(path)} is a {type(leaf).__name__}, neither "
+                    f"hlofuse.filter_jit: {_arg_path(path)} is a {type(leaf).__name__}, neither "
                     "an array (traced) nor hashable "
                     "(a compile-time constant): pass it as an array, make it hashable, or close "
                     "over it") from None
@@ -92,14 +94,6 @@ class _Out:
     @classmethod
     def tree_unflatten(cls, aux, children):
         return cls(aux)
-
-
-def _where(path) -> str:
-    """A leaf's path in ``(args, kwargs)`` as the user wrote the call: ``argument 0['w']``."""
-    head, rest = path[:2], tree_util.keystr(tuple(path[2:]))
-    if head[0] == tree_util.SequenceKey(0):
-        return f"argument {head[1].idx}{rest}"
-    return f"argument {head[1].key!r}{rest}"
 
 
 def _merge(mask, dyn, static_leaves):

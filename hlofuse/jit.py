@@ -119,6 +119,48 @@ class _Frozen:
         return isinstance(other, _Frozen) and self._key == other._key
 
 
+def _warn_argument_updates(name: str, in_tree, before: list, dyn: list, args, kwargs,
+                           warned: list) -> None:
+    """Warn (once per program) when the traced function assigned new values inside its
+    arguments (a Flax NNX module's BatchNorm statistics or an ``nnx.Optimizer`` step): as
+    under ``jax.jit``, the caller's objects keep their old values, silently. ``before``: the
+    argument leaves (of ``in_tree``) the function was called with; ``dyn``: which are traced
+    (only those are compared: a static leaf's flatten may build a new object each time)."""
+    try:
+        after = in_tree.flatten_up_to((args, kwargs))
+    except (ValueError, TypeError):
+        after = None
+    if after is None:
+        changed = []
+    else:
+        changed = [k for k, (x, b, d) in enumerate(zip(after, before, dyn)) if d and x is not b]
+        if not changed:
+            return
+    warned.append(True)
+    if after is None:
+        what = "changed the structure of its arguments"
+    else:
+        paths = [p for p, _ in tree_util.tree_flatten_with_path(
+            tree_util.tree_unflatten(in_tree, range(in_tree.num_leaves)))[0]]
+        what = (f"assigned new values to {len(changed)} leaves of its arguments (first: "
+                f"{_arg_path(paths[changed[0]])})")
+    nnx = any(type(a).__module__.startswith("flax.nnx") for a in
+              list(args) + list(kwargs.values()))
+    warnings.warn(HlofuseWarning(
+        f"hlofuse.jit({name}): the function {what}; as under jax.jit, those updates stay "
+        "inside the trace and the caller's objects keep their old values. Return the new "
+        "values" + ("; for Flax NNX modules use hlofuse.nnx_jit, which writes them back as "
+                    "nnx.jit does" if nnx else "")), stacklevel=2)
+
+
+def _arg_path(path) -> str:
+    """A leaf's path in ``(args, kwargs)`` as the call wrote it: ``argument 0.mean.value``."""
+    head, rest = path[:2], tree_util.keystr(tuple(path[2:]))
+    if head[0] == tree_util.SequenceKey(0):
+        return f"argument {head[1].idx}{rest}"
+    return f"argument {head[1].key!r}{rest}"
+
+
 def _top_level() -> bool:
     """Whether this call is outside every JAX transformation (jit tracing, grad, vmap, ...):
     its arguments cannot be tracers then. The current trace, not a scan of the arguments for
@@ -520,6 +562,7 @@ class HlofuseFunction:
                   for x, d in zip(leaves, dyn)]
         fun = self._fun
         out_trees: dict = {}
+        warned = []
 
         def flat_fun(*xs):
             sig = signature_of([jax.typeof(x) for x in xs])
@@ -530,6 +573,8 @@ class HlofuseFunction:
             full = [next(it) if d else c for c, d in zip(consts, dyn)]
             args, kwargs = tree_util.tree_unflatten(in_tree, full)
             flat, tree = tree_util.tree_flatten(fun(*args, **kwargs))
+            if not warned:
+                _warn_argument_updates(self._name, in_tree, full, dyn, args, kwargs, warned)
             out_impls = _key_impls(flat)
             if out_impls:
                 flat = [jax.random.key_data(x) if i else x for x, i in zip(flat, out_impls)]

@@ -269,3 +269,31 @@ def test_disable_jit_runs_the_function_op_by_op():
     seen.clear()
     hf(x, 2)  # outside, it traces as usual
     assert seen and all(t is not type(x) for t in seen)
+
+
+def test_updates_assigned_inside_arguments_are_reported():
+    """A function that assigns into its arguments (what an NNX module's BatchNorm or an
+    optimizer step does to the module) loses those updates under jax.jit semantics: hlofuse.jit
+    says so once, naming the first leaf; a function that only reads them is quiet."""
+    import warnings
+
+    def bump(state, x):
+        state["count"] = state["count"] + 1
+        return x * 2
+
+    f = hlofuse.jit(bump)
+    state = {"count": jnp.zeros(()), "scale": jnp.ones(())}
+    with pytest.warns(hlofuse.HlofuseWarning, match=r"1 leaves of its arguments \(first: "
+                      r"argument 0\['count'\]\).*old values"):
+        f(state, jnp.ones(3))
+    assert float(state["count"]) == 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", hlofuse.HlofuseWarning)
+        f(state, jnp.ones(3))                                   # warned once per program
+        hlofuse.jit(lambda s, x: x * s["scale"])(state, jnp.ones(3))
+
+    def grow(items, x):
+        items.append(x)
+        return x + 1
+    with pytest.warns(hlofuse.HlofuseWarning, match="changed the structure of its arguments"):
+        hlofuse.jit(grow)([jnp.ones(2)], jnp.ones(2))

@@ -203,3 +203,62 @@ def test_filter_jit_runs_an_equinox_training_step_as_eqx_filter_jit_does():
         assert_same(np.asarray(a), np.asarray(b), "grad")
     assert got.report(m2, s2, x, y).kernels
     assert got.compilations == 1
+
+
+def test_nnx_jit_writes_module_state_back_as_nnx_jit_does():
+    """``@hlofuse.nnx_jit`` in place of ``@nnx.jit`` on an NNX train step that mutates its
+    arguments (BatchNorm statistics, Dropout's RNG count, ``nnx.Optimizer.update``): the
+    caller's module and optimizer get the same new state as under ``nnx.jit``, over hlofuse's
+    program (kernels built). ``hlofuse.jit`` on the same step loses those updates, as
+    ``jax.jit`` does, and says so."""
+    import jax.numpy as jnp
+    import optax
+    from flax import nnx
+
+    class M(nnx.Module):
+        def __init__(self, rngs):
+            # no bias before the BatchNorm: its gradient is 0 up to rounding, which Adam
+            # scales to steps of the learning rate (then no two programs agree)
+            self.l1 = nnx.Linear(16, 64, use_bias=False, rngs=rngs)
+            self.bn = nnx.BatchNorm(64, rngs=rngs)
+            self.do = nnx.Dropout(0.1, rngs=rngs)
+            self.l2 = nnx.Linear(64, 8, rngs=rngs)
+
+        def __call__(self, x):
+            return self.l2(self.do(jax.nn.gelu(self.bn(self.l1(x)))))
+
+    def make():
+        m = M(nnx.Rngs(0, dropout=1))
+        return m, nnx.Optimizer(m, optax.adam(1e-2), wrt=nnx.Param)
+
+    def step(m, opt, x, y):
+        def loss(m):
+            return jnp.mean((m(x) - y) ** 2)
+        value, grads = nnx.value_and_grad(loss)(m)
+        opt.update(m, grads)
+        return value
+
+    r = np.random.default_rng(0)
+    x = jnp.asarray(r.standard_normal((32, 16), np.float32) + 2)
+    y = jnp.asarray(r.standard_normal((32, 8), np.float32))
+    (m1, o1), (m2, o2) = make(), make()
+    ref, got = nnx.jit(step), hlofuse.nnx_jit(step, autotune=False, tiered=False)
+    for _ in range(3):
+        l1, l2 = ref(m1, o1, x, y), got(m2, o2, x, y)
+    assert_same(np.asarray(l2), np.asarray(l1), "grad")
+    s1, s2 = nnx.state((m1, o1)), nnx.state((m2, o2))
+    for a, b in zip(jax.tree_util.tree_leaves(s2), jax.tree_util.tree_leaves(s1)):
+        a, b = np.asarray(jax.random.key_data(a) if jnp.issubdtype(a.dtype, jax.dtypes.prng_key)
+                          else a), \
+            np.asarray(jax.random.key_data(b) if jnp.issubdtype(b.dtype, jax.dtypes.prng_key)
+                       else b)
+        assert_same(a, b, "grad")
+    assert float(jnp.abs(m2.bn.mean[...]).max()) > 0           # the statistics came back
+    assert int(o2.step[...]) == 3
+    assert got.report(m2, o2, x, y).kernels and got.compilations == 1
+
+    m3, o3 = make()
+    before = np.asarray(m3.l1.kernel[...])
+    with pytest.warns(hlofuse.HlofuseWarning, match="use hlofuse.nnx_jit"):
+        hlofuse.jit(step, autotune=False, tiered=False)(m3, o3, x, y)
+    np.testing.assert_array_equal(np.asarray(m3.l1.kernel[...]), before)   # lost, as jax.jit
