@@ -23,7 +23,7 @@ import numpy as np
 import jax
 from jax import tree_util
 
-from hlofuse.jit import _arg_path
+from hlofuse.jit import _arg_path, jit
 
 __all__ = ["filter_jit", "FilterFunction"]
 
@@ -109,7 +109,6 @@ class FilterFunction:
         if donate not in DONATE:
             raise ValueError(f"hlofuse.filter_jit(donate={donate!r}): expected one of "
                              f"{', '.join(DONATE)}")
-        from hlofuse.jit import jit
         for k in ("static_argnums", "static_argnames", "donate_argnums", "donate_argnames",
                   "freeze_argnums"):
             if k in jit_options:
