@@ -487,10 +487,7 @@ def build_tpu_bwd(spec: AttentionSpec, learned: tuple, blocks: AttentionBlocks, 
         qs = lambda w: pl.BlockSpec((None, None, bq, w),  # noqa: E731
                                     lambda n, g, i, j, lo_r, hi_r: (n, g, i, 0))
         ks = lambda w: pl.BlockSpec((None, bk, w), lambda n, g, i, j, lo_r, hi_r: (n, j, 0))  # noqa: E731
-        q_side_specs = [pl.BlockSpec(
-            (None, None, bq if s.shape[2] > 1 else 1, bk if s.shape[3] > 1 else 1),
-            functools.partial(_tpu_side_index_q, nb=s.shape[0] > 1, ng=s.shape[1] > 1,
-                              nq=s.shape[2] > 1, nkk=s.shape[3] > 1)) for s in sides]
+        q_side_specs = _tpu_side_specs(sides, bq, bk, _tpu_side_index_q)
         q_params = None if interpret else pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"))
 
@@ -512,10 +509,7 @@ def build_tpu_bwd(spec: AttentionSpec, learned: tuple, blocks: AttentionBlocks, 
         kqs = lambda w: pl.BlockSpec((None, None, bq, w),  # noqa: E731
                                      lambda n, j, g, i, lo_r, hi_r: (n, g, i, 0))
         kks = lambda w: pl.BlockSpec((None, bk, w), lambda n, j, g, i, lo_r, hi_r: (n, j, 0))  # noqa: E731
-        side_specs = [pl.BlockSpec(
-            (None, None, bq if s.shape[2] > 1 else 1, bk if s.shape[3] > 1 else 1),
-            functools.partial(_tpu_side_index_kv, nb=s.shape[0] > 1, ng=s.shape[1] > 1,
-                              nq=s.shape[2] > 1, nkk=s.shape[3] > 1)) for s in sides]
+        side_specs = _tpu_side_specs(sides, bq, bk, _tpu_side_index_kv)
         dkv = pl.pallas_call(
             functools.partial(_tpu_dkv_kernel, spec=spec, bq=bq, bk=bk, G=G, nq=nq, n_side=n_side),
             out_shape=(jax.ShapeDtypeStruct((N, k.shape[1], d), F32),
@@ -557,6 +551,16 @@ def build_tpu_bwd(spec: AttentionSpec, learned: tuple, blocks: AttentionBlocks, 
 
     fn.blocks = f"mosaic {blocks}" + (" +skip" if skipping else "")
     return fn
+
+
+def _tpu_side_specs(sides, bq: int, bk: int, index):
+    """Block specs of the side inputs ``[B|1, G|1, Sq|1, Sk|1]``: a (bq, bk) block, 1 along
+    a broadcast dim; ``index``: the grid's index map (:func:`_tpu_side_index_kv` or
+    :func:`_tpu_side_index_q`)."""
+    return [pl.BlockSpec((None, None, bq if s.shape[2] > 1 else 1, bk if s.shape[3] > 1 else 1),
+                         functools.partial(index, nb=s.shape[0] > 1, ng=s.shape[1] > 1,
+                                           nq=s.shape[2] > 1, nkk=s.shape[3] > 1))
+            for s in sides]
 
 
 def _tpu_side_index_kv(n, j, g, i, lo_r, hi_r, *, nb, ng, nq, nkk):
