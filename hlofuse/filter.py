@@ -23,7 +23,7 @@ import numpy as np
 import jax
 from jax import tree_util
 
-from hlofuse.jit import _arg_path, jit
+from hlofuse.jit import Wrapper, _arg_path, jit
 
 __all__ = ["filter_jit", "FilterFunction"]
 
@@ -101,9 +101,10 @@ def _merge(mask, dyn, static_leaves):
     return [next(it) if m else s for m, s in zip(mask, static_leaves)]
 
 
-class FilterFunction:
+class FilterFunction(Wrapper):
     """The result of :func:`filter_jit`: call it like the function; ``report``, ``lower``,
-    ``tune``, ``block_until_optimized`` and ``tier_status`` take the function's arguments."""
+    ``tune`` and ``tier_status`` take the function's arguments; ``hlofuse_function`` is the
+    inner :class:`~hlofuse.jit.HlofuseFunction` (over the split arguments)."""
 
     def __init__(self, fun: Callable, donate: str, jit_options: dict):
         if donate not in DONATE:
@@ -138,7 +139,7 @@ class FilterFunction:
         inner.__name__ = getattr(fun, "__name__", "fun")
         inner.__qualname__ = getattr(fun, "__qualname__", inner.__name__)
         inner.__module__ = getattr(fun, "__module__", None)
-        self._jit = jit(inner, static_argnums=(2,),
+        self.hlofuse_function = jit(inner, static_argnums=(2,),
                         donate_argnums=(0,) if donate != "none" else (), **jit_options)
 
     def _split(self, args, kwargs):
@@ -162,41 +163,29 @@ class FilterFunction:
 
     def __call__(self, *args, **kwargs):
         if self._donate == "none":
-            dyn_out, out = self._jit(*self._split(args, kwargs))
+            dyn_out, out = self.hlofuse_function(*self._split(args, kwargs))
         else:
             # ... nor jax's warning for it (compiles in this thread: the first call's)
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-                dyn_out, out = self._jit(*self._split(args, kwargs))
+                dyn_out, out = self.hlofuse_function(*self._split(args, kwargs))
         tree, arr, static_out = out.value
         return tree_util.tree_unflatten(tree, _merge(arr, dyn_out, static_out))
 
-    def __get__(self, obj, objtype=None):
-        if obj is None:
-            return self
-        return functools.partial(self, obj)
-
     def report(self, *args, **kwargs):
-        return self._jit.report(*self._split(args, kwargs))
+        return self.hlofuse_function.report(*self._split(args, kwargs))
 
     def lower(self, *args, **kwargs):
-        return self._jit.lower(*self._split(args, kwargs))
+        return self.hlofuse_function.lower(*self._split(args, kwargs))
 
     def tune(self, *args, budget_s: float | None = None, **kwargs):
-        return self._jit.tune(*self._split(args, kwargs), budget_s=budget_s)
+        return self.hlofuse_function.tune(*self._split(args, kwargs), budget_s=budget_s)
 
     def tier_status(self, *args, **kwargs) -> dict:
-        return self._jit.tier_status(*self._split(args, kwargs))
-
-    def block_until_optimized(self, timeout: float | None = None) -> bool:
-        return self._jit.block_until_optimized(timeout)
-
-    @property
-    def compilations(self) -> int:
-        return self._jit.compilations
+        return self.hlofuse_function.tier_status(*self._split(args, kwargs))
 
     def clear_cache(self):
-        self._jit.clear_cache()
+        self.hlofuse_function.clear_cache()
 
     def __repr__(self):
         return f"hlofuse.filter_jit({getattr(self._fun, '__qualname__', self._fun)!r})"

@@ -161,6 +161,27 @@ def _arg_path(path) -> str:
     return f"argument {head[1].key!r}{rest}"
 
 
+class Wrapper:
+    """What a function made around an inner :class:`HlofuseFunction` (``hlofuse_function``)
+    shares: used as a method, the instance is its first argument; ``block_until_optimized``
+    and ``compilations`` are the inner function's (:func:`hlofuse.filter_jit`,
+    :func:`hlofuse.nnx_jit`)."""
+
+    hlofuse_function: "HlofuseFunction"
+
+    def __get__(self, obj, objtype=None):
+        if obj is None:
+            return self
+        return functools.partial(self, obj)
+
+    def block_until_optimized(self, timeout: float | None = None) -> bool:
+        return self.hlofuse_function.block_until_optimized(timeout)
+
+    @property
+    def compilations(self) -> int:
+        return self.hlofuse_function.compilations
+
+
 def _top_level() -> bool:
     """Whether this call is outside every JAX transformation (jit tracing, grad, vmap, ...):
     its arguments cannot be tracers then. The current trace, not a scan of the arguments for

@@ -23,6 +23,8 @@ from typing import Any, Callable
 
 import jax
 
+from hlofuse.jit import HlofuseFunction, Wrapper, jit
+
 __all__ = ["nnx_jit", "NnxFunction"]
 
 #: hlofuse.jit's own options (everything else goes to nnx.jit)
@@ -42,7 +44,7 @@ class _JaxWithHlofuseJit:
         return getattr(jax, name)
 
 
-class NnxFunction:
+class NnxFunction(Wrapper):
     """The result of :func:`nnx_jit`: call it like ``nnx.jit``'s; ``report(*args)`` gives
     hlofuse's report for those arguments; ``block_until_optimized`` waits for a tiered
     build; ``hlofuse_function`` is the inner :class:`~hlofuse.jit.HlofuseFunction`."""
@@ -55,24 +57,12 @@ class NnxFunction:
     def __call__(self, *args, **kwargs):
         return self._wrapped(*args, **kwargs)
 
-    def __get__(self, obj, objtype=None):
-        if obj is None:
-            return self
-        return functools.partial(self, obj)
-
     def lower(self, *args, **kwargs):
         """``nnx.jit``'s ``lower``; its ``.lowered`` is hlofuse's ``Lowered``."""
         return self._wrapped.lower(*args, **kwargs)
 
     def report(self, *args, **kwargs):
         return self.lower(*args, **kwargs).lowered.report
-
-    def block_until_optimized(self, timeout: float | None = None) -> bool:
-        return self.hlofuse_function.block_until_optimized(timeout)
-
-    @property
-    def compilations(self) -> int:
-        return self.hlofuse_function.compilations
 
     def __repr__(self):
         return f"hlofuse.nnx_jit({self.hlofuse_function!r})"
@@ -96,7 +86,6 @@ def nnx_jit(fun: Callable | None = None, **options: Any):
     except ImportError as e:
         raise ImportError("hlofuse.nnx_jit needs Flax (pip install flax); for other "
                           "libraries use hlofuse.jit or hlofuse.filter_jit") from e
-    from hlofuse.jit import HlofuseFunction, jit
     ours = {k: options.pop(k) for k in HLOFUSE_OPTIONS if k in options}
     made: list = []
 
