@@ -277,11 +277,12 @@ def build_gpu_bwd(spec: AttentionSpec, learned: tuple, blocks: AttentionBlocks, 
     nq, nk = -(-spec.seq_q // bq), -(-spec.seq_k // bk)
     lo, hi, skipping = key_ranges(spec, bq, bk)
     qlo, qhi = query_ranges(lo, hi, nk, pad=next_pow2(nk))
-    # the forward's key blocks, for the own statistics
-    flo, fhi = np.pad(lo, (0, next_pow2(nq) - nq)), np.pad(hi, (0, next_pow2(nq) - nq))
+    pad = lambda a: np.pad(a, (0, next_pow2(nq) - nq))  # noqa: E731
+    flo, fhi = pad(lo), pad(hi)       # the forward's key blocks: the own statistics visit them
     if learned:   # every (i, j) gradient block of a side is written: visit them all
-        lo, hi = np.zeros(nq, np.int32), np.full(nq, nk, np.int32)
-    lo, hi = np.pad(lo, (0, next_pow2(nq) - nq)), np.pad(hi, (0, next_pow2(nq) - nq))
+        lo, hi = pad(np.zeros(nq, np.int32)), pad(np.full(nq, nk, np.int32))
+    else:
+        lo, hi = flo, fhi
     params = None if interpret else pltriton.CompilerParams(num_warps=blocks.num_warps,
                                                             num_stages=blocks.num_stages)
 
