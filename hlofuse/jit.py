@@ -129,21 +129,16 @@ def _warn_argument_updates(name: str, in_tree, before: list, dyn: list, args, kw
     try:
         after = in_tree.flatten_up_to((args, kwargs))
     except (ValueError, TypeError):
-        after = None
-    if after is None:
-        changed = []
+        what = "changed the structure of its arguments"
     else:
         changed = [k for k, (x, b, d) in enumerate(zip(after, before, dyn)) if d and x is not b]
         if not changed:
             return
-    warned.append(True)
-    if after is None:
-        what = "changed the structure of its arguments"
-    else:
         paths = [p for p, _ in tree_util.tree_flatten_with_path(
             tree_util.tree_unflatten(in_tree, range(in_tree.num_leaves)))[0]]
         what = (f"assigned new values to {len(changed)} leaves of its arguments (first: "
                 f"{_arg_path(paths[changed[0]])})")
+    warned.append(True)
     nnx = any(type(a).__module__.startswith("flax.nnx") for a in
               list(args) + list(kwargs.values()))
     warnings.warn(HlofuseWarning(
