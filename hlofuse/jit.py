@@ -725,7 +725,8 @@ class HlofuseFunction:
                     log.debug("hlofuse: autotune skipped for %s: %s", self._name, e)
                     st.calls = 0   # the next call is its first sight
                 self._maybe_fast()
-            log.info("%s optimized in the background in %.2f s", self._name, st.tier_s)
+            log.log(logging.INFO if st.tier_s >= at.LOG_AFTER_S else logging.DEBUG,
+                    "%s optimized in the background in %.2f s", self._name, st.tier_s)
         except BaseException as e:  # noqa: BLE001 - the calls keep XLA's code; say why
             with self._lock:
                 st.tier, st.tier_error = "failed", f"{type(e).__name__}: {e}"

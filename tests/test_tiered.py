@@ -312,3 +312,19 @@ def test_the_traced_function_is_traced_once_and_copied_not_evaluated(monkeypatch
     assert evaluated
     assert_same(eager[0], want, "reassociate")     # op by op: XLA fuses tanh differently
     assert_same(batched, jnp.stack([want, want]), "reassociate")
+
+
+@pytest.mark.parametrize("threshold,level", [(1e9, "DEBUG"), (0.0, "INFO")])
+def test_the_background_build_logs_at_info_only_when_it_took_long(monkeypatch, caplog,
+                                                                  threshold, level):
+    """A user waits on builds that take seconds and should see them; every small jitted helper
+    printing a line of its own is noise (its build is logged at DEBUG)."""
+    from hlofuse.tools import autotune as at
+    monkeypatch.setattr(at, "LOG_AFTER_S", threshold)
+    args = _args(seed=7)
+    f = hlofuse.jit(model, tiered=True, autotune=False)
+    with caplog.at_level("DEBUG", logger="hlofuse"):
+        f(*args)
+        assert f.block_until_optimized(timeout=120)
+    got = [r.levelname for r in caplog.records if "optimized in the background" in r.getMessage()]
+    assert got == [level]

@@ -180,6 +180,9 @@ SHORT_MODULE_BUDGET_S = 1.0
 #: a caller's single timing of the default (``default_s``) below this is confirmed by more
 CONFIRM_BELOW_S = 0.05
 DEFAULT_BUDGET_S = 10.0
+#: work that took longer than this is logged at INFO (progress a user waiting would notice);
+#: shorter work at DEBUG, so that small jitted helpers do not each print a line
+LOG_AFTER_S = 1.0
 #: the least share of the budget the comparison of hlofuse's program with XLA's own module
 #: gets of its own, whatever the choices before it spent (:func:`tune`): a tuning then takes
 #: up to twice the budget
@@ -1050,7 +1053,7 @@ def tune(make: Callable[[dict], Callable], args: Sequence, kwargs: dict | None,
                  ", and against XLA's own module" if XLA_MODULE in variants else "", budget_s)
 
     def progress(msg):
-        if time.perf_counter() - t0 > 1.0:
+        if time.perf_counter() - t0 > LOG_AFTER_S:
             log.info("autotuning %s: %s", name, msg)
 
     # budget: the choices get 60-75% of it (the rest is for confirming a combination of
