@@ -77,6 +77,11 @@ def _cases() -> list[Case]:
             add(nm, "elementwise", d, lambda shape=shape, t=t: (
                 lambda x, y, b: jnp.tanh(x * y + b) * 0.5 + x,
                 [S(shape, t), S(shape, t), S(shape[-1:], t)]), no_f16_tpu)
+        # divide and sigmoid (a SiLU gate): Triton has no 16-bit divide; gpu/tpu kernels compute
+        # 16-bit arithmetic in f32 and round each result back
+        add("silu_div_4096x4096", "elementwise", d, lambda t=t: (
+            lambda x, y, b: jax.nn.silu(x) / (y * y + 1) + b,
+            [S((4096, 4096), t), S((4096, 4096), t), S((4096,), t)]), no_f16_tpu)
         # reduction: layernorm (tiny, BERT 512x768, 8192 features), softmax/logsumexp over 50k
         for nm, shape in (("layernorm_tiny", (8, 128)), ("layernorm_512x768", (512, 768)),
                           ("layernorm_64x8192", (64, 8192))):

@@ -33,7 +33,7 @@ from hlofuse.ops import EmitError, OpClass, const_value, emit_op, rule_for, spla
 from hlofuse.kernels.interpret import Rule, eval_reference, interpret, reduce_init, reduce_with_init
 from hlofuse.kernels.support import COL, REDUCERS, ROW, SCALAR, reduce_info
 
-__all__ = ["block_rules", "eval_block", "eval_reference", "reduce_rows", "reduce_cols_partial"]
+__all__ = ["block_rules", "emit_f32", "eval_block", "eval_reference", "reduce_rows", "reduce_cols_partial"]
 
 
 def reduce_rows(op, x, *, valid=None, f32_math: bool = False):
@@ -100,9 +100,16 @@ def round_by_floor(x, *, ties_even: bool = True):
 _ROUNDS = {"stablehlo.round_nearest_even": True, "stablehlo.round_nearest_afz": False}
 
 
+def emit_f32(op, args) -> list:
+    """Emit ``op``; on 16-bit floats in f32, its result rounded back (:func:`_upcast_math`)."""
+    return _upcast_math(op, args) or emit_op(op, args)
+
+
 def _upcast_math(op, args):
     """Compute an op on 16-bit floats in f32 and round the result back (Triton has no 16-bit
-    divide/exp/log/...); None when the op needs no upcast."""
+    divide/exp/log/...); None when the op needs no upcast. Exact for add, subtract, multiply,
+    divide and sqrt: f32 has more than twice bf16's and f16's precision plus two bits, so
+    rounding the f32 result again gives the correctly rounded 16-bit one."""
     if op.name in _NO_UPCAST or not any(getattr(a, "dtype", None) in _LOW for a in args):
         return None
     res_dt = hir.np_dtype(hir.tensor_type_info(op.results[0].type).dtype)

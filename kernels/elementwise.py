@@ -32,8 +32,8 @@ from jax.experimental import pallas as pl
 from jaxlib.mlir import ir
 
 from hlofuse import ir as hir
-from hlofuse.ops import EmitError, const_value, splat_scalar
-from hlofuse.kernels.blockeval import round_by_floor
+from hlofuse.ops import EmitError, const_value, emit_op, splat_scalar
+from hlofuse.kernels.blockeval import emit_f32, round_by_floor
 from hlofuse.kernels.interpret import eval_reference, run_region
 from hlofuse.kernels.common import (boundary, call_options, check_tpu_dtypes, from_kernel, int32_bools,
                                     kernel_dtypes, max_itemsize, to_kernel)
@@ -136,11 +136,15 @@ def _shape(v) -> tuple:
 
 
 def elementwise_kernel(*refs, fn_op, n_in: int, bool_in: tuple, bool_out: tuple, block_shape: tuple,
-                       floor_round: bool = False):
-    """Kernel body: load every block, evaluate the region, store every output block."""
+                       accelerator: bool = False):
+    """Kernel body: load every block, evaluate the region, store every output block.
+    ``accelerator`` (gpu/tpu): round ops come from floor, and arithmetic on 16-bit floats runs
+    in f32 with each op's result rounded back to its type (Triton has no bf16 or f16 divide:
+    a bf16 ``x / y`` or sigmoid failed to build and stayed XLA's)."""
     in_refs, out_refs = refs[:n_in], refs[n_in:]
     vals = [from_kernel(r[...], b) for r, b in zip(in_refs, bool_in)]
-    outs = run_region(fn_op, vals, rules=block_rules(block_shape, floor_round=floor_round))
+    outs = run_region(fn_op, vals, rules=block_rules(block_shape, floor_round=accelerator),
+                      emit=emit_f32 if accelerator else emit_op)
     for r, v, b in zip(out_refs, outs, bool_out):
         r[...] = jnp.broadcast_to(to_kernel(v, b), block_shape).astype(r.dtype)
 
@@ -179,7 +183,7 @@ def build_elementwise(spec: ElementwiseSpec, target: Target | str, *, interpret=
     out_dtypes = kernel_dtypes(spec.out_dtypes, bool_out)
     kernel = functools.partial(elementwise_kernel, fn_op=spec.func_op, n_in=len(spec.in_dtypes),
                                bool_in=bool_in, bool_out=bool_out, block_shape=block_shape,
-                               floor_round=not target.is_cpu)
+                               accelerator=not target.is_cpu)
     call = pl.pallas_call(
         kernel,
         out_shape=[jax.ShapeDtypeStruct((rows, cols), d) for d in out_dtypes],
