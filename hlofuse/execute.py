@@ -33,9 +33,17 @@ def backend_for(target: Target | str):
         return None
 
 
-def compile_module(module, backend, *, source: str = "verify"):
+#: XLA's debug options that make a compile compute every op at its declared type: with
+#: ``xla_allow_excess_precision`` (XLA's default) a pair of converts f32 -> bf16 -> f32 may be
+#: dropped, so an op computed in f32 and rounded to bf16 feeds the next one unrounded
+EXACT_PRECISION = {"xla_allow_excess_precision": False}
+
+
+def compile_module(module, backend, *, source: str = "verify", exact: bool = False):
     """Compile ``module`` (``ir.Module``, text or bytecode) for the first device of ``backend``.
 
+    ``exact``: compile with :data:`EXACT_PRECISION` (each op's result rounded to its type, as
+    the module says), instead of the options every ``jax.jit`` compile gets.
     Returns ``(executable, device)``; raises whatever XLA raises. An ``ir.Module`` with host
     callbacks raises :class:`hlofuse.ir.IRError` naming ``source``.
     """
@@ -43,8 +51,9 @@ def compile_module(module, backend, *, source: str = "verify"):
         hir.check_no_host_callbacks(module, source=source)  # a stale callback pointer segfaults
     payload = hir.to_bytecode(module) if isinstance(module, ir.Module) else module
     dev = backend.local_devices()[0]
-    exe = backend.compile_and_load(
-        payload, [dev], jex.backend.get_compile_options(num_replicas=1, num_partitions=1))
+    exe = backend.compile_and_load(payload, [dev], jex.backend.get_compile_options(
+        num_replicas=1, num_partitions=1,
+        env_options_overrides=dict(EXACT_PRECISION) if exact else None))
     return exe, dev
 
 
@@ -57,7 +66,7 @@ def run_compiled(exe, device, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
 
 
 def run_module(module, inputs: Sequence[np.ndarray], *, target: str = "cpu",
-               backend=None) -> list[np.ndarray]:
+               backend=None, exact: bool = False) -> list[np.ndarray]:
     """Compile ``module`` (``ir.Module``, text or bytecode) with XLA and run ``@main`` once.
 
     Args:
@@ -65,11 +74,12 @@ def run_module(module, inputs: Sequence[np.ndarray], *, target: str = "cpu",
       inputs: one array per argument of ``@main``.
       target: 'cpu', 'gpu' or 'tpu'; the backend that runs it (ignored when ``backend`` is given).
       backend: an XLA client to use instead.
+      exact: compile with :data:`EXACT_PRECISION` (see :func:`compile_module`).
 
     Raises whatever XLA raises (compile or runtime errors); callers decide what it means.
     """
     be = backend or backend_for(target)
     if be is None:
         raise RuntimeError(f"no {target} device in this process")
-    exe, dev = compile_module(module, be)
+    exe, dev = compile_module(module, be, exact=exact)
     return run_compiled(exe, dev, inputs)

@@ -315,3 +315,20 @@ def test_regression_layout_assignment_survives_erased_handles():
                Node("slice", (11,), ((1, 3), (2, 4), (1, 2)))),
         outputs=(1, 3, 9, 10, 11, 14), seed=18083, edge=True)
     check_graph(spec)
+
+
+def test_regression_interpret_mode_check_rounds_every_op_to_its_type():
+    """Bug (long fuzz run, tpu target, seed 3737): the interpret-mode check compiled the
+    rebuilt kernel with XLA's default excess precision. The kernel computes a bf16 divide and
+    then tan in f32 from the divide's bf16 result; XLA dropped the convert pair in between, so
+    tan read the unrounded f32 quotient. Near tan's poles one ulp of bf16 is 2-5% of the
+    result: 372 of 2048 elements beyond bf16's tolerance, and a correct kernel was rolled back.
+    Both sides now compile with every op rounded to its type, as Triton and Mosaic run it."""
+    spec = GraphSpec(inputs=(((16, 128), "f16"),),
+                     nodes=(Node("convert", (0,), ("bf16",)), Node("unary", (1,), ("log1p",)),
+                            Node("const", (), (-1.0, (16, 128), "bf16")),
+                            Node("binary", (3, 2), ("div",)), Node("unary", (4,), ("tan",))),
+                     outputs=(2, 4, 5), seed=4)
+    for target in ("tpu", "gpu"):
+        opt = check_graph(spec, target=target, verify=True)
+        assert opt.report.kernels and all("interpret" in r.extra["verify"] for r in opt.report.kernels)
