@@ -26,8 +26,11 @@ verdict (``region.extra['verify']``) and a debug log line (logger ``hlofuse.veri
 
 When the target's device is not present (e.g. ``target='gpu'`` lowered on a CPU machine), the
 spliced kernel cannot run here; the family's kernel is rebuilt in Pallas interpret mode for the
-same target (same block specs and emitters) and checked on the CPU instead; a region whose
-family cannot do that is reported as not verified (``region.extra['verify']``) and kept.
+same target (same block specs and emitters) and checked on the CPU instead, both sides compiled
+with every op rounded to its type (``hlofuse.execute.EXACT_PRECISION``: Triton and Mosaic round
+as the kernel says, while XLA's default lets an f32 value skip its rounding to bf16 between two
+ops); a region whose family cannot do that is reported as not verified
+(``region.extra['verify']``) and kept.
 
 Verification uses random inputs, not the caller's real ones (intermediate values do not exist
 before the program runs): a kernel wrong only on values the trials never produce is not caught.
