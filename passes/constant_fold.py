@@ -527,12 +527,16 @@ class ConstantFold(Pass):
                 why.add("constant subgraph", "operand is a function argument", hir.op_location(op))
         folded = failed = 0
         with module.context, ir.Location.unknown():
-            for op in targets:
+            for op in targets:   # (grows: a failed op's producers are tried in its place)
                 try:
                     val = folder.value(op)
                 except Exception as e:
                     failed += 1
                     why.add("constant subgraph", _eval_reason(e), hir.op_location(op))
+                    # what it is computed from may still fold (reshape(c) under a negate of a
+                    # subnormal c): folded now, not by the next run of the pipeline
+                    for v in op.operands:
+                        want(hir.defining_op(v))
                     continue
                 new = _materialize(val, op)
                 uses = [(u.owner, u.operand_number) for u in op.results[0].uses]
