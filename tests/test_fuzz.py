@@ -332,3 +332,35 @@ def test_regression_interpret_mode_check_rounds_every_op_to_its_type():
     for target in ("tpu", "gpu"):
         opt = check_graph(spec, target=target, verify=True)
         assert opt.report.kernels and all("interpret" in r.extra["verify"] for r in opt.report.kernels)
+
+
+def test_regression_a_more_accurate_16_bit_sum_is_kept():
+    """Bug (long fuzz run, tpu target): a bf16 sum of 272 terms; the kernel accumulates in f32
+    (0.2158), XLA's original in bf16 (0.2930), the exact sum is 0.2163. Cancellation puts
+    XLA's value 35% off, beyond any tolerance relative to the result, and the better kernel
+    was rolled back. A disagreement now also consults the region's float64 twin (its text with
+    every float type f64, run by XLA: no hlofuse emitter in it), and the kernel stays when it
+    is no farther from it than the original, element by element."""
+    spec = GraphSpec(inputs=(((2, 17, 8), "bf16"),),
+                     nodes=(Node("binary", (0, 0), ("min",)), Node("reshape", (1,), ((272,),)),
+                            Node("reduce", (2,), ("add", (0,))), Node("const", (), (0.5, (), "bf16")),
+                            Node("binary", (4, 3), ("mul",))),
+                     outputs=(5,), seed=0)
+    opt = check_graph(spec, target="tpu", verify=True)
+    (k,) = opt.report.kernels
+    assert k.kind == "reduction" and "interpret" in k.extra["verify"]
+
+
+def test_regression_constant_fold_folds_what_a_failed_fold_is_computed_from():
+    """Bug (long fuzz run, tpu target): negate(reshape(c)) with a subnormal bf16 ``c``. The
+    negate is not folded (the CPU that folds flushes subnormals), and neither was the reshape
+    under it, so a second run of the pipeline folded reshape(c) where it fed a kernel: the
+    pipeline was not idempotent. The producers of an op that fails to fold are folded now."""
+    spec = GraphSpec(inputs=(((16, 16), "bf16"),),
+                     nodes=(Node("unary", (0,), ("log",)), Node("compare", (1, 1), ("le",)),
+                            Node("const", (), (-9.183549615799121e-41, (1, 1), "bf16")),
+                            Node("unary", (3,), ("logistic",)), Node("reshape", (4,), ((1,),)),
+                            Node("unary", (3,), ("neg",))),
+                     outputs=(2, 5, 6), seed=3)
+    for target in ("tpu", "cpu"):
+        check_graph(spec, target=target, verify=True)
