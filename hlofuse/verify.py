@@ -261,7 +261,7 @@ class _Trials:
 
     def add(self, trial: str, got, want, how: str = "", exact=None) -> None:
         """``exact``: None, or a callable giving the region's float64 values (its ops before
-        any rounding, :func:`hlofuse.kernels.interpret.eval_wide`) for these inputs."""
+        any rounding, :func:`run_wide`) for these inputs."""
         if self.failed:
             return
         problems = compare(got, want, self.category)
