@@ -412,3 +412,21 @@ def test_edge_inputs_respect_the_domain_of_periodic_ops():
         assert np.nanmax(np.abs(np.where(np.isfinite(bw), bw, 0))) <= 1024  # none when bounded
         if f.dtype.kind == "f" or f.dtype == jnp.bfloat16:
             assert np.isnan(bw).any() and np.isinf(bw).any()              # NaN and inf still fed
+
+
+def test_float64_twin_of_a_region():
+    """run_wide: the region's text with every float type f64, run by XLA (no hlofuse emitter);
+    a region whose value depends on a float's width has no twin."""
+    from hlofuse.verify import run_wide
+    text = """func.func private @r(%x: tensor<272xbf16>) -> tensor<bf16> {
+      %c = stablehlo.constant dense<0.0> : tensor<bf16>
+      %s = stablehlo.reduce(%x init: %c) applies stablehlo.add across dimensions = [0] : (tensor<272xbf16>, tensor<bf16>) -> tensor<bf16>
+      return %s : tensor<bf16>
+    }"""
+    x = np.random.default_rng(0).standard_normal(272).astype(jnp.bfloat16)
+    (got,) = run_wide(text, [x])
+    assert got.dtype == np.float64 and got == np.asarray(x, np.float64).sum()
+    with pytest.raises(ValueError, match="width"):
+        run_wide("func.func private @r(%x: tensor<4xf32>) -> tensor<4xi32> {\n"
+                 "  %0 = stablehlo.bitcast_convert %x : (tensor<4xf32>) -> tensor<4xi32>\n"
+                 "  return %0 : tensor<4xi32>\n}", [np.zeros(4, np.float32)])
