@@ -193,8 +193,7 @@ def block_rules(classes: dict, shapes: dict, *, valid=None, f32_math: bool = Fal
             # ((8, 128) tiles) to the (16, 128) tiles of a 16-bit select ("Invalid relayout")
             dt = args[1].dtype
             return [x.astype(dt) for x in emit_op(op, [args[0]] + [a.astype(jnp.float32) for a in args[1:]])]
-        out = _upcast_math(op, args) if f32_math else None
-        return out or emit_op(op, args)
+        return emit_f32(op, args) if f32_math else emit_op(op, args)
 
     rules = {"stablehlo.constant": constant, "stablehlo.broadcast_in_dim": broadcast,
              "stablehlo.reshape": reshape, "stablehlo.reduce": reduce}
