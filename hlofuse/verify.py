@@ -64,7 +64,7 @@ from hlofuse.pipeline import PassFailure
 from hlofuse.report import HlofuseWarning, Region, Report
 from hlofuse.target import Target
 from hlofuse.testing import (TOLERANCES, GraphSpec, assert_same, compare, edge_bound, edge_inputs,
-                             random_inputs)
+                             random_inputs, tolerance)
 
 __all__ = ["verify_module", "verify_regions", "unoptimized", "RegionCheck", "KIND_CATEGORY",
            "program_category",
@@ -199,6 +199,10 @@ _FLOAT_TYPE = re.compile(r"(?<=[x<])(bf16|f16|f32)\b")
 _WIDTH_BOUND = ("stablehlo.bitcast_convert", "stablehlo.reduce_precision")
 
 
+def _is_float(dtype) -> bool:
+    return dtype.kind == "f" or dtype.name == "bfloat16"
+
+
 def run_wide(func_text: str, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
     """The outputs of a region's original function (its text) with every float type made f64,
     compiled and run by XLA on ``inputs`` widened to f64: the region's ops before any rounding
@@ -209,8 +213,7 @@ def run_wide(func_text: str, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         raise ValueError("the region depends on a float's width")
     ctx = hir.new_context()
     mod = _original_as_main(_FLOAT_TYPE.sub("f64", func_text), ctx)
-    wide = [np.asarray(x).astype(np.float64) if np.asarray(x).dtype.kind == "f"
-            or np.asarray(x).dtype.name == "bfloat16" else np.asarray(x) for x in inputs]
+    wide = [x.astype(np.float64) if _is_float(x.dtype) else x for x in map(np.asarray, inputs)]
     with jax.enable_x64(True):
         return run_module(mod, wide, target="cpu")
 
@@ -233,11 +236,11 @@ def _no_less_accurate(got, want, exact, category: str) -> bool:
         g, w, x = np.asarray(g), np.asarray(w), np.asarray(x)
         if g.shape != w.shape or g.shape != x.shape:
             return False
-        if not (np.issubdtype(g.dtype, np.floating) or g.dtype.name == "bfloat16"):
+        if not _is_float(g.dtype):
             if not np.array_equal(g, w):
                 return False
             continue
-        rtol, atol = TOLERANCES[category][np.dtype(g.dtype).name]
+        rtol, atol = tolerance(g.dtype, category)
         g64, w64, x64 = (a.astype(np.float64) for a in (g, w, x))
         if not np.array_equal(np.isnan(g64), np.isnan(w64)):
             return False
@@ -304,16 +307,13 @@ def _check_on_device(module: ir.Module, regions: list[Region], originals: dict, 
         test, layout = _side_by_side(module, group, originals)
         checks = {r.id: _Trials(r, _category(r, category)) for r in group}
         for t, trial in enumerate(trials):
-            inputs = []
-            for r, _, _, types in layout:
-                inputs += _inputs(types, trial, seed + 7919 * t + r.id, r)
-            outs = run_module(test, inputs, target=target)
+            per_region = [_inputs(types, trial, seed + 7919 * t + r.id, r)
+                          for r, _, _, types in layout]
+            outs = run_module(test, [x for xs in per_region for x in xs], target=target)
             pos = 0
-            at = 0
-            for r, n_in, n_out, _ in layout:
+            for (r, _, n_out, _), ins in zip(layout, per_region):
                 got, want = outs[pos:pos + n_out], outs[pos + n_out:pos + 2 * n_out]
                 pos += 2 * n_out
-                ins, at = inputs[at:at + n_in], at + n_in
                 checks[r.id].add(trial, got, want,
                                  exact=lambda t=originals[r.id], ins=ins: run_wide(t, ins))
         for r in group:
