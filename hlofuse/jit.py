@@ -47,7 +47,7 @@ from hlofuse.passes import graph_util as gu
 from hlofuse.passes.buffer_aliasing import memory_plan
 from hlofuse.report import HlofuseWarning, Report
 from hlofuse.target import Target
-from hlofuse.runtime import (TRACED_NOTE, Options, Program, call, context_mesh,
+from hlofuse.runtime import (TRACED_NOTE, Options, lower_traced, Program, call, context_mesh,
                               context_movable, find_calls, signature_of, typed_shardings)
 from hlofuse.tools import autotune as at
 from hlofuse.tools import module_cache
@@ -1008,7 +1008,7 @@ class HlofuseFunction:
             traced = self._jit.trace(*args, **kwargs)
         finally:
             _CALL.args = None
-        lowered = traced.lower(lowering_platforms=(platform,))
+        lowered = lower_traced(traced, platform, self._name)
         calls = find_calls(traced.jaxpr)
         entry, report = None, None
         if calls:

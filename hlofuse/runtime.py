@@ -98,6 +98,22 @@ def _has_host_callback(jaxpr) -> bool:
     return any(e.primitive.name in HOST_CALLBACKS for e in _all_eqns(jaxpr))
 
 
+def lower_traced(traced, platform: str, name: str):
+    """``traced.lower`` for ``platform``, with jax's refusal to lower host callbacks for
+    another platform than the machine's (``jax.jit`` refuses the same) said plainly."""
+    try:
+        return traced.lower(lowering_platforms=(platform,))
+    except ValueError as e:
+        if "different from the lowering platform" not in str(e):
+            raise
+        raise ValueError(
+            f"{name}: cannot lower for {platform} on this {jax.default_backend()} machine: the "
+            "function calls back into Python on the host (jax.debug.print, jax.debug.callback, "
+            "pure_callback or io_callback), and jax lowers host callbacks only for the platform "
+            "it runs on (jax.jit(f).trace(...).lower(lowering_platforms=...) refuses too). "
+            f"Lower it on a {platform} machine, or take the callbacks out.") from e
+
+
 def signature_of(avals: Sequence) -> Signature:
     """Hashable identity of flat input avals: shape, dtype (object, not its name: cheap) and
     weak type."""
@@ -664,8 +680,8 @@ class Program:
         """Functions with side effects or host callbacks (jax.debug.print, pure_callback,
         io_callback) cannot go through jax.export (it cannot serialize them): they run as
         traced, with plain XLA, and the report says so (:data:`TRACED_NOTE`)."""
-        lowered = jax.jit(functools.partial(_call_jaxpr, self.jaxpr(sig))).trace(
-            *sds(sig)).lower(lowering_platforms=(target.platform,))
+        lowered = lower_traced(jax.jit(functools.partial(_call_jaxpr, self.jaxpr(sig))).trace(
+            *sds(sig)), target.platform, self.name)
         module = hir.parse(lowered.as_text(debug_info=True), source=self.name)
         report = Report(target=target.kind, source=self.name)
         report.note(TRACED_NOTE)

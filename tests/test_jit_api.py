@@ -144,6 +144,16 @@ def test_host_callbacks_run_with_plain_jit_and_say_so(capfd):
     assert any("calls back into Python on the host" in n for n in hf.report(x).notes)
 
 
+def test_host_callbacks_for_another_platform_get_a_plain_error():
+    # jax lowers host callbacks only for the machine's own platform; the error says why
+    def f(x):
+        jax.debug.print("s={}", x.sum())
+        return x * 2
+    other = "tpu" if jax.default_backend() != "tpu" else "gpu"
+    with pytest.raises(ValueError, match=r"^f: cannot lower for .* calls back into Python"):
+        hlofuse.jit(f, target=other).lower(np.ones(4, np.float32))
+
+
 @pytest.mark.parametrize("where", ["top", "scan"])
 @pytest.mark.parametrize("tiered", [False, True])
 def test_pure_callbacks_run_with_plain_jit_and_say_so(where, tiered):
