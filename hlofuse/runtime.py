@@ -65,6 +65,7 @@ from jax.extend import core as jex_core
 
 from hlofuse import ir as hir
 from hlofuse.api import Optimized, optimize
+from hlofuse.kernels.lowering import isolated
 from hlofuse.pipeline import _disabled_from_env
 from hlofuse.report import Report
 from hlofuse.target import CPU, Target
@@ -361,9 +362,9 @@ def context_movable() -> bool:
     tracing/lowering configuration here (thread-local settings such as
     ``jax.default_matmul_precision`` or ``jax.numpy_rank_promotion`` used as context
     managers) equals that of a fresh thread. Mesh contexts do not count: builds run
-    :func:`_isolated` from them."""
+    :func:`~hlofuse.kernels.lowering.isolated` from them."""
     def text():
-        with _isolated():
+        with isolated():
             return _context_text()
     here, there = text(), []
     t = threading.Thread(target=lambda: there.append(text()), name="hlofuse-context-probe")
@@ -911,7 +912,7 @@ def explicit_mesh(shardings):
 def _tracing(shardings, user_code: bool = False):
     """Where a program is traced, exported and built: under its ``Explicit`` mesh (the
     function's sharding-typed ops need it, as under ``jax.set_mesh`` for ``jax.jit``), else
-    :func:`_isolated`. ``user_code``: tracing the user's function, where a bare
+    :func:`~hlofuse.kernels.lowering.isolated`. ``user_code``: tracing the user's function, where a bare
     ``PartitionSpec`` (``with_sharding_constraint(x, P("data"))``) needs a mesh in context:
     the mesh of its input shardings, else the caller's ``jax.set_mesh`` one (never a
     ``shard_map`` body's manual axes: the trace is cached per signature)."""
@@ -923,7 +924,7 @@ def _tracing(shardings, user_code: bool = False):
                 jax.sharding.AxisType.Manual in tuple(mesh_lib.get_abstract_mesh().axis_types):
             mesh = None
     if mesh is None:
-        return _isolated()
+        return isolated()
     stack = contextlib.ExitStack()   # jax.set_mesh's two parts (it refuses inside a trace)
     stack.enter_context(mesh_lib.use_abstract_mesh(mesh.abstract_mesh))
     stack.enter_context(sharding_impls._internal_use_concrete_mesh(mesh))
@@ -937,18 +938,6 @@ def sds_of(sig: Signature, shardings) -> list[jax.ShapeDtypeStruct]:
         return sds(sig)
     return [jax.ShapeDtypeStruct(s, d, weak_type=w, sharding=sh)
             for (s, d, w), sh in zip(sig, shardings)]
-
-
-def _isolated():
-    """A context free of the caller's ambient mesh (a program traced or built while a
-    ``shard_map`` body is lowered is cached per signature and reused everywhere: it must not
-    depend on that body's manual axes)."""
-    stack = contextlib.ExitStack()
-    stack.enter_context(mesh_lib.use_abstract_mesh(mesh_lib.empty_abstract_mesh))
-    # nor of its concrete one (``jax.set_mesh``): kernels lower on their own one-device mesh
-    stack.enter_context(sharding_impls._internal_use_concrete_mesh(mesh_lib.empty_concrete_mesh))
-    stack.enter_context(jconfig._check_vma(False))
-    return stack
 
 
 def _named(fun, name: str):

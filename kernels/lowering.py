@@ -17,6 +17,23 @@ import jax
 from hlofuse.target import Target
 
 
+def isolated():
+    """A context free of the caller's ambient mesh, abstract (a ``shard_map`` body's manual
+    axes) and concrete (``jax.set_mesh``, an ``Explicit`` mesh a sharded program is traced
+    under). Kernels lower on their own one-device mesh: a kernel's body must not carry
+    sharding ops of the program it was first built for (kernels are cached per region and
+    reused in every program), and a program traced while a ``shard_map`` body is lowered is
+    cached per signature and reused everywhere."""
+    from jax._src import config as jconfig
+    from jax._src import mesh as mesh_lib
+    from jax._src import sharding_impls
+    stack = contextlib.ExitStack()
+    stack.enter_context(mesh_lib.use_abstract_mesh(mesh_lib.empty_abstract_mesh))
+    stack.enter_context(sharding_impls._internal_use_concrete_mesh(mesh_lib.empty_concrete_mesh))
+    stack.enter_context(jconfig._check_vma(False))
+    return stack
+
+
 @contextlib.contextmanager
 def target_context(target: Target):
     """TPU kernels that query hardware info need an abstract TPU device to lower from CPU:
@@ -146,6 +163,6 @@ def lower_to_text(fn: Callable, in_avals: Sequence[jax.ShapeDtypeStruct], target
     target = Target.of(target)
     if target.is_cpu:
         _register_cpu_interpret_rule()
-    with target_context(target):
+    with isolated(), target_context(target):
         lowered = jax.jit(fn).trace(*in_avals).lower(lowering_platforms=(target.platform,))
     return lowered.as_text(debug_info=True)

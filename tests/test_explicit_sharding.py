@@ -161,3 +161,43 @@ def test_explicit_mesh_programs_run_and_fuse_per_shard():
     # dropped (a reshape of a full-size splat had no per-shard shape: the build failed)
     assert "attention" in out["scan"]["per_shard"], out["scan"]
     assert {"attention_fwd_lse", "attention_bwd"} <= set(out["scan_train"]["per_shard"])
+
+
+# A region's kernel is built once and reused by every program with that region. Built first
+# while a program on an Explicit mesh was optimized, it carried that mesh's sharding ops
+# (`sdy.sharding_constraint ... @mesh`) into the next program, a shard_map body with no mesh:
+# "kernelize failed ... unknown mesh: @mesh", and the body ran unoptimized.
+CHILD_REUSE = textwrap.dedent('''
+    import json, os, sys, warnings
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    os.environ["HLOFUSE_MODULE_CACHE"] = "0"
+    sys.path.insert(0, ROOT)
+    import numpy as np, jax, jax.numpy as jnp, hlofuse
+    from jax import lax, shard_map
+    from jax.sharding import NamedSharding, PartitionSpec as P, AxisType
+    from hlofuse.testing import compare
+    mesh = jax.make_mesh((4,), ("d",), axis_types=(AxisType.Explicit,))
+    R = np.random.default_rng(0)
+    x = jax.device_put(R.standard_normal((32, 64)).astype(np.float32), NamedSharding(mesh, P("d")))
+    w = jax.device_put(R.standard_normal((64, 64)).astype(np.float32), NamedSharding(mesh, P()))
+    f = lambda x, w: jax.nn.gelu(x @ w) * 2 + jnp.tanh(x).sum(-1, keepdims=True)
+    specs = dict(mesh=mesh, in_specs=(P("d"), P()), out_specs=P())
+    out = {}
+    opts = dict(tiered=False, autotune=False, options={"strict": True})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        outer = hlofuse.jit(shard_map(lambda a, b: lax.psum(f(a, b), "d"), **specs), **opts)
+        inner = hlofuse.jit(f, **opts)
+        body = jax.jit(shard_map(lambda a, b: lax.psum(inner(a, b), "d"), **specs))
+        want = jax.jit(shard_map(lambda a, b: lax.psum(f(a, b), "d"), **specs))(x, w)
+        for name, fn in (("outer", outer), ("inner", body)):
+            out[name] = {"problems": compare(fn(x, w), want, "reassociate")}
+        out["inner"]["kernels"] = len(inner.lower(np.asarray(x)[:8], np.asarray(w)).report.kernels)
+    print(json.dumps(out))
+''').replace("ROOT", repr(ROOT))
+
+
+def test_kernels_built_under_an_explicit_mesh_are_reused_in_a_shard_map_body():
+    out = run_json_child(CHILD_REUSE, timeout=600)
+    assert not out["outer"]["problems"] and not out["inner"]["problems"], out
+    assert out["inner"]["kernels"] >= 1, out
