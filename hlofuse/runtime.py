@@ -768,9 +768,17 @@ class Program:
                            linear=range(n_res, n_res + sum(nonzero)))
         return self._derive(("tangent", nonzero, sig), make)
 
-    def transpose_program(self, n_in: int, linear_avals: tuple, ct_nonzero: tuple) -> "Program":
-        """``(non-linear inputs..., nonzero cotangents...) -> cotangents of the linear inputs``."""
-        lin = self.linear
+    def transpose_program(self, n_in: int, linear_avals: tuple, ct_nonzero: tuple,
+                          lin: tuple | None = None) -> "Program":
+        """``(non-linear inputs..., nonzero cotangents...) -> cotangents of the linear inputs``.
+
+        ``lin``: for a program that is not a derived linear one (a user's function under
+        ``jax.linear_transpose``, or a matvec in ``jax.scipy.sparse.linalg.cg`` under
+        ``jax.grad``), the inputs it is transposed in; it is then transposed with
+        ``jax.linear_transpose``, which fails as for ``jax.jit`` when it is not linear in them
+        (a derived program is linear by construction: its VJP at zero is its transpose)."""
+        checked = lin is not None
+        lin = tuple(lin) if checked else self.linear
         n_nonlin = n_in - len(lin)
 
         def make():
@@ -783,12 +791,16 @@ class Program:
                     nl, li = iter(nonlin), iter(lv)
                     return fn(*[next(li) if i in lin else next(nl) for i in range(n_in)])
                 zeros = [jnp.zeros(s, d, out_sharding=sh) for s, d, sh in linear_avals]
-                outs, pull = jax.vjp(restricted, *zeros)
+                if checked:
+                    outs = jax.eval_shape(restricted, *zeros)
+                    pull = jax.linear_transpose(restricted, *zeros)
+                else:
+                    outs, pull = jax.vjp(restricted, *zeros)
                 full = [next(cts) if nz else jnp.zeros_like(o) for o, nz in zip(outs, ct_nonzero)]
                 return tuple(pull(tuple(full)))
             return Program(transposed, self.opts, name=f"T({self.name})",
                            linear=range(n_nonlin, n_nonlin + sum(ct_nonzero)))
-        return self._derive(("T", n_in, linear_avals, ct_nonzero), make)
+        return self._derive(("T", n_in, linear_avals, ct_nonzero, lin if checked else None), make)
 
     def batched_program(self, in_batched: tuple) -> "Program":
         axes = tuple(0 if b else None for b in in_batched)
@@ -1061,10 +1073,9 @@ ad.primitive_jvps[hlofuse_call_p] = _jvp
 
 
 def _transpose(cts, *args, program: Program):
-    lin = program.linear
-    if not lin:
-        raise NotImplementedError(f"{program.name} is not linear: it cannot be transposed")
     undefined = [i for i, a in enumerate(args) if ad.is_undefined_primal(a)]
+    # a user's function (no derived linear inputs): transposed in the inputs jax asks for
+    lin = program.linear or tuple(undefined)
     if any(i not in lin for i in undefined):
         raise NotImplementedError(f"{program.name}: transpose with respect to a non-linear input")
     lin_avals = [a.aval if ad.is_undefined_primal(a) else jax.typeof(a)
@@ -1076,7 +1087,8 @@ def _transpose(cts, *args, program: Program):
     ct_nonzero = tuple(type(c) is not ad.Zero for c in cts)
     if not any(ct_nonzero):
         return [None] * len(args)
-    tp = program.transpose_program(len(args), linear_avals, ct_nonzero)
+    tp = program.transpose_program(len(args), linear_avals, ct_nonzero,
+                                   None if program.linear else lin)
     res = iter(_bind(tp, [*nonlin, *[c for c in cts if type(c) is not ad.Zero]]))
     out = [None] * len(args)
     for i in lin:

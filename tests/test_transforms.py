@@ -166,3 +166,36 @@ def test_hlofuse_jit_created_inside_a_transformation_closing_over_tracers(outer)
          "vmap": lambda g: jax.vmap(g, in_axes=(0, None))}[outer]
     arg = jnp.stack([w, 2 * w]) if outer == "vmap" else w
     assert_same(t(loss)(arg, hlofuse), t(loss)(arg, jax), "grad")
+
+
+def test_linear_transpose_of_a_users_linear_function():
+    """``jax.linear_transpose`` of ``hlofuse.jit(f)`` and a solver transposing its matvec
+    (``custom_linear_solve`` under ``jax.grad``), as for ``jax.jit(f)``. Before: "f is not
+    linear: it cannot be transposed" for any user function, linear or not."""
+    x, w, b = _args()
+
+    def lin(x, w, b):   # linear in x
+        y = x @ w
+        return {"y": y * 2.0 - y.sum(-1, keepdims=True), "col": x.sum(0) * b}
+
+    ct = jax.tree_util.tree_map(lambda v: jnp.cos(v), lin(x, w, b))
+    for lib in (jax, hlofuse):
+        f = lib.jit(lin)
+        got = jax.linear_transpose(lambda x: f(x, w, b), x)(ct)
+        if lib is jax:
+            want = got
+    assert_same(got, want, "reassociate")
+    assert hlofuse.jit(lin).report(x, w, b).kernels
+    # not linear: an error, as jax.jit's (jax checks the function's own jaxpr)
+    with pytest.raises(NotImplementedError, match="tanh"):
+        jax.linear_transpose(hlofuse.jit(lambda x: jnp.tanh(x @ w)), x)(x)
+    # a non-symmetric solve's gradient transposes the matvec
+    a = w @ w.T + 8.0 * jnp.eye(32) + 0.3 * w
+
+    def loss(v, mv):
+        sol = jax.lax.custom_linear_solve(
+            mv, v, solve=lambda m, r: jnp.linalg.solve(a, r),
+            transpose_solve=lambda m, r: jnp.linalg.solve(a.T, r))
+        return jnp.sum(jnp.tanh(sol) ** 2)
+    mv = lambda v: a @ v - 0.5 * v   # noqa: E731
+    assert_same(jax.grad(loss)(x[0], hlofuse.jit(mv)), jax.grad(loss)(x[0], jax.jit(mv)), "grad")
