@@ -351,6 +351,36 @@ def test_regression_a_more_accurate_16_bit_sum_is_kept():
     assert k.kind == "reduction" and "interpret" in k.extra["verify"]
 
 
+def test_regression_a_dot_that_keeps_an_overflowing_product_is_kept():
+    """Bug (long fuzz run, gpu target, seed 6262): a bf16 ``dot(x, x.T)`` on edge inputs; one
+    output element sums -inf with products past f32's range. XLA's original rounds each such
+    product to +inf (+inf + -inf = NaN); the interpret-mode kernel's dot fuses the multiply
+    and the add (exact product: -inf, the float64 value). The NaN rule ("a NaN on both sides")
+    rolled the kernel back; the kernel may now hold the float64 value where the original
+    overflowed to inf or NaN."""
+    spec = GraphSpec(inputs=(((17, 17), "bf16"), ((17, 17), "f32")),
+                     nodes=(Node("dot", (0, 0), ()), Node("convert", (2,), ("f32",)),
+                            Node("binary", (3, 1), ("add",))),
+                     outputs=(2, 4), seed=1)
+    opt = check_graph(spec, target="gpu", verify=True)
+    assert [k.kind for k in opt.report.kernels] == ["matmul_epilogue"]
+
+
+def test_regression_an_int_from_a_more_accurate_16_bit_sum_is_kept():
+    """Bug (long fuzz run, gpu target, seed 6262): an f16 sum of edge values (cancellation
+    around 65504) divided by 2**-14 and converted to int32. The kernel sums in f32: 16400;
+    XLA's f16 accumulation: 41344; the float64 evaluation: 16399. Integer outputs had to agree
+    exactly, and the better kernel was rolled back. An integer may now be no farther from the
+    float64 evaluation than the original's (exact where the region computes on integers)."""
+    spec = GraphSpec(inputs=(((8,), "f16"),),
+                     nodes=(Node("reduce", (0,), ("add", (0,))),
+                            Node("const", (), (6.103515625e-05, (), "f16")),
+                            Node("binary", (1, 2), ("div",)), Node("convert", (3,), ("i32",))),
+                     outputs=(1, 4), seed=9)
+    opt = check_graph(spec, target="gpu", verify=True)
+    assert opt.report.kernels
+
+
 def test_regression_constant_fold_folds_what_a_failed_fold_is_computed_from():
     """Bug (long fuzz run, tpu target): negate(reshape(c)) with a subnormal bf16 ``c``. The
     negate is not folded (the CPU that folds flushes subnormals), and neither was the reshape

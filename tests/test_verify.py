@@ -430,3 +430,26 @@ def test_float64_twin_of_a_region():
         run_wide("func.func private @r(%x: tensor<4xf32>) -> tensor<4xi32> {\n"
                  "  %0 = stablehlo.bitcast_convert %x : (tensor<4xf32>) -> tensor<4xi32>\n"
                  "  return %0 : tensor<4xi32>\n}", [np.zeros(4, np.float32)])
+
+
+def test_no_less_accurate_rules_for_non_finite_and_integer_outputs():
+    """A kernel that differs from the original is kept when it is no farther from the float64
+    evaluation: it may hold the float64 value where the original overflowed to inf or NaN, and
+    an integer no farther from it; a NaN the float64 value has, or an integer the region
+    computes exactly, must stay the original's."""
+    from hlofuse.verify import _no_less_accurate
+
+    def kept(got, want, exact, dtype=np.float32):
+        return _no_less_accurate([np.array(got, dtype)], [np.array(want, dtype)],
+                                 lambda: [np.array(exact, np.float64)], "reassociate")
+    inf, nan = np.inf, np.nan
+    assert kept([-inf, 1.0], [nan, 1.0], [-inf, 1.0])          # overflowed product, kept exact
+    assert kept([3e38], [inf], [3e38])
+    assert not kept([inf], [nan], [-inf])                       # not the float64 value
+    assert not kept([1.0], [nan], [nan])                        # the NaN is the answer
+    assert not kept([nan], [1.0], [1.0])
+    assert not kept([inf], [1.0], [1.0])
+    assert kept([16400], [41344], [16399], np.int32)            # an f16 sum converted to int
+    assert not kept([5], [4], [4], np.int32)                    # integers computed exactly
+    assert kept([True], [False], [True], np.bool_)
+    assert not kept([True], [False], [False], np.bool_)
