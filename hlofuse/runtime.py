@@ -802,6 +802,23 @@ class Program:
                            linear=range(n_nonlin, n_nonlin + sum(ct_nonzero)))
         return self._derive(("T", n_in, linear_avals, ct_nonzero, lin if checked else None), make)
 
+    def jet_program(self, order: int) -> "Program":
+        """``(primals..., series...) -> (primal outputs..., output series...)``: the Taylor
+        propagation of ``jax.experimental.jet`` to ``order``, each input's and output's
+        ``order`` terms flattened in a row, optimized like any program."""
+        def make():
+            from jax.experimental.jet import jet
+            fn = self.traced_fun
+
+            def jetted(*xs):
+                n = len(xs) // (order + 1)
+                series = tuple(list(xs[n + i * order:n + (i + 1) * order]) for i in range(n))
+                p_out, s_out = jet(lambda *a: tuple(fn(*a)), tuple(xs[:n]), series,
+                                   factorial_scaled=False)   # as jet's rules take them
+                return (*p_out, *[t for s in s_out for t in s])
+            return Program(jetted, self.opts, name=f"jet({self.name})")
+        return self._derive(("jet", order), make)
+
     def batched_program(self, in_batched: tuple) -> "Program":
         axes = tuple(0 if b else None for b in in_batched)
 
@@ -1110,6 +1127,22 @@ def _batch(args, dims, *, program: Program):
 
 
 batching.primitive_batchers[hlofuse_call_p] = _batch
+
+
+def _jet(primals, series, *, program: Program):
+    order = len(series[0]) if series else 0
+    n_out = len(program.jaxpr(signature_of([jax.typeof(x) for x in primals])).out_avals)
+    outs = _bind(program.jet_program(order), [*primals, *[t for s in series for t in s]])
+    return outs[:n_out], [list(outs[n_out + i * order:n_out + (i + 1) * order])
+                          for i in range(n_out)]
+
+
+def _register_jet() -> None:
+    from jax.experimental import jet as jet_module   # 1 ms; jax's own transformations are in
+    jet_module.jet_rules[hlofuse_call_p] = _jet
+
+
+_register_jet()
 
 
 def find_calls(jaxpr) -> list[tuple[Program, Signature]]:

@@ -199,3 +199,17 @@ def test_linear_transpose_of_a_users_linear_function():
         return jnp.sum(jnp.tanh(sol) ** 2)
     mv = lambda v: a @ v - 0.5 * v   # noqa: E731
     assert_same(jax.grad(loss)(x[0], hlofuse.jit(mv)), jax.grad(loss)(x[0], jax.jit(mv)), "grad")
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_jet_of_hlofuse_jit(name):
+    """``jax.experimental.jet`` (Taylor-mode) through ``hlofuse.jit(f)`` to third order, as
+    through ``jax.jit(f)``; before: KeyError hlofuse_call (no jet rule)."""
+    from jax.experimental.jet import jet
+    a = _args()
+    rng = np.random.default_rng(1)
+    series = tuple([jnp.asarray(rng.standard_normal(v.shape), v.dtype) * 0.1 for _ in range(3)]
+                   for v in a)
+    want = jet(jax.jit(PROGRAMS[name]), a, series)
+    got = jet(hlofuse.jit(PROGRAMS[name], autotune=False), a, series)
+    assert_same(got, want, "grad")
