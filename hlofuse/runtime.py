@@ -25,7 +25,11 @@ called through the primitive ``hlofuse_call`` whose rules make it a first-class 
   ``fwd(f)`` then linearizes under a ``jax.checkpoint`` policy that saves products and
   everything but cheap ops, and not attention's probabilities, which ``T(jvp(f))`` recomputes
   (:data:`GRAD_REMAT_NOTE`), so both programs get attention kernels;
-* **batching**: a derived program ``vmap(f)`` with the batched axes moved to the front.
+  A user's own program reaching a transpose (``jax.linear_transpose``, the matvec of a
+  non-symmetric ``custom_linear_solve`` under ``grad``) is transposed with
+  ``jax.linear_transpose``, which refuses a non-linear one as for ``jax.jit``;
+* **batching**: a derived program ``vmap(f)`` with the batched axes moved to the front;
+* **Taylor mode** (``jax.experimental.jet``): a derived program ``jet(f)`` to the order asked.
 
 Because every rule only derives new programs, everything composes: ``jit``, ``grad``, ``vjp``,
 ``jvp``, ``linearize``, ``hessian``, ``vmap``, ``scan``/``cond``/``while`` bodies,
