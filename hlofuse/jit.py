@@ -47,8 +47,9 @@ from hlofuse.passes import graph_util as gu
 from hlofuse.passes.buffer_aliasing import memory_plan
 from hlofuse.report import HlofuseWarning, Report
 from hlofuse.target import Target
-from hlofuse.runtime import (TRACED_NOTE, Options, lower_traced, Program, call, context_mesh,
-                              context_movable, find_calls, signature_of, typed_shardings)
+from hlofuse.runtime import (TRACED_NOTE, Options, Program, call, context_mesh,
+                              context_movable, find_calls, lower_traced, signature_of,
+                              typed_shardings)
 from hlofuse.tools import autotune as at
 from hlofuse.tools import module_cache
 

@@ -945,8 +945,8 @@ def explicit_mesh(shardings):
 def _tracing(shardings, user_code: bool = False):
     """Where a program is traced, exported and built: under its ``Explicit`` mesh (the
     function's sharding-typed ops need it, as under ``jax.set_mesh`` for ``jax.jit``), else
-    :func:`~hlofuse.kernels.lowering.isolated`. ``user_code``: tracing the user's function, where a bare
-    ``PartitionSpec`` (``with_sharding_constraint(x, P("data"))``) needs a mesh in context:
+    :func:`~hlofuse.kernels.lowering.isolated`. ``user_code``: tracing the user's function,
+    where a bare ``PartitionSpec`` (``with_sharding_constraint(x, P("data"))``) needs a mesh in context:
     the mesh of its input shardings, else the caller's ``jax.set_mesh`` one (never a
     ``shard_map`` body's manual axes: the trace is cached per signature)."""
     mesh = explicit_mesh(shardings)
@@ -1142,7 +1142,8 @@ def _jet(primals, series, *, program: Program):
 
 
 def _register_jet() -> None:
-    from jax.experimental import jet as jet_module   # 1 ms; jax's own transformations are in
+    """``jax.experimental.jet`` keeps its rules in its own table (importing it: 1 ms)."""
+    from jax.experimental import jet as jet_module
     jet_module.jet_rules[hlofuse_call_p] = _jet
 
 

@@ -223,9 +223,9 @@ def _no_less_accurate(got, want, exact, category: str) -> bool:
     distance from the float64 values plus the ``category`` tolerance? Then both are roundings
     of the same computation and the kernel is the better one: a 16-bit sum accumulated in f32
     against XLA's bf16 accumulation, which cancellation leaves far from the exact sum. Integer
-    and boolean outputs: :func:`_int_no_farther`; a NaN or infinity must be the same on both sides,
-    unless the kernel holds the float64 value where the original overflowed to one. False
-    when the float64 values cannot be computed."""
+    and boolean outputs: :func:`_int_no_farther`; a NaN or infinity must be the same on both
+    sides, unless the kernel holds the float64 value where the original overflowed to one.
+    False when the float64 values cannot be computed."""
     try:
         exact = exact()
     except Exception as e:  # noqa: BLE001 - no yardstick: the comparison with want decides
