@@ -772,17 +772,14 @@ class Program:
                            linear=range(n_res, n_res + sum(nonzero)))
         return self._derive(("tangent", nonzero, sig), make)
 
-    def transpose_program(self, n_in: int, linear_avals: tuple, ct_nonzero: tuple,
-                          lin: tuple | None = None) -> "Program":
-        """``(non-linear inputs..., nonzero cotangents...) -> cotangents of the linear inputs``.
-
-        ``lin``: for a program that is not a derived linear one (a user's function under
-        ``jax.linear_transpose``, or a matvec in ``jax.scipy.sparse.linalg.cg`` under
-        ``jax.grad``), the inputs it is transposed in; it is then transposed with
-        ``jax.linear_transpose``, which fails as for ``jax.jit`` when it is not linear in them
-        (a derived program is linear by construction: its VJP at zero is its transpose)."""
-        checked = lin is not None
-        lin = tuple(lin) if checked else self.linear
+    def transpose_program(self, n_in: int, lin: tuple, linear_avals: tuple,
+                          ct_nonzero: tuple) -> "Program":
+        """``(non-linear inputs..., nonzero cotangents...) -> cotangents of the linear inputs``
+        (positions ``lin``). A derived linear program is linear by construction: its VJP at
+        zero is its transpose. Any other (a user's function under ``jax.linear_transpose``, the
+        matvec of a ``custom_linear_solve`` under ``jax.grad``) is transposed with
+        ``jax.linear_transpose``, which fails as for ``jax.jit`` when it is not linear."""
+        checked = not self.linear
         n_nonlin = n_in - len(lin)
 
         def make():
@@ -804,7 +801,7 @@ class Program:
                 return tuple(pull(tuple(full)))
             return Program(transposed, self.opts, name=f"T({self.name})",
                            linear=range(n_nonlin, n_nonlin + sum(ct_nonzero)))
-        return self._derive(("T", n_in, linear_avals, ct_nonzero, lin if checked else None), make)
+        return self._derive(("T", n_in, lin, linear_avals, ct_nonzero), make)
 
     def jet_program(self, order: int) -> "Program":
         """``(primals..., series...) -> (primal outputs..., output series...)``: the Taylor
@@ -1108,8 +1105,7 @@ def _transpose(cts, *args, program: Program):
     ct_nonzero = tuple(type(c) is not ad.Zero for c in cts)
     if not any(ct_nonzero):
         return [None] * len(args)
-    tp = program.transpose_program(len(args), linear_avals, ct_nonzero,
-                                   None if program.linear else lin)
+    tp = program.transpose_program(len(args), tuple(lin), linear_avals, ct_nonzero)
     res = iter(_bind(tp, [*nonlin, *[c for c in cts if type(c) is not ad.Zero]]))
     out = [None] * len(args)
     for i in lin:

@@ -89,10 +89,9 @@ def _crashes_alone(spec: str) -> tuple[bool, str]:
 def supervise(args) -> None:
     """Run the graphs in child processes, recording and skipping any that kill one."""
     deadline = time.time() + 60 * args.minutes if args.minutes else 0
-    argv = [a for a in sys.argv[1:]]
     skip, crashes = args.skip, 0
     while True:
-        p = subprocess.run([sys.executable, os.path.abspath(__file__), *argv, "--child",
+        p = subprocess.run([sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--child",
                             "--skip", str(skip), "--deadline", str(deadline)])
         if p.returncode == 0:
             break
