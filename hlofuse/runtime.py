@@ -36,7 +36,9 @@ Because every rule only derives new programs, everything composes: ``jit``, ``gr
 ``jax.checkpoint`` and ``shard_map`` bodies, at any nesting depth, and each derived program is
 fused too. Functions with side effects (host callbacks: ``jax.debug.print``,
 ``pure_callback``, ``io_callback``) cannot go through ``jax.export``; they are inlined as traced
-and run with plain XLA (:meth:`Program.runs_as_traced`; the report says so).
+and run with plain XLA (:meth:`Program.runs_as_traced`; the report says so). A callback the
+jaxpr does not show (a library primitive that calls back in its lowering rule) is found when
+export refuses the module, and that signature runs as traced from then on.
 
 Building an entry is serialized per program by a lock, so concurrent first calls compile once.
 """
@@ -96,6 +98,11 @@ def _all_eqns(jaxpr):
     yield from jaxpr.eqns
     for sub in jcore.subjaxprs(jaxpr):
         yield from _all_eqns(sub)
+
+
+def _is_host_callback_refusal(e: BaseException) -> bool:
+    """Whether ``e`` is ``jax.export``'s refusal of a module that calls back into Python."""
+    return isinstance(e, NotImplementedError) and "serialization of host_callbacks" in str(e)
 
 
 def _has_host_callback(jaxpr) -> bool:
@@ -674,9 +681,19 @@ class Program:
         if self.runs_as_traced(sig):
             return self.plain_entry(sig, target)
         fun = _named(functools.partial(_call_jaxpr, self.jaxpr(sig)), self.name)
-        exp, opt = export_optimized(fun, sig, self.opts, name=self.name, donated=self.donated,
-                                    target=target, shardings=self.shardings,
-                                    spmd_devices=spmd_devices, jaxpr=self.jaxpr(sig))
+        try:
+            exp, opt = export_optimized(fun, sig, self.opts, name=self.name,
+                                        donated=self.donated, target=target,
+                                        shardings=self.shardings, spmd_devices=spmd_devices,
+                                        jaxpr=self.jaxpr(sig))
+        except NotImplementedError as e:
+            if not _is_host_callback_refusal(e):
+                raise
+            # a callback the jaxpr does not show: a library primitive that calls back only in
+            # its lowering rule (Equinox's runtime checks inside lineax's ``linear_solve``).
+            # From now on this signature runs as traced, as if the jaxpr had shown it.
+            self._as_traced[sig] = True   # under the lock of :meth:`entry`
+            return self.plain_entry(sig, target)
         for msg in self.build_notes.get(sig, ()):
             opt.report.note(msg)
         return Entry(exp, opt, tuple(exp.out_avals), tuple(sds(sig)), target)

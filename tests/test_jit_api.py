@@ -179,6 +179,48 @@ def test_pure_callbacks_run_with_plain_jit_and_say_so(where, tiered):
     assert_same(jax.vmap(hf)(xs), jax.vmap(f)(xs), "exact")
 
 
+def _hidden_callback_primitive():
+    """A primitive that calls back into Python only in its lowering rule, as Equinox's runtime
+    checks do inside lineax's ``linear_solve``: its jaxpr shows no callback."""
+    from jax.extend.core import Primitive
+    from jax.interpreters import batching, mlir
+
+    calls = []
+
+    def host(a):
+        calls.append(1)
+        return np.asarray(a) * 2
+
+    p = Primitive("hlofuse_test_hidden_callback")
+    p.def_abstract_eval(lambda x: x)
+    p.def_impl(lambda x: x * 2)
+    mlir.register_lowering(p, mlir.lower_fun(
+        lambda x: jax.pure_callback(host, jax.ShapeDtypeStruct(x.shape, x.dtype), x,
+                                    vmap_method="sequential"), multiple_results=False))
+    batching.primitive_batchers[p] = lambda args, dims: (p.bind(*args), dims[0])
+    return p, calls
+
+
+@pytest.mark.parametrize("tiered", [False, True])
+def test_a_callback_hidden_in_a_lowering_rule_runs_as_traced(tiered):
+    p, calls = _hidden_callback_primitive()
+
+    def f(x):
+        return jax.nn.softmax(p.bind(x), axis=-1)
+    x = np.random.default_rng(0).standard_normal((8, 16)).astype(np.float32)
+    hf = hlofuse.jit(f, autotune=False, tiered=tiered)
+    want = jax.jit(f)(x)
+    for _ in range(3):
+        assert_same(hf(x), want, "exact")
+    if tiered:
+        hf.block_until_optimized()
+        assert_same(hf(x), want, "exact")
+    assert calls, "the callback never ran"
+    assert any("calls back into Python on the host" in n for n in hf.report(x).notes)
+    xs = np.stack([x, -x])
+    assert_same(jax.vmap(hf)(xs), jax.vmap(jax.jit(f))(xs), "exact")
+
+
 def test_custom_call_program_runs_and_report_says_why():
     f = lambda x: jnp.linalg.inv(x @ x.T + 4 * jnp.eye(4)) * 2.0 + 1.0
     x = np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32)
