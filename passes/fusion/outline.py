@@ -96,10 +96,15 @@ def region_boundary(members: list) -> Boundary:
 
 
 def outline_region(module: ir.Module, members: list, name: str, *, region_id: int, kind: str):
-    """Replace ``members`` (ops of one block, program order) with a call to a new function.
+    """Replace ``members`` (ops of one block) with a call to a new function.
+
+    The members are taken in program order, whatever order they come in (merged sibling
+    groups come group by group, and a later group may start before an earlier one): the body
+    is cloned in that order and the call goes after the last of them.
 
     Returns (call_op, func_op, boundary).
     """
+    members = in_program_order(members)
     b = region_boundary(members)
     if not b.outputs:
         raise hir.IRError(f"internal: region {name} has no outputs")
@@ -149,6 +154,12 @@ def outline_region(module: ir.Module, members: list, name: str, *, region_id: in
     return call, fn, b
 
 
+def in_program_order(ops: list) -> list:
+    """``ops`` (of one block) sorted by their position in it."""
+    return sorted(ops, key=functools.cmp_to_key(
+        lambda a, b: 0 if a == b else (-1 if a.is_before_in_block(b) else 1)))
+
+
 def _sink_dependents(members: list, call, outputs: list) -> None:
     """Move outside ops between the first member and the call that (transitively) use a
     region output to just after the call, keeping their order.
@@ -173,7 +184,7 @@ def _sink_dependents(members: list, call, outputs: list) -> None:
                 continue           # after the call already, and so are its users
             moving.append(op)
             stack.extend(op.results)
-    moving.sort(key=functools.cmp_to_key(lambda a, b: -1 if a.is_before_in_block(b) else 1))
+    moving = in_program_order(moving)
     anchor = call
     for op in moving:
         op.move_after(anchor)

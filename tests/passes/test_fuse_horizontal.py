@@ -167,3 +167,34 @@ def test_sibling_groups_feeding_each_other_both_ways_are_not_both_merged():
     rep = f.report(x, x, w)
     assert len([r for r in rep.regions if r.extra.get("horizontal")]) == 1
     assert_same(f(x, x, w), jax.jit(fn)(x, x, w), "reassociate")
+
+
+# the first merge {exp(u), sin(u)} sinks the dot and {select, abs} below its call; the second
+# merge {select(x, d), abs} + {select(x, y)} must then go after the sunk ops, not after the
+# op that was last before the first merge moved them
+SUNK_BY_AN_EARLIER_MERGE = """
+func.func @main(%x: tensor<8xf32>, %p: tensor<i1>, %y: tensor<8xf32>, %u: tensor<8xf32>,
+                %m: tensor<8x8xf32>) -> (tensor<8xf32>, tensor<8xf32>, tensor<8xf32>) {
+  %e1 = stablehlo.exponential %u : tensor<8xf32>
+  %d = stablehlo.dot_general %m, %e1, contracting_dims = [1] x [0] : (tensor<8x8xf32>, tensor<8xf32>) -> tensor<8xf32>
+  %c = stablehlo.select %p, %x, %d : tensor<i1>, tensor<8xf32>
+  %ac = stablehlo.abs %c : tensor<8xf32>
+  %b = stablehlo.select %p, %x, %y : tensor<i1>, tensor<8xf32>
+  %e2 = stablehlo.sine %u : tensor<8xf32>
+  return %e2, %b, %ac : tensor<8xf32>, tensor<8xf32>, tensor<8xf32>
+}
+"""
+
+
+def test_a_merge_after_an_earlier_merge_moved_its_members():
+    from hlofuse.execute import run_module
+    out = hlofuse.optimize(SUNK_BY_AN_EARLIER_MERGE, pipeline=["fuse-horizontal{cpu_kernels=true}"],
+                           options={"strict": True})
+    merged = [sorted(r.ops) for r in out.report.regions if r.extra.get("horizontal")]
+    assert merged == [["stablehlo.exponential", "stablehlo.sine"],
+                      ["stablehlo.abs", "stablehlo.select", "stablehlo.select"]]
+    args = [R.standard_normal(8).astype(F32), np.array(True), R.standard_normal(8).astype(F32),
+            R.standard_normal(8).astype(F32), R.standard_normal((8, 8)).astype(F32)]
+    for p in (True, False):
+        args[1] = np.array(p)
+        assert_same(run_module(out.module, args), run_module(SUNK_BY_AN_EARLIER_MERGE, args), "exact")
