@@ -792,11 +792,11 @@ class Program:
     def transpose_program(self, n_in: int, lin: tuple, linear_avals: tuple,
                           ct_nonzero: tuple) -> "Program":
         """``(non-linear inputs..., nonzero cotangents...) -> cotangents of the linear inputs``
-        (positions ``lin``). A derived linear program is linear by construction: its VJP at
-        zero is its transpose. Any other (a user's function under ``jax.linear_transpose``, the
-        matvec of a ``custom_linear_solve`` under ``jax.grad``) is transposed with
-        ``jax.linear_transpose``, which fails as for ``jax.jit`` when it is not linear."""
-        checked = not self.linear
+        (positions ``lin``), by ``jax.linear_transpose`` over the program's trace, as
+        ``jax.grad`` transposes a linearized function: a tangent program's ``custom_lin`` (what
+        a ``jax.custom_vjp`` linearizes to) has a transpose rule and no derivative. A user's
+        function (``jax.linear_transpose`` of it, the matvec of a ``custom_linear_solve`` under
+        ``jax.grad``) fails as for ``jax.jit`` when it is not linear."""
         n_nonlin = n_in - len(lin)
 
         def make():
@@ -809,11 +809,8 @@ class Program:
                     nl, li = iter(nonlin), iter(lv)
                     return fn(*[next(li) if i in lin else next(nl) for i in range(n_in)])
                 zeros = [jnp.zeros(s, d, out_sharding=sh) for s, d, sh in linear_avals]
-                if checked:
-                    outs = jax.eval_shape(restricted, *zeros)
-                    pull = jax.linear_transpose(restricted, *zeros)
-                else:
-                    outs, pull = jax.vjp(restricted, *zeros)
+                outs = jax.eval_shape(restricted, *zeros)
+                pull = jax.linear_transpose(restricted, *zeros)
                 full = [next(cts) if nz else jnp.zeros_like(o) for o, nz in zip(outs, ct_nonzero)]
                 return tuple(pull(tuple(full)))
             return Program(transposed, self.opts, name=f"T({self.name})",

@@ -199,6 +199,33 @@ def test_linear_transpose_of_a_users_linear_function():
     assert_same(jax.grad(loss)(x[0], hlofuse.jit(mv)), jax.grad(loss)(x[0], jax.jit(mv)), "grad")
 
 
+def test_grad_through_a_custom_vjp_inside_hlofuse_jit():
+    """``jax.grad(hlofuse.jit(f))`` where ``f`` holds a ``jax.custom_vjp`` (a flash attention,
+    Equinox's checkpointed loops, a straight-through estimator): its tangent program holds
+    ``custom_lin``, which has a transpose rule and no derivative. Before: "Differentiation
+    rule for 'custom_lin' not implemented" (the backward was taken as a VJP at zero)."""
+    x, w, b = _args()
+
+    @jax.custom_vjp
+    def clip_grad(v):
+        return v
+
+    def fwd(v):
+        return v, None
+
+    def bwd(_, g):
+        return (jnp.clip(g, -0.01, 0.01),)
+    clip_grad.defvjp(fwd, bwd)
+
+    def loss(x, w, b):
+        return jnp.sum(jax.nn.softmax(clip_grad(jnp.tanh(x @ w + b)), axis=-1) ** 2)
+    grad = jax.grad(loss, argnums=(0, 1, 2))
+    hf = hlofuse.jit(loss, autotune=False)
+    assert_same(jax.grad(hf, argnums=(0, 1, 2))(x, w, b), grad(x, w, b), "grad")
+    assert_same(jax.jit(jax.grad(hf, argnums=(0, 1, 2)))(x, w, b), grad(x, w, b), "grad")
+    assert hf.report(x, w, b).kernels
+
+
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
 def test_jet_of_hlofuse_jit(name):
     """``jax.experimental.jet`` (Taylor-mode) through ``hlofuse.jit(f)`` to third order, as
