@@ -230,6 +230,18 @@ def test_custom_call_program_runs_and_report_says_why():
     assert "custom_call @lapack" in notes and "opaque" in notes
 
 
+def test_custom_calls_without_a_compatibility_guarantee_run():
+    # jax.export refuses LAPACK's ormqr (no compatibility guarantee) unless told; jax.jit runs
+    # it, and so must hlofuse: its module is inlined in this process, never shipped
+    def f(a, taus, c):
+        return jnp.tanh(jax.lax.linalg.ormqr(a, taus, c, left=True, transpose=True)) * 2.0
+    r = np.random.default_rng(0)
+    a, taus, c = (r.standard_normal(s).astype(np.float32) for s in ((8, 3), (3,), (8, 2)))
+    hf = hlofuse.jit(f, autotune=False, tiered=False)
+    assert_same(hf(a, taus, c), jax.jit(f)(a, taus, c), "reassociate")
+    assert "lapack_sormqr" in hf.lower(a, taus, c).as_text()
+
+
 def test_concurrent_first_calls_compile_once():
     hf = hlofuse.jit(chain)
     a = np.full((16, 16), 0.5, np.float32)
