@@ -253,8 +253,12 @@ class Lowered:
 
     @property
     def exported(self):
-        """The ``jax.export.Exported`` carrying the optimized module (serializable)."""
-        return self._entry.exported if self._entry is not None else None
+        """The ``jax.export.Exported`` carrying the optimized module (serializable). None for
+        a function left to XLA whole, and for one that calls back into Python: its module holds
+        placeholders for the callbacks, which only this process can put back."""
+        if self._entry is None or self._entry.callbacks:
+            return None
+        return self._entry.exported
 
     @property
     def jax_lowered(self):

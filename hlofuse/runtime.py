@@ -34,11 +34,14 @@ called through the primitive ``hlofuse_call`` whose rules make it a first-class 
 Because every rule only derives new programs, everything composes: ``jit``, ``grad``, ``vjp``,
 ``jvp``, ``linearize``, ``hessian``, ``vmap``, ``scan``/``cond``/``while`` bodies,
 ``jax.checkpoint`` and ``shard_map`` bodies, at any nesting depth, and each derived program is
-fused too. Functions with side effects (host callbacks: ``jax.debug.print``,
-``pure_callback``, ``io_callback``) cannot go through ``jax.export``; they are inlined as traced
-and run with plain XLA (:meth:`Program.runs_as_traced`; the report says so). A callback the
-jaxpr does not show (a library primitive that calls back in its lowering rule) is found when
-export refuses the module, and that signature runs as traced from then on.
+fused too. Host callbacks (``jax.debug.print``, ``jax.debug.callback``, ``pure_callback``,
+unordered ``io_callback``, and the library checks built on them, such as Equinox's
+``error_if`` in diffrax, optimistix and lineax) go through export as placeholders and are put
+back where the module is inlined (:mod:`hlofuse.host_callbacks`): the code around them is
+optimized. Functions with ordered effects cannot go through ``jax.export``'s module as
+hlofuse inlines it; they are inlined as traced and run with plain XLA
+(:meth:`Program.runs_as_traced`; the report says so), as is a signature whose export is
+refused for a callback no placeholder caught (a library primitive that emits one itself).
 
 Building an entry is serialized per program by a lock, so concurrent first calls compile once.
 """
@@ -70,6 +73,7 @@ from jax._src.interpreters import partial_eval as pe
 from jax.extend import core as jex_core
 
 from hlofuse import ir as hir
+from hlofuse import host_callbacks
 from hlofuse.api import Optimized, optimize
 from hlofuse.kernels.lowering import isolated
 from hlofuse.pipeline import _disabled_from_env
@@ -85,11 +89,10 @@ Signature = tuple  # tuple of (shape, dtype, weak_type) per flat input
 
 
 #: what the report says of a function that runs as traced (:meth:`Program.runs_as_traced`)
-TRACED_NOTE = ("left to XLA whole: the function calls back into Python on the host "
-               "(jax.debug.print, pure_callback or io_callback), which jax.export cannot "
-               "serialize, so hlofuse runs it as traced with plain XLA")
-#: primitives that call back into Python on the host (jax.export cannot serialize them)
-HOST_CALLBACKS = frozenset({"pure_callback", "io_callback", "debug_callback"})
+TRACED_NOTE = ("left to XLA whole: the function has ordered side effects "
+               "(jax.debug.print(ordered=True), io_callback(ordered=True)) or calls back into "
+               "Python in a way jax.export cannot serialize, so hlofuse runs it as traced with "
+               "plain XLA")
 
 
 def _all_eqns(jaxpr):
@@ -103,11 +106,6 @@ def _all_eqns(jaxpr):
 def _is_host_callback_refusal(e: BaseException) -> bool:
     """Whether ``e`` is ``jax.export``'s refusal of a module that calls back into Python."""
     return isinstance(e, NotImplementedError) and "serialization of host_callbacks" in str(e)
-
-
-def _has_host_callback(jaxpr) -> bool:
-    """Whether ``jaxpr`` or any jaxpr nested in it calls a :data:`HOST_CALLBACKS` primitive."""
-    return any(e.primitive.name in HOST_CALLBACKS for e in _all_eqns(jaxpr))
 
 
 def lower_traced(traced, platform: str, name: str):
@@ -228,6 +226,8 @@ class Entry:
     out_avals: tuple
     in_avals: tuple = ()
     target: Target = CPU
+    #: the outlined host callbacks, by placeholder index (:mod:`hlofuse.host_callbacks`)
+    callbacks: tuple = ()
 
     @property
     def report(self):
@@ -238,8 +238,10 @@ def export_optimized(fun: Callable, sig: Signature, opts: Options, *, name: str 
                      donated: Sequence[int] = (), target: Target | None = None,
                      shardings: tuple | None = None, spmd_devices: int = 1,
                      jaxpr: jcore.ClosedJaxpr | None = None
-                     ) -> tuple[jexport.Exported, Optimized]:
+                     ) -> tuple[jexport.Exported, Optimized, tuple]:
     """Export ``fun`` (flat arrays -> flat arrays) for the target and optimize its module.
+    Returns the ``Exported``, the optimized module and its outlined host callbacks
+    (:mod:`hlofuse.host_callbacks`; the module holds a placeholder for each).
 
     ``shardings``: the ``NamedSharding`` of every input when known: the module is exported with
     them, so ``propagate-shardings`` and ``kernelize`` build kernels that run per shard.
@@ -261,10 +263,11 @@ def export_optimized(fun: Callable, sig: Signature, opts: Options, *, name: str 
             opt = apply_cached_decisions(opt)
             if opt.module is not module:
                 exp = dataclasses.replace(exp, mlir_module_serialized=hir.to_bytecode(opt.module))
-        return exp, opt
+        return exp, opt, ()
     jitted = jax.jit(fun) if shardings is None else jax.jit(fun, in_shardings=shardings)
+    slots = host_callbacks.Slots()
     exp0 = jexport.export(
-        jitted, platforms=[platform],
+        jitted, platforms=[platform], _override_lowering_rules=host_callbacks.export_rules(slots),
         # every custom call target: the module is inlined in this process, where jax.jit
         # runs the same targets (LAPACK's ormqr has no compatibility guarantee, say)
         disabled_checks=[jexport.DisabledSafetyCheck.custom_call("ALL")],
@@ -300,7 +303,7 @@ def export_optimized(fun: Callable, sig: Signature, opts: Options, *, name: str 
         checks += (jexport.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton"),)
     exp = dataclasses.replace(exp0, mlir_module_serialized=hir.to_bytecode(opt.module),
                               disabled_safety_checks=checks, _get_vjp=None)
-    if tkey and optimized:
+    if tkey and optimized and not slots:  # callbacks are this process's: not cached traced
         try:
             module_cache.store_traced(tkey, exp.serialize(), opt.report)
         except Exception:  # noqa: BLE001 - an Exported jax cannot serialize is simply not cached
@@ -310,7 +313,12 @@ def export_optimized(fun: Callable, sig: Signature, opts: Options, *, name: str 
         opt = apply_cached_decisions(opt)
         if opt.module is not before:
             exp = dataclasses.replace(exp, mlir_module_serialized=hir.to_bytecode(opt.module))
-    return exp, opt
+    if slots:
+        opt.report.note(
+            f"host callbacks: {len(slots)} call(s) back into Python "
+            f"({', '.join(sorted({str(x.primitive) for x in slots}))}) stay where they are, "
+            f"with XLA; the code around them is optimized")
+    return exp, opt, tuple(slots)
 
 
 def _export_plan(sig: Signature, opts: Options, target: Target, name: str, donated,
@@ -598,14 +606,14 @@ class Program:
         return j
 
     def runs_as_traced(self, sig: Signature) -> bool:
-        """Whether the function cannot go through ``jax.export``: side effects, or a host
-        callback anywhere in it (``pure_callback`` has no effect, yet export cannot serialize
-        it either). Such a function runs as traced, with plain XLA."""
+        """Whether the function cannot go through ``jax.export`` as hlofuse inlines it: effects
+        other than the unordered ones of host callbacks (which are outlined,
+        :mod:`hlofuse.host_callbacks`), or an export refused for a callback no placeholder
+        caught (:meth:`_build`). Such a function runs as traced, with plain XLA."""
         traced = self._as_traced.get(sig)
         if traced is None:
-            closed = self.jaxpr(sig)
-            traced = self._as_traced[sig] = (bool(closed.effects)
-                                             or _has_host_callback(closed.jaxpr))
+            traced = self._as_traced[sig] = any(
+                e not in host_callbacks.UNORDERED_EFFECTS for e in self.jaxpr(sig).effects)
         return traced
 
     def traced_fun(self, *xs):
@@ -687,21 +695,19 @@ class Program:
             return self.plain_entry(sig, target)
         fun = _named(functools.partial(_call_jaxpr, self.jaxpr(sig)), self.name)
         try:
-            exp, opt = export_optimized(fun, sig, self.opts, name=self.name,
-                                        donated=self.donated, target=target,
-                                        shardings=self.shardings, spmd_devices=spmd_devices,
-                                        jaxpr=self.jaxpr(sig))
+            exp, opt, callbacks = export_optimized(
+                fun, sig, self.opts, name=self.name, donated=self.donated, target=target,
+                shardings=self.shardings, spmd_devices=spmd_devices, jaxpr=self.jaxpr(sig))
         except NotImplementedError as e:
             if not _is_host_callback_refusal(e):
                 raise
-            # a callback the jaxpr does not show: a library primitive that calls back only in
-            # its lowering rule (Equinox's runtime checks inside lineax's ``linear_solve``).
-            # From now on this signature runs as traced, as if the jaxpr had shown it.
+            # a callback no placeholder caught: a library primitive that emits one itself in
+            # its lowering rule. From now on this signature runs as traced.
             self._as_traced[sig] = True   # under the lock of :meth:`entry`
             return self.plain_entry(sig, target)
         for msg in self.build_notes.get(sig, ()):
             opt.report.note(msg)
-        return Entry(exp, opt, tuple(exp.out_avals), tuple(sds(sig)), target)
+        return Entry(exp, opt, tuple(exp.out_avals), tuple(sds(sig)), target, callbacks)
 
     def plain_entry(self, sig: Signature, target: Target) -> Entry:
         """Functions with side effects or host callbacks (jax.debug.print, pure_callback,
@@ -880,7 +886,7 @@ class _XlaVariant(Program):
             reasons[h] = (d or {}).get("reason") or "kept XLA: kernel slower, measured"
         opt = without_kernels(base.optimized, reasons)
         exp = dataclasses.replace(base.exported, mlir_module_serialized=opt.bytecode)
-        return Entry(exp, opt, base.out_avals, base.in_avals, target)
+        return Entry(exp, opt, base.out_avals, base.in_avals, target, base.callbacks)
 
 
 def run_jaxpr(closed: jcore.ClosedJaxpr, xs: Sequence) -> tuple:
@@ -1045,13 +1051,19 @@ def _lowering(ctx, *args, program: Program):
     entry = program.entry(signature_of(ctx.avals_in), target, spmd_devices=int(n_dev or 1))
     if entry.exported is None:  # left to plain XLA
         fun = functools.partial(_call_jaxpr, program.jaxpr(signature_of(ctx.avals_in)))
+        return mlir.lower_fun(fun, multiple_results=True)(ctx, *args)
+    exp = entry.exported
+    fun = lambda *xs: tuple(exp.call(*xs))  # noqa: E731
+    before = (host_callbacks.top_level_symbols(ctx.module_context.module)
+              if entry.callbacks else None)
+    if b"lapack" not in exp.mlir_module_serialized:
+        with _no_lapack_init():
+            outs = mlir.lower_fun(fun, multiple_results=True)(ctx, *args)
     else:
-        exp = entry.exported
-        fun = lambda *xs: tuple(exp.call(*xs))  # noqa: E731
-        if b"lapack" not in exp.mlir_module_serialized:
-            with _no_lapack_init():
-                return mlir.lower_fun(fun, multiple_results=True)(ctx, *args)
-    return mlir.lower_fun(fun, multiple_results=True)(ctx, *args)
+        outs = mlir.lower_fun(fun, multiple_results=True)(ctx, *args)
+    if entry.callbacks:
+        host_callbacks.reinject(ctx, entry.callbacks, before)
+    return outs
 
 
 # ``Exported.call``'s lowering first initializes jaxlib's LAPACK FFI handlers on CPU, which

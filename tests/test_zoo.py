@@ -262,3 +262,52 @@ def test_nnx_jit_writes_module_state_back_as_nnx_jit_does():
     with pytest.warns(hlofuse.HlofuseWarning, match="use hlofuse.nnx_jit"):
         hlofuse.jit(step, autotune=False, tiered=False)(m3, o3, x, y)
     np.testing.assert_array_equal(np.asarray(m3.l1.kernel[...]), before)   # lost, as jax.jit
+
+
+def test_a_neural_ode_training_step_is_optimized_around_its_runtime_checks():
+    """diffrax (with lineax and optimistix inside) checks its results with Equinox's
+    ``error_if``, which calls back into Python: the whole step used to be left to XLA. The
+    callbacks stay where they are and the code around them gets kernels; the numbers are
+    ``jax.jit``'s, and a failing check raises as under ``jax.jit``."""
+    import diffrax
+    import equinox as eqx
+    import jax.numpy as jnp
+    import optax
+
+    mlp = eqx.nn.MLP(4, 4, 64, 2, activation=jax.nn.softplus, key=jax.random.key(0))
+    params, static = eqx.partition(mlp, eqx.is_array)
+    ts = jnp.linspace(0.0, 1.0, 8)
+    y0 = jnp.asarray(np.random.default_rng(0).standard_normal((16, 4), np.float32))
+    target = jnp.sin(ts)[:, None, None] * y0
+    opt = optax.adam(1e-3)
+
+    def loss(params):
+        f = eqx.combine(params, static)
+        term = diffrax.ODETerm(lambda t, y, args: jax.vmap(f)(y))
+        sol = diffrax.diffeqsolve(term, diffrax.Tsit5(), 0.0, 1.0, 0.1, y0,
+                                  saveat=diffrax.SaveAt(ts=ts),
+                                  stepsize_controller=diffrax.PIDController(rtol=1e-4, atol=1e-6))
+        return jnp.mean((sol.ys - target) ** 2)
+
+    def step(params, state):
+        value, grads = jax.value_and_grad(loss)(params)
+        updates, state = opt.update(grads, state)
+        return optax.apply_updates(params, updates), state, value
+
+    state = opt.init(params)
+    hf = hlofuse.jit(step, autotune=False, tiered=False)
+    want, got = jax.jit(step)(params, state), hf(params, state)
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        assert_same(np.asarray(a), np.asarray(b), "grad")
+    rep = hf.report(params, state)
+    assert rep.kernels and any("call(s) back into Python" in n for n in rep.notes)
+
+    def checked(x):
+        x = eqx.error_if(x, jnp.any(x > 100.0), "x is too big")
+        return jax.nn.softmax(jnp.tanh(x) * 2.0, axis=-1)
+    hc = hlofuse.jit(checked, autotune=False, tiered=False)
+    x = np.asarray(y0)
+    assert_same(hc(x), jax.jit(checked)(x), "reassociate")
+    assert hc.report(x).kernels
+    with pytest.raises(Exception, match="x is too big"):
+        jax.block_until_ready(hc(x * 1e3))
