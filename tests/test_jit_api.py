@@ -171,6 +171,19 @@ def test_host_callbacks_for_another_platform_get_a_plain_error():
         hlofuse.jit(f, target=other).lower(np.ones(4, np.float32))
 
 
+def _calls_like_jax_jit(f, x, tiered: bool):
+    """``hlofuse.jit(f)``, checked against ``jax.jit(f)`` on three calls (and, tiered, once
+    more when its own program is ready)."""
+    hf = hlofuse.jit(f, autotune=False, tiered=tiered)
+    want = jax.jit(f)(x)
+    for _ in range(3):
+        assert_same(hf(x), want, "reassociate")
+    if tiered:
+        hf.block_until_optimized()
+        assert_same(hf(x), want, "reassociate")
+    return hf
+
+
 @pytest.mark.parametrize("where", ["top", "scan", "while"])
 @pytest.mark.parametrize("tiered", [False, True])
 def test_pure_callbacks_stay_under_every_call_path(where, tiered):
@@ -196,13 +209,7 @@ def test_pure_callbacks_stay_under_every_call_path(where, tiered):
             y = jax.lax.while_loop(lambda c: c[0] < 2, lambda c: (c[0] + 1, cb(c[1])), (0, x))[1]
         return jax.nn.softmax(y, axis=-1)
     x = np.random.default_rng(0).standard_normal((8, 16)).astype(np.float32)
-    hf = hlofuse.jit(f, autotune=False, tiered=tiered)
-    want = jax.jit(f)(x)
-    for _ in range(3):
-        assert_same(hf(x), want, "reassociate")
-    if tiered:
-        hf.block_until_optimized()
-        assert_same(hf(x), want, "reassociate")
+    hf = _calls_like_jax_jit(f, x, tiered)
     assert calls
     rep = hf.report(x)
     assert rep.kernels and any(CALLBACK_NOTE in n for n in rep.notes)
@@ -294,13 +301,7 @@ def test_a_callback_in_a_lowering_rule(direct, tiered):
     def f(x):
         return jax.nn.softmax(p.bind(x), axis=-1)
     x = np.random.default_rng(0).standard_normal((8, 16)).astype(np.float32)
-    hf = hlofuse.jit(f, autotune=False, tiered=tiered)
-    want = jax.jit(f)(x)
-    for _ in range(3):
-        assert_same(hf(x), want, "reassociate")
-    if tiered:
-        hf.block_until_optimized()
-        assert_same(hf(x), want, "reassociate")
+    hf = _calls_like_jax_jit(f, x, tiered)
     assert calls, "the callback never ran"
     notes = hf.report(x).notes
     if direct:
