@@ -36,8 +36,9 @@ from jax._src.lib.mlir import ir
 
 from hlofuse import ir as hir
 
-#: the placeholder's ``call_target_name``
-PLACEHOLDER = "hlofuse.host_callback"
+#: the placeholder's ``call_target_name`` (a host callback to :func:`hlofuse.ir.is_host_callback`:
+#: the CLI and the module runner refuse a module that holds one)
+PLACEHOLDER = hir.HOST_CALLBACK_PLACEHOLDER
 
 #: primitives outlined as placeholders
 PRIMITIVES = (_callback.pure_callback_p, _callback.io_callback_p,

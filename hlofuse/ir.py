@@ -496,6 +496,10 @@ def verify(module: ir.Module) -> None:
 # Guards for things that crash the process
 # ---------------------------------------------------------------------------------------------
 
+# hlofuse.jit's stand-in for a host callback while its module is exported and optimized
+# (hlofuse/host_callbacks.py): only the process that exported it can put the callback back
+HOST_CALLBACK_PLACEHOLDER = "hlofuse.host_callback"
+
 # custom_call targets of Python host callbacks (jax.pure_callback, io_callback, debug.print,
 # buffer_callback): their backend_config holds an index into (or a pointer to) the callbacks of
 # the process that traced them, so outside that process they segfault (H6)
@@ -503,7 +507,8 @@ HOST_CALLBACK_TARGETS = ("xla_ffi_python_cpu_callback", "xla_ffi_python_gpu_call
                          "xla_ffi_partitioned_python_cpu_callback",
                          "xla_ffi_partitioned_python_gpu_callback",
                          "xla_python_cpu_callback", "xla_python_gpu_callback",
-                         "xla_buffer_python_cpu_callback", "xla_buffer_python_gpu_callback")
+                         "xla_buffer_python_cpu_callback", "xla_buffer_python_gpu_callback",
+                         HOST_CALLBACK_PLACEHOLDER)
 
 
 def is_host_callback(target: str) -> bool:

@@ -548,7 +548,8 @@ def test_running_a_host_callback_artifact_is_refused_not_a_segfault(callback_fil
 def test_every_host_callback_flavour_is_recognized():
     for t in ("xla_ffi_python_cpu_callback", "xla_ffi_python_gpu_callback",
               "xla_ffi_partitioned_python_cpu_callback", "xla_python_gpu_callback",
-              "xla_python_cpu_callback", "xla_buffer_python_gpu_callback"):
+              "xla_python_cpu_callback", "xla_buffer_python_gpu_callback",
+              "hlofuse.host_callback"):   # hlofuse.jit's placeholder for one
         assert hir.is_host_callback(t), t
     for t in ("lapack_sgetrf_ffi", "__gpu$xla.gpu.triton", "tpu_custom_call", "Sharding"):
         assert not hir.is_host_callback(t), t
