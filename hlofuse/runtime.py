@@ -710,9 +710,9 @@ class Program:
         return Entry(exp, opt, tuple(exp.out_avals), tuple(sds(sig)), target, callbacks)
 
     def plain_entry(self, sig: Signature, target: Target) -> Entry:
-        """Functions with side effects or host callbacks (jax.debug.print, pure_callback,
-        io_callback) cannot go through jax.export (it cannot serialize them): they run as
-        traced, with plain XLA, and the report says so (:data:`TRACED_NOTE`)."""
+        """Functions with ordered effects, or with a callback no placeholder caught
+        (:meth:`runs_as_traced`), cannot go through jax.export as hlofuse inlines it: they run
+        as traced, with plain XLA, and the report says so (:data:`TRACED_NOTE`)."""
         lowered = lower_traced(jax.jit(functools.partial(_call_jaxpr, self.jaxpr(sig))).trace(
             *sds(sig)), target.platform, self.name)
         module = hir.parse(lowered.as_text(debug_info=True), source=self.name)
