@@ -81,12 +81,11 @@ def export_rules(slots: Slots) -> tuple:
 def top_level_symbols(module) -> set[str]:
     """The symbol names of ``module``'s top-level ops (taken before inlining: what
     :func:`reinject` must leave alone)."""
-    out = set()
-    for op in module.body.operations:
-        name = op.attributes["sym_name"] if "sym_name" in op.attributes else None
-        if name is not None:
-            out.add(ir.StringAttr(name).value)
-    return out
+    return {n for n in map(_symbol, module.body.operations) if n is not None}
+
+
+def _symbol(op) -> str | None:
+    return ir.StringAttr(op.attributes["sym_name"]).value if "sym_name" in op.attributes else None
 
 
 def reinject(ctx, slots: Slots, before: set[str]) -> int:
@@ -97,10 +96,9 @@ def reinject(ctx, slots: Slots, before: set[str]) -> int:
     module = ctx.module_context.module
     found = []
     for top in module.body.operations:
-        name = top.attributes["sym_name"] if "sym_name" in top.attributes else None
-        if name is None or ir.StringAttr(name).value in before:
-            continue
-        hir.walk(top, lambda op: found.append(op) if _is_placeholder(op) else None)
+        name = _symbol(top)
+        if name is not None and name not in before:
+            hir.walk(top, lambda op: found.append(op) if _is_placeholder(op) else None)
     platform = ctx.module_context.platforms[0]
     for op in found:
         index = int(ir.StringAttr(op.attributes["backend_config"]).value)
