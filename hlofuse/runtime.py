@@ -968,9 +968,9 @@ def _tracing(shardings, user_code: bool = False):
     """Where a program is traced, exported and built: under its ``Explicit`` mesh (the
     function's sharding-typed ops need it, as under ``jax.set_mesh`` for ``jax.jit``), else
     :func:`~hlofuse.kernels.lowering.isolated`. ``user_code``: tracing the user's function,
-    where a bare ``PartitionSpec`` (``with_sharding_constraint(x, P("data"))``) needs a mesh in context:
-    the mesh of its input shardings, else the caller's ``jax.set_mesh`` one (never a
-    ``shard_map`` body's manual axes: the trace is cached per signature)."""
+    where a bare ``PartitionSpec`` (``with_sharding_constraint(x, P("data"))``) needs a mesh
+    in context: the mesh of its input shardings, else the caller's ``jax.set_mesh`` one (never
+    a ``shard_map`` body's manual axes: the trace is cached per signature)."""
     mesh = explicit_mesh(shardings)
     if mesh is None and user_code:
         mesh = shardings[0].mesh if shardings else context_mesh()
@@ -1053,14 +1053,11 @@ def _lowering(ctx, *args, program: Program):
         fun = functools.partial(_call_jaxpr, program.jaxpr(signature_of(ctx.avals_in)))
         return mlir.lower_fun(fun, multiple_results=True)(ctx, *args)
     exp = entry.exported
-    fun = lambda *xs: tuple(exp.call(*xs))  # noqa: E731
     before = (host_callbacks.top_level_symbols(ctx.module_context.module)
               if entry.callbacks else None)
-    if b"lapack" not in exp.mlir_module_serialized:
-        with _no_lapack_init():
-            outs = mlir.lower_fun(fun, multiple_results=True)(ctx, *args)
-    else:
-        outs = mlir.lower_fun(fun, multiple_results=True)(ctx, *args)
+    with (_no_lapack_init() if b"lapack" not in exp.mlir_module_serialized
+          else contextlib.nullcontext()):
+        outs = mlir.lower_fun(lambda *xs: tuple(exp.call(*xs)), multiple_results=True)(ctx, *args)
     if entry.callbacks:
         host_callbacks.reinject(ctx, entry.callbacks, before)
     return outs
