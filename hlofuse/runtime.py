@@ -616,6 +616,14 @@ class Program:
                 e not in host_callbacks.UNORDERED_EFFECTS for e in self.jaxpr(sig).effects)
         return traced
 
+    def effects(self, avals: Sequence) -> set:
+        """The effects the primitive declares for inputs ``avals``: the host callbacks' unordered
+        ones (a function with others runs as traced and never binds it). Declared so that jax
+        keeps a call whose outputs are unused (its callbacks still run, as under ``jax.jit``)
+        and knows a call is not pure."""
+        return {e for e in self.jaxpr(signature_of(avals)).effects
+                if e in host_callbacks.UNORDERED_EFFECTS}
+
     def traced_fun(self, *xs):
         """The traced jaxpr on ``xs`` (:func:`run_jaxpr`: copied into a jit trace, else
         evaluated; the user's Python is not traced again)."""
@@ -1036,7 +1044,8 @@ def _bind(program: Program, xs: Sequence):
 hlofuse_call_p = jex_core.Primitive("hlofuse_call")
 hlofuse_call_p.multiple_results = True
 hlofuse_call_p.def_impl(functools.partial(dispatch.apply_primitive, hlofuse_call_p))
-hlofuse_call_p.def_abstract_eval(lambda *avals, program: program.out_avals(avals))
+hlofuse_call_p.def_effectful_abstract_eval(
+    lambda *avals, program: (program.out_avals(avals), program.effects(avals)))
 
 
 def _lowering(ctx, *args, program: Program):

@@ -258,6 +258,40 @@ def test_callbacks_under_grad_and_in_nested_functions():
     assert {k for k, _ in seen} == {"fwd", "inner", "bwd"}
 
 
+@pytest.mark.parametrize("outer", ["jax.jit", "hlofuse.jit", "eager", "checkpoint", "scan"])
+def test_a_call_whose_outputs_are_unused_still_calls_back(outer):
+    # the primitive declares its callbacks' effects: jax's dead-code elimination keeps a call
+    # whose outputs nothing uses, as it keeps jax.jit's (it dropped the callbacks before)
+    from jax.experimental import io_callback
+    seen = []
+
+    def g(x):
+        jax.debug.callback(lambda v: seen.append(("debug", float(v))), x.sum())
+        io_callback(lambda v: seen.append(("io", float(v))), None, x.max())
+        return jnp.tanh(x) * 2
+
+    def user(inner):
+        def f(x):
+            inner(x)                      # outputs unused
+            return x + 1
+        if outer == "checkpoint":
+            return jax.checkpoint(f)
+        if outer == "scan":
+            return lambda x: jax.lax.scan(lambda c, r: (f(r), None), x, x[None])[0]
+        return f
+    wrap = {"jax.jit": jax.jit, "eager": lambda f: f, "checkpoint": jax.jit, "scan": jax.jit,
+            "hlofuse.jit": lambda f: hlofuse.jit(f, autotune=False, tiered=False)}[outer]
+    x = np.arange(4, dtype=np.float32)
+    want = wrap(user(jax.jit(g)))(x)
+    jax.effects_barrier()
+    want_seen, seen[:] = sorted(seen), []
+    got = wrap(user(hlofuse.jit(g, autotune=False, tiered=False)))(x)
+    jax.effects_barrier()
+    assert_same(got, want)
+    assert want_seen == [("debug", 6.0), ("io", 3.0)]
+    assert sorted(seen) == want_seen
+
+
 def _lowering_rule_callback_primitive(direct: bool):
     """A primitive that calls back into Python only in its lowering rule, as Equinox's runtime
     checks do inside lineax's ``linear_solve``: its jaxpr shows no callback. ``direct``: the
