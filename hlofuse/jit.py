@@ -855,10 +855,14 @@ class HlofuseFunction:
         """After the first call of a signature: find its program and a cached decision."""
         mode = self._mode()
         try:
-            _, entry = self._entry_of(args, kwargs)
+            traced, entry = self._entry_of(args, kwargs)
         except Exception as e:  # noqa: BLE001 - tuning never breaks a call
             log.debug("hlofuse: autotune skipped for %s: %s", self._name, e)
-            entry = None
+            traced, entry = None, None
+        if entry is not None and mode != "off" and _not_timed(traced, entry):
+            self._decide(st, at.Decision("default", {}, {}, reason=EFFECTS_NOT_TIMED),
+                         cached=False, record=False)
+            return
         # the optimized module's text, printed once for both (a first call pays for it)
         text = entry.optimized.text if entry is not None else None
         variants = self._candidates(entry, text) if entry is not None else {}
@@ -1084,8 +1088,10 @@ class HlofuseFunction:
         key = self._call_key(args, kwargs)
         if key is None:
             raise TypeError("tune() needs concrete (non-tracer), hashable arguments")
+        traced, entry = self._entry_of(args, kwargs)
+        if entry is not None and _not_timed(traced, entry):
+            return None
         jax.block_until_ready(self._jit(*args, **kwargs))
-        _, entry = self._entry_of(args, kwargs)
         variants = self._candidates(entry) if entry is not None else {}
         if entry is None or len(variants) < 2:
             return None
@@ -1173,6 +1179,22 @@ def _on_inner_mesh(program, xs: list) -> list:
         return xs
     rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     return [jax.lax.with_sharding_constraint(x, rep) for x in xs]
+
+
+#: why a function with side effects is never measured (its report says so)
+EFFECTS_NOT_TIMED = (
+    "autotune: not measured: the function has side effects (jax.debug.print, "
+    "jax.debug.callback, io_callback) that timing its variants would run again")
+
+
+def _not_timed(traced, entry) -> bool:
+    """Whether autotune must not time this function: running it has side effects (host
+    callbacks other than ``pure_callback``, which jax may run any number of times). Its report
+    says so."""
+    if not traced.jaxpr.effects:
+        return False
+    entry.report.note(EFFECTS_NOT_TIMED)
+    return True
 
 
 def report_decision(report, d: at.Decision, cached: bool) -> None:

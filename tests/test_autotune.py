@@ -667,3 +667,31 @@ def test_quiesce_waits_for_work_left_running_in_the_process():
         stop = 0.0
         t.join()
     assert waited <= 0.1 * at.QUIET_WAIT_SHARE + 0.1, waited
+
+
+def test_a_function_with_side_effects_is_never_timed(cache_dir, fake_measure):
+    # timing runs a function's variants again, and with them its debug/io callbacks: a user's
+    # callback must run once per call, as under jax.jit, and the report says why no tuning
+    seen = []
+
+    def g(x, w):
+        jax.debug.callback(lambda v: seen.append(float(v)), x[0, 0])
+        return _f(x, w)
+    x, w = _args()
+    f = hlofuse.jit(g, autotune=True)
+    for _ in range(3):
+        out = f(x, w)
+    jax.effects_barrier()
+    assert len(seen) == 3 and not fake_measure
+    assert f.tune(x, w) is None and not fake_measure
+    jax.effects_barrier()
+    assert len(seen) == 3
+    d = f.autotune_decision(x, w)
+    assert d is not None and d.variant == "default" and "side effects" in d.reason
+    assert any("not measured: the function has side effects" in n for n in f.report(x, w).notes)
+    assert_same(out, jax.jit(_f)(x, w), "reassociate")
+    # a pure_callback may run any number of times: that function is tuned as usual
+    h = hlofuse.jit(lambda x, w: _f(jax.pure_callback(np.negative, x, x), w), autotune=True)
+    h(x, w)
+    h(x, w)
+    assert len(fake_measure) == 1
