@@ -315,6 +315,10 @@ PIPELINES: dict[str, list[tuple[str, str]]] = {
         ("conv-winograd", "cpu: 3x3 stride-1 f32 convolutions as Winograd F(2x2,3x3) regions (2.25x fewer "
                           "multiplies than XLA:CPU's direct convolution); before conv1x1-to-dot, which notes the rest"),
         ("conv1x1-to-dot", "1x1 NHWC convolutions are matmuls: their epilogue fuses as a dot's (cpu: XLA's library dot beats its library conv)"),
+        ("flatten-dot-dims", "multi-head projections (x[B,S,D].W[D,H,Dh], a[B,S,H,Dh].W[H,Dh,D]) and their "
+                             "gradients as one-contracting-dim products with their bias moved above the "
+                             "result reshape; after fuse-attention, which reads the products as written, "
+                             "right before fuse-matmul-epilogue, which takes them"),
         ("fuse-matmul-epilogue", "dot_general + operand prologues + epilogue (bias, activations, residual) as one tiled kernel"),
         ("fuse-reduction", "row reductions with their producers and epilogue (softmax, layernorm, rmsnorm) kept on chip"),
         ("fuse-horizontal", "merge sibling dots sharing an lhs (QKV) and sibling elementwise chains"),

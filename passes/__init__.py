@@ -16,6 +16,7 @@ from hlofuse.passes import fold_dot_repeats as fold_dot_repeats
 from hlofuse.passes import fuse_reduction as fuse_reduction
 from hlofuse.passes import conv_winograd as conv_winograd
 from hlofuse.passes import conv1x1_to_dot as conv1x1_to_dot
+from hlofuse.passes import flatten_dot_dims as flatten_dot_dims
 from hlofuse.passes import fuse_matmul_epilogue as fuse_matmul_epilogue
 from hlofuse.passes import fuse_horizontal as fuse_horizontal
 from hlofuse.passes import kernelize as kernelize

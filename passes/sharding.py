@@ -245,7 +245,7 @@ def reshape_keeps(src: tuple, dst: tuple, s_in, s_out) -> bool:
     return by_offset(src, s_in) == by_offset(dst, s_out)
 
 
-def _reshaped(src: tuple, dst: tuple, s_in, axes: dict | None = None) -> tuple:
+def reshaped(src: tuple, dst: tuple, s_in, axes: dict | None = None) -> tuple:
     """The sharding of ``dst`` keeping each of ``s_in``'s sharded dims on the ``dst`` dim with
     the same elements before it (:func:`reshape_keeps`): the same size, a merge with dims after
     it (a multiple of its size), or, with the mesh's ``axes`` sizes known, its major part when
@@ -288,7 +288,7 @@ def _infer_sharding(op, ins: list, axes: dict | None = None) -> tuple | None:
     if name == "stablehlo.transpose":
         return tuple(s[p] for p in _ints(op, "permutation"))
     if name == "stablehlo.reshape":
-        return _reshaped(_shape(v), shape, s, axes)
+        return reshaped(_shape(v), shape, s, axes)
     if name == "stablehlo.concatenate":
         return s
     return None

@@ -104,10 +104,10 @@ def test_reshape_rule_is_by_the_elements_before_the_sharded_dim():
     assert not ok((8, 2), (16,), (m, ()), ((),))                   # the sharding dropped
     # inferred for an op made after propagation: kept on a merge; on a split only when the
     # mesh's axis sizes are known and divide the major part
-    assert shd._reshaped((8, 2, 16), (16, 16), (m, (), ())) == (m, ())
-    assert shd._reshaped((16, 16), (8, 2, 16), (m, ())) == ((), (), ())
-    assert shd._reshaped((16, 16), (8, 2, 16), (m, ()), {"model": 4}) == (m, (), ())
-    assert shd._reshaped((16, 16), (2, 8, 16), (m, ()), {"model": 4}) == ((), (), ())
+    assert shd.reshaped((8, 2, 16), (16, 16), (m, (), ())) == (m, ())
+    assert shd.reshaped((16, 16), (8, 2, 16), (m, ())) == ((), (), ())
+    assert shd.reshaped((16, 16), (8, 2, 16), (m, ()), {"model": 4}) == (m, (), ())
+    assert shd.reshaped((16, 16), (2, 8, 16), (m, ()), {"model": 4}) == ((), (), ())
 
 
 def _shard_map_module(manual: str) -> str:

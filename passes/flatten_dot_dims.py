@@ -1,0 +1,320 @@
+"""``flatten-dot-dims``: a ``dot_general`` over several contracting dims or several rhs free
+dims becomes the one-contracting-dim product the matmul kernels take, with reshapes around it.
+
+Why: multi-head projections are written as tensor contractions: Flax's ``LinearGeneral`` and
+``nnx.MultiHeadAttention``, Keras' ``EinsumDense``, Haiku's and Equinox's attention compute Q/K/V
+as ``x[B,S,D] . W[D,H,Dh]`` (two rhs free dims) and the output projection as
+``a[B,S,H,Dh] . W[H,Dh,D]`` (two contracting dims); their gradients contract ``(B, S)``. The
+matmul fusion takes one contracting dim and one rhs free dim (:func:`kernels.support.dot_layout`),
+so these products and their bias adds were left to XLA ("dot_general layout not canonical"),
+and the Q/K/V siblings could not merge. XLA itself flattens such products the same way
+(``DotDecomposer``); the reshapes are bitcasts.
+
+Rewrites, for a product with leading batch dims (the same positions in both operands):
+- a run of contracting dims, consecutive and in the same order in both operands, becomes one
+  dim (``reshape`` of each operand);
+- the rhs free dims, consecutive, become one dim; the lhs free dims too where the lhs holds
+  its contracting dims first (a transposed lhs, as in a weight gradient);
+- the product of the flattened operands is reshaped back to the original result. The reshape is
+  then moved below the elementwise ops that read it, where every other operand is the same
+  kind of value (a splat constant, a broadcast whose dims cover whole merged groups, or the
+  same reshape of a value of the flat shape): ``reshape(p) + broadcast(b[H,Dh])`` becomes
+  ``reshape(p + broadcast(reshape(b, [H*Dh])))``, so the bias and activation fuse as the
+  product's epilogue.
+
+Not rewritten: products whose contracting or free dims are interleaved (flattening would need
+a transpose), products already in the kernels' form, hlofuse's outlined regions, dynamic
+shapes. In a sharded program (after ``propagate-shardings``) every new op carries a sharding
+(a merged dim keeps its major dim's axes); a product whose shardings a reshape cannot keep
+(a sharded minor dim) is left as it is, and the report says so; there the result reshape
+stays where it is.
+
+Preconditions: calls inlined. After ``fuse-attention`` (whose matches read the products as
+written) and ``conv1x1-to-dot``, right before ``fuse-matmul-epilogue``.
+Invariant: the module verifies; each output element is the same sum of the same products, but
+XLA may block a product of another shape differently (``reassociate`` tolerance); elementwise
+ops moved across a reshape compute the same values (exact). Rerunning changes nothing.
+Statistics: ``flattened`` (products rewritten), ``sunk`` (elementwise ops moved above a
+reshape), ``left_sharded`` (products left because of their shardings), ``left_interleaved``
+(products not in the kernels' form that flattening cannot reach: batch dims not leading,
+interleaved dims; ``fuse-matmul-epilogue`` notes them as "not canonical"). ``enabled=False``
+turns it off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import stablehlo
+
+from hlofuse import ir as hir
+from hlofuse.ops import OpClass, rule_for
+from hlofuse.pipeline import Pass, register_pass
+from hlofuse.kernels.support import dot_layout
+from hlofuse.passes import graph_util as gu
+from hlofuse.passes import sharding as shd
+
+
+def _run(dims: list[int]) -> bool:
+    return all(b == a + 1 for a, b in zip(dims, dims[1:]))
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """How a product flattens: the operands' new shapes, the new dot dims and result shape."""
+    lhs_shape: list
+    rhs_shape: list
+    lc: int
+    rc: int
+    nb: int
+    out_shape: list
+
+
+def plan(dot) -> Plan | None:
+    """The flattened form of ``dot``, or None when it has none (or needs none)."""
+    if dot_layout(dot) is not None:
+        return None
+    lhs, rhs, out = (gu.info(v) for v in (*dot.operands[:2], dot.results[0]))
+    if lhs is None or rhs is None or out is None:
+        return None
+    lb, rb, lc, rc, lf, rf = gu.dot_parts(dot)
+    nb = len(lb)
+    if lb != list(range(nb)) or rb != list(range(nb)) or not lc or not rf:
+        return None
+    if not (_run(lc) and _run(rc) and _run(rf)) or (lf and not _run(lf)):
+        return None
+    ls, rs = list(lhs.shape), list(rhs.shape)
+    batch = ls[:nb]
+    k = math.prod(ls[d] for d in lc)
+    n = math.prod(rs[d] for d in rf)
+    m = [ls[d] for d in lf]
+    if lc[-1] == len(ls) - 1:                  # lhs (batch, free..., K)
+        lhs_shape, lcd, out_m = batch + m + [k], nb + len(m), m
+    elif lc[0] == nb:                          # lhs (batch, K, free...): one free dim, transposed
+        mm = math.prod(m)
+        lhs_shape, lcd, out_m = batch + [k, mm], nb, [mm]
+    else:
+        return None
+    if rc[0] == nb:                            # rhs (batch, K, N)
+        rhs_shape, rcd = batch + [k, n], nb
+    elif rf[0] == nb:                          # rhs (batch, N, K)
+        rhs_shape, rcd = batch + [n, k], nb + 1
+    else:
+        return None
+    return Plan(lhs_shape, rhs_shape, lcd, rcd, nb, batch + out_m + [n])
+
+
+def _shardings(dot, p: Plan, axes: dict) -> tuple | None:
+    """Shardings of (new lhs, new rhs, new product) keeping the original ones, or None when a
+    reshape cannot keep them."""
+    out = []
+    for v, shape in ((dot.operands[0], p.lhs_shape), (dot.operands[1], p.rhs_shape),
+                     (dot.results[0], p.out_shape)):
+        s = shd.value_sharding(v, replicated_if_open=True)
+        if s is None:
+            return None
+        src = tuple(gu.info(v).shape)
+        new = shd.reshaped(src, tuple(shape), s, axes)
+        if not shd.reshape_keeps(src, tuple(shape), s, new):
+            return None
+        out.append(new)
+    return tuple(out)
+
+
+def _reshape(v: ir.Value, shape: list, before, mesh: str | None, sharding) -> ir.Value:
+    inner = gu.is_op(v, "stablehlo.reshape")
+    if inner is not None and (mesh is None or list(gu.info(inner.operands[0]).shape) == list(shape)):
+        v = inner.operands[0]                     # reshape(reshape(y)) is reshape(y)
+    if list(gu.info(v).shape) == list(shape):
+        return v
+    op = gu.create("stablehlo.reshape", [v], [gu.tensor_type(shape, gu.element_type(v))],
+                   before=before)
+    if mesh is not None:
+        shd.set_shardings(op, mesh, [sharding])
+    return op.results[0]
+
+
+def flatten(dot, p: Plan, mesh=None) -> ir.Value:
+    """Rewrite ``dot`` as planned; returns the value that replaced its result."""
+    sh = (None, None, None)
+    name = None
+    if mesh is not None:
+        name, axes = mesh
+        sh = _shardings(dot, p, axes)
+    batch = list(range(p.nb))
+    with dot.context, dot.location:
+        lhs = _reshape(dot.operands[0], p.lhs_shape, dot, name, sh[0])
+        rhs = _reshape(dot.operands[1], p.rhs_shape, dot, name, sh[1])
+        dn = stablehlo.DotDimensionNumbers.get(
+            lhs_batching_dimensions=batch, rhs_batching_dimensions=batch,
+            lhs_contracting_dimensions=[p.lc], rhs_contracting_dimensions=[p.rc])
+        names = [str(getattr(a, "name", a)) for a in dot.attributes]
+        attrs = {a: dot.attributes[a] for a in names if a not in (shd.SHARDING_ATTR, "mhlo.sharding")}
+        attrs["dot_dimension_numbers"] = dn
+        ety = gu.element_type(dot.results[0])
+        new = gu.create("stablehlo.dot_general", [lhs, rhs], [gu.tensor_type(p.out_shape, ety)],
+                        attrs, before=dot)
+        if name is not None:
+            shd.set_shardings(new, name, [sh[2]])
+        res = _reshape(new.results[0], list(gu.info(dot.results[0]).shape), dot, name,
+                       shd.value_sharding(dot.results[0], replicated_if_open=True)
+                       if name is not None else None)
+    dot.results[0].replace_all_uses_with(res)
+    hir.safe_erase(dot)
+    return res
+
+
+# -- moving a reshape below the elementwise ops that read it -----------------------------------
+def _groups(src: list, dst: list) -> list[tuple[list, list]] | None:
+    """A reshape that only merges or splits runs of dims, as (src dims, dst dims) groups of
+    equal size; None when the shapes do not group so."""
+    out, i, j = [], 0, 0
+    while i < len(src) or j < len(dst):
+        gi, gj = [], []
+        pi = pj = 1
+        if i < len(src):
+            gi.append(i); pi *= src[i]; i += 1
+        if j < len(dst):
+            gj.append(j); pj *= dst[j]; j += 1
+        while pi != pj:
+            if pi < pj and i < len(src):
+                gi.append(i); pi *= src[i]; i += 1
+            elif pj < pi and j < len(dst):
+                gj.append(j); pj *= dst[j]; j += 1
+            else:
+                return None
+        out.append((gi, gj))
+    return out
+
+
+def _flat_operand(v: ir.Value, r_shape: list, d_shape: list, groups, before):
+    """``v`` (an operand of an elementwise op over the reshaped shape ``r_shape``) as a value of
+    the flat shape ``d_shape``, built before ``before``; None when it has no such form."""
+    ety = gu.element_type(v)
+    if gu.is_splat_const(v):
+        return gu.make_splat(gu.splat_value(v), ety, d_shape, before=before)
+    bc = gu.is_op(v, "stablehlo.broadcast_in_dim")
+    if bc is None:
+        return None
+    c = bc.operands[0]
+    ci = gu.info(c)
+    dims = gu.i64_array(bc, "broadcast_dimensions")
+    if ci is None or dims != sorted(dims):
+        return None
+    ex = [1] * len(r_shape)
+    for k, d in enumerate(dims):
+        ex[d] = ci.shape[k]
+    ex_d = []
+    for gi, gj in groups:
+        if all(ex[j] == r_shape[j] for j in gj):
+            ex_d.extend(d_shape[i] for i in gi)
+        elif all(ex[j] == 1 for j in gj):
+            ex_d.extend(1 for _ in gi)
+        else:
+            return None
+    keep = [j for j, n in enumerate(ex_d) if n != 1]
+    c2 = _reshape(c, [ex_d[j] for j in keep], before, None, None)
+    return gu.make_broadcast(c2, keep, gu.tensor_type(d_shape, ety), before=before)
+
+
+def sink(res: ir.Value) -> int:
+    """Move the reshape defining ``res`` below its elementwise users, repeatedly; returns how
+    many elementwise ops were moved."""
+    moved = 0
+    first = gu.is_op(res, "stablehlo.reshape")
+    work = [first] if first is not None else []
+    while work:
+        rs = work.pop()     # ops, not values: a moved chain may erase a reshape queued here
+        if not gu.alive(rs) or shd.SHARDING_ATTR in rs.attributes:
+            continue
+        r, d = rs.results[0], rs.operands[0]
+        d_shape, r_shape = list(gu.info(d).shape), list(gu.info(r).shape)
+        groups = _groups(d_shape, r_shape)
+        if groups is None:
+            continue
+        for e in hir.users(r):
+            e = hir.as_op(e)
+            if not gu.alive(e) or len(e.results) != 1:
+                continue
+            if e.name == "stablehlo.reshape":       # reshape(reshape(d)) is reshape(d)
+                if list(gu.info(e.results[0]).shape) == d_shape:
+                    e.results[0].replace_all_uses_with(d)
+                    gu.erase_if_dead([e])
+                else:
+                    e.operands[0] = d
+                    gu.erase_if_dead([rs])
+                continue
+            if rule_for(e.name).cls != OpClass.ELEMENTWISE:
+                continue
+            if e.block != rs.block or any(gu.info(v) is None or list(gu.info(v).shape) != r_shape
+                                          for v in (*e.operands, e.results[0])):
+                continue   # a scalar operand (clamp's bounds) or another shape
+            with e.context, e.location:
+                ops = []
+                for v in e.operands:
+                    if v == r:
+                        ops.append(d)
+                        continue
+                    w = gu.is_op(v, "stablehlo.reshape")
+                    if w is not None and list(gu.info(w.operands[0]).shape) == d_shape:
+                        ops.append(w.operands[0])
+                        continue
+                    ops.append(_flat_operand(v, r_shape, d_shape, groups, e))
+                    if ops[-1] is None:
+                        break
+                if any(o is None for o in ops):
+                    continue
+                ety = gu.element_type(e.results[0])
+                attrs = {str(getattr(a, "name", a)): e.attributes[str(getattr(a, "name", a))]
+                         for a in e.attributes}
+                flat = gu.create(e.name, ops, [gu.tensor_type(d_shape, ety)], attrs, before=e)
+                back = gu.create("stablehlo.reshape", [flat.results[0]], [e.results[0].type],
+                                 before=e).results[0]
+            e.results[0].replace_all_uses_with(back)
+            gu.erase_if_dead([e])
+            moved += 1
+            work.append(hir.defining_op(back))
+    return moved
+
+
+@register_pass
+class FlattenDotDims(Pass):
+    """See the module docstring."""
+    name = "flatten-dot-dims"
+
+    @dataclasses.dataclass(frozen=True)
+    class Options:
+        enabled: bool = True
+
+    def run(self, module, ctx):
+        stats = {"flattened": 0, "sunk": 0, "left_sharded": 0, "left_interleaved": 0}
+        if not self.options.enabled:
+            return stats
+        from hlofuse.passes.fusion.outline import program_blocks
+        gu.reset_tracking()
+        mesh = None
+        if shd.is_propagated(module):
+            name, _, axes = shd.mesh_of(module)
+            mesh = (name, axes)
+        made = []
+        for block in program_blocks(module):
+            for op in [o for o in hir.block_ops(block) if o.name == "stablehlo.dot_general"]:
+                p = plan(op)
+                if p is None:
+                    if dot_layout(op) is None and gu.info(op.results[0]) is not None:
+                        stats["left_interleaved"] += 1
+                    continue
+                if mesh is not None and _shardings(op, p, mesh[1]) is None:
+                    stats["left_sharded"] += 1
+                    ctx.report.note(
+                        f"{self.name}: a dot_general at {hir.op_location(op)} keeps its dims: "
+                        "its shardings do not survive flattening (a sharded minor dim)")
+                    continue
+                made.append(flatten(op, p, mesh))
+                stats["flattened"] += 1
+        if mesh is None:     # (the moved ops would need shardings of their own)
+            for res in made:
+                stats["sunk"] += sink(res)
+        return stats

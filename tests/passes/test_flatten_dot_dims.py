@@ -1,0 +1,110 @@
+"""flatten-dot-dims: multi-head projections (several rhs free dims, several contracting dims)
+and their gradients become one-contracting-dim products with jax.jit's numbers, their bias and
+activation fuse as the product's epilogue; interleaved dims are left alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+import hlofuse
+from hlofuse import ir as hir
+from hlofuse.kernels.support import dot_layout
+from hlofuse.testing import assert_same
+from tests.fusion_util import kernels, outline, pipe
+
+R = np.random.default_rng(0)
+B, S, D, H, DH = 2, 16, 32, 4, 8
+F32 = np.float32
+PIPE = pipe("flatten-dot-dims", kernelize=False)
+
+
+def _args():
+    return (R.standard_normal((B, S, D)).astype(F32),
+            (R.standard_normal((D, H, DH)) * 0.1).astype(F32),
+            R.standard_normal((H, DH)).astype(F32),
+            (R.standard_normal((H, DH, D)) * 0.1).astype(F32),
+            R.standard_normal((D,)).astype(F32))
+
+
+def _block(x, wq, bq, wo, bo):
+    # Flax LinearGeneral / Keras EinsumDense: x[B,S,D].W[D,H,Dh] + b[H,Dh], then a[B,S,H,Dh].W[H,Dh,D]
+    q = jax.nn.gelu(jnp.einsum("bsd,dhk->bshk", x, wq) + bq)
+    return jnp.einsum("bshk,hkd->bsd", q, wo) + bo
+
+
+def _stats(report) -> dict:
+    (stats,) = [p.stats for p in report.passes if p.name == "flatten-dot-dims"]
+    return stats
+
+
+def _kernel_form(text: str) -> list[bool]:
+    """Per dot_general of the module: is it in the matmul kernels' form?"""
+    module = hir.parse(text)     # alive while its ops are read
+    return [dot_layout(op) is not None for op in hir.all_ops(module)
+            if op.name == "stablehlo.dot_general"]
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["forward", "grad"])
+def test_projections_become_kernel_form_products_with_jax_jit_numbers(grad):
+    fn = jax.grad(lambda *a: (_block(*a) ** 2).sum(), (0, 1, 2, 3, 4)) if grad else _block
+    args = _args()
+    f = hlofuse.jit(fn, target="cpu", pipeline=PIPE)
+    assert_same(f(*args), jax.jit(fn)(*args), "reassociate")
+    text = f.lower(*args).as_text()
+    stats = _stats(f.report(*args))
+    # forward: Q and output projections; the gradient adds dx and the two weight gradients
+    assert stats["flattened"] == (6 if grad else 2), stats
+    assert stats["sunk"] >= 1, stats           # the bias add (and gelu) moved above the reshape
+    assert all(_kernel_form(text))
+    # rerun over its own output: nothing more to do, the same module
+    again = hlofuse.optimize(text, target="cpu", pipeline=PIPE)
+    assert _stats(again.report) == {"flattened": 0, "sunk": 0, "left_sharded": 0, "left_interleaved": 0}
+    assert again.text == hlofuse.optimize(again.text, target="cpu", pipeline=PIPE).text
+
+
+@pytest.mark.parametrize("target", ["cpu", "gpu", "tpu"])
+def test_the_bias_and_activation_fuse_as_the_epilogue(target):
+    out = outline(_block, _args(), "flatten-dot-dims,fuse-matmul-epilogue", target=target)
+    regions = [r for r in out.report.regions if r.kind == "matmul_epilogue"]
+    assert len(regions) == 2 and all(r.reason is None for r in regions), regions
+    ops = sorted(regions, key=lambda r: len(r.ops))[-1].ops
+    assert "stablehlo.add" in ops and "stablehlo.tanh" in ops     # bias + gelu in the epilogue
+    assert not any("not canonical" in n for n in out.report.notes), out.report.notes
+
+
+def test_kernels_match_jax_jit_and_siblings_merge():
+    # Q/K/V projections of one input: after flattening they are sibling dots that merge
+    def qkv(x, wq, wk, wv):
+        return tuple(jnp.einsum("bsd,dhk->bshk", x, w) for w in (wq, wk, wv))
+    x, wq, _, _, _ = _args()
+    ws = (wq, wq * 0.5, wq * 2.0)
+    f = hlofuse.jit(qkv, target="cpu", autotune=False, tiered=False)
+    assert_same(f(x, *ws), jax.jit(qkv)(x, *ws), "reassociate")
+    rep = f.report(x, *ws)
+    assert kernels(rep, "horizontal"), rep
+    assert _stats(rep)["flattened"] == 3
+
+
+def test_interleaved_dims_are_left_alone_with_the_reason():
+    # contracting dims 1 and 3 of the lhs are not adjacent: flattening would need a transpose
+    x = R.standard_normal((B, H, S, DH)).astype(F32)
+    w = R.standard_normal((H, DH, D)).astype(F32)
+    fn = lambda x, w: jnp.einsum("bhsk,hkd->bsd", x, w)  # noqa: E731
+    f = hlofuse.jit(fn, target="gpu", pipeline=pipe("flatten-dot-dims", "fuse-matmul-epilogue",
+                                                    kernelize=False))
+    rep = f.report(x, w)
+    assert _stats(rep) == {"flattened": 0, "sunk": 0, "left_sharded": 0, "left_interleaved": 1}
+    assert any("not canonical" in n for n in rep.notes), rep.notes
+    g = hlofuse.jit(fn, target="cpu", pipeline=PIPE)
+    assert_same(g(x, w), jax.jit(fn)(x, w), "exact")
+
+
+def test_option_turns_it_off():
+    args = _args()
+    f = hlofuse.jit(_block, target="cpu", pipeline=PIPE, options={"flatten-dot-dims": {"enabled": False}})
+    assert _stats(f.report(*args))["flattened"] == 0
+    assert not all(_kernel_form(f.lower(*args).as_text()))
