@@ -20,25 +20,31 @@ Rewrites, for a product with leading batch dims (the same positions in both oper
   kind of value (a splat constant, a broadcast whose dims cover whole merged groups, or the
   same reshape of a value of the flat shape): ``reshape(p) + broadcast(b[H,Dh])`` becomes
   ``reshape(p + broadcast(reshape(b, [H*Dh])))``, so the bias and activation fuse as the
-  product's epilogue.
+  product's epilogue;
+- a product whose activation is the rhs, rows before features (Equinox's ``Linear`` under
+  ``vmap``: ``W[O,I] . x[B,S,I] -> [O,B,S]``, bias and activation, then a transpose to
+  ``[B,S,O]``) becomes ``x . W^T`` with a transpose back, which moves down the same way and
+  cancels in the user's transpose. Only where it cancels everywhere (:func:`_sinks_fully`):
+  flattening its rows instead made XLA transpose the product's output (eqx_gpt on cpu, 11%
+  slower), so otherwise such a product is left as written.
 
 Not rewritten: products whose contracting or free dims are interleaved (flattening would need
 a transpose), products already in the kernels' form, hlofuse's outlined regions, dynamic
 shapes. In a sharded program (after ``propagate-shardings``) every new op carries a sharding
 (a merged dim keeps its major dim's axes); a product whose shardings a reshape cannot keep
 (a sharded minor dim) is left as it is, and the report says so; there the result reshape
-stays where it is.
+stays where it is, and a product with its activation on the rhs is left as written.
 
 Preconditions: calls inlined. After ``fuse-attention`` (whose matches read the products as
 written) and ``conv1x1-to-dot``, right before ``fuse-matmul-epilogue``.
 Invariant: the module verifies; each output element is the same sum of the same products, but
 XLA may block a product of another shape differently (``reassociate`` tolerance); elementwise
-ops moved across a reshape compute the same values (exact). Rerunning changes nothing.
-Statistics: ``flattened`` (products rewritten), ``sunk`` (elementwise ops moved above a
-reshape), ``left_sharded`` (products left because of their shardings), ``left_interleaved``
-(products not in the kernels' form that flattening cannot reach: batch dims not leading,
-interleaved dims; ``fuse-matmul-epilogue`` notes them as "not canonical"). ``enabled=False``
-turns it off.
+ops moved across a reshape or transpose compute the same values (exact). Rerunning changes
+nothing. Statistics: ``flattened`` (products rewritten), ``sunk`` (elementwise ops moved above
+a reshape or transpose), ``left_sharded`` (products left because of their shardings), ``left_as_written``
+(products not in the kernels' form that are left as written: batch dims not leading,
+interleaved dims, an activation on the rhs whose transpose would not cancel;
+``fuse-matmul-epilogue`` notes them as "not canonical"). ``enabled=False`` turns it off.
 """
 
 from __future__ import annotations
@@ -63,13 +69,22 @@ def _run(dims: list[int]) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """How a product flattens: the operands' new shapes, the new dot dims and result shape."""
+    """How a product flattens: the operands' new shapes, the new dot dims and result shape.
+    ``swap``: the new product reads the operands the other way round and its result is that
+    of the transposes reading the old one."""
     lhs_shape: list
     rhs_shape: list
     lc: int
     rc: int
     nb: int
     out_shape: list
+    swap: bool = False
+
+
+def _swap_perm(nb: int, n_rf: int) -> list:
+    """The permutation taking a swapped product ``(batch, n..., m)`` to the original result
+    ``(batch, m, n...)``."""
+    return list(range(nb)) + [nb + n_rf] + [nb + i for i in range(n_rf)]
 
 
 def plan(dot) -> Plan | None:
@@ -88,6 +103,20 @@ def plan(dot) -> Plan | None:
     ls, rs = list(lhs.shape), list(rhs.shape)
     batch = ls[:nb]
     k = math.prod(ls[d] for d in lc)
+    if len(lf) == 1 and len(rf) > 1 and rf[0] == nb:
+        # the activation is the rhs, its rows before its features (a vmapped ``W @ x``:
+        # W[O,I] . x[B,S,I] -> [O,B,S], transposed to [B,S,O] later): where transposes read the
+        # result at once, the product the other way round is their result. Flattening the rows
+        # instead makes XLA transpose the product's output (eqx_gpt on cpu: 11% slower), so
+        # such a product is otherwise left as written
+        if "algorithm" in dot.attributes or rc[-1] != len(rs) - 1 \
+                or not _sinks_fully(dot.results[0], _swap_perm(nb, len(rf))):
+            return None
+        m = ls[lf[0]]
+        n = [rs[d] for d in rf]
+        lhs_shape, lcd = batch + n + [k], nb + len(n)
+        rhs_shape, rcd = (batch + [m, k], nb + 1) if lc[-1] == len(ls) - 1 else (batch + [k, m], nb)
+        return Plan(lhs_shape, rhs_shape, lcd, rcd, nb, batch + n + [m], swap=True)
     n = math.prod(rs[d] for d in rf)
     m = [ls[d] for d in lf]
     if lc[-1] == len(ls) - 1:                  # lhs (batch, free..., K)
@@ -106,12 +135,18 @@ def plan(dot) -> Plan | None:
     return Plan(lhs_shape, rhs_shape, lcd, rcd, nb, batch + out_m + [n])
 
 
+def _operands(dot, p: Plan) -> tuple:
+    """(new lhs source, new rhs source, the value the new product replaces)."""
+    if p.swap:
+        return dot.operands[1], dot.operands[0], dot.results[0]
+    return dot.operands[0], dot.operands[1], dot.results[0]
+
+
 def _shardings(dot, p: Plan, axes: dict) -> tuple | None:
     """Shardings of (new lhs, new rhs, new product) keeping the original ones, or None when a
     reshape cannot keep them."""
     out = []
-    for v, shape in ((dot.operands[0], p.lhs_shape), (dot.operands[1], p.rhs_shape),
-                     (dot.results[0], p.out_shape)):
+    for v, shape in zip(_operands(dot, p), (p.lhs_shape, p.rhs_shape, p.out_shape)):
         s = shd.value_sharding(v, replicated_if_open=True)
         if s is None:
             return None
@@ -144,29 +179,36 @@ def flatten(dot, p: Plan, mesh=None) -> ir.Value:
         name, axes = mesh
         sh = _shardings(dot, p, axes)
     batch = list(range(p.nb))
+    a, b, old = _operands(dot, p)
     with dot.context, dot.location:
-        lhs = _reshape(dot.operands[0], p.lhs_shape, dot, name, sh[0])
-        rhs = _reshape(dot.operands[1], p.rhs_shape, dot, name, sh[1])
+        lhs = _reshape(a, p.lhs_shape, dot, name, sh[0])
+        rhs = _reshape(b, p.rhs_shape, dot, name, sh[1])
         dn = stablehlo.DotDimensionNumbers.get(
             lhs_batching_dimensions=batch, rhs_batching_dimensions=batch,
             lhs_contracting_dimensions=[p.lc], rhs_contracting_dimensions=[p.rc])
-        names = [str(getattr(a, "name", a)) for a in dot.attributes]
-        attrs = {a: dot.attributes[a] for a in names if a not in (shd.SHARDING_ATTR, "mhlo.sharding")}
+        names = [str(getattr(x, "name", x)) for x in dot.attributes]
+        attrs = {x: dot.attributes[x] for x in names if x not in (shd.SHARDING_ATTR, "mhlo.sharding")}
         attrs["dot_dimension_numbers"] = dn
+        if p.swap and "precision_config" in attrs:     # per operand: swapped with them
+            attrs["precision_config"] = ir.ArrayAttr.get(list(ir.ArrayAttr(attrs["precision_config"]))[::-1])
         ety = gu.element_type(dot.results[0])
         new = gu.create("stablehlo.dot_general", [lhs, rhs], [gu.tensor_type(p.out_shape, ety)],
                         attrs, before=dot)
         if name is not None:
             shd.set_shardings(new, name, [sh[2]])
-        res = _reshape(new.results[0], list(gu.info(dot.results[0]).shape), dot, name,
-                       shd.value_sharding(dot.results[0], replicated_if_open=True)
-                       if name is not None else None)
-    dot.results[0].replace_all_uses_with(res)
+        if p.swap:          # transposed back to the original result, moved down by sink()
+            res = gu.make_transpose(new.results[0], _swap_perm(p.nb, len(p.out_shape) - p.nb - 1),
+                                    before=dot)
+        else:
+            res = _reshape(new.results[0], list(gu.info(old).shape), dot, name,
+                           shd.value_sharding(old, replicated_if_open=True) if name is not None
+                           else None)
+    old.replace_all_uses_with(res)
     hir.safe_erase(dot)
     return res
 
 
-# -- moving a reshape below the elementwise ops that read it -----------------------------------
+# -- moving a reshape or transpose below the elementwise ops that read it--------------------------------
 def _groups(src: list, dst: list) -> list[tuple[list, list]] | None:
     """A reshape that only merges or splits runs of dims, as (src dims, dst dims) groups of
     equal size; None when the shapes do not group so."""
@@ -219,32 +261,119 @@ def _flat_operand(v: ir.Value, r_shape: list, d_shape: list, groups, before):
     return gu.make_broadcast(c2, keep, gu.tensor_type(d_shape, ety), before=before)
 
 
-def sink(res: ir.Value) -> int:
-    """Move the reshape defining ``res`` below its elementwise users, repeatedly; returns how
-    many elementwise ops were moved."""
-    moved = 0
-    first = gu.is_op(res, "stablehlo.reshape")
-    work = [first] if first is not None else []
+def _inverse(perm: list) -> list:
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return inv
+
+
+def _moved_operand(v: ir.Value, rs, before) -> ir.Value | None:
+    """``v``, an operand of an elementwise op over the result of the reshape or transpose
+    ``rs``, as a value of ``rs``'s operand shape (built before ``before``), or None."""
+    r, d = rs.results[0], rs.operands[0]
+    if v == r:
+        return d
+    d_shape = list(gu.info(d).shape)
+    same = gu.is_op(v, rs.name)
+    if same is not None and list(gu.info(same.operands[0]).shape) == d_shape and (
+            rs.name == "stablehlo.reshape"
+            or gu.i64_array(same, "permutation") == gu.i64_array(rs, "permutation")):
+        return same.operands[0]
+    if gu.is_splat_const(v):
+        return gu.make_splat(gu.splat_value(v), gu.element_type(v), d_shape, before=before)
+    if rs.name == "stablehlo.reshape":
+        groups = _groups(d_shape, list(gu.info(r).shape))
+        return None if groups is None else _flat_operand(v, list(gu.info(r).shape), d_shape,
+                                                          groups, before)
+    bc = gu.is_op(v, "stablehlo.broadcast_in_dim")     # a transpose: r dim i is d dim perm[i]
+    if bc is None:
+        return None
+    perm = gu.i64_array(rs, "permutation")
+    dims = [perm[k] for k in gu.i64_array(bc, "broadcast_dimensions")]
+    if dims != sorted(dims):
+        return None                                    # a transposing broadcast: no kernel reads it
+    return gu.make_broadcast(bc.operands[0], dims, gu.tensor_type(d_shape, gu.element_type(v)),
+                             before=before)
+
+
+def _sinks_fully(v: ir.Value, perm: list, limit: int = 256) -> bool:
+    """Would ``transpose(p, perm)`` in place of ``v`` move below every elementwise op it
+    reaches and cancel in transposes back? (Then a swapped product leaves no transpose.) The
+    ops reached form a closure: each reads only values of the closure, splat constants and
+    broadcasts that stay non-transposing; each value of it is read only by ops of the
+    closure and by transposes back."""
+    identity = list(range(len(perm)))
+    block = hir.as_op(v.owner).block
+    seen, ops, work = {hir.value_key(v)}, [], [v]
     while work:
-        rs = work.pop()     # ops, not values: a moved chain may erase a reshape queued here
+        x = work.pop()
+        users = [hir.as_op(u) for u in hir.users(x)]
+        if not users:
+            return False        # a result of the function: it would stay transposed
+        for u in users:
+            if u.name == "stablehlo.transpose":
+                if [perm[i] for i in gu.i64_array(u, "permutation")] != identity:
+                    return False
+                continue
+            if rule_for(u.name).cls != OpClass.ELEMENTWISE or len(u.results) != 1 \
+                    or u.block != block:
+                return False
+            k = hir.value_key(u.results[0])
+            if k not in seen:
+                seen.add(k)
+                ops.append(u)
+                work.append(u.results[0])
+                if len(ops) > limit:
+                    return False
+    for u in ops:
+        for w in u.operands:
+            if hir.value_key(w) in seen or gu.is_splat_const(w):
+                continue
+            bc = gu.is_op(w, "stablehlo.broadcast_in_dim")
+            if bc is None:
+                return False
+            dims = [perm[k] for k in gu.i64_array(bc, "broadcast_dimensions")]
+            if dims != sorted(dims):
+                return False
+    return True
+
+
+def sink(res: ir.Value) -> int:
+    """Move the reshape or transpose defining ``res`` below its elementwise users, repeatedly
+    (a reshape or transpose reading it composes with it); returns how many elementwise ops
+    were moved."""
+    moved = 0
+    first = hir.defining_op(res)
+    work = [first] if first is not None and first.name in (
+        "stablehlo.reshape", "stablehlo.transpose") else []
+    while work:
+        rs = work.pop()     # ops, not values: a moved chain may erase an op queued here
         if not gu.alive(rs) or shd.SHARDING_ATTR in rs.attributes:
             continue
         r, d = rs.results[0], rs.operands[0]
-        d_shape, r_shape = list(gu.info(d).shape), list(gu.info(r).shape)
-        groups = _groups(d_shape, r_shape)
-        if groups is None:
-            continue
+        r_shape, d_shape = list(gu.info(r).shape), list(gu.info(d).shape)
+        is_transpose = rs.name == "stablehlo.transpose"
         for e in hir.users(r):
             e = hir.as_op(e)
             if not gu.alive(e) or len(e.results) != 1:
                 continue
-            if e.name == "stablehlo.reshape":       # reshape(reshape(d)) is reshape(d)
-                if list(gu.info(e.results[0]).shape) == d_shape:
+            if e.name == rs.name:       # reshape(reshape(d)), transpose(transpose(d))
+                shape = list(gu.info(e.results[0]).shape)
+                if is_transpose:
+                    perm = [gu.i64_array(rs, "permutation")[i] for i in gu.i64_array(e, "permutation")]
+                    identity = perm == list(range(len(perm)))
+                else:
+                    identity = shape == d_shape
+                if identity:
                     e.results[0].replace_all_uses_with(d)
                     gu.erase_if_dead([e])
-                else:
-                    e.operands[0] = d
-                    gu.erase_if_dead([rs])
+                    continue
+                e.operands[0] = d
+                if is_transpose:
+                    with e.context:
+                        e.attributes["permutation"] = ir.DenseI64ArrayAttr.get(perm)
+                gu.erase_if_dead([rs])
                 continue
             if rule_for(e.name).cls != OpClass.ELEMENTWISE:
                 continue
@@ -254,14 +383,7 @@ def sink(res: ir.Value) -> int:
             with e.context, e.location:
                 ops = []
                 for v in e.operands:
-                    if v == r:
-                        ops.append(d)
-                        continue
-                    w = gu.is_op(v, "stablehlo.reshape")
-                    if w is not None and list(gu.info(w.operands[0]).shape) == d_shape:
-                        ops.append(w.operands[0])
-                        continue
-                    ops.append(_flat_operand(v, r_shape, d_shape, groups, e))
+                    ops.append(_moved_operand(v, rs, e))
                     if ops[-1] is None:
                         break
                 if any(o is None for o in ops):
@@ -270,7 +392,8 @@ def sink(res: ir.Value) -> int:
                 attrs = {str(getattr(a, "name", a)): e.attributes[str(getattr(a, "name", a))]
                          for a in e.attributes}
                 flat = gu.create(e.name, ops, [gu.tensor_type(d_shape, ety)], attrs, before=e)
-                back = gu.create("stablehlo.reshape", [flat.results[0]], [e.results[0].type],
+                again = {"permutation": rs.attributes["permutation"]} if is_transpose else {}
+                back = gu.create(rs.name, [flat.results[0]], [e.results[0].type], again,
                                  before=e).results[0]
             e.results[0].replace_all_uses_with(back)
             gu.erase_if_dead([e])
@@ -289,7 +412,7 @@ class FlattenDotDims(Pass):
         enabled: bool = True
 
     def run(self, module, ctx):
-        stats = {"flattened": 0, "sunk": 0, "left_sharded": 0, "left_interleaved": 0}
+        stats = {"flattened": 0, "sunk": 0, "left_sharded": 0, "left_as_written": 0}
         if not self.options.enabled:
             return stats
         from hlofuse.passes.fusion.outline import program_blocks
@@ -304,17 +427,20 @@ class FlattenDotDims(Pass):
                 p = plan(op)
                 if p is None:
                     if dot_layout(op) is None and gu.info(op.results[0]) is not None:
-                        stats["left_interleaved"] += 1
+                        stats["left_as_written"] += 1
                     continue
-                if mesh is not None and _shardings(op, p, mesh[1]) is None:
+                if mesh is not None and (p.swap or _shardings(op, p, mesh[1]) is None):
                     stats["left_sharded"] += 1
                     ctx.report.note(
                         f"{self.name}: a dot_general at {hir.op_location(op)} keeps its dims: "
-                        "its shardings do not survive flattening (a sharded minor dim)")
+                        + ("the product the other way round would leave a transpose to shard"
+                           if p.swap else "its shardings do not survive flattening (a sharded "
+                           "minor dim)"))
                     continue
-                made.append(flatten(op, p, mesh))
+                made.append(hir.defining_op(flatten(op, p, mesh)))
                 stats["flattened"] += 1
         if mesh is None:     # (the moved ops would need shardings of their own)
-            for res in made:
-                stats["sunk"] += sink(res)
+            for op in made:  # ops, not values: an earlier move may have erased one
+                if gu.alive(op):
+                    stats["sunk"] += sink(op.results[0])
         return stats

@@ -1,5 +1,5 @@
 // golden: unchanged
-// golden: reason=left_interleaved
+// golden: reason=left_as_written
 // the lhs contracting dims 1 and 3 are not adjacent: flattening them would need a transpose,
 // so the product is left as written.
 func.func public @main(%arg0: tensor<2x2x4x3xf32>, %arg1: tensor<2x3x8xf32>) -> tensor<2x4x8xf32> {
