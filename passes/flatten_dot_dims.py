@@ -40,10 +40,10 @@ written) and ``conv1x1-to-dot``, right before ``fuse-matmul-epilogue``.
 Invariant: the module verifies; each output element is the same sum of the same products, but
 XLA may block a product of another shape differently (``reassociate`` tolerance); elementwise
 ops moved across a reshape or transpose compute the same values (exact). Rerunning changes
-nothing. Statistics: ``flattened`` (products rewritten), ``sunk`` (elementwise ops moved above
-a reshape or transpose), ``left_sharded`` (products left because of their shardings), ``left_as_written``
-(products not in the kernels' form that are left as written: batch dims not leading,
-interleaved dims, an activation on the rhs whose transpose would not cancel;
+nothing. Statistics: ``flattened`` (products rewritten), ``sunk`` (elementwise ops moved above a
+reshape or transpose), ``left_sharded`` (products left because of their shardings),
+``left_as_written`` (products not in the kernels' form that are left as written: batch dims not
+leading, interleaved dims, an activation on the rhs whose transpose would not cancel;
 ``fuse-matmul-epilogue`` notes them as "not canonical"). ``enabled=False`` turns it off.
 """
 
@@ -70,8 +70,8 @@ def _run(dims: list[int]) -> bool:
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """How a product flattens: the operands' new shapes, the new dot dims and result shape.
-    ``swap``: the new product reads the operands the other way round and its result is that
-    of the transposes reading the old one."""
+    ``swap``: the new product reads the operands the other way round; a transpose takes its
+    result back to the original one (and :func:`sink` cancels it in the user's transpose)."""
     lhs_shape: list
     rhs_shape: list
     lc: int
@@ -105,8 +105,8 @@ def plan(dot) -> Plan | None:
     k = math.prod(ls[d] for d in lc)
     if len(lf) == 1 and len(rf) > 1 and rf[0] == nb:
         # the activation is the rhs, its rows before its features (a vmapped ``W @ x``:
-        # W[O,I] . x[B,S,I] -> [O,B,S], transposed to [B,S,O] later): where transposes read the
-        # result at once, the product the other way round is their result. Flattening the rows
+        # W[O,I] . x[B,S,I] -> [O,B,S], transposed to [B,S,O] later): the product the other way
+        # round, where its transpose back cancels in the user's everywhere. Flattening the rows
         # instead makes XLA transpose the product's output (eqx_gpt on cpu: 11% slower), so
         # such a product is otherwise left as written
         if "algorithm" in dot.attributes or rc[-1] != len(rs) - 1 \
@@ -160,7 +160,8 @@ def _shardings(dot, p: Plan, axes: dict) -> tuple | None:
 
 def _reshape(v: ir.Value, shape: list, before, mesh: str | None, sharding) -> ir.Value:
     inner = gu.is_op(v, "stablehlo.reshape")
-    if inner is not None and (mesh is None or list(gu.info(inner.operands[0]).shape) == list(shape)):
+    if inner is not None and (mesh is None
+                              or list(gu.info(inner.operands[0]).shape) == list(shape)):
         v = inner.operands[0]                     # reshape(reshape(y)) is reshape(y)
     if list(gu.info(v).shape) == list(shape):
         return v
@@ -187,10 +188,12 @@ def flatten(dot, p: Plan, mesh=None) -> ir.Value:
             lhs_batching_dimensions=batch, rhs_batching_dimensions=batch,
             lhs_contracting_dimensions=[p.lc], rhs_contracting_dimensions=[p.rc])
         names = [str(getattr(x, "name", x)) for x in dot.attributes]
-        attrs = {x: dot.attributes[x] for x in names if x not in (shd.SHARDING_ATTR, "mhlo.sharding")}
+        attrs = {x: dot.attributes[x] for x in names
+                 if x not in (shd.SHARDING_ATTR, "mhlo.sharding")}
         attrs["dot_dimension_numbers"] = dn
         if p.swap and "precision_config" in attrs:     # per operand: swapped with them
-            attrs["precision_config"] = ir.ArrayAttr.get(list(ir.ArrayAttr(attrs["precision_config"]))[::-1])
+            swapped = list(ir.ArrayAttr(attrs["precision_config"]))[::-1]
+            attrs["precision_config"] = ir.ArrayAttr.get(swapped)
         ety = gu.element_type(dot.results[0])
         new = gu.create("stablehlo.dot_general", [lhs, rhs], [gu.tensor_type(p.out_shape, ety)],
                         attrs, before=dot)
@@ -208,7 +211,7 @@ def flatten(dot, p: Plan, mesh=None) -> ir.Value:
     return res
 
 
-# -- moving a reshape or transpose below the elementwise ops that read it--------------------------------
+# -- moving a reshape or transpose below the elementwise ops that read it ---------------------
 def _groups(src: list, dst: list) -> list[tuple[list, list]] | None:
     """A reshape that only merges or splits runs of dims, as (src dims, dst dims) groups of
     equal size; None when the shapes do not group so."""
@@ -361,7 +364,8 @@ def sink(res: ir.Value) -> int:
             if e.name == rs.name:       # reshape(reshape(d)), transpose(transpose(d))
                 shape = list(gu.info(e.results[0]).shape)
                 if is_transpose:
-                    perm = [gu.i64_array(rs, "permutation")[i] for i in gu.i64_array(e, "permutation")]
+                    outer = gu.i64_array(rs, "permutation")
+                    perm = [outer[i] for i in gu.i64_array(e, "permutation")]
                     identity = perm == list(range(len(perm)))
                 else:
                     identity = shape == d_shape

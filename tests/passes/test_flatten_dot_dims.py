@@ -31,7 +31,8 @@ def _args():
 
 
 def _block(x, wq, bq, wo, bo):
-    # Flax LinearGeneral / Keras EinsumDense: x[B,S,D].W[D,H,Dh] + b[H,Dh], then a[B,S,H,Dh].W[H,Dh,D]
+    # Flax LinearGeneral / Keras EinsumDense: x[B,S,D].W[D,H,Dh] + b[H,Dh],
+    # then a[B,S,H,Dh].W[H,Dh,D]
     q = jax.nn.gelu(jnp.einsum("bsd,dhk->bshk", x, wq) + bq)
     return jnp.einsum("bshk,hkd->bsd", q, wo) + bo
 
@@ -39,6 +40,11 @@ def _block(x, wq, bq, wo, bo):
 def _stats(report) -> dict:
     (stats,) = [p.stats for p in report.passes if p.name == "flatten-dot-dims"]
     return stats
+
+
+def _none(**nonzero) -> dict:
+    """The pass's statistics when it rewrote nothing."""
+    return {"flattened": 0, "sunk": 0, "left_sharded": 0, "left_as_written": 0, **nonzero}
 
 
 def _kernel_form(text: str) -> list[bool]:
@@ -62,7 +68,7 @@ def test_projections_become_kernel_form_products_with_jax_jit_numbers(grad):
     assert all(_kernel_form(text))
     # rerun over its own output: nothing more to do, the same module
     again = hlofuse.optimize(text, target="cpu", pipeline=PIPE)
-    assert _stats(again.report) == {"flattened": 0, "sunk": 0, "left_sharded": 0, "left_as_written": 0}
+    assert _stats(again.report) == _none()
     assert again.text == hlofuse.optimize(again.text, target="cpu", pipeline=PIPE).text
 
 
@@ -97,7 +103,7 @@ def test_interleaved_dims_are_left_alone_with_the_reason():
     f = hlofuse.jit(fn, target="gpu", pipeline=pipe("flatten-dot-dims", "fuse-matmul-epilogue",
                                                     kernelize=False))
     rep = f.report(x, w)
-    assert _stats(rep) == {"flattened": 0, "sunk": 0, "left_sharded": 0, "left_as_written": 1}
+    assert _stats(rep) == _none(left_as_written=1)
     assert any("not canonical" in n for n in rep.notes), rep.notes
     g = hlofuse.jit(fn, target="cpu", pipeline=PIPE)
     assert_same(g(x, w), jax.jit(fn)(x, w), "exact")
@@ -105,7 +111,8 @@ def test_interleaved_dims_are_left_alone_with_the_reason():
 
 def test_option_turns_it_off():
     args = _args()
-    f = hlofuse.jit(_block, target="cpu", pipeline=PIPE, options={"flatten-dot-dims": {"enabled": False}})
+    f = hlofuse.jit(_block, target="cpu", pipeline=PIPE,
+                    options={"flatten-dot-dims": {"enabled": False}})
     assert _stats(f.report(*args))["flattened"] == 0
     assert not all(_kernel_form(f.lower(*args).as_text()))
 
@@ -119,8 +126,8 @@ def _w_at_x(case: str):
         if case == "bias, then transposed":      # what vmap of Equinox's Linear makes
             return jnp.transpose(jax.nn.gelu(y + b[:, None, None]), (1, 2, 0))
         return y * b[:, None, None]               # read as [O,B,S]: no transpose to cancel
-    return fn, ((R.standard_normal((D, D)) * 0.1).astype(F32), R.standard_normal((B, S, D)).astype(F32),
-                R.standard_normal((D,)).astype(F32))
+    return fn, ((R.standard_normal((D, D)) * 0.1).astype(F32),
+                R.standard_normal((B, S, D)).astype(F32), R.standard_normal((D,)).astype(F32))
 
 
 @pytest.mark.parametrize("case", ["transposed at once", "bias, then transposed"])
@@ -140,5 +147,5 @@ def test_an_activation_on_the_rhs_read_as_it_is_is_left_as_written():
     # its rows flattened, XLA would transpose the product's output: left to XLA as written
     fn, args = _w_at_x("read as it is")
     f = hlofuse.jit(fn, target="cpu", pipeline=PIPE)
-    assert _stats(f.report(*args)) == {"flattened": 0, "sunk": 0, "left_sharded": 0, "left_as_written": 1}
+    assert _stats(f.report(*args)) == _none(left_as_written=1)
     assert_same(f(*args), jax.jit(fn)(*args), "exact")
