@@ -172,24 +172,18 @@ def _reshape(v: ir.Value, shape: list, before, mesh: str | None, sharding) -> ir
     return op.results[0]
 
 
-def flatten(dot, p: Plan, mesh=None) -> ir.Value:
-    """Rewrite ``dot`` as planned; returns the value that replaced its result."""
-    sh = (None, None, None)
-    name = None
-    if mesh is not None:
-        name, axes = mesh
-        sh = _shardings(dot, p, axes)
+def flatten(dot, p: Plan, mesh: str | None = None, sh: tuple = (None, None, None)) -> ir.Value:
+    """Rewrite ``dot`` as planned; returns the value that replaced its result. In a sharded
+    program ``mesh`` is the mesh's name and ``sh`` the new ops' shardings (:func:`_shardings`)."""
     batch = list(range(p.nb))
     a, b, old = _operands(dot, p)
     with dot.context, dot.location:
-        lhs = _reshape(a, p.lhs_shape, dot, name, sh[0])
-        rhs = _reshape(b, p.rhs_shape, dot, name, sh[1])
+        lhs = _reshape(a, p.lhs_shape, dot, mesh, sh[0])
+        rhs = _reshape(b, p.rhs_shape, dot, mesh, sh[1])
         dn = stablehlo.DotDimensionNumbers.get(
             lhs_batching_dimensions=batch, rhs_batching_dimensions=batch,
             lhs_contracting_dimensions=[p.lc], rhs_contracting_dimensions=[p.rc])
-        names = [str(getattr(x, "name", x)) for x in dot.attributes]
-        attrs = {x: dot.attributes[x] for x in names
-                 if x not in (shd.SHARDING_ATTR, "mhlo.sharding")}
+        attrs = gu.attributes(dot, drop=(shd.SHARDING_ATTR, "mhlo.sharding"))
         attrs["dot_dimension_numbers"] = dn
         if p.swap and "precision_config" in attrs:     # per operand: swapped with them
             swapped = list(ir.ArrayAttr(attrs["precision_config"]))[::-1]
@@ -197,14 +191,14 @@ def flatten(dot, p: Plan, mesh=None) -> ir.Value:
         ety = gu.element_type(dot.results[0])
         new = gu.create("stablehlo.dot_general", [lhs, rhs], [gu.tensor_type(p.out_shape, ety)],
                         attrs, before=dot)
-        if name is not None:
-            shd.set_shardings(new, name, [sh[2]])
+        if mesh is not None:
+            shd.set_shardings(new, mesh, [sh[2]])
         if p.swap:          # transposed back to the original result, moved down by sink()
             res = gu.make_transpose(new.results[0], _swap_perm(p.nb, len(p.out_shape) - p.nb - 1),
                                     before=dot)
         else:
-            res = _reshape(new.results[0], list(gu.info(old).shape), dot, name,
-                           shd.value_sharding(old, replicated_if_open=True) if name is not None
+            res = _reshape(new.results[0], list(gu.info(old).shape), dot, mesh,
+                           shd.value_sharding(old, replicated_if_open=True) if mesh is not None
                            else None)
     old.replace_all_uses_with(res)
     hir.safe_erase(dot)
@@ -264,11 +258,12 @@ def _flat_operand(v: ir.Value, r_shape: list, d_shape: list, groups, before):
     return gu.make_broadcast(c2, keep, gu.tensor_type(d_shape, ety), before=before)
 
 
-def _inverse(perm: list) -> list:
-    inv = [0] * len(perm)
-    for i, p in enumerate(perm):
-        inv[p] = i
-    return inv
+def _dims_through(bc, perm: list) -> list | None:
+    """The dims of broadcast ``bc``, read through ``transpose(., perm)`` (result dim ``i`` is
+    operand dim ``perm[i]``); None when they come out of order (a transposing broadcast, which
+    no kernel reads)."""
+    dims = [perm[k] for k in gu.i64_array(bc, "broadcast_dimensions")]
+    return dims if dims == sorted(dims) else None
 
 
 def _moved_operand(v: ir.Value, rs, before) -> ir.Value | None:
@@ -289,13 +284,10 @@ def _moved_operand(v: ir.Value, rs, before) -> ir.Value | None:
         groups = _groups(d_shape, list(gu.info(r).shape))
         return None if groups is None else _flat_operand(v, list(gu.info(r).shape), d_shape,
                                                           groups, before)
-    bc = gu.is_op(v, "stablehlo.broadcast_in_dim")     # a transpose: r dim i is d dim perm[i]
-    if bc is None:
+    bc = gu.is_op(v, "stablehlo.broadcast_in_dim")     # through a transpose
+    dims = None if bc is None else _dims_through(bc, gu.i64_array(rs, "permutation"))
+    if dims is None:
         return None
-    perm = gu.i64_array(rs, "permutation")
-    dims = [perm[k] for k in gu.i64_array(bc, "broadcast_dimensions")]
-    if dims != sorted(dims):
-        return None                                    # a transposing broadcast: no kernel reads it
     return gu.make_broadcast(bc.operands[0], dims, gu.tensor_type(d_shape, gu.element_type(v)),
                              before=before)
 
@@ -334,10 +326,7 @@ def _sinks_fully(v: ir.Value, perm: list, limit: int = 256) -> bool:
             if hir.value_key(w) in seen or gu.is_splat_const(w):
                 continue
             bc = gu.is_op(w, "stablehlo.broadcast_in_dim")
-            if bc is None:
-                return False
-            dims = [perm[k] for k in gu.i64_array(bc, "broadcast_dimensions")]
-            if dims != sorted(dims):
+            if bc is None or _dims_through(bc, perm) is None:
                 return False
     return True
 
@@ -393,9 +382,8 @@ def sink(res: ir.Value) -> int:
                 if any(o is None for o in ops):
                     continue
                 ety = gu.element_type(e.results[0])
-                attrs = {str(getattr(a, "name", a)): e.attributes[str(getattr(a, "name", a))]
-                         for a in e.attributes}
-                flat = gu.create(e.name, ops, [gu.tensor_type(d_shape, ety)], attrs, before=e)
+                flat = gu.create(e.name, ops, [gu.tensor_type(d_shape, ety)], gu.attributes(e),
+                                 before=e)
                 again = {"permutation": rs.attributes["permutation"]} if is_transpose else {}
                 back = gu.create(rs.name, [flat.results[0]], [e.results[0].type], again,
                                  before=e).results[0]
@@ -433,7 +421,10 @@ class FlattenDotDims(Pass):
                     if dot_layout(op) is None and gu.info(op.results[0]) is not None:
                         stats["left_as_written"] += 1
                     continue
-                if mesh is not None and (p.swap or _shardings(op, p, mesh[1]) is None):
+                sh = (None, None, None)
+                if mesh is not None and not p.swap:
+                    sh = _shardings(op, p, mesh[1])
+                if mesh is not None and (p.swap or sh is None):
                     stats["left_sharded"] += 1
                     ctx.report.note(
                         f"{self.name}: a dot_general at {hir.op_location(op)} keeps its dims: "
@@ -441,7 +432,7 @@ class FlattenDotDims(Pass):
                            if p.swap else "its shardings do not survive flattening (a sharded "
                            "minor dim)"))
                     continue
-                made.append(hir.defining_op(flatten(op, p, mesh)))
+                made.append(hir.defining_op(flatten(op, p, mesh and mesh[0], sh)))
                 stats["flattened"] += 1
         if mesh is None:     # (the moved ops would need shardings of their own)
             for op in made:  # ops, not values: an earlier move may have erased one

@@ -221,9 +221,7 @@ def _rewrite(dot, s: int, rep: Repeat, k: int, parts, sh: _Shardings | None) -> 
         new_shape = ([shapes[0][d] for d in lb2] + [shapes[0][d] for d in free[0]]
                      + [shapes[1][d] for d in free[1]])
         # precision and algorithm carry over; a sharding is written for the new rank below
-        names = [str(getattr(n, "name", n)) for n in dot.attributes]
-        attrs = {n: dot.attributes[n] for n in names
-                 if n not in (shd.SHARDING_ATTR, "mhlo.sharding")}
+        attrs = gu.attributes(dot, drop=(shd.SHARDING_ATTR, "mhlo.sharding"))
         attrs["dot_dimension_numbers"] = dn
         new = gu.create("stablehlo.dot_general", operands, [gu.tensor_type(new_shape, ety)],
                         attrs, before=dot).results[0]

@@ -253,6 +253,13 @@ def make_broadcast(v: ir.Value, dims: Sequence[int], result_type: ir.Type, *, be
                   before=before, after=after, loc=loc).results[0]
 
 
+def attributes(op, drop: Sequence[str] = ()) -> dict:
+    """``op``'s attributes by name, without those named in ``drop``: the attributes of an op
+    made in its place (``create``)."""
+    names = [str(getattr(a, "name", a)) for a in op.attributes]
+    return {n: op.attributes[n] for n in names if n not in drop}
+
+
 def copy_dialect_attrs(op, made) -> None:
     """Dialect attributes of ``op`` (Shardy's ``sdy.sharding``, frontend attributes) describe
     its result: put them on the ``made`` ops, which have that result's shape."""
