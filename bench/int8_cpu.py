@@ -6,9 +6,11 @@ Three exact ways to compute an int8 x int8 -> int32 product on XLA:CPU:
 
 * ``xla_int8``: ``dot_general(int8, int8) -> int32``, what the program says (XLA:CPU gives it
   to its library, YNNPACK);
-* ``u8s8``: the same function through ``hlofuse.jit`` with the ``int8-dot-unsigned`` pass:
-  ``dot(a + 128 as uint8, b) - 128 * sum_k(b)``, the unsigned x signed form x86 int8 dot
-  instructions (AVX512-VNNI) compute natively -- bit-identical, checked here;
+* ``u8s8``: the same function through ``hlofuse.jit`` with the ``int8-dot-unsigned`` pass
+  (``shift=always``): ``dot(a + 128 as uint8, b) - 128 * sum_k(b)``, the unsigned x signed
+  form x86 VNNI int8 dot instructions compute natively -- bit-identical, checked here. By
+  default the pass shifts only on CPUs without signed x signed int8 dots (AMX-INT8,
+  AVX-VNNI-INT8, Arm: :mod:`hlofuse.hostcpu`), which the figures below justify or refute;
 * ``bf16_chunks``: the int8 values converted to bf16 (exact) and multiplied with f32
   accumulation in K chunks of 1024 (every partial sum stays below 2^24, so each chunk is
   exact), the chunks summed in int32 -- what hlofuse's cpu kernels did before ``u8s8``.
@@ -43,9 +45,11 @@ def bf16_chunks(a, b):
 
 
 def u8s8():
-    """``xla_int8`` as hlofuse runs it on cpu: the int8-dot-unsigned pass alone."""
+    """``xla_int8`` in the u8 x s8 form: the int8-dot-unsigned pass alone, its shift forced
+    (``shift="auto"`` keeps the signed dot on CPUs that multiply it natively)."""
     import hlofuse
-    return hlofuse.jit(xla_int8, pipeline="inline-calls,int8-dot-unsigned", autotune=False)
+    return hlofuse.jit(xla_int8, pipeline="inline-calls,int8-dot-unsigned{shift=always}",
+                       autotune=False)
 
 
 def xla_int8(a, b):
@@ -64,6 +68,10 @@ def main(argv=None) -> int:
     cfg = Config.quick()
     cfg.rounds = a.rounds
     rng = np.random.default_rng(0)
+    from hlofuse import hostcpu
+    native = hostcpu.int8_signed_native()
+    print(f"host: {hostcpu.profile()}; int8-dot-unsigned's default here: "
+          + (f"keep s8 x s8 (native: {native})" if native else "the u8 x s8 form"))
     print("alternative / xla_int8 time, median of per-round ratios (<1: the alternative is faster)")
     for shape in a.shapes.split(","):
         m, k, n = (int(x) for x in shape.split("x"))

@@ -144,7 +144,11 @@ def make_options(cls, values: dict, owner: str):
     if unknown:
         raise OptionError(f"unknown option(s) {', '.join(map(repr, unknown))} for {owner}; "
                           f"known: {describe_options(cls) or 'none'}")
-    return cls(**{k: _coerce(known[k][0], v, f"option {k!r} of {owner}") for k, v in values.items()})
+    coerced = {k: _coerce(known[k][0], v, f"option {k!r} of {owner}") for k, v in values.items()}
+    try:
+        return cls(**coerced)
+    except ValueError as e:  # an Options class's own check (its __post_init__)
+        raise OptionError(f"{owner}: {e}") from None
 
 
 def describe_options(cls) -> str:
@@ -325,8 +329,10 @@ PIPELINES: dict[str, list[tuple[str, str]]] = {
         ("fuse-elementwise", "form cycle-free elementwise regions and outline them"),
         ("kernelize", "turn each outlined region into a Pallas kernel for the target"),
         ("symbol-dce", "upstream: drop outlined bodies replaced by kernels"),
-        ("int8-dot-unsigned", "cpu: int8 x int8 dots (the program's and the cpu kernels') as XLA:CPU's faster "
-                              "u8 x s8 dot with an exact correction; after kernelize, which writes the kernels' dots, and symbol-dce, which drops the replaced regions"),
+        ("int8-dot-unsigned", "cpu: int8 x int8 dots (the program's and the cpu kernels') in the form the host multiplies fastest: "
+                              "u8 x s8 with an exact correction on VNNI CPUs, signed where AMX-INT8 or Arm multiply it; "
+                              "matrix-vector dots as small matrix products; after kernelize, which writes the kernels' dots, "
+                              "and symbol-dce, which drops the replaced regions"),
         ("canonicalize", "upstream: drop constants left dead by outlining"),
         ("buffer-aliasing", "liveness + memory plan; alias donated args to outputs; donation auditor"),
     ],

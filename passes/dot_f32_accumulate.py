@@ -13,13 +13,16 @@ outlined regions and kernels): ``dot_general(a: bf16, b: bf16) -> bf16`` becomes
 ``convert(dot_general(a, b) -> f32) -> bf16``, keeping the dimension numbers and the
 precision config. A matrix-vector dot (one operand a vector: one contracting dim, all other
 dims of size 1, no batch dims; the other a matrix of at least ``gemv_pad_min_elems``
-elements) is also computed as a two-row (or two-column) product whose second row is zeros,
-sliced back to the first: XLA:CPU runs a bf16 matrix-vector dot in a slow loop whatever its
-result type (1x1024 @ 1024x32000, a decoder's next-token head: 84 ms under jax.jit, 13.5 ms
-this way). The result's consumers see the same bf16 value as before: XLA's own path
-also accumulates in f32 and rounds once at the end, so only the order of the f32 sums may
-differ (``reassociate``). A later fusion pass sees an f32 dot with a ``convert`` epilogue (the
-cpu matmul kernel keeps each dot's own result type, so the kernel's dot is the f32 one).
+elements) is also computed as a product of a few rows (or columns) whose rows after the first
+are zeros, sliced back to the first: XLA:CPU runs a bf16 matrix-vector dot in a slow loop
+whatever its result type (1x1024 @ 1024x32000, a decoder's next-token head: 84 ms under
+jax.jit, 13.5 ms as two rows on a Zen 4; 29.9 ms and 6.7 ms as eight rows on a Sapphire
+Rapids, whose AMX tiles want more rows: ``gemv_rows``, by default
+:func:`hlofuse.hostcpu.gemv_rows`). The result's consumers see the same bf16 value as
+before: XLA's own path also accumulates in f32 and rounds once at the end, so only the order
+of the f32 sums may differ (``reassociate``). A later fusion pass sees an f32 dot with a
+``convert`` epilogue (the cpu matmul kernel keeps each dot's own result type, so the kernel's
+dot is the f32 one).
 
 Not rewritten: other targets (GPU/TPU matmuls already accumulate bf16 in f32 and write bf16;
 an f32 result would only double the bytes written), dots whose operands or result are not
@@ -36,8 +39,8 @@ Invariant: the module verifies; results within ``reassociate`` (f32 accumulation
 infinities and signed zeros as XLA's own f32 accumulation gives them. Idempotent: the dots it
 makes have an f32 result and are not matched again.
 
-Statistics: ``widened`` (dots rewritten), ``matrix_vector_padded`` (of those, computed as two
-rows/columns).
+Statistics: ``widened`` (dots rewritten), ``matrix_vector_padded`` (of those, computed as a
+few rows/columns).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ import dataclasses
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
+from hlofuse import hostcpu
 from hlofuse import ir as hir
 from hlofuse.pipeline import Pass, register_pass
 from hlofuse.passes import graph_util as gu
@@ -110,13 +114,14 @@ def vector_side(op, min_elems: int) -> int | None:
     return None
 
 
-def padded_dot(op, side: int, lhs, rhs, result_element_type, **kw):
+def padded_dot(op, side: int, lhs, rhs, result_element_type, rows: int = 2, **kw):
     """A dot with ``op``'s dimension numbers over ``lhs``/``rhs`` (``op``'s operands or
     same-shaped replacements) whose operand ``side`` (a vector, see :func:`vector_side`) is
-    computed as a two-row (lhs) or two-column (rhs) matrix with a second row/column of zeros;
-    returns ``(dot, value)``: the new dot op and the first row/column reshaped to ``op``'s
-    result shape with ``result_element_type``. XLA:CPU runs matrix-vector dots in a slow loop
-    and the two-row products in its library GEMM; the first row's sums are the same dot
+    computed as a ``rows``-row (lhs) or ``rows``-column (rhs) matrix, the rows after the first
+    zeros; returns ``(dot, value)``: the new dot op and the first row/column reshaped to
+    ``op``'s result shape with ``result_element_type``. XLA:CPU runs matrix-vector dots in a
+    slow loop and small matrix products in its library GEMM (:func:`hlofuse.hostcpu.gemv_rows`
+    says how many rows are fastest on this CPU); the first row's sums are the same dot
     products. Inserts before ``op``: call with an insertion point there and a location active."""
     _, _, lc, rc, _, _ = gu.dot_parts(op)
     v, m = (lhs, rhs) if side == 0 else (rhs, lhs)
@@ -125,7 +130,7 @@ def padded_dot(op, side: int, lhs, rhs, result_element_type, **kw):
     shape1 = [1, k] if side == 0 else [k, 1]
     v1 = stablehlo.ReshapeOp(ir.RankedTensorType.get(shape1, vt.element_type), v)
     zero = gu.make_splat(0, vt.element_type, [], before=op)
-    high = [1, 0] if side == 0 else [0, 1]
+    high = [rows - 1, 0] if side == 0 else [0, rows - 1]
     v2 = stablehlo.PadOp(v1.result, zero, [0, 0], high, [0, 0])
     m_shape = list(ir.RankedTensorType(m.type).shape)
     mc = (rc if side == 0 else lc)[0]
@@ -134,13 +139,13 @@ def padded_dot(op, side: int, lhs, rhs, result_element_type, **kw):
         dn = stablehlo.DotDimensionNumbers.get(
             lhs_batching_dimensions=[], rhs_batching_dimensions=[],
             lhs_contracting_dimensions=[1], rhs_contracting_dimensions=[mc])
-        out2, lo, hi = [2] + m_free, [0] * (1 + len(m_free)), [1] + m_free
+        out2, lo, hi = [rows] + m_free, [0] * (1 + len(m_free)), [1] + m_free
         dot = stablehlo.DotGeneralOp(ir.RankedTensorType.get(out2, result_element_type), v2.result, m, dn, **kw)
     else:
         dn = stablehlo.DotDimensionNumbers.get(
             lhs_batching_dimensions=[], rhs_batching_dimensions=[],
             lhs_contracting_dimensions=[mc], rhs_contracting_dimensions=[0])
-        out2, lo, hi = m_free + [2], [0] * (1 + len(m_free)), m_free + [1]
+        out2, lo, hi = m_free + [rows], [0] * (1 + len(m_free)), m_free + [1]
         dot = stablehlo.DotGeneralOp(ir.RankedTensorType.get(out2, result_element_type), m, v2.result, dn, **kw)
     first = stablehlo.SliceOp(dot.result, lo, hi, [1] * len(hi))
     shape = ir.RankedTensorType(op.results[0].type).shape
@@ -152,13 +157,13 @@ def precision_kw(op) -> dict:
     return {"precision_config": op.attributes["precision_config"]} if "precision_config" in op.attributes else {}
 
 
-def widen_dot(op, pad_vector: int | None = None):
+def widen_dot(op, pad_vector: int | None = None, rows: int = 2):
     """Replace ``op`` (see :func:`widen_reason`) by ``convert(dot_general(...) -> f32)``.
 
     With ``pad_vector`` (the operand :func:`vector_side` found), that operand becomes a
-    two-row (lhs) or two-column (rhs) matrix (:func:`padded_dot`): XLA:CPU sends a bf16
-    matrix-vector dot to a slow loop (46 ms for 1x4096 @ 4096x4096 on a 2-core Zen 4, either
-    result type) and a two-row one to its library GEMM (7.2 ms)."""
+    ``rows``-row (lhs) or ``rows``-column (rhs) matrix (:func:`padded_dot`): XLA:CPU sends a
+    bf16 matrix-vector dot to a slow loop (46 ms for 1x4096 @ 4096x4096 on a 2-core Zen 4,
+    either result type) and a two-row one to its library GEMM (7.2 ms)."""
     with op.context, op.location, ir.InsertionPoint(op):
         rt = ir.RankedTensorType(op.results[0].type)
         f32 = ir.RankedTensorType.get(rt.shape, ir.F32Type.get())
@@ -169,7 +174,8 @@ def widen_dot(op, pad_vector: int | None = None):
             wide = dot.result
             after_dot = []
         else:
-            dot, wide = padded_dot(op, pad_vector, op.operands[0], op.operands[1], ir.F32Type.get(), **kw)
+            dot, wide = padded_dot(op, pad_vector, op.operands[0], op.operands[1], ir.F32Type.get(),
+                                   rows=rows, **kw)
             after_dot = [hir.defining_op(wide)]
         cvt = stablehlo.ConvertOp(rt, wide)
         gu.copy_dialect_attrs(op, ([dot] if pad_vector is None else after_dot) + [cvt])
@@ -189,17 +195,24 @@ class DotF32Accumulate(Pass):
         # a matrix-vector dot whose matrix has at least this many elements is computed as a
         # two-row (two-column) matrix product; 0 turns that off
         gemv_pad_min_elems: int = 1 << 16
+        # rows (columns) of that product; 0: the host CPU's best (hlofuse.hostcpu.gemv_rows:
+        # 8 with AMX tiles, else 2)
+        gemv_rows: int = 0
+
+        def __post_init__(self):
+            hostcpu.check_rows(self.gemv_rows)
 
     def run(self, module, ctx):
         if not ctx.target.is_cpu or not self.options.enabled:
             return {"widened": 0, "matrix_vector_padded": 0}
         n = padded = 0
         lim = self.options.gemv_pad_min_elems
+        rows = hostcpu.rows_option(self.options.gemv_rows)
         for block in program_blocks(module):
             for op in [o for o in hir.block_ops(block) if o.name == "stablehlo.dot_general"]:
                 if widen_reason(op) is None:
                     side = vector_side(op, lim) if lim > 0 else None
-                    widen_dot(op, side)
+                    widen_dot(op, side, rows)
                     n += 1
                     padded += side is not None
         return {"widened": n, "matrix_vector_padded": padded}

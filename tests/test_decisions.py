@@ -300,7 +300,8 @@ def _has_unsigned_int8_dot(text: str) -> bool:
 def test_cpu_int8_matmul_choice_is_measured(cache_dir, monkeypatch, xla_faster):
     """On cpu the int8 matmul kernel and the region left to XLA are both candidates; the region
     measurement picks one. Both compute the product as the u8 x s8 dot int8-dot-unsigned
-    makes of the program's int8 dot; both exact."""
+    makes of the program's int8 dot (forced: on CPUs with signed int8 dots it keeps them);
+    both exact."""
     _fake_clock(monkeypatch, 0, 0)
     texts = {}
 
@@ -313,7 +314,7 @@ def test_cpu_int8_matmul_choice_is_measured(cache_dir, monkeypatch, xla_faster):
 
     monkeypatch.setattr(at, "time_calls", time_once)
     args = _int8_args()
-    f = hlofuse.jit(_int8_linear, autotune="on")
+    f = hlofuse.jit(_int8_linear, autotune="on", options={"int8-dot-unsigned": {"shift": "always"}})
     (k,) = [r for r in f.report(*args).kernels if r.kind == "matmul_epilogue"]
     text = f.lower(*args).as_text()
     assert k.extra.get("region_hash") and _has_kernel(text) and _has_unsigned_int8_dot(text)

@@ -7,7 +7,7 @@ a function-level import is still a dependency, it only moves the failure to run 
 
 Layers, lowest first (an import may go to the same layer or a lower one):
 
-0. core: the IR helpers, op table, target and chips, report, pass manager
+0. core: the IR helpers, op table, target and chips, host CPU features, report, pass manager
 1. kernels: Pallas kernel families; they consume pure region specs and never import passes
 2. passes: graph rewrites; they may ask kernels what they support and build them (kernelize)
 3. front: optimize/jit/runtime/verify/aot and the tools the front end itself uses
@@ -24,6 +24,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 LAYERS: dict[str, int] = {
     "hlofuse.report": 0, "hlofuse.chips": 0, "hlofuse.target": 0, "hlofuse.ir": 0,
+    "hlofuse.hostcpu": 0,
     "hlofuse.ops": 0, "hlofuse.pipeline": 0,
     "hlofuse.kernels": 1,
     "hlofuse.passes": 2,

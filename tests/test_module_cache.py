@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 import hlofuse
+from hlofuse import hostcpu
 from hlofuse import runtime
 from hlofuse.testing import assert_same
 from hlofuse.tools import autotune as at
@@ -119,6 +120,11 @@ def test_options_and_versions_invalidate(cache_dir, monkeypatch):
     assert k == mc.key(b"module", {"a": 1})
     assert k != mc.key(b"module2", {"a": 1}) and k != mc.key(b"module", {"a": 2})
     assert mc.key(b"module", {"a": object()}) is None   # cannot be keyed: not cached
+    # another CPU (the features cpu passes choose forms by): another key, another entry
+    monkeypatch.setattr(hostcpu, "profile", lambda: "x86_64 avx512_vnni")
+    assert mc.key(b"module", {"a": 1}) != k
+    hlofuse.jit(_ln, autotune="off")(*args)
+    assert mc.STATS["misses"] == 4 and len(_entries(cache_dir)) == 4
 
 
 def test_off_and_dump_dir_bypass(cache_dir, monkeypatch, tmp_path):

@@ -93,9 +93,10 @@ def test_small_model_matches_jax_jit(name):
 
 def test_quantized_model_runs_unsigned_int8_dots():
     # the Linen int8 encoder: every quantized Dense is an int8 dot, each one rewritten to the
-    # u8 x s8 form (int8-dot-unsigned), inside a matmul kernel with its scale epilogue
+    # u8 x s8 form (int8-dot-unsigned, forced: CPUs with signed int8 dots keep those), inside
+    # a matmul kernel with its scale epilogue
     fn, args = zoo.instantiate("linen_int8_bert", "small")
-    hf = hlofuse.jit(fn, autotune=False)
+    hf = hlofuse.jit(fn, autotune=False, options={"int8-dot-unsigned": {"shift": "always"}})
     rep = hf.report(*args)
     (stats,) = [p.stats for p in rep.passes if p.name == "int8-dot-unsigned"]
     assert stats["rewritten"] == 6, stats

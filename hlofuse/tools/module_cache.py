@@ -10,7 +10,9 @@ code that optimizes, so it is cached on disk, keyed by
   donated arguments, and the learned cost model in force (its fitted constants),
 * versions: jax, jaxlib, and a fingerprint of hlofuse's own source files (name, size,
   modification time of every ``.py`` file of ``hlofuse``, ``hlofuse.passes`` and
-  ``hlofuse.kernels``: editing hlofuse invalidates everything).
+  ``hlofuse.kernels``: editing hlofuse invalidates everything),
+* the host CPU's features that cpu passes choose by (:func:`hlofuse.hostcpu.profile`), so a
+  cache directory shared between machines never gives one CPU the forms chosen for another.
 
 An entry is one JSON file ``<dir>/modules/<key>.json`` (``$HLOFUSE_CACHE_DIR`` or
 ``~/.cache/hlofuse``), written atomically (temporary file + rename), holding the module's
@@ -46,6 +48,7 @@ import json
 import os
 import warnings
 
+from hlofuse import hostcpu
 from hlofuse import ir as hir
 from hlofuse.report import PassRecord, Region, Report
 
@@ -105,6 +108,7 @@ def key(module_bytes: bytes, options: dict) -> str | None:
     h.update(hashlib.sha256(bytes(module_bytes)).digest())
     h.update(opts.encode())
     h.update(code_fingerprint().encode())
+    h.update(hostcpu.profile().encode())
     return h.hexdigest()[:40]
 
 

@@ -113,7 +113,8 @@ def test_weight_only_int8_prologue():
 
 def test_cpu_int8_product_is_the_programs_integer_dot():
     # cpu kernels keep the program's int8 x int8 -> int32 dot (int8-dot-unsigned makes it the
-    # fast u8 x s8 form later): exact at the extremes, 2048 products of (-128)^2 sum to 2^25
+    # form the host multiplies fastest later): exact at the extremes, 2048 products of
+    # (-128)^2 sum to 2^25
     fn = lambda x, w: jax.nn.relu(idot(x, w))  # noqa: E731
     for x, w in ((np.full((8, 2048), -128, np.int8), np.full((2048, 16), -128, np.int8)),
                  (int8((8, 2500)), int8((2500, 16)))):

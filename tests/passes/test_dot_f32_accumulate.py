@@ -5,11 +5,13 @@ the default pipeline's matmul kernel holding the f32 dot)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import jax
 import jax.numpy as jnp
 
 import hlofuse
+from hlofuse import hostcpu
 from hlofuse.execute import run_module
 from hlofuse.testing import assert_same
 from tests.fusion_util import PREFIX, dot_forms, kernels
@@ -141,16 +143,21 @@ def test_sharded_program_keeps_shardings_and_per_shard_kernels():
     assert_same(got, want, "reassociate")
 
 
-def test_matrix_vector_dots_become_two_row_products():
+@pytest.mark.parametrize("rows", [0, 2, 8])
+def test_matrix_vector_dots_become_few_row_products(rows):
     vec, mat = _bf16(1, 1, 16), _bf16(16, 40, scale=0.25)
     fns = {"lhs vector": (lambda v, m: jnp.einsum("bsd,dv->bsv", v, m), (vec, mat)),
            "rhs vector": (lambda m, v: m.T @ v[0, 0], (mat, vec))}
-    opts = {"dot-f32-accumulate": {"gemv_pad_min_elems": 256}}
+    opts = {"dot-f32-accumulate": {"gemv_pad_min_elems": 256, "gemv_rows": rows}}
+    want_rows = rows or hostcpu.gemv_rows()   # 0: this CPU's (8 with AMX tiles, else 2)
     for name, (fn, args) in fns.items():
         text = _text(fn, args)
         opt = hlofuse.optimize(text, target="cpu", pipeline=PIPE, options=opts)
         assert _stats(opt.report) == {"widened": 1, "matrix_vector_padded": 1}, name
         assert "stablehlo.pad" in opt.text and "stablehlo.slice" in opt.text, name
+        (dot,) = [ln for ln in opt.text.splitlines() if "stablehlo.dot_general" in ln]
+        assert (f"tensor<{want_rows}x16xbf16>" in dot if name == "lhs vector"
+                else f"tensor<16x{want_rows}xbf16>" in dot), dot
         xs = [np.asarray(a) for a in args]
         base = hlofuse.optimize(text, target="cpu", pipeline=PREFIX)
         assert_same(run_module(opt.text, xs), run_module(base.text, xs), "reassociate")

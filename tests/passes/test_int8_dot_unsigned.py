@@ -1,7 +1,9 @@
 """``int8-dot-unsigned``: on cpu, int8 x int8 -> int32 dots become u8 x s8 dots minus the exact
 correction (bit-identical to the unrewritten module over a sweep of dot forms and at the int8
 extremes; statistics, idempotence, no-match cases, matrix-vector padding, hlofuse's cpu kernels
-and a sharded program)."""
+and a sharded program), or stay signed x signed where the host multiplies those natively (the
+choice ``shift="auto"`` makes from :mod:`hlofuse.hostcpu`; the tests of the shifted form force
+it with ``shift="always"``, so they run the same on every CPU)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 import jax
 import jax.numpy as jnp
@@ -18,11 +21,14 @@ from jax import lax
 
 import hlofuse
 from hlofuse.execute import run_module
+from hlofuse.pipeline import OptionError
 from hlofuse.testing import assert_same
 from tests.fusion_util import PREFIX, dot_forms, kernels
 
 PASS = "int8-dot-unsigned"
-PIPE = f"{PREFIX},{PASS}"
+SHIFTED = f"{PASS}{{shift=always}}"
+PIPE = f"{PREFIX},{SHIFTED}"
+ALWAYS = {PASS: {"shift": "always"}}
 R = np.random.default_rng(0)
 
 
@@ -72,7 +78,7 @@ def test_int8_dots_become_unsigned_lhs_dots_with_the_same_integers():
     assert len(dots) == 4 and all("xui8>, tensor<" in ln for ln in dots), dots
     assert "stablehlo.xor" in opt.text and "stablehlo.subtract" in opt.text
     # a second run over its own output changes nothing (the lhs is u8 now)
-    again = hlofuse.optimize(opt.text, target="cpu", pipeline=PASS)
+    again = hlofuse.optimize(opt.text, target="cpu", pipeline=SHIFTED)
     assert _stats(again.report) == {"rewritten": 0, "matrix_vector_padded": 0}
     assert again.text == hlofuse.optimize(opt.text, target="cpu", pipeline="none").text
 
@@ -118,7 +124,7 @@ def test_every_dot_form_gives_the_same_integers():
 def test_matrix_vector_dot_with_a_vector_lhs_becomes_a_two_row_product():
     vec, mat = _i8(1, 1, 64), _i8(64, 40)
     fn = lambda v, m: jnp.einsum("bsd,dv->bsv", v, m, preferred_element_type=jnp.int32)  # noqa: E731
-    opts = {PASS: {"int8_gemv_pad_min_elems": 256}}
+    opts = {PASS: {"int8_gemv_pad_min_elems": 256, "int8_gemv_rows": 2}}
     opt = _same_as_unrewritten(_text(fn, (vec, mat)), (vec, mat), options=opts)
     assert _stats(opt.report) == {"rewritten": 1, "matrix_vector_padded": 1}
     assert "stablehlo.pad" in opt.text
@@ -126,6 +132,67 @@ def test_matrix_vector_dot_with_a_vector_lhs_becomes_a_two_row_product():
     opt = _same_as_unrewritten(_text(lambda m, v: idot(m, v), (mat.T, vec[0, 0])), (mat.T, vec[0, 0]),
                                options=opts)
     assert _stats(opt.report) == {"rewritten": 1, "matrix_vector_padded": 0}
+
+
+def _dot_shapes(text):
+    return [ln.split(":")[-1].strip() for ln in text.splitlines() if "stablehlo.dot_general" in ln]
+
+
+def test_signed_form_keeps_the_programs_dots_and_pads_matrix_vector_dots():
+    """``shift="never"`` (what ``auto`` does on AMX-INT8 / AVX-VNNI-INT8 / Arm CPUs): no dot is
+    shifted, a vector lhs or rhs against a large matrix becomes a ``int8_gemv_rows``-row product,
+    the integers are the program's, and a second run changes nothing."""
+    vec, mat = _i8(1, 64), _i8(64, 40)
+    for rows in (2, 8):
+        opts = {PASS: {"shift": "never", "int8_gemv_pad_min_elems": 256, "int8_gemv_rows": rows}}
+        for fn, args in ((idot, (vec, mat)), (lambda m, v: idot(m, v), (mat.T, vec[0]))):
+            opt = hlofuse.optimize(_text(fn, args), target="cpu", pipeline=PIPE.replace(
+                SHIFTED, PASS), options=opts)
+            base = hlofuse.optimize(_text(fn, args), target="cpu", pipeline=PREFIX)
+            assert np.array_equal(run_module(opt.text, list(args))[0],
+                                  run_module(base.text, list(args))[0])
+            assert _stats(opt.report) == {"rewritten": 0, "matrix_vector_padded": 1,
+                                          "kept_signed": 1}
+            (dot,) = _dot_shapes(opt.text)
+            assert "ui8" not in dot and f"tensor<{rows}x64xi8>" in dot.replace(
+                f"tensor<64x{rows}xi8>", f"tensor<{rows}x64xi8>"), dot
+            again = hlofuse.optimize(opt.text, target="cpu", pipeline=PASS, options=opts)
+            assert again.text == hlofuse.optimize(opt.text, target="cpu", pipeline="none").text
+            assert _stats(again.report)["matrix_vector_padded"] == 0
+    # a matrix x matrix dot is left exactly as written, and no note: the user chose "never"
+    opt = hlofuse.optimize(_text(_chain, CHAIN), target="cpu", pipeline=f"{PREFIX},{PASS}",
+                           options={PASS: {"shift": "never"}})
+    assert _stats(opt.report) == {"rewritten": 0, "matrix_vector_padded": 0, "kept_signed": 2}
+    assert opt.text == hlofuse.optimize(_text(_chain, CHAIN), target="cpu", pipeline=PREFIX).text
+    assert not any(PASS in n for n in opt.report.notes)
+
+
+@pytest.mark.parametrize("native", ["amx_int8", None])
+def test_auto_shifts_only_where_the_host_lacks_signed_int8_dots(monkeypatch, native):
+    """``shift="auto"`` asks :func:`hlofuse.hostcpu.int8_signed_native`: with such a feature the
+    dots stay signed and the report says why; without one they are shifted."""
+    from hlofuse import hostcpu
+    monkeypatch.setattr(hostcpu, "int8_signed_native", lambda: native)
+    text = _text(_chain, CHAIN)
+    opt = hlofuse.optimize(text, target="cpu", pipeline=f"{PREFIX},{PASS}")
+    if native:
+        assert _stats(opt.report) == {"rewritten": 0, "matrix_vector_padded": 0, "kept_signed": 2}
+        assert "ui8" not in opt.text
+        (note,) = [n for n in opt.report.notes if n.startswith(PASS)]
+        assert "2 int8 x int8 dot(s) kept signed x signed" in note and "amx_int8" in note
+    else:
+        assert _stats(opt.report) == {"rewritten": 2, "matrix_vector_padded": 0}
+        assert "xui8>, tensor<" in opt.text
+
+
+def test_gemv_rows_option_is_checked():
+    with pytest.raises(OptionError,
+                       match="pass 'int8-dot-unsigned': option 'int8_gemv_rows' must be 0"):
+        hlofuse.optimize(_text(_chain, CHAIN), target="cpu", pipeline=PASS,
+                         options={PASS: {"int8_gemv_rows": 1}})
+    with pytest.raises(OptionError, match="option 'shift' of pass 'int8-dot-unsigned': expected"):
+        hlofuse.optimize(_text(_chain, CHAIN), target="cpu", pipeline=PASS,
+                         options={PASS: {"shift": "sometimes"}})
 
 
 def test_no_match_other_types_other_targets_and_disabled():
@@ -158,7 +225,7 @@ def test_default_pipeline_cpu_kernels_run_the_unsigned_dot():
     args = (R.standard_normal((16, 64)).astype(np.float32), _i8(64, 128, lo=-127),
             R.uniform(1e-3, 1e-2, 128).astype(np.float32), _i8(128, 32, lo=-127),
             R.uniform(1e-3, 1e-2, 32).astype(np.float32))
-    f = hlofuse.jit(fn, autotune=False)
+    f = hlofuse.jit(fn, autotune=False, options=ALWAYS)
     rep = f.report(*args)
     assert _stats(rep)["rewritten"] >= 2 and kernels(rep, "matmul_epilogue")
     text = f.lower(*args).as_text()
@@ -180,7 +247,8 @@ r = np.random.default_rng(0)
 x = jax.device_put(r.integers(-128, 128, (16, 64)).astype(np.int8), rows)
 w = jax.device_put(r.integers(-128, 128, (64, 32)).astype(np.int8), cols)
 fn = lambda x, w: lax.dot_general(x, w, (((1,), (0,)), ((), ())), preferred_element_type=jnp.int32)
-f = hlofuse.jit(fn, autotune=False, in_shardings=(rows, cols))
+f = hlofuse.jit(fn, autotune=False, in_shardings=(rows, cols),
+                options={"int8-dot-unsigned": {"shift": "always"}})
 rep = f.report(x, w)
 stats = [p.stats for p in rep.passes if p.name == "int8-dot-unsigned"]
 got, want = np.asarray(f(x, w)), np.asarray(jax.jit(fn)(x, w))

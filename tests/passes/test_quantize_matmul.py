@@ -210,7 +210,9 @@ def test_int8_transformer_block_fuses_every_int8_linear():
     fn = lambda p, x: W.int8_block(p, x, n_heads=2)  # noqa: E731
     f = hlofuse.jit(fn, autotune=False)
     rep = f.report(params, x)
-    assert not any("integer or boolean matmul" in n or "int8" in n for n in rep.notes), rep.notes
+    # nothing int8 refused (int8-dot-unsigned may say it kept the signed dots on this CPU)
+    refusals = [n for n in rep.notes if "kept signed x signed" not in n]
+    assert not any("integer or boolean matmul" in n or "int8" in n for n in refusals), rep.notes
     mm = [r for r in rep.kernels if r.kind in ("matmul_epilogue", "horizontal")]
     assert len(mm) >= 4 and all(r.kernel for r in rep.regions if r.kind == "horizontal"), str(rep)
     want = jax.jit(fn)(params, x)

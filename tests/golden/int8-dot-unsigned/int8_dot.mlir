@@ -1,4 +1,5 @@
 // golden: numbers=exact
+// golden: options={"shift": "always"}
 // cpu: an int8 x int8 -> int32 dot (here batched, with its dequant epilogue) becomes a u8 x s8
 // dot of the lhs shifted by 128 (bitcast, xor 0x80) minus 128 * the rhs's column sums, which
 // a two-row u8 x s8 dot of a constant computes; the same integers, the epilogue unchanged.

@@ -1,4 +1,5 @@
 // golden: numbers=exact
+// golden: options={"shift": "always"}
 // golden: unchanged
 // golden: reason=result is not int32
 // not rewritten: an int8 dot with an int16 result, a u8 x s8 dot (already the fast form) and
