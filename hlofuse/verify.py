@@ -169,10 +169,12 @@ def _category(r: Region, category: str | None) -> str:
 
 # Passes whose rewrites outside any kernel change results by more than rounding in the same
 # order, with the statistics that count their rewrites: BatchNorm's scale folded into the
-# weights, a 1x1 convolution computed as a dot, a product over several dims as one over their
-# flattened dims, bf16 products accumulated in f32, a dequant scale applied once to an int32 sum.
+# weights, a 1x1 convolution computed as a dot, a depthwise convolution as a sum of taps, a
+# product over several dims as one over their flattened dims, bf16 products accumulated in f32,
+# a dequant scale applied once to an int32 sum.
 PASS_CATEGORY = {"batchnorm-fold": ("reassociate", ("folded", "folded_into_next")),
                  "conv1x1-to-dot": ("reassociate", ("conv1x1_as_dot",)),
+                 "depthwise-conv-taps": ("reassociate", ("rewritten",)),
                  "dot-f32-accumulate": ("reassociate", ("widened",)),
                  "flatten-dot-dims": ("reassociate", ("flattened",)),
                  "quantize-matmul": ("quantize", ("rewrites",)),

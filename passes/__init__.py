@@ -31,3 +31,4 @@ from hlofuse.passes import row_gather_scatter as row_gather_scatter
 from hlofuse.passes import dot_f32_accumulate as dot_f32_accumulate
 from hlofuse.passes import int8_dot_unsigned as int8_dot_unsigned
 from hlofuse.passes import split_reduce as split_reduce
+from hlofuse.passes import depthwise_conv_taps as depthwise_conv_taps
