@@ -302,8 +302,9 @@ PIPELINES: dict[str, list[tuple[str, str]]] = {
         ("split-reduce", "cpu: reductions over non-adjacent dims (GroupNorm's (1, 2, 4)) as a chain of single-run "
                          "reductions XLA:CPU vectorizes; before propagate-shardings (annotates the new ops) and "
                          "the fusions (see the row reductions it leaves)"),
-        ("depthwise-conv-taps", "cpu: depthwise convolutions (MobileNet, ConvNeXt) as the sum of their taps, which "
-                                "XLA:CPU fuses into one vectorized loop (its depthwise convolution is 5-17x slower); "
+        ("depthwise-conv-taps", "cpu: depthwise convolutions (MobileNet, ConvNeXt) and their gradients as sums of "
+                                "their taps, which XLA:CPU fuses into vectorized loops (its depthwise convolution is "
+                                "5-17x slower); "
                                 "after the last constant-fold (frozen filters' tap vectors stay small), before "
                                 "propagate-shardings (annotates the new ops)"),
         ("sink-loop-generators", "masks from iotas that scan (or cse) hoisted out of a loop are generated in the "

@@ -9,22 +9,29 @@ after it, into one vectorized loop over the channels. Measured on a 2-core Sapph
 112x112x96 7.32 -> 0.75 ms, 56x56x144 10.1 -> 0.58 ms, 28x28x192 3.51 -> 0.19 ms, 7x7x960
 1.32 -> 0.15 ms (``python -m bench.depthwise_cpu``).
 
-Rewrites (target cpu only): a ``convolution`` whose groups are its input channels, one input
-feature per group and as many output features as input features (channel multiplier 1), no
-input dilation (``lhs_dilation``: a strided convolution's input gradient), no window reversal,
-non-negative padding, float operands, any layout, strides and filter dilation, at most
-``max_taps`` filter positions. It becomes ``pad`` (the convolution's padding, zeros), then for
-each filter position ``k`` (row-major over the spatial dims) ``slice(x_padded, k * dilation,
-stride) * broadcast(w[k, 0, :])`` summed left to right, transposed to the output's layout when
-that differs from the input's. bf16/f16 convolutions are computed in f32 and rounded once at
-the end (as XLA:CPU computes them), f64 in f64.
+Rewrites (target cpu only):
+- a ``convolution`` whose groups are its input channels, one input feature per group and as
+  many output features as input features (channel multiplier 1), no window reversal,
+  non-negative padding, float operands, any layout, strides, filter dilation and input
+  dilation, at most ``max_taps`` filter positions. It becomes ``pad`` (the convolution's
+  padding, and ``lhs_dilation - 1`` interior zeros: a strided convolution's input gradient),
+  then for each filter position ``k`` (row-major over the spatial dims) ``slice(x_padded, k *
+  dilation, stride) * broadcast(w[k, 0, :])`` summed left to right, transposed to the output's
+  layout when that differs from the input's. jax's input gradient of a depthwise convolution
+  is such a convolution (of the flipped filter).
+- its filter gradient as jax writes it (``batch_group_count`` = channels, one lhs batch element
+  per group: the channels; the examples as the lhs features, the output gradient as the
+  filter): per filter position ``k``, the strided window of the padded input at ``k * stride``
+  times the output gradient (moved into the input's layout), reduced over examples and window
+  to a channel vector; the vectors concatenated into the output's layout. A training step
+  through a 56x56x144 depthwise layer (batch 8, forward and both gradients) ran 367 -> 51 ms.
+bf16/f16 convolutions are computed in f32 and rounded once at the end (as XLA:CPU computes
+them), f64 in f64.
 
 Not rewritten: other targets (cuDNN and the TPU emitter have depthwise kernels of their own),
-grouped convolutions with several channels per group, filter gradients (``batch_group_count``
-groups: not depthwise in this sense), channel multipliers above 1, ``lhs_dilation``, window
-reversal, negative padding, integer convolutions; each depthwise candidate left gets a report
-note. ``enabled=False``
-turns the pass off.
+grouped convolutions with several channels per group, channel multipliers above 1, window
+reversal, negative padding, integer convolutions; each candidate left gets a report note.
+``enabled=False`` turns the pass off.
 
 Preconditions: calls inlined; after ``batchnorm-fold`` (which folds a frozen BatchNorm's scale
 into the filter) and ``layout-assignment``, and after the last ``constant-fold`` (a frozen
@@ -32,7 +39,8 @@ filter's broadcast tap vectors would otherwise be folded into activation-sized c
 before ``propagate-shardings`` (which annotates the new ops in a sharded program).
 Invariant: the module verifies; each output element is the same sum of the same products, in
 a fixed order (``reassociate``). Rerunning changes nothing (no convolution is left to match).
-Statistics: ``rewritten`` (convolutions), ``refused[<reason>]``.
+Statistics: ``rewritten`` (convolutions), ``filter_gradients`` (of those, filter gradients),
+``refused[<reason>]``.
 """
 
 from __future__ import annotations
@@ -69,26 +77,68 @@ def is_depthwise(op) -> bool:
     return c > 1 and conv_groups(op)[0] == c
 
 
-def taps_reason(op, max_taps: int) -> str | None:
-    """None when the depthwise convolution ``op`` is rewritten, else why not."""
-    x, w, out = value_info(op.operands[0]), value_info(op.operands[1]), value_info(op.results[0])
-    if x is None or w is None or out is None:
-        return "dynamic shape"
+def is_filter_grad(op) -> bool:
+    """A depthwise convolution's filter gradient as jax writes it: ``batch_group_count`` groups,
+    one per channel, each of one lhs batch element (the channel; the lhs features are the
+    examples, and the window slides over the input with the output gradient as the filter)."""
+    if op.name != "stablehlo.convolution":
+        return False
+    x = value_info(op.operands[0])
+    if x is None:
+        return False
+    dn = stablehlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
+    fg, bg = conv_groups(op)
+    return bg > 1 and fg == 1 and x.shape[dn.input_batch_dimension] == bg
+
+
+def _common_reason(op, x, w, out) -> str | None:
     if any(t.dtype not in FLOATS for t in (x, w, out)):
         return "not a float convolution"
-    dn = stablehlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
-    if w.shape[dn.kernel_input_feature_dimension] != 1:
-        return "several input channels per group"
-    if w.shape[dn.kernel_output_feature_dimension] != x.shape[dn.input_feature_dimension]:
-        return "channel multiplier above 1"
-    n = len(dn.input_spatial_dimensions)
-    if any(d != 1 for d in _ints(op, "lhs_dilation", n)):
-        return "lhs_dilation != 1 (a strided convolution's input gradient)"
     if "window_reversal" in op.attributes and any(
             bool(v) for v in ir.DenseBoolArrayAttr(op.attributes["window_reversal"])):
         return "window reversal"
     if any(p < 0 for p in conv_padding(op)):
         return "negative padding"
+    return None
+
+
+def filter_grad_reason(op, max_taps: int) -> str | None:
+    """None when the filter gradient ``op`` (:func:`is_filter_grad`) is rewritten, else why not."""
+    x, dy, out = value_info(op.operands[0]), value_info(op.operands[1]), value_info(op.results[0])
+    if x is None or dy is None or out is None:
+        return "dynamic shape"
+    why = _common_reason(op, x, dy, out)
+    if why is not None:
+        return why
+    dn = stablehlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
+    g = conv_groups(op)[1]
+    if (dy.shape[dn.kernel_output_feature_dimension] != g
+            or out.shape[dn.output_batch_dimension] != 1
+            or dy.shape[dn.kernel_input_feature_dimension] != x.shape[dn.input_feature_dimension]):
+        return "not a per-channel filter gradient"
+    if any(d != 1 for d in _ints(op, "lhs_dilation", len(dn.input_spatial_dimensions))):
+        return "lhs_dilation != 1"
+    taps = 1
+    for d in dn.output_spatial_dimensions:
+        taps *= out.shape[d]
+    if taps > max_taps:
+        return f"{taps} filter positions (max_taps={max_taps})"
+    return None
+
+
+def taps_reason(op, max_taps: int) -> str | None:
+    """None when the depthwise convolution ``op`` is rewritten, else why not."""
+    x, w, out = value_info(op.operands[0]), value_info(op.operands[1]), value_info(op.results[0])
+    if x is None or w is None or out is None:
+        return "dynamic shape"
+    why = _common_reason(op, x, w, out)
+    if why is not None:
+        return why
+    dn = stablehlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
+    if w.shape[dn.kernel_input_feature_dimension] != 1:
+        return "several input channels per group"
+    if w.shape[dn.kernel_output_feature_dimension] != x.shape[dn.input_feature_dimension]:
+        return "channel multiplier above 1"
     taps = 1
     for d in dn.kernel_spatial_dimensions:
         taps *= w.shape[d]
@@ -98,13 +148,65 @@ def taps_reason(op, max_taps: int) -> str | None:
 
 
 def rewrite(op) -> ir.Value:
-    """Replace the depthwise convolution ``op`` (:func:`taps_reason` is None) by the sum of its
-    taps; returns the value that replaced its result."""
+    """Replace the depthwise convolution or filter gradient ``op`` (its reason None) by the
+    sum of its taps; returns the value that replaced its result."""
     with op.context, op.location:
-        return _rewrite(op)
+        new = _filter_grad(op) if is_filter_grad(op) else _depthwise(op)
+        if gu.element_type(new) != gu.element_type(op.results[0]):
+            new = gu.create("stablehlo.convert", [new], [op.results[0].type], before=op).results[0]
+        op.results[0].replace_all_uses_with(new)
+        hir.safe_erase(op)
+        return new
 
 
-def _rewrite(op) -> ir.Value:
+def _compute_type(op) -> ir.Type:
+    """f64 when any operand or the result is f64, else f32 (bf16/f16 rounded once at the end)."""
+    types = [value_info(v).dtype for v in (op.operands[0], op.operands[1], op.results[0])]
+    return ir.F64Type.get() if "f64" in types else ir.F32Type.get()
+
+
+def _widened(op, v, cty) -> ir.Value:
+    if ir.RankedTensorType(v.type).element_type == cty:
+        return v
+    return gu.create("stablehlo.convert", [v], [gu.tensor_type(value_info(v).shape, cty)],
+                     before=op).results[0]
+
+
+def _padded_input(op, x, cty) -> ir.Value:
+    """The convolution's lhs with its padding and ``lhs_dilation`` (as interior zeros)."""
+    dn = stablehlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
+    sp = list(dn.input_spatial_dimensions)
+    pad, ldil = conv_padding(op), _ints(op, "lhs_dilation", len(sp))
+    rank = len(value_info(x).shape)
+    lo, hi, inner = [0] * rank, [0] * rank, [0] * rank
+    for i, d in enumerate(sp):
+        lo[d], hi[d], inner[d] = pad[2 * i], pad[2 * i + 1], ldil[i] - 1
+    if not (any(lo) or any(hi) or any(inner)):
+        return x
+    zero = gu.make_splat(0, cty, [], before=op)
+    with ir.InsertionPoint(op):
+        return stablehlo.PadOp(x, zero, lo, hi, inner).result
+
+
+def _slice(op, v, start, limit, step) -> ir.Value:
+    shape = [(hi - lo + st - 1) // st for lo, hi, st in zip(start, limit, step)]
+    return gu.create("stablehlo.slice", [v], [gu.tensor_type(shape, gu.element_type(v))],
+                     {"start_indices": ir.DenseI64ArrayAttr.get(start),
+                      "limit_indices": ir.DenseI64ArrayAttr.get(limit),
+                      "strides": ir.DenseI64ArrayAttr.get(step)}, before=op).results[0]
+
+
+def _window(op, xp, sp, starts, extents, steps) -> ir.Value:
+    """The strided window of ``xp`` along its spatial dims ``sp``: from ``starts``,
+    ``extents`` elements ``steps`` apart; whole along the other dims."""
+    shape = list(value_info(xp).shape)
+    start, limit, step = [0] * len(shape), list(shape), [1] * len(shape)
+    for d, a, n, st in zip(sp, starts, extents, steps):
+        start[d], limit[d], step[d] = a, a + (n - 1) * st + 1, st
+    return _slice(op, xp, start, limit, step)
+
+
+def _depthwise(op) -> ir.Value:
     x, w = op.operands[0], op.operands[1]
     xi, wi, oi = value_info(x), value_info(w), value_info(op.results[0])
     dn = stablehlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
@@ -112,75 +214,88 @@ def _rewrite(op) -> ir.Value:
                            list(dn.output_spatial_dimensions))
     n = len(sp_in)
     strides, dil = _ints(op, "window_strides", n), _ints(op, "rhs_dilation", n)
-    pad = conv_padding(op)
     feat = dn.input_feature_dimension
-    cty = ir.F64Type.get() if "f64" in (xi.dtype, wi.dtype, oi.dtype) else ir.F32Type.get()
-    out_elem = ir.RankedTensorType(op.results[0].type).element_type
-
-    def widened(v, info):
-        if ir.RankedTensorType(v.type).element_type == cty:
-            return v
-        return gu.create("stablehlo.convert", [v], [gu.tensor_type(info.shape, cty)],
-                         before=op).results[0]
-
-    xc, wc = widened(x, xi), widened(w, wi)
-    rank = len(xi.shape)
-    lo, hi = [0] * rank, [0] * rank
-    for i, d in enumerate(sp_in):
-        lo[d], hi[d] = pad[2 * i], pad[2 * i + 1]
-    if any(lo) or any(hi):
-        zero = gu.make_splat(0, cty, [], before=op)
-        padded = [s + lo[d] + hi[d] for d, s in enumerate(xi.shape)]
-        with ir.InsertionPoint(op):
-            xc = stablehlo.PadOp(xc, zero, lo, hi, [0] * rank).result
-        assert list(ir.RankedTensorType(xc.type).shape) == padded
-    # the taps' shape: the input's layout with the output's spatial extents
-    t_shape = list(xi.shape)
-    for i, d in enumerate(sp_in):
-        t_shape[d] = oi.shape[sp_out[i]]
-    t_type = gu.tensor_type(t_shape, cty)
+    cty = _compute_type(op)
+    xp = _padded_input(op, _widened(op, x, cty), cty)
+    wc = _widened(op, w, cty)
+    extents = [oi.shape[d] for d in sp_out]
     c = xi.shape[feat]
     acc = None
     for k in itertools.product(*[range(wi.shape[d]) for d in sp_k]):
-        start = [0] * rank
-        limit = list(ir.RankedTensorType(xc.type).shape)
-        step = [1] * rank
-        for i, d in enumerate(sp_in):
-            start[d] = k[i] * dil[i]
-            limit[d] = start[d] + (t_shape[d] - 1) * strides[i] + 1
-            step[d] = strides[i]
-        tap = gu.create("stablehlo.slice", [xc], [t_type],
-                        {"start_indices": ir.DenseI64ArrayAttr.get(start),
-                         "limit_indices": ir.DenseI64ArrayAttr.get(limit),
-                         "strides": ir.DenseI64ArrayAttr.get(step)}, before=op).results[0]
-        w_start = [0] * len(wi.shape)
-        w_limit = list(wi.shape)
+        tap = _window(op, xp, sp_in, [k[i] * dil[i] for i in range(n)], extents, strides)
+        w_start, w_limit = [0] * len(wi.shape), list(wi.shape)
         for i, d in enumerate(sp_k):
             w_start[d], w_limit[d] = k[i], k[i] + 1
-        w_shape = [hi_ - lo_ for lo_, hi_ in zip(w_start, w_limit)]
-        wk = gu.create("stablehlo.slice", [wc], [gu.tensor_type(w_shape, cty)],
-                       {"start_indices": ir.DenseI64ArrayAttr.get(w_start),
-                        "limit_indices": ir.DenseI64ArrayAttr.get(w_limit),
-                        "strides": ir.DenseI64ArrayAttr.get([1] * len(w_shape))},
-                       before=op).results[0]
+        wk = _slice(op, wc, w_start, w_limit, [1] * len(wi.shape))
         vec = gu.create("stablehlo.reshape", [wk], [gu.tensor_type([c], cty)], before=op).results[0]
-        wb = gu.make_broadcast(vec, [feat], t_type, before=op)
-        prod = gu.create("stablehlo.multiply", [tap, wb], [t_type], before=op).results[0]
-        acc = prod if acc is None else gu.create("stablehlo.add", [acc, prod], [t_type],
+        wb = gu.make_broadcast(vec, [feat], tap.type, before=op)
+        prod = gu.create("stablehlo.multiply", [tap, wb], [tap.type], before=op).results[0]
+        acc = prod if acc is None else gu.create("stablehlo.add", [acc, prod], [tap.type],
                                                  before=op).results[0]
     # input layout -> output layout: output dim p holds the input's dim of the same role
     role_in = {dn.input_batch_dimension: "b", feat: "f", **{d: i for i, d in enumerate(sp_in)}}
     by_role = {r: d for d, r in role_in.items()}
     role_out = {dn.output_batch_dimension: "b", dn.output_feature_dimension: "f",
                 **{d: i for i, d in enumerate(sp_out)}}
-    perm = [by_role[role_out[p]] for p in range(rank)]
-    if perm != list(range(rank)):
-        acc = gu.make_transpose(acc, perm, before=op)
-    if ir.RankedTensorType(acc.type).element_type != out_elem:
-        acc = gu.create("stablehlo.convert", [acc], [op.results[0].type], before=op).results[0]
-    op.results[0].replace_all_uses_with(acc)
-    hir.safe_erase(op)
-    return acc
+    perm = [by_role[role_out[p]] for p in range(len(xi.shape))]
+    return acc if perm == list(range(len(perm))) else gu.make_transpose(acc, perm, before=op)
+
+
+def _filter_grad(op) -> ir.Value:
+    """``out[k, c] = sum over examples and window positions j of x_pad[k * stride + j *
+    dilation, c] * dy[j, c]``: per filter position ``k`` one strided window of the padded input
+    times the output gradient, reduced to a channel vector; the vectors concatenated into the
+    output's layout."""
+    x, dy = op.operands[0], op.operands[1]
+    xi, di, oi = value_info(x), value_info(dy), value_info(op.results[0])
+    dn = stablehlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
+    sp_in, sp_k, sp_out = (list(dn.input_spatial_dimensions), list(dn.kernel_spatial_dimensions),
+                           list(dn.output_spatial_dimensions))
+    n = len(sp_in)
+    strides, dil = _ints(op, "window_strides", n), _ints(op, "rhs_dilation", n)
+    cty = _compute_type(op)
+    xp = _padded_input(op, _widened(op, x, cty), cty)
+    # dy in the lhs's layout: channels where the lhs has its batch (the groups), examples where
+    # it has its features, the window where it has its spatial dims
+    role = {dn.input_batch_dimension: dn.kernel_output_feature_dimension,
+            dn.input_feature_dimension: dn.kernel_input_feature_dimension,
+            **{d: sp_k[i] for i, d in enumerate(sp_in)}}
+    perm = [role[p] for p in range(len(xi.shape))]
+    dyc = _widened(op, dy, cty)
+    if perm != list(range(len(perm))):
+        dyc = gu.make_transpose(dyc, perm, before=op)
+    extents = [di.shape[d] for d in sp_k]
+    c = xi.shape[dn.input_batch_dimension]
+    vec_t = gu.tensor_type([c], cty)
+    zero = gu.make_splat(0, cty, [], before=op)
+    red_dims = [d for d in range(len(xi.shape)) if d != dn.input_batch_dimension]
+    one = [1] * len(oi.shape)
+    one[dn.output_feature_dimension] = c
+    pieces = []
+    for k in itertools.product(*[range(oi.shape[d]) for d in sp_out]):
+        win = _window(op, xp, sp_in, [k[i] * strides[i] for i in range(n)], extents, dil)
+        prod = gu.create("stablehlo.multiply", [win, dyc], [win.type], before=op).results[0]
+        vec = gu.make_reduce(prod, zero, red_dims, vec_t, before=op)
+        pieces.append(gu.create("stablehlo.reshape", [vec], [gu.tensor_type(one, cty)],
+                                before=op).results[0])
+    return _concat(op, pieces, [oi.shape[d] for d in sp_out], sp_out)
+
+
+def _concat(op, pieces, extents, dims) -> ir.Value:
+    """``pieces`` (row-major over ``extents``) joined along ``dims``, the first the slowest."""
+    if not extents:
+        return pieces[0]
+    step = len(pieces) // extents[0]
+    parts = [_concat(op, pieces[i * step:(i + 1) * step], extents[1:], dims[1:])
+             for i in range(extents[0])]
+    if len(parts) == 1:
+        return parts[0]
+    shape = list(value_info(parts[0]).shape)
+    shape[dims[0]] *= len(parts)
+    out_t = gu.tensor_type(shape, gu.element_type(parts[0]))
+    return gu.create("stablehlo.concatenate", parts, [out_t],
+                     {"dimension": ir.IntegerAttr.get(ir.IntegerType.get_signless(64), dims[0])},
+                     before=op).results[0]
 
 
 @register_pass
@@ -195,16 +310,19 @@ class DepthwiseConvTaps(Pass):
 
     def run(self, module, ctx):
         if not ctx.target.is_cpu or not self.options.enabled:
-            return {"rewritten": 0}
+            return {"rewritten": 0, "filter_gradients": 0}
         refused = Refusals(self.name, outcome="left to XLA")
-        n = 0
+        n = grads = 0
         for block in program_blocks(module):
-            for op in [o for o in hir.block_ops(block) if is_depthwise(o)]:
-                why = taps_reason(op, self.options.max_taps)
+            for op in [o for o in hir.block_ops(block) if is_depthwise(o) or is_filter_grad(o)]:
+                grad = is_filter_grad(op)
+                why = (filter_grad_reason if grad else taps_reason)(op, self.options.max_taps)
                 if why is not None:
-                    refused.add("depthwise convolution(s)", why, hir.op_location(op))
+                    what = "depthwise filter gradient(s)" if grad else "depthwise convolution(s)"
+                    refused.add(what, why, hir.op_location(op))
                     continue
                 rewrite(op)
                 n += 1
+                grads += grad
         refused.flush(ctx)
-        return {"rewritten": n, **refused.stats()}
+        return {"rewritten": n, "filter_gradients": grads, **refused.stats()}
