@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
@@ -91,7 +92,15 @@ def is_filter_grad(op) -> bool:
     return bg > 1 and fg == 1 and x.shape[dn.input_batch_dimension] == bg
 
 
-def _common_reason(op, x, w, out) -> str | None:
+def _infos(op) -> tuple:
+    return tuple(value_info(v) for v in (op.operands[0], op.operands[1], op.results[0]))
+
+
+def _common_reason(op) -> str | None:
+    """Why neither form of the convolution ``op`` is rewritten, whichever it is, or None."""
+    x, w, out = _infos(op)
+    if x is None or w is None or out is None:
+        return "dynamic shape"
     if any(t.dtype not in FLOATS for t in (x, w, out)):
         return "not a float convolution"
     if "window_reversal" in op.attributes and any(
@@ -102,14 +111,17 @@ def _common_reason(op, x, w, out) -> str | None:
     return None
 
 
+def _taps_reason(extents, max_taps: int) -> str | None:
+    taps = math.prod(extents)
+    return f"{taps} filter positions (max_taps={max_taps})" if taps > max_taps else None
+
+
 def filter_grad_reason(op, max_taps: int) -> str | None:
     """None when the filter gradient ``op`` (:func:`is_filter_grad`) is rewritten, else why not."""
-    x, dy, out = value_info(op.operands[0]), value_info(op.operands[1]), value_info(op.results[0])
-    if x is None or dy is None or out is None:
-        return "dynamic shape"
-    why = _common_reason(op, x, dy, out)
+    why = _common_reason(op)
     if why is not None:
         return why
+    x, dy, out = _infos(op)
     dn = stablehlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
     g = conv_groups(op)[1]
     if (dy.shape[dn.kernel_output_feature_dimension] != g
@@ -118,33 +130,21 @@ def filter_grad_reason(op, max_taps: int) -> str | None:
         return "not a per-channel filter gradient"
     if any(d != 1 for d in _ints(op, "lhs_dilation", len(dn.input_spatial_dimensions))):
         return "lhs_dilation != 1"
-    taps = 1
-    for d in dn.output_spatial_dimensions:
-        taps *= out.shape[d]
-    if taps > max_taps:
-        return f"{taps} filter positions (max_taps={max_taps})"
-    return None
+    return _taps_reason([out.shape[d] for d in dn.output_spatial_dimensions], max_taps)
 
 
 def taps_reason(op, max_taps: int) -> str | None:
     """None when the depthwise convolution ``op`` is rewritten, else why not."""
-    x, w, out = value_info(op.operands[0]), value_info(op.operands[1]), value_info(op.results[0])
-    if x is None or w is None or out is None:
-        return "dynamic shape"
-    why = _common_reason(op, x, w, out)
+    why = _common_reason(op)
     if why is not None:
         return why
+    x, w, _ = _infos(op)
     dn = stablehlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
     if w.shape[dn.kernel_input_feature_dimension] != 1:
         return "several input channels per group"
     if w.shape[dn.kernel_output_feature_dimension] != x.shape[dn.input_feature_dimension]:
         return "channel multiplier above 1"
-    taps = 1
-    for d in dn.kernel_spatial_dimensions:
-        taps *= w.shape[d]
-    if taps > max_taps:
-        return f"{taps} filter positions (max_taps={max_taps})"
-    return None
+    return _taps_reason([w.shape[d] for d in dn.kernel_spatial_dimensions], max_taps)
 
 
 def rewrite(op) -> ir.Value:
