@@ -302,8 +302,9 @@ PIPELINES: dict[str, list[tuple[str, str]]] = {
         ("split-reduce", "cpu: reductions over non-adjacent dims (GroupNorm's (1, 2, 4)) as a chain of single-run "
                          "reductions XLA:CPU vectorizes; before propagate-shardings (annotates the new ops) and "
                          "the fusions (see the row reductions it leaves)"),
-        ("depthwise-conv-taps", "cpu: depthwise convolutions (MobileNet, ConvNeXt) and their gradients as sums of "
-                                "their taps, which XLA:CPU fuses into vectorized loops (its depthwise convolution is "
+        ("depthwise-conv-taps", "cpu: depthwise and few-channel grouped convolutions (MobileNet, ConvNeXt, "
+                                "ResNeXt) and their gradients as sums of their taps, which XLA:CPU fuses into "
+                                "vectorized loops (its depthwise convolution is "
                                 "5-17x slower); "
                                 "after the last constant-fold (frozen filters' tap vectors stay small), before "
                                 "propagate-shardings (annotates the new ops)"),

@@ -67,6 +67,25 @@ def test_depthwise_convolutions_become_sums_of_taps(name):
     _check_rewritten(fn, (x, w), {"rewritten": 1, "filter_gradients": 0})
 
 
+# grouped convolutions with few channels per group (ResNeXt), and channel multipliers
+GROUPED = {
+    "channel multiplier 2": ((1, 9, 9, 4), (3, 3, 1, 8), dict(groups=4)),
+    "4 channels per group": ((1, 9, 9, 8), (3, 3, 4, 8), dict(groups=2)),
+    "2 per group, 4 outputs each, NCHW, stride 2": (
+        (2, 8, 9, 9), (16, 2, 3, 3), dict(groups=4, stride=2, dn=("NCHW", "OIHW", "NCHW"))),
+}
+
+
+@pytest.mark.parametrize("name", list(GROUPED))
+def test_grouped_convolutions_and_their_input_gradients_become_taps(name):
+    xs, ws, kw = GROUPED[name]
+    x, w = _f32(*xs), _f32(*ws)
+    _check_rewritten(lambda x, w: dw(x, w, **kw), (x, w), {"rewritten": 1, "filter_gradients": 0})
+    dy = _f32(*jax.eval_shape(lambda x, w: dw(x, w, **kw), x, w).shape)
+    dx = lambda w, dy: jax.vjp(lambda z: dw(z, w, **kw), x)[1](dy)[0]  # noqa: E731
+    _check_rewritten(dx, (w, dy), {"rewritten": 1, "filter_gradients": 0})
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_input_and_filter_gradients_become_taps_too(name):
     """jax's input gradient (a depthwise convolution of the flipped filter; strided: over the
@@ -138,27 +157,35 @@ def test_mobilenet_block_and_its_gradient_against_jax_jit():
 
 
 def test_refusals_are_reported_and_left_as_written():
-    x = _f32(1, 8, 8, 4)
-    cases = {"channel multiplier above 1": (lambda x, w: dw(x, w), _f32(3, 3, 1, 8))}
+    x = _f32(1, 8, 8, 32)
+    cases = {
+        # 16 channels per group: 144 products per output, past max_taps (72)
+        "9 filter positions x 16 channel(s) per group (max_taps=72)": (
+            lambda x, w: dw(x, w, groups=2), _f32(3, 3, 16, 32)),
+        # a channel multiplier's filter gradient is not one channel vector per position
+        "not a per-channel filter gradient": (
+            lambda x, dy: jax.vjp(lambda v: dw(x, v, groups=32), _f32(3, 3, 1, 64))[1](dy)[0],
+            _f32(1, 8, 8, 64)),
+    }
     for why, (fn, w) in cases.items():
         text = _text(fn, (x, w))
         opt = hlofuse.optimize(text, target="cpu", pipeline=PIPE)
-        assert _stats(opt.report) == {"rewritten": 0, "filter_gradients": 0,
-                                      f"refused[{why}]": 1}, why
+        assert _stats(opt.report)[f"refused[{why}]"] == 1, why
+        assert "stablehlo.convolution" in opt.text
         assert any(n.startswith(PASS) and why in n for n in opt.report.notes), opt.report.notes
         assert_same(run_module(opt.text, [x, w]),
                     run_module(hlofuse.optimize(text, target="cpu", pipeline=PREFIX).text, [x, w]),
-                    "exact")
+                    "reassociate")
     # a filter of more positions than max_taps
-    w = _f32(3, 3, 1, 4)
+    x, w = _f32(1, 8, 8, 4), _f32(3, 3, 1, 4)
     opt = hlofuse.optimize(_text(dw, (x, w)), target="cpu", pipeline=PIPE,
                            options={PASS: {"max_taps": 8}})
-    assert _stats(opt.report) == {"rewritten": 0, "filter_gradients": 0,
-                                  "refused[9 filter positions (max_taps=8)]": 1}
-    # grouped convolutions with several channels per group are not depthwise: not candidates
-    g = _f32(3, 3, 2, 4)
-    opt = hlofuse.optimize(_text(lambda x, w: dw(x, w, groups=2), (x, g)), target="cpu",
-                           pipeline=PIPE)
+    assert _stats(opt.report) == {
+        "rewritten": 0, "filter_gradients": 0,
+        "refused[9 filter positions x 1 channel(s) per group (max_taps=8)]": 1}
+    # an ungrouped convolution is not a candidate
+    opt = hlofuse.optimize(_text(lambda x, w: dw(x, w, groups=1), (x, _f32(3, 3, 4, 4))),
+                           target="cpu", pipeline=PIPE)
     assert _stats(opt.report) == {"rewritten": 0, "filter_gradients": 0}
     assert "stablehlo.convolution" in opt.text
 
