@@ -72,9 +72,9 @@ def _ints(op, key: str, n: int) -> list[int]:
     return list(ir.DenseI64ArrayAttr(op.attributes[key])) if key in op.attributes else [1] * n
 
 
-def is_depthwise(op) -> bool:
+def is_grouped(op) -> bool:
     """A grouped convolution (``feature_group_count`` > 1): depthwise when the groups are its
-    input channels; the candidates this pass looks at."""
+    input channels; with :func:`is_filter_grad`, the candidates this pass looks at."""
     if op.name != "stablehlo.convolution":
         return False
     return conv_groups(op)[0] > 1
@@ -151,11 +151,11 @@ def taps_reason(op, max_taps: int) -> str | None:
     return None
 
 
-def rewrite(op) -> ir.Value:
-    """Replace the depthwise convolution or filter gradient ``op`` (its reason None) by the
-    sum of its taps; returns the value that replaced its result."""
+def rewrite(op, filter_grad: bool) -> ir.Value:
+    """Replace the grouped convolution or (``filter_grad``) filter gradient ``op`` (its reason
+    None) by the sum of its taps; returns the value that replaced its result."""
     with op.context, op.location:
-        new = _filter_grad(op) if is_filter_grad(op) else _depthwise(op)
+        new = _filter_grad(op) if filter_grad else _depthwise(op)
         if gu.element_type(new) != gu.element_type(op.results[0]):
             new = gu.create("stablehlo.convert", [new], [op.results[0].type], before=op).results[0]
         op.results[0].replace_all_uses_with(new)
@@ -176,6 +176,31 @@ def _widened(op, v, cty) -> ir.Value:
                      before=op).results[0]
 
 
+@dataclasses.dataclass(frozen=True)
+class _Conv:
+    """What both rewrites read of a convolution: its dimension numbers, the spatial dims of its
+    input, kernel and output, window strides and filter dilation, the type it is computed in,
+    and its input widened to that type and padded."""
+    dn: stablehlo.ConvDimensionNumbers
+    sp_in: list
+    sp_k: list
+    sp_out: list
+    strides: list
+    dil: list
+    cty: ir.Type
+    xp: ir.Value
+
+    @classmethod
+    def of(cls, op) -> "_Conv":
+        dn = stablehlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
+        n = len(dn.input_spatial_dimensions)
+        cty = _compute_type(op)
+        return cls(dn, list(dn.input_spatial_dimensions), list(dn.kernel_spatial_dimensions),
+                   list(dn.output_spatial_dimensions), _ints(op, "window_strides", n),
+                   _ints(op, "rhs_dilation", n), cty,
+                   _padded_input(op, _widened(op, op.operands[0], cty), cty))
+
+
 def _padded_input(op, x, cty) -> ir.Value:
     """The convolution's lhs with its padding and ``lhs_dilation`` (as interior zeros)."""
     dn = stablehlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
@@ -192,22 +217,18 @@ def _padded_input(op, x, cty) -> ir.Value:
         return stablehlo.PadOp(x, zero, lo, hi, inner).result
 
 
-def _slice(op, v, start, limit, step) -> ir.Value:
-    shape = [(hi - lo + st - 1) // st for lo, hi, st in zip(start, limit, step)]
-    return gu.create("stablehlo.slice", [v], [gu.tensor_type(shape, gu.element_type(v))],
-                     {"start_indices": ir.DenseI64ArrayAttr.get(start),
-                      "limit_indices": ir.DenseI64ArrayAttr.get(limit),
-                      "strides": ir.DenseI64ArrayAttr.get(step)}, before=op).results[0]
-
-
 def _window(op, xp, sp, starts, extents, steps) -> ir.Value:
-    """The strided window of ``xp`` along its spatial dims ``sp``: from ``starts``,
-    ``extents`` elements ``steps`` apart; whole along the other dims."""
+    """The strided window of ``xp`` along its dims ``sp``: from ``starts``, ``extents``
+    elements ``steps`` apart; whole along the other dims."""
     shape = list(value_info(xp).shape)
     start, limit, step = [0] * len(shape), list(shape), [1] * len(shape)
     for d, a, n, st in zip(sp, starts, extents, steps):
         start[d], limit[d], step[d] = a, a + (n - 1) * st + 1, st
-    return _slice(op, xp, start, limit, step)
+    out = [(hi - lo + st - 1) // st for lo, hi, st in zip(start, limit, step)]
+    return gu.create("stablehlo.slice", [xp], [gu.tensor_type(out, gu.element_type(xp))],
+                     {"start_indices": ir.DenseI64ArrayAttr.get(start),
+                      "limit_indices": ir.DenseI64ArrayAttr.get(limit),
+                      "strides": ir.DenseI64ArrayAttr.get(step)}, before=op).results[0]
 
 
 def _depthwise(op) -> ir.Value:
@@ -215,17 +236,11 @@ def _depthwise(op) -> ir.Value:
     i] * w[k, i, o]`` with ``g(o) = o // Og``: per (k, i) one strided window of the padded
     input, its channels ``i, i + Cg, ...`` (one per group), repeated ``Og`` times when a group
     has several outputs, times the weight vector ``w[k, i, :]``."""
-    x, w = op.operands[0], op.operands[1]
-    xi, wi, oi = value_info(x), value_info(w), value_info(op.results[0])
-    dn = stablehlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
-    sp_in, sp_k, sp_out = (list(dn.input_spatial_dimensions), list(dn.kernel_spatial_dimensions),
-                           list(dn.output_spatial_dimensions))
-    n = len(sp_in)
-    strides, dil = _ints(op, "window_strides", n), _ints(op, "rhs_dilation", n)
+    xi, wi, oi = _infos(op)
+    cv = _Conv.of(op)
+    dn, sp_in, sp_k, sp_out, cty = cv.dn, cv.sp_in, cv.sp_k, cv.sp_out, cv.cty
     feat = dn.input_feature_dimension
-    cty = _compute_type(op)
-    xp = _padded_input(op, _widened(op, x, cty), cty)
-    wc = _widened(op, w, cty)
+    wc = _widened(op, op.operands[1], cty)
     g = conv_groups(op)[0]
     cg = wi.shape[dn.kernel_input_feature_dimension]
     o = wi.shape[dn.kernel_output_feature_dimension]
@@ -236,27 +251,21 @@ def _depthwise(op) -> ir.Value:
         p_shape[d] = oi.shape[sp_out[i]]
     p_shape[feat] = o
     p_type = gu.tensor_type(p_shape, cty)
+    extents = [p_shape[d] for d in sp_in] + [g]
     acc = None
     for k in itertools.product(*[range(wi.shape[d]) for d in sp_k]):
+        starts = [k[i] * cv.dil[i] for i in range(len(sp_in))]
         for ch in range(cg):
-            start, limit, step = [0] * rank, list(value_info(xp).shape), [1] * rank
-            for i, d in enumerate(sp_in):
-                start[d] = k[i] * dil[i]
-                limit[d] = start[d] + (p_shape[d] - 1) * strides[i] + 1
-                step[d] = strides[i]
-            start[feat], step[feat] = ch, cg      # channel ch of every group
-            tap = _slice(op, xp, start, limit, step)
+            # the window at k, and channel ch of every group
+            tap = _window(op, cv.xp, sp_in + [feat], starts + [ch], extents, cv.strides + [cg])
             if og > 1:                            # each group's channel for its og outputs
                 ext = p_shape[:feat] + [g, og] + p_shape[feat + 1:]
                 dims = [d if d <= feat else d + 1 for d in range(rank)]
                 tap = gu.make_broadcast(tap, dims, gu.tensor_type(ext, cty), before=op)
                 tap = gu.create("stablehlo.reshape", [tap], [p_type], before=op).results[0]
-            w_start, w_limit = [0] * len(wi.shape), list(wi.shape)
-            for i, d in enumerate(sp_k):
-                w_start[d], w_limit[d] = k[i], k[i] + 1
-            kin = dn.kernel_input_feature_dimension
-            w_start[kin], w_limit[kin] = ch, ch + 1
-            wk = _slice(op, wc, w_start, w_limit, [1] * len(wi.shape))
+            ones = [1] * (len(sp_k) + 1)       # w[k, ch, :]
+            wk = _window(op, wc, sp_k + [dn.kernel_input_feature_dimension], list(k) + [ch],
+                         ones, ones)
             vec = gu.create("stablehlo.reshape", [wk], [gu.tensor_type([o], cty)],
                             before=op).results[0]
             wb = gu.make_broadcast(vec, [feat], p_type, before=op)
@@ -277,22 +286,16 @@ def _filter_grad(op) -> ir.Value:
     dilation, c] * dy[j, c]``: per filter position ``k`` one strided window of the padded input
     times the output gradient, reduced to a channel vector; the vectors concatenated into the
     output's layout."""
-    x, dy = op.operands[0], op.operands[1]
-    xi, di, oi = value_info(x), value_info(dy), value_info(op.results[0])
-    dn = stablehlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
-    sp_in, sp_k, sp_out = (list(dn.input_spatial_dimensions), list(dn.kernel_spatial_dimensions),
-                           list(dn.output_spatial_dimensions))
-    n = len(sp_in)
-    strides, dil = _ints(op, "window_strides", n), _ints(op, "rhs_dilation", n)
-    cty = _compute_type(op)
-    xp = _padded_input(op, _widened(op, x, cty), cty)
+    xi, di, oi = _infos(op)
+    cv = _Conv.of(op)
+    dn, sp_in, sp_k, sp_out, cty = cv.dn, cv.sp_in, cv.sp_k, cv.sp_out, cv.cty
     # dy in the lhs's layout: channels where the lhs has its batch (the groups), examples where
     # it has its features, the window where it has its spatial dims
     role = {dn.input_batch_dimension: dn.kernel_output_feature_dimension,
             dn.input_feature_dimension: dn.kernel_input_feature_dimension,
             **{d: sp_k[i] for i, d in enumerate(sp_in)}}
     perm = [role[p] for p in range(len(xi.shape))]
-    dyc = _widened(op, dy, cty)
+    dyc = _widened(op, op.operands[1], cty)
     if perm != list(range(len(perm))):
         dyc = gu.make_transpose(dyc, perm, before=op)
     extents = [di.shape[d] for d in sp_k]
@@ -304,7 +307,8 @@ def _filter_grad(op) -> ir.Value:
     one[dn.output_feature_dimension] = c
     pieces = []
     for k in itertools.product(*[range(oi.shape[d]) for d in sp_out]):
-        win = _window(op, xp, sp_in, [k[i] * strides[i] for i in range(n)], extents, dil)
+        win = _window(op, cv.xp, sp_in, [k[i] * cv.strides[i] for i in range(len(sp_in))],
+                      extents, cv.dil)
         prod = gu.create("stablehlo.multiply", [win, dyc], [win.type], before=op).results[0]
         vec = gu.make_reduce(prod, zero, red_dims, vec_t, before=op)
         pieces.append(gu.create("stablehlo.reshape", [vec], [gu.tensor_type(one, cty)],
@@ -348,14 +352,16 @@ class DepthwiseConvTaps(Pass):
         refused = Refusals(self.name, outcome="left to XLA")
         n = grads = 0
         for block in program_blocks(module):
-            for op in [o for o in hir.block_ops(block) if is_depthwise(o) or is_filter_grad(o)]:
+            for op in list(hir.block_ops(block)):
                 grad = is_filter_grad(op)
+                if not (grad or is_grouped(op)):
+                    continue
                 why = (filter_grad_reason if grad else taps_reason)(op, self.options.max_taps)
                 if why is not None:
-                    what = "depthwise filter gradient(s)" if grad else "depthwise convolution(s)"
+                    what = "depthwise filter gradient(s)" if grad else "grouped convolution(s)"
                     refused.add(what, why, hir.op_location(op))
                     continue
-                rewrite(op)
+                rewrite(op, grad)
                 n += 1
                 grads += grad
         refused.flush(ctx)
