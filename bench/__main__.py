@@ -55,13 +55,14 @@ def _versions() -> dict:
 
 def _device() -> dict:
     import jax
+    from hlofuse import hostcpu
     from hlofuse.tools import autotune
     d = jax.devices()[0]
     info = {"platform": d.platform, "device_kind": d.device_kind, "device_count": jax.device_count(),
             "measured": "device" if d.platform != "cpu" else "cpu",
             "timing": ("wall clock of N back-to-back calls per measurement, synchronized once "
                        "with block_until_ready (host dispatch overlapped with execution)"),
-            "host_cpu": autotune._cpu_model(), "host_cores": autotune.usable_cores(),
+            "host_cpu": hostcpu.model(), "host_cores": autotune.usable_cores(),
             "XLA_FLAGS": os.environ.get("XLA_FLAGS", "")}
     return info
 

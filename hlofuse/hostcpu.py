@@ -18,7 +18,8 @@ runs faster depends on the CPU. Two cpu choices read it from here:
   29.9, 9.6, 6.7 ms), elsewhere 2 rows (measured on Zen 4). :func:`gemv_rows`.
 
 The features come from ``/proc/cpuinfo`` (Linux; elsewhere only the architecture is known,
-and the choices are those of a CPU without the features above), read once per process.
+and the choices are those of a CPU without the features above), read once per process; so
+does the model name that keys autotune's measured decisions (:func:`model`).
 :func:`profile` is the short text of the features that matter, part of the optimized-module
 cache key: a cache shared between machines never hands one CPU's choice to another.
 """
@@ -28,7 +29,7 @@ from __future__ import annotations
 import functools
 import platform as _platform
 
-__all__ = ["arch", "flags", "int8_signed_native", "gemv_rows", "check_rows", "rows_option",
+__all__ = ["arch", "flags", "model", "int8_signed_native", "gemv_rows", "check_rows", "rows_option",
            "profile"]
 
 #: flags whose presence changes a choice above (also what :func:`profile` shows)
@@ -43,18 +44,31 @@ def arch() -> str:
     return {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64"}.get(m, m)
 
 
-@functools.cache
-def flags() -> frozenset:
-    """The CPU's feature flags (``flags`` on x86, ``Features`` on Arm), empty when unknown."""
+def _cpuinfo(keys: tuple) -> str | None:
+    """The value of the first ``/proc/cpuinfo`` line whose key is one of ``keys``, or None
+    (no such line, or no ``/proc/cpuinfo``)."""
     try:
         with open("/proc/cpuinfo") as fh:
             for line in fh:
                 key, _, value = line.partition(":")
-                if key.strip() in ("flags", "Features"):
-                    return frozenset(value.split())
+                if key.strip() in keys:
+                    return value.strip()
     except OSError:
         pass
-    return frozenset()
+    return None
+
+
+@functools.cache
+def flags() -> frozenset:
+    """The CPU's feature flags (``flags`` on x86, ``Features`` on Arm), empty when unknown."""
+    return frozenset((_cpuinfo(("flags", "Features")) or "").split())
+
+
+@functools.cache
+def model() -> str:
+    """The CPU's model name (part of the measured decisions' device key), or what the
+    platform says."""
+    return _cpuinfo(("model name",)) or _platform.processor() or _platform.machine()
 
 
 def int8_signed_native() -> str | None:

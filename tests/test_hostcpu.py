@@ -31,7 +31,7 @@ def test_choices_per_cpu(monkeypatch, arch, flags, native, rows):
 
 
 def test_this_host_is_read_and_rows_are_checked():
-    assert isinstance(hostcpu.flags(), frozenset) and hostcpu.arch()
+    assert isinstance(hostcpu.flags(), frozenset) and hostcpu.arch() and hostcpu.model()
     assert hostcpu.profile().startswith(hostcpu.arch())
     hostcpu.check_rows(0)
     hostcpu.check_rows(2)

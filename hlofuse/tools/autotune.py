@@ -63,7 +63,6 @@ import hashlib
 import json
 import logging
 import os
-import platform as _platform
 import re
 import statistics
 import sys
@@ -75,6 +74,7 @@ from typing import Any, Callable, Sequence
 
 import jax
 
+from hlofuse import hostcpu
 from hlofuse.testing import compare
 
 __all__ = ["VARIANTS", "applicable_variants", "Measurement", "measure", "decide", "Decision",
@@ -227,17 +227,6 @@ def enabled_by_default(platform: str) -> bool:
     return mode(None, platform) != "off"
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return _platform.processor() or _platform.machine()
-
-
 def usable_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -250,7 +239,7 @@ def device_key(device=None) -> str:
     device = device or jax.devices()[0]
     kind = f"{device.platform}:{device.device_kind}"
     if device.platform == "cpu":
-        kind += f":{_cpu_model()}:{usable_cores()}cores"
+        kind += f":{hostcpu.model()}:{usable_cores()}cores"
     return kind
 
 
