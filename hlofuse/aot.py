@@ -38,6 +38,7 @@ from typing import Iterable, Sequence
 from jaxlib.mlir import ir
 
 from hlofuse import chips as _chips
+from hlofuse import compat
 from hlofuse import ir as hir
 from hlofuse.api import Optimized, optimize
 from hlofuse.passes.kernelize import KERNEL_INFO_ATTR
@@ -56,8 +57,8 @@ _WORKER_ENV = {
     "TPU_WORKER_HOSTNAMES": "localhost",
     "TPU_SKIP_MDS_QUERY": "1",
     "TF_CPP_MIN_LOG_LEVEL": "3",
-    "JAX_PALLAS_USE_MOSAIC_GPU": "0",
     "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",       # the caller's process may hold libtpu's lockfile
+    **compat.MOSAIC_GPU_ENV,                 # 0.10.2: no compiler_params must not mean Mosaic GPU
 }
 
 
@@ -142,9 +143,51 @@ def missing_packages(chip: str) -> str | None:
             need = ["ptxas (nvidia-cuda-nvcc-cu12)"]
         need = ["jax-cuda12-plugin" if n in ("jax_cuda12_plugin", "jax_plugins") else n for n in need]
     if not need:
-        return None
+        wrong = _mismatched_companion("libtpu" if c.target == "tpu" else "jax-cuda12-plugin")
+        return None if wrong is None else (f"compiling for {c.name}: {wrong}: run {INSTALL}")
     return (f"compiling for {c.name} needs {', '.join(need)}, which is not installed: "
             f"run {INSTALL}")
+
+
+def _mismatched_companion(dist: str) -> str | None:
+    """Why the installed ``dist`` (libtpu, jax-cuda12-plugin) cannot compile for the installed
+    jax, or None. The version jax needs is read from jax's own metadata (its ``tpu`` and
+    ``cuda12`` extras pin the compilers it was released with), so no table here has to follow
+    each jax release."""
+    import importlib.metadata as md
+    try:
+        have = md.version(dist)
+        reqs = md.requires("jax") or []
+    except md.PackageNotFoundError:
+        return None
+    want = None
+    for r in reqs:
+        name, _, rest = r.partition(";")
+        m = re.match(rf"\s*{re.escape(dist)}(\[[^\]]*\])?\s*(.*)", name)
+        if m and m.group(2) and "extra ==" in rest:
+            want = m.group(2).strip()
+            break
+    if want is None or _satisfies(have, want):
+        return None
+    return f"{dist} {have} is installed, but jax {md.version('jax')} needs {dist}{want}"
+
+
+def _satisfies(version: str, spec: str) -> bool:
+    """``version`` against a requirement's comma-separated ``==``, ``<=``, ``>=`` clauses (the
+    forms jax's metadata uses; ``==X.*`` as a prefix)."""
+    def key(v: str) -> tuple:
+        return tuple(int(p) for p in re.findall(r"\d+", v))
+    for clause in (c.strip() for c in spec.split(",") if c.strip()):
+        op, v = re.match(r"(==|<=|>=|<|>|!=)?\s*(.*)", clause).groups()
+        if op == "==" and v.endswith(".*"):
+            if key(version)[:len(key(v[:-2]))] != key(v[:-2]):
+                return False
+        elif not {"==": key(version) == key(v), "<=": key(version) <= key(v),
+                  ">=": key(version) >= key(v), "<": key(version) < key(v),
+                  ">": key(version) > key(v), "!=": key(version) != key(v),
+                  None: key(version) == key(v)}[op]:
+            return False
+    return True
 
 
 def _ptxas() -> str | None:
@@ -421,12 +464,10 @@ def _worker(chip_name: str, jobs_path: str, progress_path: str) -> int:
         print(json.dumps({"missing": missing}), flush=True)
         return 0
     import jax.extend.backend as jeb
-    from jax._src.interpreters import mlir as jmlir
-    from jax._src.lib import xla_client as xc
     dev = _device(chip)
     client = dev.client
-    devices = xc.DeviceList((dev,))
-    ctx = jmlir.make_ir_context()
+    devices = compat.DeviceList((dev,))
+    ctx = compat.new_ir_context()
 
     def compile_one(path: str) -> tuple[bool, str | None, float]:
         with open(path, "rb") as fh:
@@ -574,8 +615,7 @@ def cli_compile_for(chips_flag: str, paths: Sequence[str], *, per_kernel: bool =
     """``hlofuse check --compile-for h100,v5e FILE``: exit 0 when every kernel compiles for every
     chip, 1 when one does not (it then runs on XLA for that chip), 2 when packages are missing."""
     import jax
-    from jax._src import xla_bridge
-    if not xla_bridge.backends_are_initialized():
+    if not compat.backends_are_initialized():
         # this process only parses and optimizes: keep the GPU/TPU plugins asleep (no driver)
         jax.config.update("jax_platforms", "cpu")
     out = out or sys.stdout

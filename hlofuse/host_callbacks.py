@@ -29,11 +29,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from jax._src import callback as _callback
-from jax._src import debugging as _debugging
-from jax._src.interpreters import mlir
-from jax._src.lib.mlir import ir
+from jaxlib.mlir import ir
 
+from hlofuse import compat
 from hlofuse import ir as hir
 
 #: the placeholder's ``call_target_name`` (a host callback to :func:`hlofuse.ir.is_host_callback`:
@@ -41,12 +39,11 @@ from hlofuse import ir as hir
 PLACEHOLDER = hir.HOST_CALLBACK_PLACEHOLDER
 
 #: primitives outlined as placeholders
-PRIMITIVES = (_callback.pure_callback_p, _callback.io_callback_p,
-              _debugging.debug_callback_p, _debugging.debug_print_p)
+PRIMITIVES = compat.host_callback_primitives().primitives
 
 #: effects of the outlined primitives that need no token (unordered): a function whose
 #: effects are all among these goes through export
-UNORDERED_EFFECTS = (_debugging.debug_effect, _callback._IOEffect)
+UNORDERED_EFFECTS = compat.host_callback_primitives().unordered_effects
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,8 +66,8 @@ def export_rules(slots: Slots) -> tuple:
         def rule(ctx, *args, **params):
             index = len(slots)
             slots.append(Slot(prim, params, tuple(ctx.avals_in), tuple(ctx.avals_out)))
-            types = [mlir.aval_to_ir_type(ctx.module_context, a) for a in ctx.avals_out]
-            op = mlir.custom_call(PLACEHOLDER, result_types=types, operands=list(args),
+            types = [compat.aval_to_ir_type(ctx.module_context, a) for a in ctx.avals_out]
+            op = compat.custom_call(PLACEHOLDER, result_types=types, operands=list(args),
                                   backend_config=str(index), has_side_effect=True,
                                   api_version=1)
             return list(op.results)
@@ -127,11 +124,4 @@ def _is_placeholder(op) -> bool:
 
 
 def _rule(ctx, prim, platform: str):
-    override = mlir._get_override_lowering_rule(ctx.module_context, prim)
-    if override is not None:
-        return override
-    entry = (mlir._platform_specific_lowerings[platform].get(prim)
-             or mlir._lowerings.get(prim))
-    if entry is None:
-        raise NotImplementedError(f"{prim} has no lowering for {platform}")
-    return entry.rule
+    return compat.lowering_rule(ctx.module_context, prim, platform)

@@ -38,11 +38,12 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from jax._src.interpreters import mlir as _jmlir
 from jaxlib.mlir import ir
 from jaxlib.mlir import passmanager
 from jaxlib.mlir.dialects import func as func_d
 from jaxlib.mlir.dialects import stablehlo
+
+from hlofuse import compat
 
 __all__ = [
     "IRError", "ops_text", "new_context", "parse", "detect_format", "to_text", "to_bytecode",
@@ -80,7 +81,7 @@ def new_context() -> ir.Context:
     if not _STABLEHLO_PASSES_REGISTERED:
         stablehlo.register_stablehlo_passes()
         _STABLEHLO_PASSES_REGISTERED = True
-    ctx = _jmlir.make_ir_context()
+    ctx = compat.new_ir_context()   # fresh on every jax release (0.12's make_ir_context is not)
     ctx.allow_unregistered_dialects = False
     return ctx
 
@@ -443,7 +444,6 @@ def inline_all_calls(module: ir.Module, *, keep: Callable | None = None) -> int:
     ``keep(func_op) -> bool`` marks functions that stay opaque: calls to them are not inlined
     and calls inside them are left alone (hlofuse's kernels and outlined regions).
     """
-    from jaxlib.mlir._mlir_libs import _jax_mlir_ext
     count = 0
     with module.context, ir.Location.unknown():
         for _ in range(10_000):
@@ -467,7 +467,7 @@ def inline_all_calls(module: ir.Module, *, keep: Callable | None = None) -> int:
                 if len(callee.regions[0].blocks) != 1:
                     continue
                 with ir.InsertionPoint(call), call.location:
-                    new_vals = _jax_mlir_ext.inlined_func_call(callee.operation, list(call.operands))
+                    new_vals = compat.inlined_func_call(callee.operation, call.operands)
                 for old, new in zip(call.results, new_vals):
                     old.replace_all_uses_with(new)
                 safe_erase(call)

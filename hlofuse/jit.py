@@ -39,9 +39,8 @@ import numpy as np
 
 import jax
 from jax import tree_util
-from jax._src import api_util
-from jax._src import core as jcore
 
+from hlofuse import compat
 from hlofuse import ir as hir
 from hlofuse.passes import graph_util as gu
 from hlofuse.passes.buffer_aliasing import memory_plan
@@ -182,7 +181,7 @@ def _top_level() -> bool:
     """Whether this call is outside every JAX transformation (jit tracing, grad, vmap, ...):
     its arguments cannot be tracers then. The current trace, not a scan of the arguments for
     tracers (15 us per call for GPT-2's 36 parameter leaves: 4% of a 0.35 ms decode step)."""
-    return isinstance(jcore.trace_ctx.trace, jcore.EvalTrace)
+    return compat.at_top_level()
 
 
 def _is_key(dtype) -> bool:
@@ -350,14 +349,14 @@ class HlofuseFunction:
         static_argnums = _norm_tuple(jit_kwargs.pop("static_argnums", None))
         static_argnames = _norm_tuple(jit_kwargs.pop("static_argnames", None))
         try:
-            sig = api_util.fun_signature(fun)
+            sig = compat.fun_signature(fun)
         except Exception:  # noqa: BLE001 - builtins etc.
             sig = None
         self._check_argnums(sig, static_argnums, _norm_tuple(jit_kwargs.get("donate_argnums")))
         self._user_static = (static_argnums, static_argnames)
         if sig is not None:
             # () as None: jax infers the missing one only when the other is None
-            nums, names = api_util.infer_argnums_and_argnames(sig, static_argnums or None,
+            nums, names = compat.infer_argnums_and_argnames(sig, static_argnums or None,
                                                                static_argnames or None)
         else:
             nums, names = static_argnums, static_argnames
@@ -412,7 +411,7 @@ class HlofuseFunction:
         names = _norm_tuple(kw.get("donate_argnames"))
         if sig is not None and (nums or names):
             try:
-                nums, names = api_util.infer_argnums_and_argnames(sig, nums or None,
+                nums, names = compat.infer_argnums_and_argnames(sig, nums or None,
                                                                    names or None)
             except Exception:  # noqa: BLE001 - jax.jit reports bad donation itself
                 pass
@@ -450,7 +449,7 @@ class HlofuseFunction:
 
     def _traced(self, *args, _xla: frozenset = frozenset(), _plain: bool = False, **kwargs):
         leaves, in_tree = tree_util.tree_flatten((args, kwargs))
-        dyn = [isinstance(x, jcore.Tracer) for x in leaves]
+        dyn = [isinstance(x, compat.Tracer) for x in leaves]
         static = tuple(_static_key(x) for x, d in zip(leaves, dyn) if not d)
         donated = self._donated_leaves(args, kwargs, dyn)
         shardings = self._leaf_shardings(args, kwargs, dyn)
@@ -495,7 +494,7 @@ class HlofuseFunction:
                 ctx.__enter__()
                 _CALL.xla_cache = ctx
         if shardings is None and xs and concrete is not None and not any(
-                isinstance(x, jcore.Tracer) for x in tree_util.tree_leaves(concrete)):
+                isinstance(x, compat.Tracer) for x in tree_util.tree_leaves(concrete)):
             xs = _on_inner_mesh(program, xs)   # a top-level call with uncommitted inputs
         out = call(program.with_xla(_xla), xs)
         return program.unflatten_out(sig, out)
@@ -508,7 +507,7 @@ class HlofuseFunction:
             return False
         if "backend" in self._jit_kwargs or "device" in self._jit_kwargs:
             return False
-        if any(isinstance(x, jcore.Tracer) for x in tree_util.tree_leaves(concrete)):
+        if any(isinstance(x, compat.Tracer) for x in tree_util.tree_leaves(concrete)):
             return False
         try:
             target = program.target_for(jax.default_backend())
@@ -538,7 +537,7 @@ class HlofuseFunction:
                             sp, jax.sharding.Sharding) else sp,
                         is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
             elif concrete is not None and concrete[0] is not None and not any(
-                    isinstance(x, jcore.Tracer) for x in tree_util.tree_leaves(concrete)):
+                    isinstance(x, compat.Tracer) for x in tree_util.tree_leaves(concrete)):
                 c_args, c_kwargs = concrete
                 per = [getattr(x, "sharding", None)
                        for x in tree_util.tree_leaves((c_args, c_kwargs))]
@@ -1161,7 +1160,7 @@ def _inner_mesh(jaxpr):
                 return m
             for v in e.params.values():
                 for sub in (v if isinstance(v, (tuple, list)) else (v,)):
-                    if isinstance(sub, (jcore.ClosedJaxpr, jcore.Jaxpr)):
+                    if compat.is_jaxpr(sub):
                         todo.append(getattr(sub, "jaxpr", sub))
     return None
 

@@ -14,7 +14,7 @@ called through the primitive ``hlofuse_call`` whose rules make it a first-class 
 
 * **abstract eval**: the output avals of the traced function (traced once per signature);
 * **lowering**: the optimized ``Exported`` of the signature, inlined into the caller's module
-  (``mlir.lower_fun(exp.call)``), built lazily for the platform being lowered for;
+  (``compat.lower_fun(exp.call)``), built lazily for the platform being lowered for;
 * **jvp**: a derived forward ``fwd(f)`` returns the primal outputs *and* the residuals of
   ``jax.linearize(f)``; a derived tangent program ``jvp(f)`` maps (residuals, tangents) to
   output tangents, linear in the tangents. Both are optimized;
@@ -62,16 +62,10 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 from jax import export as jexport
-from jax._src import core as jcore
-from jax._src import config as jconfig
-from jax._src import dispatch
-from jax._src import mesh as mesh_lib
-from jax._src import sharding_impls
-from jax._src import source_info_util
-from jax._src.interpreters import ad, batching, mlir
-from jax._src.interpreters import partial_eval as pe
 from jax.extend import core as jex_core
 
+from hlofuse import compat
+from hlofuse.compat import ad, batching
 from hlofuse import ir as hir
 from hlofuse import host_callbacks
 from hlofuse.api import Optimized, optimize
@@ -99,7 +93,7 @@ def _all_eqns(jaxpr):
     """The equations of ``jaxpr`` and of every jaxpr nested in them (scan, cond, pjit,
     custom_vjp bodies)."""
     yield from jaxpr.eqns
-    for sub in jcore.subjaxprs(jaxpr):
+    for sub in compat.subjaxprs(jaxpr):
         yield from _all_eqns(sub)
 
 
@@ -237,7 +231,7 @@ class Entry:
 def export_optimized(fun: Callable, sig: Signature, opts: Options, *, name: str = "fun",
                      donated: Sequence[int] = (), target: Target | None = None,
                      shardings: tuple | None = None, spmd_devices: int = 1,
-                     jaxpr: jcore.ClosedJaxpr | None = None
+                     jaxpr: compat.ClosedJaxpr | None = None
                      ) -> tuple[jexport.Exported, Optimized, tuple]:
     """Export ``fun`` (flat arrays -> flat arrays) for the target and optimize its module.
     Returns the ``Exported``, the optimized module and its outlined host callbacks
@@ -373,8 +367,8 @@ def _context_text() -> str:
     """jax's tracing/lowering configuration (what jax keys its own caches by) as text; the
     axis environment by its contents (its repr is an address)."""
     parts = []
-    for v in jconfig.trace_context():
-        if isinstance(v, jcore.AxisEnv):
+    for v in compat.trace_context():
+        if isinstance(v, compat.AxisEnv):
             v = ("AxisEnv", sorted(map(repr, v.axis_sizes.items())),
                  sorted(map(repr, v.spmd_axis_names)), sorted(map(repr, v.explicit_mesh_axis_names)))
         parts.append(repr(v))
@@ -422,7 +416,7 @@ def _jaxpr_digest(closed) -> bytes | None:
 def _jaxpr_digest_of(closed) -> bytes | None:
     import hashlib
     try:
-        text = closed.jaxpr.pretty_print(source_info=True, name_stack=True)
+        text = compat.jaxpr_body(closed).pretty_print(source_info=True, name_stack=True)
     except Exception:  # noqa: BLE001 - a jaxpr that does not print is not keyed
         return None
     if " at 0x" in text:
@@ -435,17 +429,21 @@ def _jaxpr_digest_of(closed) -> bytes | None:
         if id(item) in seen:
             continue
         seen.add(id(item))
-        if isinstance(item, jcore.ClosedJaxpr):
-            for c in item.consts:
-                if isinstance(c, jcore.Tracer):
+        if compat.is_jaxpr(item):
+            # 0.10.2: a ClosedJaxpr's consts, then its Jaxpr's equations; 0.11+: one Jaxpr
+            # carries both (its ``.jaxpr`` is itself)
+            for c in compat.jaxpr_consts(item):
+                if isinstance(c, compat.Tracer):
                     return None
                 a = np.asarray(c)
                 h.update(f"{a.dtype}{a.shape}".encode())
                 h.update(np.ascontiguousarray(a).tobytes())
-            todo.append(item.jaxpr)
-        elif isinstance(item, jcore.Jaxpr):
-            for eqn in item.eqns:
-                todo.extend(eqn.params.values())
+            body = compat.jaxpr_body(item)
+            if body is not item:
+                todo.append(body)
+            else:
+                for eqn in item.eqns:
+                    todo.extend(eqn.params.values())
         elif isinstance(item, (tuple, list)):
             todo.extend(item)
         elif isinstance(item, (np.ndarray, jax.Array)) and np.ndim(item) > 0:
@@ -542,7 +540,7 @@ class Program:
         # signature -> (output pytree, each output's PRNG key impl or () if none is a key);
         # set by hlofuse.jit's traced function
         self.out_trees: dict = {}
-        self._jaxprs: dict[Signature, jcore.ClosedJaxpr] = {}
+        self._jaxprs: dict[Signature, compat.ClosedJaxpr] = {}
         self._as_traced: dict[Signature, bool] = {}
         self._entries: dict[tuple, Entry] = {}
         self.derived: dict[tuple, Program] = {}
@@ -593,7 +591,7 @@ class Program:
         return jax.tree_util.tree_unflatten(tree, flat)
 
     # -- tracing -----------------------------------------------------------------------------
-    def jaxpr(self, sig: Signature) -> jcore.ClosedJaxpr:
+    def jaxpr(self, sig: Signature) -> compat.ClosedJaxpr:
         """The traced function for one signature (traced once; the user's Python runs once)."""
         j = self._jaxprs.get(sig)
         if j is None:
@@ -645,7 +643,7 @@ class Program:
         for a in closed.out_avals:
             sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(
                 *[None] * len(a.shape)))
-            out.append(a.update(sharding=sharding, manual_axis_type=jcore.ManualAxisType(
+            out.append(a.update(sharding=sharding, manual_axis_type=compat.ManualAxisType(
                 varying=varying, unreduced=frozenset(), reduced=frozenset())))
         return out
 
@@ -735,15 +733,15 @@ class Program:
         of an enclosing transformation it closes over turned into inputs."""
         def make():
             closed = self.jaxpr(sig)
-            is_tracer = [isinstance(c, jcore.Tracer) for c in closed.consts]
+            is_tracer = [isinstance(c, compat.Tracer) for c in closed.consts]
             fixed = [None if t else c for c, t in zip(closed.consts, is_tracer)]
-            jaxpr = pe.convert_constvars_jaxpr(closed.jaxpr)
+            jaxpr = compat.convert_constvars_jaxpr(compat.jaxpr_body(closed))
             k = sum(is_tracer)
 
             def fun(*args):
                 it = iter(args)
                 consts = [next(it) if t else c for c, t in zip(fixed, is_tracer)]
-                return tuple(jcore.eval_jaxpr(jaxpr, [], *consts, *it))
+                return tuple(compat.eval_jaxpr(jaxpr, [], *consts, *it))
             return Program(fun, self.opts, name=self.name, linear=(),
                            donated=[d + k for d in self.donated])
         return self._derive(("lifted", sig), make)
@@ -880,7 +878,7 @@ class _XlaVariant(Program):
         self._jaxprs = parent._jaxprs
         self.out_trees = parent.out_trees
 
-    def jaxpr(self, sig: Signature) -> jcore.ClosedJaxpr:
+    def jaxpr(self, sig: Signature) -> compat.ClosedJaxpr:
         return self.parent.jaxpr(sig)
 
     def _build(self, sig: Signature, target: Target, spmd_devices: int = 1) -> Entry:
@@ -897,7 +895,7 @@ class _XlaVariant(Program):
         return Entry(exp, opt, base.out_avals, base.in_avals, target, base.callbacks)
 
 
-def run_jaxpr(closed: jcore.ClosedJaxpr, xs: Sequence) -> tuple:
+def run_jaxpr(closed: compat.ClosedJaxpr, xs: Sequence) -> tuple:
     """``closed(*xs)``. Inside a jit trace whose arguments are ``xs`` (hlofuse's plain first
     call, ``jax.export`` of the traced function) its equations are copied into that trace as
     they are, as ``jax.jit(..., inline=True)`` copies a nested jit, each with its own source
@@ -905,25 +903,25 @@ def run_jaxpr(closed: jcore.ClosedJaxpr, xs: Sequence) -> tuple:
     run every primitive's rules a second time, as long as tracing the user's Python took
     (0.1 s of a Llama's 0.8 s first call). Elsewhere (an eager call, a transformation's
     tracers, closed-over tracers, effects) the jaxpr is evaluated."""
-    trace = jcore.trace_ctx.trace
-    if (isinstance(trace, pe.DynamicJaxprTrace)
-            and not closed.effects and not any(e.effects for e in closed.jaxpr.eqns)
-            and all(isinstance(x, pe.DynamicJaxprTracer) and x._trace is trace for x in xs)
-            and not any(isinstance(c, jcore.Tracer) for c in closed.consts)):
+    trace = compat.current_trace()
+    if (isinstance(trace, compat.DynamicJaxprTrace)
+            and not closed.effects and not any(e.effects for e in compat.jaxpr_body(closed).eqns)
+            and all(isinstance(x, compat.DynamicJaxprTracer) and x._trace is trace for x in xs)
+            and not any(isinstance(c, compat.Tracer) for c in closed.consts)):
         return _copy_eqns(trace, closed, xs)
-    return tuple(jcore.jaxpr_as_fun(closed)(*xs))
+    return tuple(compat.jaxpr_as_fun(closed)(*xs))
 
 
-def _copy_eqns(trace, closed: jcore.ClosedJaxpr, xs: Sequence) -> tuple:
-    """:func:`jax._src.interpreters.partial_eval.inline_jaxpr_into_trace` keeping every
+def _copy_eqns(trace, closed: compat.ClosedJaxpr, xs: Sequence) -> tuple:
+    """jax's own ``partial_eval.inline_jaxpr_into_trace`` keeping every
     equation's traceback (jax's gives each the caller's)."""
-    src = source_info_util.current()
-    jaxpr = closed.jaxpr
+    src = compat.current_source_info()
+    jaxpr = compat.jaxpr_body(closed)
     env = dict(zip(jaxpr.constvars, [trace.new_const(c, src) for c in closed.consts]))
     env.update(zip(jaxpr.invars, xs))
 
     def read(v):
-        return pe.DynamicJaxprTracer(trace, v.aval, v, src) if isinstance(v, jcore.Literal) \
+        return compat.DynamicJaxprTracer(trace, v.aval, v, src) if isinstance(v, compat.Literal) \
             else env[v]
     for eqn in jaxpr.eqns:
         esrc = eqn.source_info
@@ -941,7 +939,7 @@ def _call_jaxpr(closed, *xs):
 
 def context_mesh():
     """The concrete mesh ``jax.set_mesh`` put in context, or None."""
-    mesh = mesh_lib.get_concrete_mesh()
+    mesh = compat.get_concrete_mesh()
     return None if mesh is None or mesh.empty else mesh
 
 
@@ -984,14 +982,14 @@ def _tracing(shardings, user_code: bool = False):
         mesh = shardings[0].mesh if shardings else context_mesh()
         if mesh is None or mesh.empty or \
                 jax.sharding.AxisType.Manual in tuple(mesh.axis_types) or \
-                jax.sharding.AxisType.Manual in tuple(mesh_lib.get_abstract_mesh().axis_types):
+                jax.sharding.AxisType.Manual in tuple(compat.get_abstract_mesh().axis_types):
             mesh = None
     if mesh is None:
         return isolated()
     stack = contextlib.ExitStack()   # jax.set_mesh's two parts (it refuses inside a trace)
-    stack.enter_context(mesh_lib.use_abstract_mesh(mesh.abstract_mesh))
-    stack.enter_context(sharding_impls._internal_use_concrete_mesh(mesh))
-    stack.enter_context(jconfig._check_vma(False))
+    stack.enter_context(compat.use_abstract_mesh(mesh.abstract_mesh))
+    stack.enter_context(compat.use_concrete_mesh(mesh))
+    stack.enter_context(compat.check_vma(False))
     return stack
 
 
@@ -1026,7 +1024,7 @@ def call(program: Program, xs: Sequence) -> tuple:
     closed = program.jaxpr(sig)
     if program.runs_as_traced(sig):
         return run_jaxpr(closed, xs)
-    tracers = [c for c in closed.consts if isinstance(c, jcore.Tracer)]
+    tracers = [c for c in closed.consts if isinstance(c, compat.Tracer)]
     if tracers:
         return call(program.lifted(sig), [*tracers, *xs])
     return tuple(_bind(program, xs))
@@ -1043,7 +1041,7 @@ def _bind(program: Program, xs: Sequence):
 # ------------------------------------------------------------------------------------------
 hlofuse_call_p = jex_core.Primitive("hlofuse_call")
 hlofuse_call_p.multiple_results = True
-hlofuse_call_p.def_impl(functools.partial(dispatch.apply_primitive, hlofuse_call_p))
+hlofuse_call_p.def_impl(functools.partial(compat.apply_primitive, hlofuse_call_p))
 hlofuse_call_p.def_effectful_abstract_eval(
     lambda *avals, program: (program.out_avals(avals), program.effects(avals)))
 
@@ -1056,17 +1054,17 @@ def _lowering(ctx, *args, program: Program):
     # an SPMD program XLA partitions (a shard_map body is manual: its kernels run per shard)
     axis_context = ctx.module_context.axis_context
     n_dev = (axis_context.num_devices
-             if isinstance(axis_context, sharding_impls.ShardingContext) else 1)
+             if isinstance(axis_context, compat.ShardingContext) else 1)
     entry = program.entry(signature_of(ctx.avals_in), target, spmd_devices=int(n_dev or 1))
     if entry.exported is None:  # left to plain XLA
         fun = functools.partial(_call_jaxpr, program.jaxpr(signature_of(ctx.avals_in)))
-        return mlir.lower_fun(fun, multiple_results=True)(ctx, *args)
+        return compat.lower_fun(fun, multiple_results=True)(ctx, *args)
     exp = entry.exported
     before = (host_callbacks.top_level_symbols(ctx.module_context.module)
               if entry.callbacks else None)
     with (_no_lapack_init() if b"lapack" not in exp.mlir_module_serialized
           else contextlib.nullcontext()):
-        outs = mlir.lower_fun(lambda *xs: tuple(exp.call(*xs)), multiple_results=True)(ctx, *args)
+        outs = compat.lower_fun(lambda *xs: tuple(exp.call(*xs)), multiple_results=True)(ctx, *args)
     if entry.callbacks:
         host_callbacks.reinject(ctx, entry.callbacks, before)
     return outs
@@ -1089,23 +1087,10 @@ def _no_lapack_init():
         _SKIP_LAPACK.on = False
 
 
-def _install_lapack_guard() -> None:
-    from jax._src.export import _export
-    orig = getattr(_export, "_ensure_backends_initialized", None)
-    if orig is None or getattr(orig, "_hlofuse_guard", False):
-        return
-
-    def ensure(platforms):
-        if not getattr(_SKIP_LAPACK, "on", False):
-            orig(platforms)
-    ensure._hlofuse_guard = True
-    _export._ensure_backends_initialized = ensure
+compat.install_export_backend_guard(lambda: getattr(_SKIP_LAPACK, "on", False))
 
 
-_install_lapack_guard()
-
-
-mlir.register_lowering(hlofuse_call_p, _lowering)
+compat.register_lowering(hlofuse_call_p, _lowering)
 
 
 def _jvp(primals, tangents, *, program: Program):
@@ -1156,8 +1141,8 @@ ad.primitive_transposes[hlofuse_call_p] = _transpose
 
 
 def _batch(args, dims, *, program: Program):
-    not_mapped = getattr(batching, "not_mapped", None)
-    moved = [a if d is not_mapped else batching.moveaxis(a, d, 0) for a, d in zip(args, dims)]
+    not_mapped = compat.not_mapped
+    moved = [a if d is not_mapped else compat.moveaxis(a, d, 0) for a, d in zip(args, dims)]
     bp = program.batched_program(tuple(d is not not_mapped for d in dims))
     outs = _bind(bp, moved)
     return outs, [0] * len(outs)

@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 
 import jax
 
+from hlofuse import compat
 from hlofuse.target import Target
 
 
@@ -24,28 +25,29 @@ def isolated():
     sharding ops of the program it was first built for (kernels are cached per region and
     reused in every program), and a program traced while a ``shard_map`` body is lowered is
     cached per signature and reused everywhere."""
-    from jax._src import config as jconfig
-    from jax._src import mesh as mesh_lib
-    from jax._src import sharding_impls
     stack = contextlib.ExitStack()
-    stack.enter_context(mesh_lib.use_abstract_mesh(mesh_lib.empty_abstract_mesh))
-    stack.enter_context(sharding_impls._internal_use_concrete_mesh(mesh_lib.empty_concrete_mesh))
-    stack.enter_context(jconfig._check_vma(False))
+    stack.enter_context(compat.use_abstract_mesh(compat.empty_abstract_mesh))
+    stack.enter_context(compat.use_concrete_mesh(compat.empty_concrete_mesh))
+    stack.enter_context(compat.check_vma(False))
     return stack
 
 
 @contextlib.contextmanager
 def target_context(target: Target):
-    """TPU kernels that query hardware info need an abstract TPU device to lower from CPU:
-    the device kind of the target's chip."""
+    """Lowering from this CPU host for a chip: an abstract device of the target's chip on a
+    one-device mesh with ``Auto`` axes. TPU kernels query hardware info from it; Pallas Triton
+    needs an abstract GPU device to lower without one (jax 0.11+). On cpu, nothing."""
     target = Target.of(target)
-    if not target.is_tpu:
+    if target.is_tpu:
+        device = jax.sharding.AbstractDevice(device_kind=target.chip.device_kind, num_cores=1,
+                                             platform="tpu")
+    elif target.is_gpu:
+        device = compat.gpu_abstract_device(target.chip.title)
+    else:
         yield
         return
-    ad = jax.sharding.AbstractDevice(device_kind=target.chip.device_kind, num_cores=1,
-                                     platform="tpu")
-    mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=ad)
-    with jax.sharding.use_abstract_mesh(mesh):
+    with compat.use_abstract_mesh(compat.abstract_mesh(device)), \
+            compat.quiet_triton_deprecation():
         yield
 
 
@@ -66,31 +68,27 @@ def _register_cpu_interpret_rule() -> None:
     if _CPU_RULE_REGISTERED:
         return
     from functools import partial
-    from jax._src.interpreters import mlir
-    from jax._src.pallas import hlo_interpreter
-    from jax._src.pallas import pallas_call as pc
+    pl = compat.pallas()
 
     def rule(ctx, *in_nodes, interpret, **params):
         if interpret is True:
             if params["jaxpr"].constvars:
                 raise ValueError("Cannot lower a pallas_call with constants.")
-            impl = _one_step_impl(**params) or partial(hlo_interpreter.pallas_call_hlo_interpret,
-                                                       **params)
-            return mlir.lower_fun(impl, multiple_results=True)(ctx, *in_nodes)
-        return pc._pallas_call_lowering(ctx, *in_nodes, interpret=interpret, **params)
+            impl = _one_step_impl(**params) or partial(pl.hlo_interpret, **params)
+            return compat.lower_fun(impl, multiple_results=True)(ctx, *in_nodes)
+        return pl.pallas_call_lowering(ctx, *in_nodes, interpret=interpret, **params)
 
-    mlir.register_lowering(pc.pallas_call_p, rule, platform="cpu")
+    compat.register_lowering(pl.pallas_call_p, rule, platform="cpu")
     _CPU_RULE_REGISTERED = True
 
 
 def _plain_dtypes(jaxpr) -> bool:
     """No extended dtype (PRNG keys, semaphores) anywhere in ``jaxpr``, its refs and sub-jaxprs:
     the kernel needs none of the interpreter's physical-type resolution."""
-    from jax._src import core as jax_core
-    from jax._src.state import types as state_types
+    abstract_ref = compat.pallas().AbstractRef
 
     def plain(aval) -> bool:
-        aval = aval.inner_aval if isinstance(aval, state_types.AbstractRef) else aval
+        aval = aval.inner_aval if isinstance(aval, abstract_ref) else aval
         dtype = getattr(aval, "dtype", None)
         return dtype is None or not jax.dtypes.issubdtype(dtype, jax.dtypes.extended)
 
@@ -99,8 +97,8 @@ def _plain_dtypes(jaxpr) -> bool:
     for eqn in jaxpr.eqns:
         if not all(plain(v.aval) for v in eqn.outvars):
             return False
-        if not all(_plain_dtypes(j.jaxpr if hasattr(j, "jaxpr") else j)
-                   for j in jax_core.jaxprs_in_params(eqn.params)):
+        if not all(_plain_dtypes(compat.jaxpr_body(j))
+                   for j in compat.jaxprs_in_params(eqn.params)):
             return False
     return True
 
@@ -108,9 +106,8 @@ def _plain_dtypes(jaxpr) -> bool:
 def _zero_at_first_step(index_map) -> bool:
     """Does ``index_map`` return block index 0 on every axis at program ids all 0? Proven
     without evaluating it: each output is the literal 0 or a program id itself."""
-    from jax._src import core as jax_core
     ids = set(index_map.invars)
-    return all((isinstance(v, jax_core.Literal) and v.val == 0) or v in ids
+    return all((isinstance(v, compat.Literal) and v.val == 0) or v in ids
                for v in index_map.outvars)
 
 
@@ -125,34 +122,29 @@ def _one_step_impl(*, jaxpr, grid_mapping, input_output_aliases, **_):
     evaluated once on the whole arrays: the same values (outputs start from the same
     ``uninitialized_value`` or their aliased input), at about a third of the lowering time,
     which is most of ``kernelize``'s share of a cold first call."""
-    from jax._src.pallas import core as pallas_core
-    from jax._src.pallas import primitives as pallas_primitives
-    from jax._src.pallas.hlo_interpreter import _initialize_output_vals
-    from jax._src import core as jax_core
-    from jax._src.state import discharge as state_discharge
-
+    pl = compat.pallas()
     gm = grid_mapping
     if (gm.num_dynamic_grid_bounds or gm.num_index_operands or gm.vmapped_dims
             or gm.local_grid_env is not None or any(int(g) != 1 for g in gm.grid)):
         return None
     for bm in gm.block_mappings:
-        if not (all(isinstance(b, pallas_core.Blocked) for b in bm.block_shape)
+        if not (all(isinstance(b, pl.Blocked) for b in bm.block_shape)
                 and tuple(b.block_size for b in bm.block_shape) == tuple(bm.array_aval.shape)
                 and _zero_at_first_step(bm.index_map_jaxpr.jaxpr)):
             return None
     if not _plain_dtypes(jaxpr):
         return None
     with gm.trace_env():
-        discharged = state_discharge.discharge_state(jax_core.ClosedJaxpr(jaxpr, ()))
+        discharged = pl.discharge_state(jaxpr)
     n_in, n_out = gm.num_inputs, gm.num_outputs
 
     def impl(*args):
-        outs = _initialize_output_vals(gm.block_mappings_output, args, input_output_aliases)
-        scratch = [pallas_primitives.uninitialized_value(a.shape, a.dtype)
+        outs = pl.initialize_output_vals(gm.block_mappings_output, args, input_output_aliases)
+        scratch = [pl.uninitialized_value(a.shape, a.dtype)
                    for a in gm.scratch_avals]
-        env = tuple(pallas_core.GridAxis(jax.numpy.int32(0), 1) for _ in gm.grid)
-        with pallas_core.grid_env(env):
-            res = jax_core.eval_jaxpr(discharged.jaxpr, discharged.consts, *args, *outs, *scratch)
+        env = tuple(pl.GridAxis(jax.numpy.int32(0), 1) for _ in gm.grid)
+        with pl.grid_env(env):
+            res = compat.eval_jaxpr(compat.jaxpr_body(discharged), compat.jaxpr_consts(discharged), *args, *outs, *scratch)
         return res[n_in:n_in + n_out]
 
     return impl

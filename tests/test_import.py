@@ -56,10 +56,8 @@ assert len(f.report(x).kernels) >= 1, "no kernel was built: the check would be e
 rtol, atol = tolerance(np.float32, "reassociate")
 np.testing.assert_allclose(np.asarray(y), np.asarray(jax.nn.softmax(x, axis=-1)), rtol=rtol, atol=atol)
 # (the small ``...interpret.params`` modules come with pallas itself and stay)
-print(sorted(m for m in sys.modules if m.startswith((
-      "jax._src.pallas.mosaic_gpu.interpret.interpret_pallas_call", "jax._src.pallas.mosaic_gpu.core",
-      "jax._src.pallas.mosaic.interpret.interpret_pallas_call", "jax.experimental.pallas.triton",
-      "jax.experimental.mosaic.gpu"))))
+from hlofuse.compat import GPU_TPU_INTERPRET_MODULES
+print(sorted(m for m in sys.modules if m.startswith(GPU_TPU_INTERPRET_MODULES)))
 """
 
 

@@ -297,7 +297,7 @@ def _lowering_rule_callback_primitive(direct: bool):
     checks do inside lineax's ``linear_solve``: its jaxpr shows no callback. ``direct``: the
     rule emits the callback itself (jax's ``emit_python_callback``), which no placeholder
     catches; else it lowers a ``pure_callback``."""
-    from jax._src import callback as jcb
+    from hlofuse import compat
     from jax.extend.core import Primitive
     from jax.interpreters import batching, mlir
 
@@ -312,7 +312,7 @@ def _lowering_rule_callback_primitive(direct: bool):
     p.def_impl(lambda x: x * 2)
     if direct:
         def rule(ctx, x):
-            out, _, _ = jcb.emit_python_callback(
+            out, _, _ = compat.host_callback_primitives().emit_python_callback(
                 ctx, lambda a: (host(a),), None, [x], ctx.avals_in, ctx.avals_out,
                 has_side_effect=False, returns_token=False)
             return out

@@ -23,6 +23,7 @@ import tomllib
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 LAYERS: dict[str, int] = {
+    "hlofuse.compat": 0,
     "hlofuse.report": 0, "hlofuse.chips": 0, "hlofuse.target": 0, "hlofuse.ir": 0,
     "hlofuse.hostcpu": 0,
     "hlofuse.ops": 0, "hlofuse.pipeline": 0,
@@ -160,3 +161,30 @@ def test_the_checker_sees_a_cycle_and_an_upward_import():
     g = {"a": {"b"}, "b": {"a"}, "c": set()}
     assert _cycles(g) == [["a", "b"]]
     assert layer_of("hlofuse.kernels.x") < layer_of("hlofuse.passes.y")
+
+
+def _private_jax() -> tuple[str, ...]:
+    from hlofuse.compat import PRIVATE_MODULES   # compat alone names them
+    return PRIVATE_MODULES
+
+
+def test_only_compat_touches_jax_internals():
+    """Issue 44: every use of JAX's internals goes through hlofuse/compat.py, the one module
+    that knows what differs per JAX release. Any other file in the repository (library,
+    bench, tests, CI scripts) that names one is a finding."""
+    bad = []
+    for top in ("hlofuse", "passes", "kernels", "bench", "tests", ".ci"):
+        for root, _, files in os.walk(os.path.join(REPO, top)):
+            for f in files:
+                path = os.path.join(root, f)
+                rel = os.path.relpath(path, REPO)
+                if not f.endswith((".py", ".sh")) and f != "run" or rel == "hlofuse/compat.py":
+                    continue
+                text = open(path, encoding="utf-8", errors="replace").read()
+                bad += [f"{rel}: {name}" for name in _private_jax() if name in text]
+    assert not bad, "JAX internals outside hlofuse/compat.py:\n" + "\n".join(bad)
+
+
+def test_compat_is_the_lowest_module():
+    """compat imports nothing of hlofuse: every layer may use it."""
+    assert _graph()["hlofuse.compat"] == set()

@@ -283,14 +283,14 @@ import os, sys
 import numpy as np
 import jax, jax.numpy as jnp
 import hlofuse
-from jax._src import config as jconfig
+from hlofuse import compat
 d = os.path.join(os.environ["HLOFUSE_CACHE_DIR"], "xla")
 def n():
     return len(os.listdir(d)) if os.path.isdir(d) else 0
 f = hlofuse.jit(lambda x: jnp.tanh(x) * 2.0 + 1.0, autotune="off")
 f(jnp.ones((4, 8), jnp.float32)).block_until_ready()
 after_call = n()
-restored = jconfig.persistent_cache_min_compile_time_secs.value
+restored = compat.persistent_cache_min_compile_time()
 (jnp.arange(7.0) * 3.0).block_until_ready()   # an eager op of the application: not cached
 print(after_call, n(), restored)
 """

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 import hlofuse
-from hlofuse import runtime
+from hlofuse import compat, runtime
 from hlofuse.testing import assert_same
 from hlofuse.tools import module_cache as mc
 
@@ -253,7 +253,7 @@ def test_calls_after_the_switch_take_jaxs_cpp_dispatch(monkeypatch):
     signature "fall back to Python" for good; the tiered call drops the mark, so after the
     switch a call costs what a jax.jit call costs (no Python dispatch: ~0.1 ms per call
     otherwise)."""
-    from jax._src import pjit
+    pjit = compat.python_dispatch()
     python_calls = []
     orig = pjit._run_python_pjit
 
@@ -286,8 +286,9 @@ def test_the_traced_function_is_traced_once_and_copied_not_evaluated(monkeypatch
 
     evaluated = []
     orig_eval = jax.core.eval_jaxpr
-    monkeypatch.setattr(runtime.jcore, "eval_jaxpr",
-                        lambda *a, **k: evaluated.append(1) or orig_eval(*a, **k))
+    spy = lambda *a, **k: evaluated.append(1) or orig_eval(*a, **k)  # noqa: E731
+    monkeypatch.setattr(compat, "eval_jaxpr", spy)          # hlofuse's own evaluations
+    monkeypatch.setattr(compat._core, "eval_jaxpr", spy)    # what jaxpr_as_fun evaluates with
     args = _args()
     want = jax.jit(model)(*args)
     f = hlofuse.jit(counted, tiered=True, autotune=False)

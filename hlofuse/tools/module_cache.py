@@ -48,6 +48,7 @@ import json
 import os
 import warnings
 
+from hlofuse import compat
 from hlofuse import hostcpu
 from hlofuse import ir as hir
 from hlofuse.report import PassRecord, Region, Report
@@ -265,15 +266,14 @@ def enable_xla_cache() -> str | None:
     if not enabled() or not env_on(XLA_ENV):
         return None
     import jax
-    from jax._src import compilation_cache as cc
     if jax.config.jax_compilation_cache_dir:
         return None
     path = os.path.join(os.path.dirname(directory()), "xla")
     jax.config.update("jax_compilation_cache_dir", path)
     if jax.config.jax_persistent_cache_min_compile_time_secs > XLA_MIN_COMPILE_S:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", XLA_MIN_COMPILE_S)
-    if getattr(cc, "_cache_checked", False) and not getattr(cc, "_cache_used", True):
-        cc.reset_cache()  # jax decided "no cache" at an earlier compile: decide again
+    if compat.compilation_cache_decided_off():
+        compat.reset_compilation_cache()  # jax decided "no cache" at an earlier compile: decide again
     _xla_cache_set = True
     return path
 
@@ -286,5 +286,4 @@ def cache_every_compile():
     when the cache in use is not hlofuse's own (an application's settings stay untouched)."""
     if not _xla_cache_set:
         return None
-    from jax._src import config as jconfig
-    return jconfig.persistent_cache_min_compile_time_secs(0.0)   # this thread only
+    return compat.persistent_cache_min_compile_time(0.0)   # this thread only
