@@ -201,3 +201,58 @@ def test_kernels_built_under_an_explicit_mesh_are_reused_in_a_shard_map_body():
     out = run_json_child(CHILD_REUSE, timeout=600)
     assert not out["outer"]["problems"] and not out["inner"]["problems"], out
     assert out["inner"]["kernels"] >= 1, out
+
+
+# What users on jax 0.12 write (issue 44 item 4), checked on both CI legs: reshard and auto_axes
+# inside the function, jax.jit's own error where it rejects a program, and jit(inline=jax.Inline.*)
+# where the release has it.
+CHILD_012 = textwrap.dedent('''
+    import json, os, sys
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    sys.path.insert(0, ROOT)
+    import numpy as np, jax, jax.numpy as jnp, hlofuse
+    from jax.sharding import NamedSharding, PartitionSpec as P, AxisType, reshard, auto_axes
+    from hlofuse.testing import compare
+    mesh = jax.make_mesh((2, 2), ("a", "b"), axis_types=(AxisType.Explicit,) * 2)
+    R = np.random.default_rng(0)
+    x = jax.device_put(R.standard_normal((8, 16)).astype(np.float32), NamedSharding(mesh, P("a")))
+    w = jax.device_put(R.standard_normal((16, 32)).astype(np.float32), NamedSharding(mesh, P(None, "b")))
+    y = jax.device_put(R.standard_normal((16, 8)).astype(np.float32), NamedSharding(mesh, P("a")))
+    fs = {"reshard": (lambda x, w: reshard(jax.nn.softmax(x @ w, axis=-1), P(None, "b")) * 2.0, (x, w)),
+          "auto_axes": (lambda x, w: auto_axes(lambda h: jnp.tanh(h) * 2, out_sharding=P("a", "b"))(x @ w), (x, w)),
+          "grad_reshard": (jax.grad(lambda w, x: jnp.sum(reshard(jnp.tanh(x @ w), P("a", "b")) ** 2)), (w, x))}
+    out = {}
+    with jax.set_mesh(mesh):
+        for n, (f, args) in fs.items():
+            a = jax.jit(f)(*args)
+            b = hlofuse.jit(f, tiered=False, autotune=False)(*args)
+            out[n] = {"problems": compare(b, a, "grad"), "jax": str(a.sharding.spec),
+                      "hlofuse": str(b.sharding.spec)}
+        errors = []
+        for j in (jax.jit, lambda f: hlofuse.jit(f, tiered=False, autotune=False)):
+            try:
+                j(lambda x, y: x + y.T)(x, y)
+                errors.append(None)
+            except Exception as e:  # noqa: BLE001 - the error itself is what is compared
+                errors.append([type(e).__name__, str(e).splitlines()[0]])
+        out["rejected"] = errors
+    inline = []
+    for v in list(getattr(jax, "Inline", [])):
+        a = jax.jit(lambda x: jnp.tanh(x) * 2, inline=v)(jnp.ones(4))
+        b = hlofuse.jit(lambda x: jnp.tanh(x) * 2, inline=v, tiered=False, autotune=False)(jnp.ones(4))
+        inline.append(compare(b, a, "reassociate"))
+    out["inline"] = {"n": len(inline), "problems": [p for p in inline if p]}
+    print(json.dumps(out))
+''').replace("ROOT", repr(ROOT))
+
+
+def test_what_users_write_on_jax_012_runs_as_under_jax_jit():
+    import jax
+    out = run_json_child(CHILD_012, timeout=600)
+    for name in ("reshard", "auto_axes", "grad_reshard"):
+        o = out[name]
+        assert not o["problems"] and o["jax"] == o["hlofuse"], (name, o)
+    jax_err, ours = out["rejected"]
+    assert jax_err is not None and ours == jax_err, out["rejected"]   # the same error, as raised
+    assert out["inline"]["n"] == (5 if hasattr(jax, "Inline") else 0), out["inline"]
+    assert not out["inline"]["problems"], out["inline"]

@@ -82,9 +82,12 @@ def f(x, b):
                           out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)), interpret=True)(x, b)
 avals = (jax.ShapeDtypeStruct((16, 128), jnp.float32), jax.ShapeDtypeStruct((16, 128), jnp.bool_))
 lower = lambda: jax.jit(f).trace(*avals).lower(lowering_platforms=("cpu",)).as_text(debug_info=True)
-theirs = lower()                        # jax's own pallas_call rule
-lowering._register_cpu_interpret_rule()
-ours = lower()
+texts = []
+for ours in (False, True):   # one call site: jax 0.12 records it in the locations
+    if ours:
+        lowering._register_cpu_interpret_rule()
+    texts.append(lower())               # first jax's own pallas_call rule, then hlofuse's
+theirs, ours = texts
 assert "while" in ours, "the grid loop is missing: not an interpret lowering"
 print(ours == theirs)
 """

@@ -200,8 +200,20 @@ def _flatbuffer_header(data: bytes) -> bool:
     import struct
     if len(data) < 8 or data.startswith(hir.MAGIC_BYTECODE):
         return False
-    root, vtable_size = struct.unpack_from("<IH", data, 0)
-    return root % 4 == 0 and 8 <= root <= 4096 and vtable_size % 2 == 0 and 4 <= vtable_size < 256
+    root = struct.unpack_from("<I", data, 0)[0]
+    if not (root % 4 == 0 and 8 <= root <= 4096):
+        return False
+
+    def vtable_at(pos: int) -> bool:
+        if not 4 <= pos <= len(data) - 4 or pos % 2:
+            return False
+        size, table = struct.unpack_from("<HH", data, pos)
+        return size % 2 == 0 and 4 <= size < 256 and 4 <= table < 65536
+    if len(data) >= root + 4:   # the root table's signed offset names its vtable
+        return vtable_at(root - struct.unpack_from("<i", data, root)[0])
+    # cut before the root table: the vtable follows the root offset, after alignment padding
+    # (jax 0.10.2 writes none, 0.12 two bytes)
+    return vtable_at(4) or vtable_at(6)
 
 
 def _exported_error(data: bytes) -> str:

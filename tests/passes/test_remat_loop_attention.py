@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 import hlofuse
 from hlofuse import ir as hir
-from hlofuse.testing import assert_same
+from hlofuse.testing import assert_same, tolerance
 
 B, S, H, D = 2, 32, 4, 8
 W = H * D
@@ -80,7 +80,22 @@ def test_scanned_attention_without_remat_gets_its_kernels(kind, dtype):
     assert stats["regions"] == 1 and stats["recomputed"] >= 3, stats
     assert _attention_kernels(report) == ["attention", "attention_bwd", "attention_fwd_lse"], \
         (report.notes, _attention_kernels(report))
-    assert_same(g(*args), jax.jit(step)(*args), "grad")
+    got, plain = g(*args), jax.jit(step)(*args)
+    if dtype == jnp.float32:
+        assert_same(got, plain, "grad")
+        return
+    # bf16: both against the same step in f32 (the numbers bf16 approximates). jax 0.12's own
+    # bf16 gradient here is 3x farther from them than 0.10.2's (max 0.217 vs 0.068), so a
+    # comparison with jax.jit of the leg would measure jax's error; hlofuse's kernels compute
+    # in f32 and must be no farther than jax.jit, and within the bf16 gradient tolerance
+    step32, _ = scanned_step(kind, jnp.float32)
+    exact = jax.jit(step32)(*[a.astype(jnp.float32) for a in args])
+    rtol, atol = tolerance(jnp.bfloat16, "grad")
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(exact)):
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b), rtol=rtol, atol=atol)
+    err = lambda out: max(float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))  # noqa: E731
+                          for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(exact)))
+    assert err(got) <= err(plain) * 1.05 + 1e-3, (err(got), err(plain))
 
 
 def test_the_saved_probabilities_are_no_longer_stored():
