@@ -695,3 +695,30 @@ def test_a_function_with_side_effects_is_never_timed(cache_dir, fake_measure):
     h(x, w)
     h(x, w)
     assert len(fake_measure) == 1
+
+
+class _HeavySlowCompile(_Footprint):
+    """A variant with large temporaries whose compile takes ``compile_s``."""
+
+    def __init__(self, name, temp_mib, ms, compile_s):
+        super().__init__(name, temp_mib, ms)
+        self.compile_s = compile_s
+
+    def compile(self):
+        time.sleep(self.compile_s)
+        return self
+
+
+def test_a_heavy_variant_dropped_for_budget_is_not_timed():
+    """Issue 47: a variant compiled but dropped from the rounds (the budget) stayed among the
+    variants with large temporaries, and timing it on its own raised ``KeyError`` from inside
+    a user's call (seen: ``KeyError: 'xla:c7a2c64c9e22'`` in a training step on a loaded
+    machine). Only variants still measured are timed on their own."""
+    progs = {"{}": _HeavySlowCompile("d", 10, 50, 0.0),
+             "{'opt': '1'}": _HeavySlowCompile("l", 10, 50, 0.0),
+             "{'opt': '2'}": _HeavySlowCompile("h", 1024, 50, 0.45)}
+    make = at.factory(lambda opts: progs[str(dict(opts))])
+    variants = {"default": {}, "light": {"opt": "1"}, "heavy": {"opt": "2"}}
+    m = at.measure(make, (), variants, budget_s=1.0, default_s=0.05)
+    assert "heavy" in m.unmeasured and "heavy" not in m.ratios, m
+    assert sorted(m.ratios) == ["default", "light"], m

@@ -884,7 +884,9 @@ def measure(make: Callable, args: Sequence, variants: dict[str, dict], *,
         return Measurement({"default": 1.0}, [], t_def, 0, dup,
                            "no variant computes the default's results within tolerance",
                            unmeasured=unmeasured, differs=differs)
-    heavy = _heavy(temps)
+    # only what is still a candidate: a variant dropped above (budget, differing results) keeps
+    # its temporaries in ``temps`` but has no program to time any more
+    heavy = [n for n in _heavy(temps) if n in fns]
     names = [n for n in fns if n not in heavy]
     times: dict[str, list[float]] = {n: [] for n in names}
     n_rounds = 0
