@@ -302,3 +302,24 @@ def test_sharded_programs_compile_per_shard_with_no_extra_collectives(chip, devi
     for name in ("tp_block", "mesh_2d"):   # attention and both layernorms run per shard
         kinds = out[name]["per_shard"]
         assert kinds.count("attention") == 1 and kinds.count("reduction") == 2, (chip, name, kinds)
+
+
+def test_compilers_that_do_not_match_the_installed_jax_are_named(monkeypatch):
+    """Issue 44: the aot extra's compilers must match the jax installed (jax's own tpu/cuda12
+    extras pin them). A libtpu or CUDA plugin of another jax release is refused by name, with
+    the version this jax needs, read from jax's metadata: no table here follows releases."""
+    import importlib.metadata as md
+    import importlib.util
+    reqs = ['libtpu==0.0.50.*; extra == "tpu"',
+            'jax-cuda12-plugin[with-cuda]<=0.12.0.1,>=0.12.0.1; extra == "cuda12"']
+    installed = {"jax": "0.12.0.1", "libtpu": "0.0.42.1", "jax-cuda12-plugin": "0.12.0.1"}
+    monkeypatch.setattr(md, "requires", lambda name: reqs if name == "jax" else [])
+    monkeypatch.setattr(md, "version", lambda name: installed[name])
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(aot, "_ptxas", lambda: "/usr/bin/ptxas")
+    why = aot.missing_packages("v5e")
+    assert why is not None and "libtpu 0.0.42.1 is installed" in why and "libtpu==0.0.50.*" in why
+    assert aot.missing_packages("h100") is None          # the plugin matches
+    installed["jax-cuda12-plugin"] = "0.10.2"
+    assert "jax-cuda12-plugin 0.10.2 is installed" in aot.missing_packages("h100")
+    assert aot._satisfies("0.0.50.1", "==0.0.50.*") and not aot._satisfies("0.0.5", "==0.0.50.*")
