@@ -160,3 +160,26 @@ def test_xla_module_decision_is_known_to_run_jax_executable(tmp_path, monkeypatc
     r = {"name": "tiny", "latency": {"median_ratio": 1.03}, "same_optimized_hlo": True}
     assert cli._status(r, "cpu") == "same program (noise)"
     assert cli._status(dict(r, same_optimized_hlo=False), "cpu") == "SLOWER"
+
+
+def test_legs_flags_a_worse_ratio_and_a_model_correct_in_one_run_only(tmp_path, capsys):
+    """bench.legs: two releases' runs side by side (issue 44); a ratio more than 3% worse on
+    the newer one and a model correct in one run only are flagged, --strict exits 1 then."""
+    import json
+    from bench import legs
+
+    def run(path, jax_version, rows):
+        results = [{"name": n, "latency": {"median_ratio": r}, "correct": c} for n, r, c in rows]
+        path.write_text(json.dumps({"meta": {"versions": {"jax": jax_version, "python": "3.13.0"}},
+                                    "results": results}))
+        return str(path)
+    old = run(tmp_path / "old.json", "0.10.2", [("a", 0.50, True), ("b", 1.00, True), ("c", 0.8, True)])
+    new = run(tmp_path / "new.json", "0.12.0.1", [("a", 0.60, True), ("b", 1.01, True), ("c", 0.8, False)])
+    text, flagged = legs.compare(old, new)
+    lines = {line.split()[0]: line for line in text.splitlines()[1:-1]}
+    assert "worse" in lines["a"] and "1.200" in lines["a"]
+    assert "worse" not in lines["b"] and "one run only" not in lines["b"]
+    assert "correct in one run only" in lines["c"] and "yes/NO" in lines["c"]
+    assert flagged == 2 and "jax 0.10.2" in text and "jax 0.12.0.1" in text
+    assert legs.main([old, new]) == 0 and legs.main([old, new, "--strict"]) == 1
+    capsys.readouterr()
