@@ -120,8 +120,10 @@ def test_jaxpr_copy():
     copied = jax.make_jaxpr(lambda x: runtime.run_jaxpr(closed, (x,)))(x)
     assert ([e.primitive for e in compat.jaxpr_body(copied).eqns]
             == [e.primitive for e in compat.jaxpr_body(closed).eqns])
-    assert isinstance(compat.current_source_info().name_stack, object)
-    assert compat.DynamicJaxprTrace is not None and compat.DynamicJaxprTracer is not None
+    inside = []
+    jax.make_jaxpr(lambda x: inside.append(isinstance(compat.current_trace(),
+                                                      compat.DynamicJaxprTrace)) or x)(1.0)
+    assert inside == [True] and compat.current_source_info() is not None
 
 
 @entry("trace_context")
@@ -165,12 +167,10 @@ def test_ir_context():
 @entry("lowering_rules")
 def test_lowering_rules():
     p = compat.host_callback_primitives()
-    mod = jax.jit(lambda x: x).lower(1.0).compiler_ir()   # any module context will not do:
-    assert callable(compat.custom_call) and callable(compat.lower_fun)     # use the registry
+    assert callable(compat.custom_call) and callable(compat.lower_fun)
     with pytest.raises(NotImplementedError, match="no lowering"):
         compat.lowering_rule(_FakeModuleContext(), jax.extend.core.Primitive("nothing"), "cpu")
     assert callable(compat.lowering_rule(_FakeModuleContext(), p.pure_callback_p, "cpu"))
-    assert mod is not None
     # and the behaviour that rests on it: a host callback round-trips through hlofuse.jit
     calls = []
 
