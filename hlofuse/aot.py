@@ -175,17 +175,17 @@ def _mismatched_companion(dist: str) -> str | None:
 def _satisfies(version: str, spec: str) -> bool:
     """``version`` against a requirement's comma-separated ``==``, ``<=``, ``>=`` clauses (the
     forms jax's metadata uses; ``==X.*`` as a prefix)."""
-    def key(v: str) -> tuple:
-        return tuple(int(p) for p in re.findall(r"\d+", v))
+    import operator
+    ops = {"==": operator.eq, "<=": operator.le, ">=": operator.ge, "<": operator.lt,
+           ">": operator.gt, "!=": operator.ne, None: operator.eq}
+    have = compat.version_tuple(version)
     for clause in (c.strip() for c in spec.split(",") if c.strip()):
         op, v = re.match(r"(==|<=|>=|<|>|!=)?\s*(.*)", clause).groups()
         if op == "==" and v.endswith(".*"):
-            if key(version)[:len(key(v[:-2]))] != key(v[:-2]):
+            prefix = compat.version_tuple(v[:-2])
+            if have[:len(prefix)] != prefix:
                 return False
-        elif not {"==": key(version) == key(v), "<=": key(version) <= key(v),
-                  ">=": key(version) >= key(v), "<": key(version) < key(v),
-                  ">": key(version) > key(v), "!=": key(version) != key(v),
-                  None: key(version) == key(v)}[op]:
+        elif not ops[op](have, compat.version_tuple(v)):
             return False
     return True
 

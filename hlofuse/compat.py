@@ -71,7 +71,7 @@ from jax._src.interpreters import mlir as _mlir
 from jax._src.interpreters import partial_eval as _pe
 
 __all__ = [
-    "JAX_VERSION", "JAXLIB_VERSION", "ENTRIES", "PRIVATE_MODULES",
+    "JAX_VERSION", "JAXLIB_VERSION", "ENTRIES", "PRIVATE_MODULES", "version_tuple",
     # jaxpr_types / jaxpr_eval / convert_constvars
     "Jaxpr", "ClosedJaxpr", "Literal", "Tracer", "is_jaxpr", "is_closed_jaxpr", "jaxpr_consts",
     "jaxpr_body", "close_jaxpr", "eval_jaxpr", "jaxpr_as_fun", "subjaxprs", "jaxprs_in_params",
@@ -103,12 +103,13 @@ __all__ = [
 PRIVATE_MODULES: tuple[str, ...] = ("jax._src", "jaxlib.mlir._mlir_libs", "_jax_mlir_ext")
 
 
-def _version(text: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in re.findall(r"\d+", text)[:4])
+def version_tuple(text: str) -> tuple[int, ...]:
+    """The numbers of a release string, in order: ``"0.12.0.1"`` -> ``(0, 12, 0, 1)``."""
+    return tuple(int(p) for p in re.findall(r"\d+", text))
 
 
-JAX_VERSION: tuple[int, ...] = _version(jax.__version__)
-JAXLIB_VERSION: tuple[int, ...] = _version(__import__("jaxlib").__version__)
+JAX_VERSION: tuple[int, ...] = version_tuple(jax.__version__)
+JAXLIB_VERSION: tuple[int, ...] = version_tuple(__import__("jaxlib").__version__)
 
 #: the entries of the table above, in its order (tests/test_compat.py has one test each)
 ENTRIES: tuple[str, ...] = (
