@@ -22,5 +22,6 @@ from hlofuse.pipeline import PassFailure as PassFailure
 from hlofuse.report import Report as Report
 from hlofuse.ir import IRError as IRError
 from hlofuse.report import HlofuseWarning as HlofuseWarning
+from hlofuse.memory import MemoryLimitError as MemoryLimitError
 
 __version__ = "0.1.0"

@@ -26,6 +26,10 @@ class Optimized:
     # hash of the module before cached measured decisions sent some regions back to XLA
     # (hlofuse.jit keys its module decisions by it); None: no decision was applied
     base_hash: str | None = None
+    # on gpu/tpu under hlofuse.jit: the module with every kernel built, when unmeasured ones
+    # are held back as XLA's code here (runtime.hold_back_unmeasured), and their hashes
+    full: "Optimized | None" = None
+    unmeasured: frozenset = frozenset()
 
     @property
     def text(self) -> str:

@@ -60,6 +60,7 @@ class Chip:
     flops_per_s_lowp: float       # bf16/f16 (tensor cores / MXU)
     launch_s: float
     on_chip_bytes: int            # fast memory one kernel instance may use without opting in
+    hbm_capacity_bytes: int = 0   # device memory of one device (GPU; TPU chip or megacore)
     # gpu
     compute_capability: tuple = ()
     smem_per_block: int = 0       # shared memory one block may use (opt-in maximum)
@@ -138,7 +139,8 @@ def _gpu_chip(name: str) -> Chip:
     title = parse_textproto(text).get("device_description_str", name)
     smem = info.get("shared_memory_per_block_optin", info["shared_memory_per_block"])
     return Chip(name, "gpu", title, float(info["memory_bandwidth"]), fp32, _GPU[name][1],
-                _GPU_LAUNCH_S, smem, compute_capability=(cc.get("major", 0), cc.get("minor", 0)),
+                _GPU_LAUNCH_S, smem, hbm_capacity_bytes=int(info.get("device_memory_size", 0)),
+                compute_capability=(cc.get("major", 0), cc.get("minor", 0)),
                 smem_per_block=smem, registers_per_block=info["registers_per_block_limit"],
                 threads_per_block=info["threads_per_block_limit"],
                 warp_size=info["threads_per_warp"], target_config=text)
@@ -156,6 +158,7 @@ def _tpu_chip(name: str) -> Chip:
     int8 = pltpu.TpuInfo.is_matmul_supported(ti, "int8", "int8")
     return Chip(name, "tpu", kind, float(ti.mem_bw_bytes_per_second) * cores, bf16 / 3, bf16,
                 _TPU_LAUNCH_S, scoped, generation=ti.generation, topology=topology,
+                hbm_capacity_bytes=int(getattr(ti, "hbm_capacity_bytes", 0) or 0) * cores,
                 device_kind=kind, vmem_capacity_bytes=ti.vmem_capacity_bytes,
                 scoped_vmem_bytes=scoped, lanes=ti.num_lanes, sublanes=ti.num_sublanes,
                 mxu=ti.mxu_column_size, int8_matmul=bool(int8))

@@ -42,6 +42,7 @@ from jax import tree_util
 
 from hlofuse import compat
 from hlofuse import ir as hir
+from hlofuse import memory
 from hlofuse.passes import graph_util as gu
 from hlofuse.passes.buffer_aliasing import memory_plan
 from hlofuse.report import HlofuseWarning, Report
@@ -321,6 +322,10 @@ class _Tuning:
     tier_started: float = 0.0
     tier_s: float | None = None       # seconds from the first call to hlofuse's code ready
     tier_error: str | None = None
+    # memory_limit: the report's sentence once planned, and whether XLA's own module is over
+    # the limit (tuning must then not choose it)
+    memory: str | None = None
+    plain_over_limit: bool = False
 
 
 def _typed_shardings(leaves, dyn) -> list | None:
@@ -337,7 +342,8 @@ class HlofuseFunction:
     """The callable returned by :func:`jit`."""
 
     def __init__(self, fun: Callable, *, target, pipeline, disable, check, options, dump_dir,
-                 autotune=None, freeze_argnums=(), tiered=None, **jit_kwargs):
+                 autotune=None, freeze_argnums=(), tiered=None, memory_limit=None,
+                 **jit_kwargs):
         functools.update_wrapper(self, fun)
         self._fun = fun
         self._target = None if target is None else Target.of(target)
@@ -382,6 +388,13 @@ class HlofuseFunction:
         self._fast_fn = None   # the one jit object they all run (None: self._jit)
         self._tiered = tiered
         self._plain = None     # jax.jit of the traced jaxpr inlined (tiered first calls)
+        self._memory_limit = memory_limit
+        if memory_limit is not None:   # checked now: a typo fails here, not at the first call
+            memory.resolve_limit(memory_limit, self._target or Target.of(None))
+            # the plan is chosen before a signature's first call runs anything (a tiered first
+            # call would run XLA's module, which may be the plan over the limit)
+            self._tiered = False
+            self._fast = False
 
     # -- configuration ---------------------------------------------------------------------
     def _check_argnums(self, sig, static_argnums: tuple, donate_argnums: tuple) -> None:
@@ -436,18 +449,21 @@ class HlofuseFunction:
         return at.mode(self._autotune, jax.default_backend())
 
     # -- the traced function (runs once per signature, inside jax.jit's tracing) -------------
-    def _traced_fn(self, xla: frozenset = frozenset(), plain: bool = False) -> Callable:
+    def _traced_fn(self, xla: frozenset = frozenset(), plain: bool = False,
+                   full: bool = False) -> Callable:
         """A plain function with the user's name and signature (jax.jit reads both) that
         runs :meth:`_traced` (``xla``: region hashes run without their kernels; ``plain``:
-        the traced function inlined, no hlofuse module: what jax.jit compiles)."""
+        the traced function inlined, no hlofuse module: what jax.jit compiles; ``full``: from
+        the module with every kernel built, :meth:`Program.with_xla`)."""
         def traced(*args, **kwargs):
-            return self._traced(*args, _xla=xla, _plain=plain, **kwargs)
+            return self._traced(*args, _xla=xla, _plain=plain, _full=full, **kwargs)
         try:
             return functools.wraps(self._fun)(traced)
         except Exception:  # noqa: BLE001 - odd callables without __name__ etc.
             return traced
 
-    def _traced(self, *args, _xla: frozenset = frozenset(), _plain: bool = False, **kwargs):
+    def _traced(self, *args, _xla: frozenset = frozenset(), _plain: bool = False,
+                _full: bool = False, **kwargs):
         leaves, in_tree = tree_util.tree_flatten((args, kwargs))
         dyn = [isinstance(x, compat.Tracer) for x in leaves]
         static = tuple(_static_key(x) for x, d in zip(leaves, dyn) if not d)
@@ -484,7 +500,8 @@ class HlofuseFunction:
         concrete = getattr(_CALL, "args", None)
         if getattr(_CALL, "tier", False):
             _CALL.tier = False   # asked once per call: nested and later traces build in place
-            if not _xla and shardings is None and self._should_tier(program, sig, concrete):
+            if not _xla and not _full and shardings is None and \
+                    self._should_tier(program, sig, concrete):
                 raise _Tier()
         if concrete is not None and "xla_cache" not in _CALL.__dict__:
             # this call compiles the new signature next: a second process finds it in jax's
@@ -496,7 +513,7 @@ class HlofuseFunction:
         if shardings is None and xs and concrete is not None and not any(
                 isinstance(x, compat.Tracer) for x in tree_util.tree_leaves(concrete)):
             xs = _on_inner_mesh(program, xs)   # a top-level call with uncommitted inputs
-        out = call(program.with_xla(_xla), xs)
+        out = call(program.with_xla(_xla, _full), xs)
         return program.unflatten_out(sig, out)
 
     def _should_tier(self, program: Program, sig, concrete) -> bool:
@@ -616,6 +633,8 @@ class HlofuseFunction:
         _CALL.args = (args, kwargs)  # read only when this call traces (argument shardings)
         _CALL.tier = True
         try:
+            if self._memory_limit is not None:
+                self._plan_memory(args, kwargs)
             if self._fast:
                 fn = self._fast_fn
                 # a decided variant is for top-level calls: under a transformation (tracers)
@@ -766,6 +785,47 @@ class HlofuseFunction:
             return {"state": None, "seconds": None, "error": None}
         return {"state": st.tier, "seconds": st.tier_s, "error": st.tier_error}
 
+    def _plan_memory(self, args, kwargs) -> None:
+        """``memory_limit``: before a signature's first call, compile hlofuse's program and
+        XLA's own module for it, and run the one with the fewest flops that fits
+        (:func:`hlofuse.memory.choose`; raises :class:`hlofuse.memory.MemoryLimitError` when
+        none does). Top-level calls only (under a transformation the outer program decides)."""
+        key = self._call_key(args, kwargs)
+        if key is None:
+            return
+        st = self._tuning.get(key)
+        if st is not None and st.memory is not None:
+            return
+        with self._lock:
+            st = self._tuning.setdefault(key, _Tuning())
+            if st.memory is not None:
+                return
+            specs = self._specs(args, kwargs)   # compiling must not consume donated arguments
+            if specs is None:
+                return
+            sargs, skw = specs
+            tier, _CALL.tier = _CALL.tier, False
+            try:
+                lowered = self.lower(*sargs, **skw)
+                plans = {"hlofuse's program": memory.figures(lowered.compile()),
+                         "XLA's own module": memory.figures(
+                             self._plain_jit().lower(*sargs, **skw).compile())}
+            finally:
+                _CALL.tier = tier
+            entry = lowered._entry
+            target = entry.target if entry is not None else Target.of(None)
+            limit = memory.resolve_limit(self._memory_limit, target, jax.devices()[0])
+            pick, note = memory.choose(
+                plans, limit, name=self._name,
+                module=entry.optimized.module if entry is not None else None)
+            st.memory = note
+            st.plain_over_limit = plans["XLA's own module"].peak > limit
+            if entry is not None:
+                entry.report.note(note)
+            if pick == "XLA's own module" and entry is not None:
+                self._decide(st, at.Decision(at.XLA_MODULE, {}, {}, reason=note),
+                             cached=False, record=False)
+
     def _tuned_call(self, args, kwargs, done=None):
         """A call while some signature's options are undecided or not XLA's defaults.
         ``done``: the output when the fast path already ran this (first) call."""
@@ -897,7 +957,9 @@ class HlofuseFunction:
         # second: when the budget allows few variants, this comparison is the one kept
         out[at.XLA_MODULE] = at.Variant(plain=True)
         out.update((n, at.Variant.of(o)) for n, o in opts.items() if n != "default")
-        out.update(at.region_variants(entry.report.kernels))
+        # regions held back unmeasured (gpu/tpu) are timed too: from the module with every
+        # kernel (``default`` is then that module; see _tune)
+        out.update(at.region_variants(_measured_form(entry).report.kernels))
         return out
 
     def _region_info(self, entry, variants: dict) -> dict:
@@ -905,7 +967,7 @@ class HlofuseFunction:
         from hlofuse.passes.fusion import cost as cost_model
         from hlofuse.runtime import learned_for
         info = {}
-        by_hash = {r.extra.get("region_hash"): r for r in entry.report.kernels}
+        by_hash = {r.extra.get("region_hash"): r for r in _measured_form(entry).report.kernels}
         with cost_model.learned_model(entry.target.kind, learned_for(entry.target)):
             for n, v in variants.items():
                 if not n.startswith(at.REGION_PREFIX):
@@ -922,9 +984,14 @@ class HlofuseFunction:
         variants = self._candidates(st.entry)
         regions = self._region_info(st.entry, variants)
 
+        # with kernels held back unmeasured, every variant (``default`` too) starts from the
+        # module with all kernels built, so each held-back kernel is timed against XLA's code
+        full = st.entry.optimized.full is not None
+
         def make(spec):
             v = at.Variant.of(spec)
-            return self._variant_jit(v.options_dict, donate=False, xla=v.xla, plain=v.plain)
+            return self._variant_jit(v.options_dict, donate=False, xla=v.xla, plain=v.plain,
+                                     full=full and not v.plain)
 
         if tune_kw:  # offline tuning (HlofuseFunction.tune): the call itself is not needed
             d = at.tune(make, args, kwargs, variants, name=self._name, key=st.key,
@@ -953,13 +1020,16 @@ class HlofuseFunction:
         return out
 
     def _decide(self, st: _Tuning, d: at.Decision, *, cached: bool, record: bool = True):
+        if d.xla_module and st.plain_over_limit:
+            d = dataclasses.replace(d, variant="default", reason=(
+                f"{d.reason}; not XLA's own module: {st.memory}"))
         if d.xla_module:   # hlofuse's program was not measurably faster than jax.jit's
             st.fn = self._variant_jit({}, donate=True, plain=True)
         else:
             options = at.options_of(d)
-            xla = self._xla_to_apply(st.entry, d)
-            if options or xla:
-                st.fn = self._variant_jit(options, donate=True, xla=xla)
+            xla, full = self._xla_to_apply(st.entry, d)
+            if options or xla or full:
+                st.fn = self._variant_jit(options, donate=True, xla=xla, full=full)
         st.decision = d
         st.cached = cached
         if record and st.entry is not None:
@@ -967,24 +1037,32 @@ class HlofuseFunction:
         self._maybe_fast()
 
     @staticmethod
-    def _xla_to_apply(entry, d: at.Decision) -> frozenset:
-        """The decision's XLA regions that still have a kernel in ``entry``'s module."""
+    def _xla_to_apply(entry, d: at.Decision) -> tuple[frozenset, bool]:
+        """``(hashes, full)``: the regions that run as XLA's code under decision ``d``, and
+        whether they are counted from the module with every kernel built (``full``: some
+        kernel held back unmeasured was measured to win and runs). Without ``full``: the
+        decision's XLA regions that still have a kernel in ``entry``'s module."""
         if entry is None or not d.regions:
-            return frozenset()
-        present = {r.extra.get("region_hash") for r in entry.report.kernels}
-        return frozenset(d.xla_regions & present)
+            return frozenset(), False
+        opt = entry.optimized
+        present = {r.extra.get("region_hash") for r in _measured_form(entry).report.kernels}
+        xla = frozenset(d.xla_regions & present)
+        won = {h for h, c in d.regions.items() if c.get("choice") == "kernel"} & opt.unmeasured
+        if not won:   # every held-back kernel stays held back: the module as built, minus xla
+            return xla - opt.unmeasured, False
+        return xla | (opt.unmeasured - won), True
 
     def _variant_jit(self, options: dict, donate: bool, xla: frozenset = frozenset(),
-                     plain: bool = False):
+                     plain: bool = False, full: bool = False):
         """The ``jax.jit`` of this function with extra compiler ``options`` and the regions
         ``xla`` (hashes) run without their kernels (one object per variant, so the executables
         compiled while measuring are the ones calls reuse). ``donate=False``: without the
         donation (measurements must not consume arguments). ``plain``: XLA's own module for
         the function (what ``jax.jit`` runs; the tiered first call's executable)."""
-        if not options and not xla and (donate or not self._donating):
+        if not options and not xla and not full and (donate or not self._donating):
             return self._plain_jit() if plain else self._jit
         key = (tuple(sorted(options.items())), donate and self._donating,
-               frozenset() if plain else frozenset(xla), plain)
+               frozenset() if plain else frozenset(xla), plain, full and not plain)
         fn = self._variants.get(key)
         if fn is None:
             kw = dict(self._jit_kwargs)
@@ -993,7 +1071,8 @@ class HlofuseFunction:
                 kw.pop("donate_argnames", None)
             if options:
                 kw["compiler_options"] = dict(kw.get("compiler_options") or {}, **options)
-            traced = self._traced_fn(plain=True) if plain else self._traced_fn(frozenset(xla))
+            traced = self._traced_fn(plain=True) if plain else \
+                self._traced_fn(frozenset(xla), full=full)
             fn = self._variants.setdefault(key, jax.jit(traced, **kw))
         return fn
 
@@ -1023,9 +1102,10 @@ class HlofuseFunction:
             program, sig = calls[0]
             entry = program.entry(sig, program.target_for(platform))
             st = self._tuning.get(self._call_key(args, kwargs))
-            xla = self._xla_to_apply(entry, st.decision) if st and st.decision else frozenset()
-            if xla:  # what calls run: the regions measured slower as kernels are XLA's code
-                entry = program.with_xla(xla).entry(sig, program.target_for(platform))
+            xla, full = self._xla_to_apply(entry, st.decision) if st and st.decision \
+                else (frozenset(), False)
+            if xla or full:  # what calls run: regions measured slower as kernels are XLA's
+                entry = program.with_xla(xla, full).entry(sig, program.target_for(platform))
                 report_decision(entry.report, st.decision, st.cached)
         else:
             report = Report(target=(self._target or Target.of(None)).kind, source=self._name)
@@ -1196,6 +1276,12 @@ def _not_timed(traced, entry) -> bool:
     return True
 
 
+def _measured_form(entry):
+    """The optimized module tuning measures: with every kernel built (``Optimized.full``)
+    where unmeasured ones are held back, else the module as built."""
+    return entry.optimized.full or entry.optimized
+
+
 def report_decision(report, d: at.Decision, cached: bool) -> None:
     """Put a measured decision into a report: the options note, and per region the outcome
     with the measured kernel/XLA ratio (and the cost model's prediction) in
@@ -1247,7 +1333,8 @@ def _report_compiled_aliases(report, entry, aliases: dict[int, int]) -> None:
 def jit(fun: Callable | None = None, *, target: str | None = None, pipeline=None,
         disable: Sequence[str] = (), check: bool = False, options: dict | None = None,
         dump_dir: str | None = None, autotune: bool | str | None = None,
-        freeze_argnums: int | Sequence[int] = (), tiered: bool | None = None, **jit_kwargs):
+        freeze_argnums: int | Sequence[int] = (), tiered: bool | None = None,
+        memory_limit: int | str | None = None, **jit_kwargs):
     """Like ``jax.jit``, with hlofuse's StableHLO optimization between tracing and XLA.
 
     Args:
@@ -1275,21 +1362,29 @@ def jit(fun: Callable | None = None, *, target: str | None = None, pipeline=None
       autotune: measure XLA compiler-option variants for each signature on its second call
         and keep one only when it beats XLA's defaults (see :mod:`hlofuse.tools.autotune` and the
         README). True/'on', False/'off', 'cached' (use decisions on disk, never measure), or
-        None: ``$HLOFUSE_AUTOTUNE``, else on for CPU and off elsewhere.
+        None: ``$HLOFUSE_AUTOTUNE``, else on (every platform; on gpu/tpu, until measured,
+        only the kernels XLA cannot match run: :mod:`hlofuse.passes.kernelize`).
       tiered: the first call of a signature whose optimized module is not cached runs XLA's
         code for the function (about jax.jit's first-call time) while hlofuse builds its
         module in a background thread; later calls switch to it when it is ready
         (:meth:`HlofuseFunction.block_until_optimized` waits). Results of the calls before
         and after the switch may differ within the tolerance of the rewrites. None:
         ``$HLOFUSE_TIERED`` (default on); False builds during the first call.
+      memory_limit: bytes, a size ('12GiB'), or 'device' (the device's capacity): before a
+        signature's first call, hlofuse's program and XLA's own module are compiled and the
+        one with the fewest flops whose peak (XLA's ``memory_analysis()``) fits runs; the
+        report says which. When neither fits, :class:`hlofuse.MemoryLimitError` says by how
+        much and lists the largest buffers live at the peak (:mod:`hlofuse.memory`). Builds
+        during the first call (no tiered first call).
     """
     if fun is None:
         return functools.partial(jit, target=target, pipeline=pipeline, disable=disable,
                                  check=check, options=options, dump_dir=dump_dir,
                                  autotune=autotune, freeze_argnums=freeze_argnums,
-                                 tiered=tiered, **jit_kwargs)
+                                 tiered=tiered, memory_limit=memory_limit, **jit_kwargs)
     if not callable(fun):
         raise TypeError(f"Expected a callable value, got {fun!r}")
     return HlofuseFunction(fun, target=target, pipeline=pipeline, disable=disable, check=check,
                            options=options, dump_dir=dump_dir, autotune=autotune,
-                           freeze_argnums=freeze_argnums, tiered=tiered, **jit_kwargs)
+                           freeze_argnums=freeze_argnums, tiered=tiered,
+                           memory_limit=memory_limit, **jit_kwargs)

@@ -259,7 +259,9 @@ def tiling_lines(rows: list[dict]) -> list[str]:
 def outcome(r: Region) -> str:
     """What became of a region, in one phrase: its kernel, a merge, or XLA and why."""
     if r.kernel:
-        return r.kernel
+        # gpu/tpu before any measurement: a kernel only where XLA cannot match it, and why
+        u = r.extra.get("unmeasured") if "measured" not in r.extra else None
+        return f"{r.kernel} (unmeasured: {u})" if u else r.kernel
     if "merged_into" in r.extra:
         return r.reason or f"merged into region {r.extra['merged_into']}"
     return f"XLA: {r.reason or ''}"

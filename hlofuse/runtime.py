@@ -73,6 +73,7 @@ from hlofuse.kernels.lowering import isolated
 from hlofuse.pipeline import _disabled_from_env
 from hlofuse.report import Report
 from hlofuse.target import CPU, Target
+from hlofuse.passes import kernelize
 from hlofuse.passes.fusion import cost as cost_model
 from hlofuse.tools import autotune as at
 from hlofuse.tools import module_cache
@@ -246,8 +247,8 @@ def export_optimized(fun: Callable, sig: Signature, opts: Options, *, name: str 
     ``Exported`` by it in the module cache's traced entries without exporting again."""
     target = target or Target.of(opts.target)
     platform = target.platform
-    blind, pass_options, learned, tkey = _export_plan(sig, opts, target, name, donated,
-                                                      shardings, spmd_devices, jaxpr)
+    blind, pass_options, learned, hold, tkey = _export_plan(
+        sig, opts, target, name, donated, shardings, spmd_devices, jaxpr)
     decisions = at.mode(opts.autotune, platform) != "off"
     traced = module_cache.load_traced(tkey) if tkey else None
     if traced is not None:
@@ -255,6 +256,8 @@ def export_optimized(fun: Callable, sig: Signature, opts: Options, *, name: str 
         opt = Optimized(module, report)
         if decisions:
             opt = apply_cached_decisions(opt)
+            if hold:
+                opt = hold_back_unmeasured(opt)
             if opt.module is not module:
                 exp = dataclasses.replace(exp, mlir_module_serialized=hir.to_bytecode(opt.module))
         return exp, opt, ()
@@ -305,6 +308,8 @@ def export_optimized(fun: Callable, sig: Signature, opts: Options, *, name: str 
     if decisions:
         before = opt.module
         opt = apply_cached_decisions(opt)
+        if hold:
+            opt = hold_back_unmeasured(opt)
         if opt.module is not before:
             exp = dataclasses.replace(exp, mlir_module_serialized=hir.to_bytecode(opt.module))
     if slots:
@@ -318,8 +323,9 @@ def export_optimized(fun: Callable, sig: Signature, opts: Options, *, name: str 
 def _export_plan(sig: Signature, opts: Options, target: Target, name: str, donated,
                  shardings, spmd_devices: int, jaxpr):
     """What :func:`export_optimized` decides before exporting: ``(blind, pass_options,
-    learned, traced_key)`` (blind: kernels not built, see there; traced_key: the module
-    cache's traced entry, None when it has none)."""
+    learned, hold, traced_key)`` (blind: kernels not built, see there; hold: every kernel is
+    built and the unmeasured ones held back after, :func:`measuring_options`; traced_key: the
+    module cache's traced entry, None when it has none)."""
     pass_options = opts.pass_options
     blind = shardings is None and spmd_devices > 1 and not target.is_cpu
     if blind:
@@ -327,9 +333,62 @@ def _export_plan(sig: Signature, opts: Options, target: Target, name: str, donat
                                                          no_kernels=True))
     decisions = at.mode(opts.autotune, target.platform) != "off"
     learned = learned_for(target) if decisions else None
+    hold = False
+    if decisions and measurable(target):
+        measuring = measuring_options(pass_options, target)
+        hold = measuring is not pass_options
+        pass_options = measuring
     tkey = (_traced_cache_key(jaxpr, sig, opts, target, name, donated, learned, pass_options,
                               shardings, spmd_devices) if jaxpr is not None else None)
-    return blind, pass_options, learned, tkey
+    return blind, pass_options, learned, hold, tkey
+
+
+def measurable(target: Target) -> bool:
+    """Whether this process can time ``target``'s kernels: its platform is jax's default
+    backend (a gpu program lowered on a cpu host is compiled elsewhere, unmeasured)."""
+    return Target.from_platform(jax.default_backend()) is not None and \
+        Target.from_platform(jax.default_backend()).kind == target.kind
+
+
+def measuring_options(pass_options: dict, target: Target) -> dict:
+    """``pass_options`` for a program whose kernels this process will measure: where the
+    ``unmeasured`` policy holds regions back with XLA (gpu/tpu), kernelize builds them all
+    (``unmeasured="kernel"``) and :func:`hold_back_unmeasured` sends the ones no measurement
+    decided back to XLA, so tuning can time each against XLA's code."""
+    k = dict(pass_options.get("kernelize", {}))
+    if kernelize.unmeasured_policy(k.get("unmeasured", "auto"), target) != "xla":
+        return pass_options
+    k["unmeasured"] = "kernel"
+    return dict(pass_options, kernelize=k)
+
+
+def hold_back_unmeasured(opt: Optimized) -> Optimized:
+    """``opt`` with its unmeasured kernels that XLA fuses itself (kernelize's
+    ``region.extra['xla_fuses']``) run as XLA's code, except those whose cached measured
+    decision on this device is the kernel. The result remembers ``opt`` (``.full``) and the
+    regions held back (``.unmeasured``, hashes): tuning times them from ``.full``."""
+    cand = set()
+    for r in opt.report.kernels:
+        if r.extra.get("xla_fuses") and r.extra.get("region_hash"):
+            cand.add(r.extra["region_hash"])
+        elif r.extra.get("kernel_reason") and "measured" not in r.extra:
+            r.extra["unmeasured"] = f"kernel ({r.extra['kernel_reason']})"
+    if not cand:
+        return opt
+    try:
+        decided = at.cached_kernel_regions(cand)
+    except Exception:  # noqa: BLE001 - a decision cache never breaks a compile
+        decided = {}
+    for r in opt.report.kernels:
+        d = decided.get(r.extra.get("region_hash"))
+        if d is not None:
+            r.extra["measured"] = f"{d.get('reason', 'kept kernel, measured')} (cached decision)"
+    held = frozenset(cand - set(decided))
+    if not held:
+        return opt
+    out = without_kernels(opt, {h: kernelize.XLA_FUSES for h in held})
+    out.full, out.unmeasured = opt, held
+    return out
 
 
 def _traced_cache_key(closed, sig: Signature, opts: Options, target: Target, name: str,
@@ -548,18 +607,20 @@ class Program:
         self.build_notes: dict[Signature, list[str]] = {}
         self._lock = threading.RLock()
         self.builds = 0                 # optimized entries built (tests and reports)
-        self.variants: dict[frozenset, Program] = {}  # with_xla(...) programs
+        self.variants: dict[tuple, Program] = {}  # with_xla(...) programs
 
-    def with_xla(self, hashes) -> "Program":
+    def with_xla(self, hashes, full: bool = False) -> "Program":
         """This program with the kernels of the regions whose hash is in ``hashes`` replaced
-        by the regions' own ops (measured decisions; the variants autotune times)."""
+        by the regions' own ops (measured decisions; the variants autotune times).
+        ``full``: from the module with every kernel built (``Optimized.full``, where unmeasured
+        kernels are held back): only ``hashes`` run as XLA's code."""
         hashes = frozenset(hashes)
-        if not hashes:
+        if not hashes and not full:
             return self
         with self._lock:
-            p = self.variants.get(hashes)
+            p = self.variants.get((hashes, full))
             if p is None:
-                p = self.variants[hashes] = _XlaVariant(self, hashes)
+                p = self.variants[(hashes, full)] = _XlaVariant(self, hashes, full)
             return p
 
     def typed(self, avals) -> "Program":
@@ -870,11 +931,12 @@ class _XlaVariant(Program):
     """:meth:`Program.with_xla`: the parent's traced function and optimized entries, with some
     regions' kernels rolled back (no second trace, no second pass pipeline)."""
 
-    def __init__(self, parent: Program, hashes: frozenset):
+    def __init__(self, parent: Program, hashes: frozenset, full: bool = False):
         super().__init__(parent.fun, parent.opts, name=parent.name, linear=parent.linear,
                          donated=parent.donated, shardings=parent.shardings)
         self.parent = parent
         self.hashes = hashes
+        self.full = full
         self._jaxprs = parent._jaxprs
         self.out_trees = parent.out_trees
 
@@ -885,12 +947,18 @@ class _XlaVariant(Program):
         base = self.parent.entry(sig, target, spmd_devices)
         if base.exported is None:
             return base
+        src = base.optimized.full if self.full and base.optimized.full is not None \
+            else base.optimized
+        if not self.hashes and src is base.optimized:
+            return base
         dev = at.device_key()
         reasons = {}
         for h in self.hashes:
             d = at.cache().get_region(at.region_key(h, dev))
-            reasons[h] = (d or {}).get("reason") or "kept XLA: kernel slower, measured"
-        opt = without_kernels(base.optimized, reasons)
+            reasons[h] = (d or {}).get("reason") or (
+                kernelize.XLA_FUSES if h in base.optimized.unmeasured
+                else "kept XLA: kernel slower, measured")
+        opt = without_kernels(src, reasons)
         exp = dataclasses.replace(base.exported, mlir_module_serialized=opt.bytecode)
         return Entry(exp, opt, base.out_avals, base.in_avals, target, base.callbacks)
 

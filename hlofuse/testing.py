@@ -20,6 +20,11 @@ import jax.numpy as jnp
 from hlofuse.ir import np_dtype
 
 # category -> dtype -> (rtol, atol). Integers and bools are always exact.
+#: pass options that build every region's kernel on gpu/tpu too (there, unmeasured, only the
+#: kernels XLA cannot match are built: ``hlofuse.passes.kernelize.unmeasured_kernel_reason``);
+#: for tests and checks of the kernels themselves
+ALL_KERNELS = {"kernelize": {"unmeasured": "kernel"}}
+
 TOLERANCES: dict[str, dict[str, tuple[float, float]]] = {
     "exact": {"float64": (0, 0), "float32": (0, 0), "bfloat16": (0, 0), "float16": (0, 0)},
     "kernel": {"float64": (1e-12, 1e-12), "float32": (2e-6, 2e-6), "bfloat16": (1.6e-2, 1e-2),

@@ -63,7 +63,7 @@ from hlofuse.passes.fusion.outline import XLA_ATTR
 from hlofuse.pipeline import PassFailure
 from hlofuse.report import HlofuseWarning, Region, Report
 from hlofuse.target import Target
-from hlofuse.testing import (TOLERANCES, GraphSpec, assert_same, compare, edge_bound, edge_inputs,
+from hlofuse.testing import (ALL_KERNELS, TOLERANCES, GraphSpec, assert_same, compare, edge_bound, edge_inputs,
                              random_inputs, tolerance)
 
 __all__ = ["verify_module", "verify_regions", "unoptimized", "RegionCheck", "KIND_CATEGORY",
@@ -527,7 +527,7 @@ def _short(e: BaseException) -> str:
 # ---------------------------------------------------------------------------------------------
 
 def check_graph(spec: GraphSpec, *, target: str = "cpu", category: str | None = None,
-                verify: bool = False, pipeline=None) -> Optimized:
+                verify: bool = False, pipeline=None, options: dict | None = None) -> Optimized:
     """Differential check of one random graph; raises AssertionError on any violation.
 
     Exports the program, optimizes it for ``target`` and asserts that the module verifies,
@@ -537,13 +537,17 @@ def check_graph(spec: GraphSpec, *, target: str = "cpu", category: str | None = 
     kernels made, as :func:`verify_module` does: ``kernel`` when all are elementwise,
     ``reassociate`` when a reduction, contraction or attention kernel may sum in another order.
     ``verify=True`` also runs :func:`verify_module` and asserts no region is rolled back.
-    ``spec`` comes from :func:`hlofuse.testing.stablehlo_graphs`.
+    ``spec`` comes from :func:`hlofuse.testing.stablehlo_graphs`. ``options``: pass options
+    (default :data:`hlofuse.testing.ALL_KERNELS`: every kernel is built, on gpu/tpu too, since
+    the kernels are what this checks).
     """
+    options = ALL_KERNELS if options is None else options
     exp = jax.export.export(jax.jit(spec.build()), platforms=[Target.of(target).platform])(*spec.avals())
     text = exp.mlir_module()
-    opt = optimize(text, target=target, pipeline=pipeline, source="fuzz")
+    opt = optimize(text, target=target, pipeline=pipeline, options=options, source="fuzz")
     hir.verify(opt.module)
-    again = optimize(opt.text, target=target, pipeline=pipeline, source="fuzz-again")
+    again = optimize(opt.text, target=target, pipeline=pipeline, options=options,
+                     source="fuzz-again")
     assert again.text == opt.text, "a second run of the pipeline changed the module:\n" + _diff(opt.text, again.text)
     if verify:
         verify_module(opt, warn=False)

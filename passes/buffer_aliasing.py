@@ -11,7 +11,10 @@ Aliases already present in the module (``tf.aliasing_output``) are kept and repo
 **Donation auditor**: a donation that cannot be used (no output of that type, all such outputs
 already taken, dynamic shape, index out of range) raises a :class:`DonationWarning` naming the
 argument and the reason, and the same text goes to ``report.notes``. Silent donation failures
-are what users complain about; here they are loud.
+are what users complain about; here they are loud. The other way round, arguments the caller
+did not donate whose type matches an output no argument aliases (a training step's parameters
+and optimizer state, called without ``donate_argnums``) are named in one report note with the
+bytes donating them would save (option ``advise_bytes``: from 1 MiB).
 
 **Memory plan** (estimate, recorded in ``report.memory`` and the pass statistics): liveness of
 every top-level value of ``@main`` (an op result lives from its op to its last top-level user;
@@ -70,6 +73,8 @@ class MemoryPlan:
     argument_bytes: int
     output_bytes: int
     alias_bytes: int
+    # the largest values live at the peak: (bytes, type, op name, source location), largest first
+    live_at_peak: tuple = ()
 
 
 def _arg_attrs(func) -> list[dict]:
@@ -95,9 +100,30 @@ def arg_name(arg: ir.Value, index: int) -> str:
     return f"argument {index}" + (f" ('{m.group(1)}')" if m else "") + f" of type {ty}"
 
 
-def memory_plan(func, aliases: dict[int, int], in_place: frozenset = frozenset()) -> MemoryPlan:
+def donation_candidates(args, outs, aliases: dict[int, int], donated: set) -> tuple[list, int]:
+    """Arguments the caller did not donate that could give their buffer to an output: one per
+    output of identical static type that no argument aliases (in order, as the donation pass
+    would pair them). Returns ``(argument indices, their bytes)``."""
+    free = [j for j in range(len(outs)) if j not in aliases]
+    taken: set = set()
+    picked, nbytes = [], 0
+    for i, a in enumerate(args):
+        t = gu.info(a)
+        if i in donated or i in aliases.values() or t is None or not t.nbytes:
+            continue
+        j = next((j for j in free if j not in taken and outs[j].type == a.type), None)
+        if j is not None:
+            taken.add(j)
+            picked.append(i)
+            nbytes += t.nbytes
+    return picked, nbytes
+
+
+def memory_plan(func, aliases: dict[int, int], in_place: frozenset = frozenset(),
+                top: int = 8) -> MemoryPlan:
     """Peak live bytes of ``func``'s body, with ``aliases`` (output index -> argument index);
-    ops in ``in_place`` (op keys) write their result into an operand that dies there."""
+    ops in ``in_place`` (op keys) write their result into an operand that dies there. ``top``:
+    how many of the largest values live at the peak to list."""
     block = func.regions[0].blocks[0]
     ops = hir.block_ops(block)
     pos = {gu.op_key(op): i for i, op in enumerate(ops)}
@@ -114,6 +140,7 @@ def memory_plan(func, aliases: dict[int, int], in_place: frozenset = frozenset()
     alias_bytes = sum(gu.info(outs[j]).nbytes for j in aliased_out_values if gu.info(outs[j]))
     # bytes that become live at op i and die after op k
     delta = [0] * (n + 2)
+    spans = []   # (start, end, bytes, value) of every buffer, for what is live at the peak
     for i, op in enumerate(ops[:-1]):
         if op.name == "stablehlo.constant":
             continue  # program data (read-only literals), not buffers the plan allocates
@@ -133,12 +160,22 @@ def memory_plan(func, aliases: dict[int, int], in_place: frozenset = frozenset()
             start = i + 1 if gu.op_key(op) in in_place else i  # shares the dying operand's buffer
             delta[start] += size
             delta[end + 1] -= size
+            if size:
+                spans.append((start, end, size, r, op))
     live, peak, peak_i = arg_bytes, arg_bytes, 0
     for i in range(n):
         live += delta[i]
         if live > peak:
             peak, peak_i = live, i
-    return MemoryPlan(peak, ops[peak_i].name if ops else "", arg_bytes, out_bytes, alias_bytes)
+    at_peak = sorted((s for s in spans if s[0] <= peak_i <= s[1]), key=lambda s: -s[2])[:top]
+    live_at_peak = tuple((size, _type_text(gu.info(r)), op.name, hir.op_location(op))
+                         for _, _, size, r, op in at_peak)
+    return MemoryPlan(peak, ops[peak_i].name if ops else "", arg_bytes, out_bytes, alias_bytes,
+                      live_at_peak)
+
+
+def _type_text(t) -> str:
+    return f"{t.dtype}[{','.join(map(str, t.shape))}]" if t else "?"
 
 
 def _kernel_name_matches(cc) -> bool:
@@ -221,6 +258,8 @@ class BufferAliasing(Pass):
         # False: an unusable donation is a report note only, no DonationWarning (the caller
         # donated every array on purpose: hlofuse.filter_jit(donate='all'))
         warn_unusable: bool = True
+        # the report advises donate_argnums when at least this many bytes could be reused
+        advise_bytes: int = 1 << 20
 
     def run(self, module, ctx):
         func = hir.main_func(module)
@@ -294,8 +333,17 @@ class BufferAliasing(Pass):
             report.memory = memory
         for msg in in_place:
             report.note(f"buffer-aliasing: in-place kernel: {msg}")
+        could, could_bytes = donation_candidates(args, outs, aliases, set(ctx.donated_args))
+        if could and could_bytes >= self.options.advise_bytes:
+            names = "; ".join(arg_name(args[i], i) for i in could[:4]) + \
+                (f"; and {len(could) - 4} more" if len(could) > 4 else "")
+            report.note(f"buffer-aliasing: {len(could)} argument(s) not donated have the shape "
+                        f"and dtype of an output no argument aliases ({could_bytes / 2**20:.1f} "
+                        f"MiB: {names}): donating them (donate_argnums) would let XLA write "
+                        f"those outputs into their buffers, {could_bytes / 2**20:.1f} MiB less "
+                        f"at the peak, when the caller no longer needs them")
         return {"aliases_added": added, "aliases": len(aliases), "donations_unusable": failed,
-                "in_place_kernels": len(in_place),
+                "in_place_kernels": len(in_place), "donation_candidate_bytes": could_bytes,
                 **{k: v for k, v in memory.items() if k != "peak_at"}}
 
     def _warn(self, ctx, msg: str) -> None:

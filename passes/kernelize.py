@@ -11,6 +11,15 @@ Region functions left to XLA are marked ``hlofuse.xla`` and kernel functions are
 It also records the tiling report (``Report.tiling``): per matmul and convolution, its GEMM
 shape against the target's native tile (:func:`~hlofuse.kernels.tiling.native_tile`), the
 padding waste in percent and the blocks of the kernel that computes it.
+Unmeasured regions on gpu/tpu (option ``unmeasured``): XLA:GPU and XLA:TPU fuse elementwise
+chains, row reductions (softmax, layernorm), BatchNorm chains and matmul epilogues themselves
+(loop and input fusions, cuBLASLt/Triton GEMM epilogues, TPU output fusions). A kernel that
+replaces one of those was never timed against them, so by default (``"auto"``) such a region stays
+with XLA on gpu/tpu ("unmeasured: kept XLA (XLA fuses this)") and only what XLA cannot do itself
+becomes a kernel unmeasured (:func:`unmeasured_kernel_reason`: flash attention forward and
+backward, int8 dots with their epilogues). ``hlofuse.jit`` builds every kernel (``"kernel"``),
+measures them on the device and runs each where it won (:mod:`hlofuse.runtime`). On cpu every
+region the cost model picks is a kernel (the cpu kernels were measured; decisions keep measuring).
 Preconditions: regions outlined by a fusion pass. Invariant: results within the tolerance table
 (kernels compute the same ops; transcendental approximations can differ per backend).
 """
@@ -84,6 +93,43 @@ def lower_region(fn_op, kind: str, target: Target, body: str | None = None) -> t
     return result
 
 
+#: the reason of a region left to XLA on gpu/tpu because nothing measured its kernel there
+XLA_FUSES = "unmeasured: kept XLA (XLA fuses this)"
+UNMEASURED_POLICIES = ("auto", "xla", "kernel")
+_ATTENTION_KINDS = ("attention", "attention_fwd_lse", "attention_bwd")
+
+
+def unmeasured_kernel_reason(kind: str, fn_op) -> str | None:
+    """Why a region of ``kind`` is worth a kernel on gpu/tpu before anything was measured
+    there, or None when XLA fuses it itself (it then stays with XLA until measured). The
+    reasons are what XLA cannot do: it materializes attention's S x S scores (and their
+    gradient) in device memory, and it runs an int8 dot's int32 result through a separate
+    dequantization pass."""
+    if kind in _ATTENTION_KINDS:
+        return ("flash attention: XLA materializes the S x S scores"
+                + (" and their gradient" if kind == "attention_bwd" else "") + " in device memory")
+    if kind == "matmul_epilogue" and _has_integer_dot(fn_op):
+        return "int8 dot: XLA writes its int32 product out before the dequantizing epilogue"
+    return None
+
+
+def _has_integer_dot(fn_op) -> bool:
+    for op in hir.all_ops(fn_op):
+        if op.name in ("stablehlo.dot_general", "stablehlo.dot", "stablehlo.convolution"):
+            t = hir.tensor_type_info(op.operands[0].type)
+            if t is not None and t.dtype.lstrip("u").startswith("i"):
+                return True
+    return False
+
+
+def unmeasured_policy(option: str, target: Target) -> str:
+    """``"xla"`` or ``"kernel"``: what the ``unmeasured`` option means on ``target``
+    (``"auto"``: ``"xla"`` on gpu/tpu, ``"kernel"`` on cpu)."""
+    if option == "auto":
+        return "kernel" if Target.of(target).is_cpu else "xla"
+    return option
+
+
 def leave_to_xla(fn_op, reason: str) -> None:
     """Mark an outlined region function as left to XLA, so later runs do not retry it."""
     with fn_op.context:
@@ -140,12 +186,22 @@ class Kernelize(Pass):
     @dataclasses.dataclass(frozen=True)
     class Options:
         no_kernels: bool = False  # leave every region to XLA (regions are still outlined)
+        # regions no measurement on the device decided yet: "auto" (gpu/tpu: only kernels
+        # XLA cannot match, see unmeasured_kernel_reason; cpu: every region), "xla" (that rule
+        # on every target), "kernel" (every region the cost model picks: what is measured)
+        unmeasured: str = "auto"
+
+        def __post_init__(self):
+            if self.unmeasured not in UNMEASURED_POLICIES:
+                raise ValueError(f"unmeasured={self.unmeasured!r}: expected one of "
+                                 f"{', '.join(UNMEASURED_POLICIES)}")
 
     def run(self, module, ctx):
         table = ir.SymbolTable(module.operation)
         calls = [op for op in hir.all_ops(module) if op.name == "func.call"]
         rows = tiling_rows(module, ctx, table, calls)
-        n_kernels = n_failed = n_per_shard = n_not_local = 0
+        n_kernels = n_failed = n_per_shard = n_not_local = n_unmeasured = 0
+        policy = unmeasured_policy(self.options.unmeasured, ctx.target)
         # per-shard kernels need every op's sharding: without propagate-shardings, kernels
         # are built for the whole arrays (XLA partitions cpu ones; see runtime for gpu/tpu)
         mesh = shd.mesh_of(module) if shd.is_propagated(module) else None
@@ -165,6 +221,21 @@ class Kernelize(Pass):
                 region.reason = "kernels disabled by option"
                 leave_to_xla(fn_op, region.reason)
                 continue
+            body = body_text(fn_op)
+            region.extra["region_hash"] = region_hash(fn_op, kind, ctx.target, body)
+            # whether XLA fuses this itself, recorded on every build: a runtime that built all
+            # kernels ("kernel") to measure them holds these back until measured
+            why = unmeasured_kernel_reason(kind, fn_op)
+            region.extra["xla_fuses"] = why is None
+            if why is not None:
+                region.extra["kernel_reason"] = why
+            if policy == "xla":
+                if why is None:
+                    region.reason = XLA_FUSES
+                    leave_to_xla(fn_op, region.reason)
+                    n_unmeasured += 1
+                    continue
+                region.extra["unmeasured"] = f"kernel ({why})"
             # (every pass's output verified: printing need not verify the function again)
             original = fn_op.operation.get_asm(enable_debug_info=True, assume_verified=True)
             per_shard = None
@@ -184,8 +255,6 @@ class Kernelize(Pass):
                     leave_to_xla(fn_op, region.reason)
                     n_not_local += 1
                     continue
-            body = body_text(fn_op)
-            region.extra["region_hash"] = region_hash(fn_op, kind, ctx.target, body)
             try:
                 if per_shard is not None:
                     local_mod = per_shard[0]
@@ -231,6 +300,8 @@ class Kernelize(Pass):
                                   f"{region.reason}", HlofuseWarning, stacklevel=2)
         _fill_tiling(ctx, rows)
         stats = {"kernels": n_kernels, "left_to_xla": n_failed}
+        if policy == "xla":
+            stats["unmeasured_xla"] = n_unmeasured
         if mesh is not None:
             stats.update(per_shard=n_per_shard, not_shard_local=n_not_local)
         return stats

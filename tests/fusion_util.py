@@ -16,6 +16,7 @@ from hlofuse import ir as hir
 from hlofuse.kernels.common import func_avals
 from hlofuse.passes.fusion.outline import KIND_ATTR, XLA_ATTR
 from hlofuse.testing import random_inputs
+from hlofuse.testing import ALL_KERNELS
 
 PREFIX = "inline-calls,canonicalize,cse"
 FUSION = "conv1x1-to-dot,fuse-matmul-epilogue,fuse-reduction,fuse-horizontal"
@@ -57,7 +58,8 @@ class Outlined:
 def outline(fn, args, passes: str, target: str = "cpu") -> Outlined:
     """Export ``fn`` for ``target`` and run ``PREFIX + passes`` (no kernelize)."""
     exp = jax.export.export(jax.jit(fn), platforms=[{"gpu": "cuda"}.get(target, target)])(*args)
-    opt = hlofuse.optimize(exp.mlir_module(), target=target, pipeline=f"{PREFIX},{passes}")
+    opt = hlofuse.optimize(exp.mlir_module(), target=target, pipeline=f"{PREFIX},{passes}",
+                           options=ALL_KERNELS)
     return Outlined(opt, opt.report)
 
 
@@ -70,7 +72,7 @@ def kernels(report, kind: str | None = None) -> list:
 
 
 def lowered_text(fn, args, target: str, pipeline: str = FULL_PIPE):
-    lo = hlofuse.jit(fn, target=target, pipeline=pipeline).lower(*args)
+    lo = hlofuse.jit(fn, target=target, pipeline=pipeline, options=ALL_KERNELS).lower(*args)
     return lo.as_text(), lo.report
 
 

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 import hlofuse
+from hlofuse.testing import ALL_KERNELS
 from hlofuse import ir as hir
 from hlofuse.execute import run_module
 from hlofuse.report import HlofuseWarning
@@ -165,7 +166,7 @@ def test_huge_shapes_are_left_to_xla_with_a_warning():
     for target in ("cpu", "gpu", "tpu"):
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
-            opt = hlofuse.optimize(text, target=target)
+            opt = hlofuse.optimize(text, target=target, options=ALL_KERNELS)
         hir.verify(opt.module)
         (region,) = opt.report.regions
         # gpu cannot build it (CUDA grid limits): left to XLA with a warning; tpu's 128x2048

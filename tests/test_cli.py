@@ -210,7 +210,14 @@ def test_gpu_and_tpu_exports_keep_their_kernels(files):
         exp = jexport.export(jax.jit(model), platforms=[plat])(
             *[jax.ShapeDtypeStruct(s, dt) for s, dt in SHAPES])
         (d / f"{target}.exported").write_bytes(bytes(exp.serialize()))
-        p = hlofuse("optimize", f"{target}.exported", "-o", f"{target}_opt.exported", cwd=d)
+        # unmeasured, gpu/tpu keep these regions with XLA (XLA fuses them itself): say so
+        p = hlofuse("optimize", f"{target}.exported", "-o", f"{target}_xla.exported",
+                    "--report", f"{target}_xla.md", cwd=d)
+        assert p.returncode == 0, p.stderr
+        assert "unmeasured: kept XLA (XLA fuses this)" in (d / f"{target}_xla.md").read_text()
+        assert "0 kernel(s)" in p.stdout
+        p = hlofuse("optimize", f"{target}.exported", "-o", f"{target}_opt.exported",
+                    "--options", '{"kernelize": {"unmeasured": "kernel"}}', cwd=d)
         assert p.returncode == 0, p.stderr
         assert f"target {target}" in p.stdout
         exp = jexport.deserialize(bytearray((d / f"{target}_opt.exported").read_bytes()))
@@ -218,6 +225,9 @@ def test_gpu_and_tpu_exports_keep_their_kernels(files):
         avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in exp.in_avals]
         text = jax.jit(exp.call).trace(*avals).lower(lowering_platforms=(plat,)).as_text()
         assert marker in text
+    p = hlofuse("optimize", "gpu.exported", "-o", "x.exported", "--options", '{"kernelize": 3}',
+                cwd=d)
+    assert p.returncode != 0 and "--options" in p.stderr
 
 
 # ---------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from hlofuse import ir as hir
 from hlofuse.kernels import lowering
 from hlofuse.testing import assert_same
 from tests.sharded_programs import run_json_child
+from hlofuse.testing import ALL_KERNELS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NEW = compat.JAX_VERSION >= (0, 11)
@@ -265,14 +266,16 @@ _ARGS = (jax.ShapeDtypeStruct((128, 256), jnp.float32), jax.ShapeDtypeStruct((25
 @entry("abstract_mesh_auto")
 def test_abstract_mesh_auto():
     assert compat.abstract_mesh().axis_types == (jax.sharding.AxisType.Auto,)
-    text = hlofuse.jit(_block, target="tpu", autotune=False).lower(*_ARGS).as_text()
+    text = hlofuse.jit(_block, target="tpu", autotune=False,
+                       options=ALL_KERNELS).lower(*_ARGS).as_text()
     assert _kernel_targets(text) == {"tpu_custom_call"}, "no Mosaic kernel: lowering fell back"
 
 
 @entry("gpu_abstract_device")
 def test_gpu_abstract_device():
     assert compat.gpu_abstract_device("NVIDIA H100 80GB HBM3").platform == "cuda"
-    text = hlofuse.jit(_block, target="gpu", autotune=False).lower(*_ARGS).as_text()
+    text = hlofuse.jit(_block, target="gpu", autotune=False,
+                       options=ALL_KERNELS).lower(*_ARGS).as_text()
     assert _kernel_targets(text) == {"__gpu$xla.gpu.triton"}, "no Triton kernel: lowering fell back"
 
 
@@ -281,7 +284,8 @@ def test_triton_deprecation():
     with warnings.catch_warnings(record=True) as got:
         warnings.simplefilter("always")
         text = hlofuse.jit(lambda x: jax.nn.softmax(x * 3.0, axis=-1), target="gpu",
-                           autotune=False).lower(jax.ShapeDtypeStruct((64, 512), jnp.float32)).as_text()
+                           autotune=False, options=ALL_KERNELS).lower(
+            jax.ShapeDtypeStruct((64, 512), jnp.float32)).as_text()
     assert "__gpu$xla.gpu.triton" in text
     assert not [w for w in got if "Triton backend is deprecated" in str(w.message)]
 

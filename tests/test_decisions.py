@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import hlofuse
 from hlofuse.testing import assert_same
 from hlofuse.tools import autotune as at
+from tests.fake_clock import fake_clock as _fake_clock, is_xla_module as _is_xla_module
 
 
 def _ln(x, g, b):
@@ -38,41 +39,6 @@ def cache_dir(tmp_path, monkeypatch):
     at.cache().clear_memory()
     yield tmp_path
     at.cache().clear_memory()
-
-
-def _is_xla_module(text: str) -> bool:
-    """Whether a lowered program is XLA's own module (plain jax.jit, no hlofuse module)."""
-    return "@call_exported_" not in text
-
-
-def _fake_clock(monkeypatch, kernel_s: float, xla_s: float, xla_module_s: float | None = None):
-    """Time a program by its content: ``kernel_s`` while the region's kernel is in it, else
-    ``xla_s``; XLA's own module (no hlofuse rewrite at all) ``xla_module_s`` (default: slower
-    than both, so region decisions are what the test sees). Returns the list of
-    (has_kernel) per timed measurement of hlofuse's programs."""
-    seen = []
-    texts = {}
-    if xla_module_s is None:
-        xla_module_s = 2 * max(kernel_s, xla_s)
-
-    def time_once(fn, args, reps, kwargs=None):
-        if id(fn) not in texts:   # fn is kept alive with its text: its id is never reused
-            texts[id(fn)] = (fn, fn.lower(*args, **(kwargs or {})).as_text())
-        if _is_xla_module(texts[id(fn)][1]):
-            return xla_module_s
-        has_kernel = "hlofuse_k" in texts[id(fn)][1]
-        seen.append(has_kernel)
-        return kernel_s if has_kernel else xla_s
-
-    class Idle(at.ForeignLoad):  # the machine's real load must not decide what is persisted
-        def __exit__(self, *exc):
-            super().__exit__(*exc)
-            self.foreign = 0.0
-            return False
-
-    monkeypatch.setattr(at, "time_calls", time_once)
-    monkeypatch.setattr(at, "ForeignLoad", Idle)
-    return seen
 
 
 def test_slower_kernel_keeps_xla_and_the_report_says_so(cache_dir, monkeypatch):
@@ -504,3 +470,65 @@ def test_regions_kept_as_xla_are_checked_again_under_the_chosen_options(monkeypa
         assert "kernels kept" in reason
     else:                 # XLA's code still wins: the combination stands
         assert chosen["h"]["choice"] == "xla" and "confirmed together: 0.80x" in reason
+
+
+# -- gpu/tpu: kernels XLA would fuse itself run only once measured (issue 46) ------------------------
+# The gpu/tpu decision path runs here on cpu: ``unmeasured="xla"`` is the gpu/tpu default policy
+# (kernelize's "auto" there), the device key is a gpu's, and the fake clock above times the
+# programs; the programs themselves are real and run.
+HOLD = {"kernelize": {"unmeasured": "xla"}}
+
+
+@pytest.fixture
+def gpu_key(monkeypatch):
+    monkeypatch.setattr(at, "device_key", lambda device=None: "gpu:NVIDIA H100 80GB HBM3")
+
+
+def test_unmeasured_policy_keeps_xla_and_says_so(cache_dir, gpu_key):
+    from hlofuse.passes.kernelize import XLA_FUSES
+    args = _args()
+    f = hlofuse.jit(_ln, autotune=False, options=HOLD)
+    rep = f.report(*args)
+    assert not rep.kernels
+    (r,) = [r for r in rep.regions if r.kind == "reduction"]
+    assert r.reason == XLA_FUSES and "hlofuse_k" not in f.lower(*args).as_text()
+    assert_same(f(*args), jax.jit(_ln)(*args), category="reassociate")
+    # the cpu default is unchanged: the same region is a kernel
+    assert len(hlofuse.jit(_ln, autotune=False).report(*args).kernels) == 1
+
+
+def test_held_back_kernel_measured_faster_runs_and_is_cached(cache_dir, monkeypatch, gpu_key):
+    from hlofuse.passes.kernelize import XLA_FUSES
+    clock = _fake_clock(monkeypatch, kernel_s=1.0e-3, xla_s=1.5e-3)
+    args = _args()
+    want = jax.jit(_ln)(*args)
+    f = hlofuse.jit(_ln, autotune="on", options=HOLD)
+    assert_same(f(*args), want, category="reassociate")
+    before = f.report(*args)            # built with every kernel, the unmeasured held back
+    assert not before.kernels and [r.reason for r in before.regions] == [XLA_FUSES]
+    assert_same(f(*args), want, category="reassociate")   # second call: measured here
+    assert True in clock and False in clock               # the kernel was timed against XLA
+    d = f.autotune_decision(*args)
+    (c,) = d.regions.values()
+    assert c["choice"] == "kernel" and not d.xla_regions
+    assert len(f.report(*args).kernels) == 1 and "hlofuse_k" in f.lower(*args).as_text()
+    assert_same(f(*args), want, category="reassociate")
+    # a later process (memory cache cleared; the decision is on disk): built with the kernel
+    at.cache().clear_memory()
+    g = hlofuse.jit(_ln, autotune="cached", options=HOLD)
+    (k,) = g.report(*args).kernels
+    assert "cached decision" in k.extra["measured"]
+    assert_same(g(*args), want, category="reassociate")
+
+
+def test_held_back_kernel_measured_slower_stays_xla(cache_dir, monkeypatch, gpu_key):
+    _fake_clock(monkeypatch, kernel_s=1.9e-3, xla_s=1.0e-3)
+    args = _args()
+    f = hlofuse.jit(_ln, autotune="on", options=HOLD)
+    f(*args)
+    f(*args)
+    d = f.autotune_decision(*args)
+    assert d.xla_regions and all(c["choice"] == "xla" for c in d.regions.values())
+    rep = f.report(*args)
+    assert not rep.kernels and "kernel 1.90x slower, measured" in rep.regions[0].reason
+    assert_same(f(*args), jax.jit(_ln)(*args), category="reassociate")

@@ -16,6 +16,7 @@ from jax import lax
 
 import hlofuse
 from hlofuse.testing import assert_same
+from hlofuse.testing import ALL_KERNELS
 
 RNG = np.random.default_rng(0)
 C = 8
@@ -61,7 +62,7 @@ def stats(report, name):
 
 
 def test_conv_net_gpu_layout_and_batchnorm_folded():
-    f = hlofuse.jit(net, freeze_argnums=0, target="gpu")
+    f = hlofuse.jit(net, freeze_argnums=0, target="gpu", options=ALL_KERNELS)
     low = f.lower(PARAMS, X)
     text = low.as_text()
     main = text[text.index("func.func public @main"):]

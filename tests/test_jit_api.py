@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 import hlofuse
+from hlofuse.testing import ALL_KERNELS
 from hlofuse.testing import assert_same
 
 
@@ -110,7 +111,7 @@ def test_static_args_cannot_be_donated():
 
 
 def test_gpu_target_lowers_here_but_refuses_to_run_on_cpu():
-    hf = hlofuse.jit(chain, target="gpu")
+    hf = hlofuse.jit(chain, target="gpu", options=ALL_KERNELS)
     a = np.ones((8, 128), np.float32)
     text = hf.lower(a, a).as_text()
     assert "__gpu$xla.gpu.triton" in text

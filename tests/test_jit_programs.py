@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 import hlofuse
+from hlofuse.testing import ALL_KERNELS
 from hlofuse.testing import assert_same
 from tests.programs import PROGRAMS, Program
 
@@ -103,7 +104,8 @@ def test_every_kernel_lowers_for_accelerators(name, target, marker):
     p = BY_NAME[name]
     args = _args(p)
     cpu = hlofuse.jit(p.fn, static_argnums=p.static_argnums).report(*args)
-    lowered = hlofuse.jit(p.fn, static_argnums=p.static_argnums, target=target).lower(*args)
+    lowered = hlofuse.jit(p.fn, static_argnums=p.static_argnums, target=target,
+                          options=ALL_KERNELS).lower(*args)
     text = lowered.as_text()
     failed = [f"region {r.id}: {r.reason}" for r in lowered.report.left_to_xla
               if r.reason and r.reason.startswith("kernel build failed")]

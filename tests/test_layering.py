@@ -31,7 +31,7 @@ LAYERS: dict[str, int] = {
     "hlofuse.passes": 2,
     "hlofuse.api": 3, "hlofuse.execute": 3, "hlofuse.verify": 3, "hlofuse.testing": 3,
     "hlofuse.runtime": 3, "hlofuse.jit": 3, "hlofuse.aot": 3, "hlofuse.tools": 3,
-    "hlofuse.host_callbacks": 3,
+    "hlofuse.host_callbacks": 3, "hlofuse.memory": 3,
     "hlofuse.tools.formats": 3, "hlofuse.tools.argspec": 3, "hlofuse.tools.html": 3,
     "hlofuse.tools.autotune": 3, "hlofuse.tools.module_cache": 3,
     "hlofuse": 4, "hlofuse.tools.cli": 4, "hlofuse.tools.demo": 4, "hlofuse.tools.corpus": 4,

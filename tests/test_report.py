@@ -16,6 +16,7 @@ from hlofuse import report as hreport
 from hlofuse.report import Region, Report
 from hlofuse.tools import formats, html
 from tests.fusion_util import kernels, pipe
+from hlofuse.testing import ALL_KERNELS
 
 R = np.random.default_rng(7)
 F32 = np.float32
@@ -179,7 +180,7 @@ def test_tiling_report_per_matmul_and_convolution():
     x = jnp.zeros((100, 320), jnp.bfloat16)
     w = jnp.zeros((320, 200), jnp.bfloat16)
     f = lambda x, w: jax.nn.gelu(x @ w)  # noqa: E731
-    rep = hlofuse.jit(f, target="tpu", options={"chip": "v5e"}).report(x, w)
+    rep = hlofuse.jit(f, target="tpu", options={"chip": "v5e", **ALL_KERNELS}).report(x, w)
     (row,) = rep.tiling
     assert (row["m"], row["n"], row["k"], row["tile"]) == (100, 200, 320, [16, 128, 128])
     # padded to 112 x 256 x 384 on the 128x128 MXU with 16-row bf16 sublane tiles

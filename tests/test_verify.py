@@ -24,6 +24,7 @@ from hlofuse.pipeline import Pass
 from hlofuse.report import HlofuseWarning
 from hlofuse.testing import assert_same, compare, random_inputs
 from hlofuse.verify import verify_module
+from hlofuse.testing import ALL_KERNELS
 
 E = ops.OpClass.ELEMENTWISE
 
@@ -196,14 +197,14 @@ def test_verify_module_from_optimize_alone(monkeypatch, xy):
 
 def test_gpu_target_verified_in_interpret_mode(monkeypatch, xy):
     """No GPU here: the Triton kernel cannot run, its interpret-mode twin is checked instead."""
-    fn = jit(f2, target="gpu", check=True)
+    fn = jit(f2, target="gpu", check=True, options=ALL_KERNELS)
     lo = fn.lower(*xy)
     assert lo.as_text().count("__gpu$xla.gpu.triton") == 2
     assert all("interpret" in r.extra["verify"] for r in lo.report.kernels)
     plant_rule(monkeypatch, "stablehlo.tanh", lambda op, v: lax.sin(v))
     monkeypatch.setattr(kernelize, "_CACHE", {})
     with pytest.warns(HlofuseWarning, match="interpret mode for gpu"):
-        lo = jit(f2, target="gpu", check=True).lower(*xy)
+        lo = jit(f2, target="gpu", check=True, options=ALL_KERNELS).lower(*xy)
     assert [r.id for r in _rolled_back(lo.report)] == [0]
     assert lo.as_text().count("__gpu$xla.gpu.triton") == 1
 
@@ -359,7 +360,7 @@ def test_rope_region_in_interpret_mode_for_gpu(monkeypatch):
     plant_rule(monkeypatch, "stablehlo.cosine", _naive_periodic(lax.cos))
     with warnings.catch_warnings():
         warnings.simplefilter("error", HlofuseWarning)
-        lo = jit(rope, target="gpu", check=True).lower(*_rope_args())
+        lo = jit(rope, target="gpu", check=True, options=ALL_KERNELS).lower(*_rope_args())
     trig = [r for r in lo.report.regions if "stablehlo.sine" in r.ops]
     assert trig and all(r.kernel and r.extra["verify"].startswith("ok") for r in trig)
 

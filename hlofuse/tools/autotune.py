@@ -81,7 +81,7 @@ __all__ = ["VARIANTS", "applicable_variants", "Measurement", "measure", "decide"
            "DecisionCache", "mode", "enabled_by_default", "device_key", "module_hash",
            "cache_key", "cache", "cached_options", "options_of", "tune", "ForeignLoad",
            "BUSY_SHARE", "TUNE_AT_CALL", "MARGIN", "Variant", "region_key", "region_variants",
-           "decide_regions", "cached_xla_regions", "record_of", "REGION_PREFIX",
+           "decide_regions", "cached_xla_regions", "cached_kernel_regions", "record_of", "REGION_PREFIX",
            "XLA_MODULE", "KEEP_MARGIN", "decide_module"]
 
 
@@ -203,11 +203,15 @@ MODES = ("off", "on", "cached")
 
 def mode(autotune: Any = None, platform: str | None = None) -> str:
     """'off', 'on' or 'cached' from ``hlofuse.jit(autotune=...)``, else ``$HLOFUSE_AUTOTUNE``,
-    else 'on' for CPU (where variants were measured to pay) and 'off' elsewhere."""
+    else 'on' on every platform: hlofuse's code runs only where it was measured faster on this
+    device kind (on gpu/tpu, until measured, only the kernels XLA cannot match run; see
+    ``hlofuse.passes.kernelize.unmeasured_kernel_reason``). ``platform`` is kept for callers
+    that ask per platform; the default no longer depends on it."""
+    del platform
     if autotune is None:
         env = os.environ.get(ENV_ENABLE, "").strip().lower()
         if not env:
-            return "on" if (platform or jax.default_backend()) == "cpu" else "off"
+            return "on"
         autotune = env
     if isinstance(autotune, bool):
         return "on" if autotune else "off"
@@ -223,7 +227,7 @@ def mode(autotune: Any = None, platform: str | None = None) -> str:
 
 
 def enabled_by_default(platform: str) -> bool:
-    """Tuning is on by default only where it was measured to pay (CPU); env overrides."""
+    """Tuning is on by default on every platform; ``$HLOFUSE_AUTOTUNE`` overrides."""
     return mode(None, platform) != "off"
 
 
@@ -304,11 +308,20 @@ def region_variants(regions: Sequence) -> dict[str, Variant]:
 def cached_xla_regions(hashes, device: str | None = None) -> dict[str, dict]:
     """Of the region ``hashes``, those whose cached decision on this device is XLA (hash ->
     the decision: 'choice', 'ratio', 'reason')."""
+    return _cached_regions(hashes, "xla", device)
+
+
+def cached_kernel_regions(hashes, device: str | None = None) -> dict[str, dict]:
+    """Of the region ``hashes``, those whose cached decision on this device is the kernel."""
+    return _cached_regions(hashes, "kernel", device)
+
+
+def _cached_regions(hashes, choice: str, device: str | None) -> dict[str, dict]:
     device = device or device_key()
     out = {}
     for h in hashes:
         d = cache().get_region(region_key(h, device))
-        if d is not None and d.get("choice") == "xla":
+        if d is not None and d.get("choice") == choice:
             out[h] = d
     return out
 

@@ -41,6 +41,7 @@ pipes, so an interruption leaves no temporary file or folder behind.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -59,7 +60,7 @@ from hlofuse.api import STABLEHLO_DIALECTS, STRUCTURAL_DIALECTS, DumpError, modu
     optimize_loaded
 from hlofuse.ir import IRError
 from hlofuse.target import Target
-from hlofuse.pipeline import OptionError, PassFailure, all_passes, resolve_pipeline
+from hlofuse.pipeline import OptionError, PassFailure, all_passes, resolve_pipeline, split_options
 from hlofuse.testing import compare
 from hlofuse.tools import argspec, formats
 
@@ -104,6 +105,10 @@ def _optimizer_flags(fv: flags.FlagValues) -> None:
                         "unchanged).", flag_values=fv)
     flags.DEFINE_string("report", None, "Also write the fusion report to FILE (.json, .md, .html "
                         "or .txt).", flag_values=fv)
+    flags.DEFINE_string("options", None, "Pass options as JSON, as hlofuse.optimize(options=...) "
+                        "takes them, e.g. '{\"kernelize\": {\"unmeasured\": \"kernel\"}}' "
+                        "(gpu/tpu: build every kernel, not only those XLA cannot match) or "
+                        "'{\"chip\": \"v5e\"}'.", flag_values=fv)
 
 
 def _define_optimize(fv):
@@ -332,13 +337,33 @@ def _load(path: str):
     return formats.load(path, probe=not _WORKER["child"])
 
 
+def _pass_options(fv) -> dict | None:
+    """--options: a JSON object of pass options, checked against the passes' declarations."""
+    text = fv["options"].value
+    if not text:
+        return None
+    try:
+        options = json.loads(text)
+    except ValueError as e:
+        raise UsageError(f"--options: not JSON ({e}): {text!r}") from None
+    if not isinstance(options, dict):
+        raise UsageError(f"--options: expected a JSON object, got {text!r}")
+    try:
+        split_options(options)
+    except (OptionError, ValueError) as e:
+        raise UsageError(f"--options: {e}") from None
+    return options
+
+
 def _optimize(cmd: str, fv, loaded):
     _check_pipeline_flags(fv)
+    options = _pass_options(fv)
     _stage(f"optimizing {loaded.source}")
     try:
         return optimize_loaded(loaded, target=fv["target"].value,
                                       pipeline=fv["pipeline"].value, disable=_disabled(fv),
-                                      dump_dir=fv["dump-dir"].value, shapes=_shapes(fv))
+                                      dump_dir=fv["dump-dir"].value, shapes=_shapes(fv),
+                                      options=options)
     except DumpError as e:  # the dump directory's problem, not the input's
         raise UsageError(f"--dump-dir: {e.path}: {e.why}") from None
 

@@ -16,6 +16,7 @@ from hlofuse.kernels.lowering import lower_to_text
 from hlofuse.kernels.tiling import Blocks2D, elementwise_blocks
 from hlofuse.passes.fusion.outline import KIND_ATTR
 from hlofuse.testing import assert_same
+from hlofuse.testing import ALL_KERNELS
 
 # every block class: full operands, a bias along the last dim (col), per-row values (row),
 # a runtime scalar; plus compare/select and a bool output
@@ -243,6 +244,7 @@ def test_16_bit_arithmetic_runs_in_f32_rounded_per_op(target, dtype):
     text = lower_to_text(ew.build_elementwise(sp, target), avals, target)
     assert ("__gpu$xla.gpu.triton" if target == "gpu" else "tpu_custom_call") in text
     # end to end: the region is a kernel for the target, not left to XLA
-    f = hlofuse.jit(lambda x, y: (jnp.sqrt(x / y + 1), jax.nn.sigmoid(x) * y), target=target)
+    f = hlofuse.jit(lambda x, y: (jnp.sqrt(x / y + 1), jax.nn.sigmoid(x) * y), target=target,
+                    options=ALL_KERNELS)
     rep = f.report(x, y)
     assert [k.kind for k in rep.kernels] == ["elementwise"], rep

@@ -13,6 +13,7 @@ import hlofuse
 from hlofuse.passes.buffer_aliasing import DonationWarning
 from hlofuse.testing import assert_same
 from hlofuse.execute import run_module
+from hlofuse.testing import ALL_KERNELS
 
 PASS = ["buffer-aliasing"]
 
@@ -155,7 +156,7 @@ ALIAS_ATTR = "output_operand_aliases = [#stablehlo.output_operand_alias<output_t
 
 @pytest.mark.parametrize("target,call", [("gpu", "__gpu$xla.gpu.triton"), ("tpu", "tpu_custom_call")])
 def test_in_place_elementwise_kernel(target, call):
-    o = hlofuse.optimize(EPILOGUE, target=target, pipeline=KERNEL_PIPE)
+    o = hlofuse.optimize(EPILOGUE, target=target, pipeline=KERNEL_PIPE, options=ALL_KERNELS)
     assert o.report.kernels and call in o.text
     assert ALIAS_ATTR in o.text and stats(o)["in_place_kernels"] == 1
     # the kernel's output reuses the dot's buffer: one 32 KiB buffer less at the peak
@@ -169,6 +170,28 @@ def test_no_in_place_when_the_input_stays_live():
     text = EPILOGUE.replace("return %y : tensor<64x128xf32>",
                             "return %y, %d : tensor<64x128xf32>, tensor<64x128xf32>") \
                    .replace("-> tensor<64x128xf32> {", "-> (tensor<64x128xf32>, tensor<64x128xf32>) {", 1)
-    o = hlofuse.optimize(text, target="gpu", pipeline=KERNEL_PIPE)
+    o = hlofuse.optimize(text, target="gpu", pipeline=KERNEL_PIPE, options=ALL_KERNELS)
     assert o.report.kernels and "output_operand_aliases" not in o.text
     assert stats(o)["in_place_kernels"] == 0
+
+
+def test_report_names_the_bytes_donate_argnums_would_save():
+    """A training step called without donate_argnums: its parameters have the types of the new
+    parameters; the report says which and how many bytes donating them saves. With donation,
+    no advice (the pass aliases them instead); under the threshold, none either."""
+    import jax
+    import jax.numpy as jnp
+
+    def step(w, b, x):
+        g = jax.grad(lambda w, b: ((x @ w + b) ** 2).sum(), argnums=(0, 1))(w, b)
+        return w - 0.1 * g[0], b - 0.1 * g[1]
+    args = (jnp.ones((512, 1024)), jnp.ones((1024,)), jnp.ones((8, 512)))
+    rep = hlofuse.jit(step).report(*args)
+    (note,) = [n for n in rep.notes if "not donated" in n]
+    want = (512 * 1024 + 1024) * 4
+    assert "2 argument(s)" in note and f"{want / 2**20:.1f} MiB" in note and "argument 0" in note
+    rep = hlofuse.jit(step, donate_argnums=(0, 1)).report(*args)
+    assert not [n for n in rep.notes if "not donated" in n]
+    assert [r["argument"] for r in rep.aliases] == [0, 1]
+    assert not [n for n in hlofuse.jit(step).report(jnp.ones((512, 8)), jnp.ones((8,)),
+                                                    args[2]).notes if "not donated" in n]

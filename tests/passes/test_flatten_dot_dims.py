@@ -15,6 +15,7 @@ from hlofuse import ir as hir
 from hlofuse.kernels.support import dot_layout
 from hlofuse.testing import assert_same
 from tests.fusion_util import kernels, outline, pipe
+from hlofuse.testing import ALL_KERNELS
 
 R = np.random.default_rng(0)
 B, S, D, H, DH = 2, 16, 32, 4, 8
@@ -138,7 +139,7 @@ def test_an_activation_on_the_rhs_becomes_x_times_w_transposed(case):
     rep = f.report(*args)
     assert _stats(rep)["flattened"] == 1
     assert "stablehlo.transpose" not in f.lower(*args).as_text()   # cancelled, not computed
-    g = hlofuse.jit(fn, target="gpu", autotune=False)
+    g = hlofuse.jit(fn, target="gpu", autotune=False, options=ALL_KERNELS)
     (r,) = [r for r in g.report(*args).regions if r.kind == "matmul_epilogue"]
     assert r.reason is None and "stablehlo.add" in r.ops       # the bias is its epilogue
 

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import hlofuse
 from hlofuse.testing import assert_same
 from tests.fusion_util import kernels, outline, pipe
+from hlofuse.testing import ALL_KERNELS
 
 def refusals(report) -> dict:
     """fuse-horizontal's ``refused[<reason>]`` statistics (reason -> count)."""
@@ -48,7 +49,7 @@ def test_qkv_projections_become_one_kernel():
 
 def test_bare_sibling_dots_merge():
     fn = lambda x, a, b: (x @ a, x @ b)  # noqa: E731
-    f = hlofuse.jit(fn, target="gpu", pipeline=PIPE)
+    f = hlofuse.jit(fn, target="gpu", pipeline=PIPE, options=ALL_KERNELS)
     lo = f.lower(X, WS[0], WS[1])
     (h,) = kernels(lo.report, "horizontal")
     assert "__gpu$xla.gpu.triton" in lo.as_text()

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import hlofuse
 from hlofuse.testing import assert_same
 from tests.fusion_util import kernels, outline, pipe
+from hlofuse.testing import ALL_KERNELS
 
 PIPE = pipe("fuse-matmul-epilogue")
 R = np.random.default_rng(1)
@@ -68,7 +69,7 @@ def test_multi_output_epilogue():
 
 
 def test_bare_dot_left_to_xla_with_reason():
-    f = hlofuse.jit(lambda x, w: x @ w, target="gpu", pipeline=PIPE)
+    f = hlofuse.jit(lambda x, w: x @ w, target="gpu", pipeline=PIPE, options=ALL_KERNELS)
     rep = f.report(X, W)
     (r,) = rep.regions
     assert r.kernel is None and r.reason.startswith("cost model: bare dot_general")
@@ -121,7 +122,7 @@ def test_epilogue_cycle_is_refused():
 def test_gpu_and_tpu_lower_to_custom_calls():
     fn = CASES[2][1]
     for target, marker in (("gpu", "__gpu$xla.gpu.triton"), ("tpu", "tpu_custom_call")):
-        lo = hlofuse.jit(fn, target=target, pipeline=PIPE).lower(X, W, B)
+        lo = hlofuse.jit(fn, target=target, pipeline=PIPE, options=ALL_KERNELS).lower(X, W, B)
         assert marker in lo.as_text()
         (k,) = kernels(lo.report, "matmul_epilogue")
         assert k.block and "tiles" in k.block

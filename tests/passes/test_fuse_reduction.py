@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import hlofuse
 from hlofuse.testing import assert_same
 from tests.fusion_util import kernels, outline, pipe
+from hlofuse.testing import ALL_KERNELS
 
 PIPE = pipe("fuse-reduction")
 RNG = np.random.default_rng(0)
@@ -149,7 +150,8 @@ def test_cycle_is_refused():
 
 def test_gpu_and_tpu_lower_to_custom_calls():
     for target, marker in (("gpu", "__gpu$xla.gpu.triton"), ("tpu", "tpu_custom_call")):
-        lo = hlofuse.jit(layernorm_a, target=target, pipeline=PIPE).lower(X, G, B)
+        lo = hlofuse.jit(layernorm_a, target=target, pipeline=PIPE,
+                         options=ALL_KERNELS).lower(X, G, B)
         assert marker in lo.as_text()
         assert len(kernels(lo.report, "reduction")) == 1
 

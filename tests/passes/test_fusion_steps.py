@@ -16,6 +16,7 @@ from hlofuse.passes.fusion import predicates as P
 from hlofuse.passes.fusion.outline import KIND_ATTR, XLA_ATTR
 from hlofuse.passes.fusion.regions import BlockGraph, grow_region, merge_siblings
 from hlofuse.pipeline import PassContext
+from hlofuse.testing import ALL_KERNELS
 
 F32 = np.float32
 
@@ -320,9 +321,11 @@ def test_fusion_engine_is_idempotent():
         h = jax.nn.softmax(q * k, axis=-1)        # reduction
         return jax.nn.relu(h @ c + x), (x * x).sum(0)   # matmul epilogue; a reduce left to XLA
     for target in ("cpu", "gpu"):
-        first = hlofuse.jit(fn, target=target, pipeline=FULL_PIPE).lower(x, *ws)
+        first = hlofuse.jit(fn, target=target, pipeline=FULL_PIPE,
+                            options=ALL_KERNELS).lower(x, *ws)
         assert {k.kind for k in first.report.kernels} >= {"horizontal", "reduction", "matmul_epilogue"}
-        again = hlofuse.optimize(first.as_text(), target=target, pipeline=FULL_PIPE)
+        again = hlofuse.optimize(first.as_text(), target=target, pipeline=FULL_PIPE,
+                                 options=ALL_KERNELS)
         assert again.text == first.as_text() and again.report.regions == []
 
 

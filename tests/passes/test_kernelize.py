@@ -7,6 +7,7 @@ import hlofuse
 from hlofuse import ir as hir
 from hlofuse.kernels import FAMILIES
 from hlofuse.testing import assert_same
+from hlofuse.testing import ALL_KERNELS
 
 CHAIN = """
 func.func @main(%x: tensor<8x16xf32>, %y: tensor<8x16xf32>) -> tensor<8x16xf32> {
@@ -37,7 +38,7 @@ def test_region_becomes_a_kernel_and_keeps_results():
 
 @pytest.mark.parametrize("target,marker", [("gpu", "__gpu$xla.gpu.triton"), ("tpu", "tpu_custom_call")])
 def test_accelerator_targets_splice_custom_calls(target, marker):
-    opt = hlofuse.optimize(CHAIN, target=target, pipeline=PIPE)
+    opt = hlofuse.optimize(CHAIN, target=target, pipeline=PIPE, options=ALL_KERNELS)
     assert opt.text.count(marker) == 1 and opt.report.kernels
 
 

@@ -17,6 +17,7 @@ import hlofuse
 from hlofuse.execute import run_module
 from hlofuse.testing import assert_same
 from tests.fusion_util import kernels
+from hlofuse.testing import ALL_KERNELS
 
 PASS = ["quantize-matmul"]
 R = np.random.default_rng(3)
@@ -164,7 +165,7 @@ def mlp_args(m=16, k=64, h=128):
 def test_quantized_linear_gelu_linear_is_three_kernels(target):
     args = mlp_args()
     for fn in (int8_mlp, fake_quant_mlp):
-        f = hlofuse.jit(fn, target=target, autotune=False)
+        f = hlofuse.jit(fn, target=target, autotune=False, options=ALL_KERNELS)
         rep = f.report(*args)
         assert len(kernels(rep)) <= 3 and len(kernels(rep, "matmul_epilogue")) == 2, str(rep)
         assert all(r.kernel for r in rep.regions), str(rep)

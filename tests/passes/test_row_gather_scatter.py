@@ -17,6 +17,7 @@ from hlofuse.kernels import FAMILIES
 from hlofuse.testing import assert_same
 from hlofuse.execute import run_module
 from tests.fusion_util import PREFIX, check_kernel_everywhere, kernels, outline
+from hlofuse.testing import ALL_KERNELS
 
 R = np.random.default_rng(5)
 ON = "row-gather-scatter{on_cpu=true}"          # off on cpu by default (measured slower there)
@@ -153,5 +154,5 @@ def test_off_on_cpu_by_default_and_says_why():
     assert after.text == before and _stats(after.report)["off_on_cpu"] == 1
     assert any("off on cpu by default" in n for n in after.report.notes), after.report.notes
     # gpu: on by default (the row fits a gpu row kernel)
-    gpu = hlofuse.jit(step, target="gpu").lower(logits, labels)
+    gpu = hlofuse.jit(step, target="gpu", options=ALL_KERNELS).lower(logits, labels)
     assert _stats(gpu.report)["gather"] == 1 and len(kernels(gpu.report, "reduction")) >= 1

@@ -1,5 +1,6 @@
 // golden: target=gpu
 // golden: before=fuse-elementwise
+// golden: options={"kernelize": {"unmeasured": "kernel"}}
 // golden: numbers=skip(a Triton custom call does not run on the CPU)
 // gpu: the region becomes a Triton kernel behind a custom call (its payload is elided).
 func.func @main(%x: tensor<8x16xf32>, %y: tensor<8x16xf32>) -> tensor<8x16xf32> {
