@@ -252,17 +252,24 @@ def parse_args(argv=None):
                     help="measure fresh-process peak RSS (default: on, off under --quick)")
     ap.add_argument("--no-rss", dest="rss", action="store_false")
     ap.add_argument("--autotune", choices=["auto", "on", "off"], default="auto",
-                    help="hlofuse.jit(autotune=...): auto = hlofuse's default (on for CPU)")
+                    help="hlofuse.jit(autotune=...): auto = hlofuse's default (on)")
     ap.add_argument("--eager-calls", type=int, default=None)
     ap.add_argument("--zoo", action="store_true",
                     help="run the model zoo (bench/zoo: Flax, Equinox, Haiku models; needs "
                          "pip install -e '.[zoo]') instead of the workloads; --models picks zoo models")
     ap.add_argument("--zoo-size", choices=["real", "small"], default="real",
                     help="zoo configs: real (the benchmark) or small (the CI configs)")
+    ap.add_argument("--memory", action="store_true",
+                    help="instead: peak device memory of training steps compiled for GPUs/TPUs "
+                         "without one (python -m bench --memory --help; needs the aot extra)")
     return ap.parse_args(argv)
 
 
 def main(argv=None) -> int:
+    raw = list(sys.argv[1:] if argv is None else argv)
+    if "--memory" in raw:   # peak device memory of training steps per chip (bench/memory.py)
+        from bench import memory
+        return memory.main([a for a in raw if a != "--memory"])
     args = parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     if args.zoo:

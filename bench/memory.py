@@ -1,0 +1,388 @@
+"""Peak device memory of training steps per chip, measured without the chip (issue 45).
+
+    python -m bench --memory                      # every step at real size: h100, a100, v5e, v6e
+    python -m bench --memory --quick              # small sizes, h100 and v5e (CI)
+    python -m bench.memory --chips h100 --steps mlp bert --json out.json --plot out.png
+
+Each training step is written as users write one in plain JAX: a model's loss,
+``jax.value_and_grad``, an ``optax.adamw`` update, parameters and optimizer state donated
+(``donate_argnums=(0, 1)``) to both ``jax.jit`` and ``hlofuse.jit(target=...)``. Both are
+compiled for the chip by its own compiler, here, without the chip (the ``aot`` extra's XLA:GPU
+with a target description of the GPU, libtpu's compile-only topologies;
+``../shared/reference/deviceless-compile.md``), one process per chip. The compiled executable's
+``memory_analysis()`` is XLA's buffer assignment for that chip, the bytes the chip would
+allocate: peak = arguments + outputs + temporaries - aliased (donated). ``cost_analysis()``
+gives flops and bytes where the compiler reports them (deviceless XLA:GPU reports none;
+XLA:TPU does not count a Mosaic kernel's flops, so the kernels' flops are added from their
+regions). The table is of ratios hlofuse / jax.jit, one row per step and chip.
+
+Deterministic figures only: nothing here is timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Callable
+
+import numpy as np
+
+__all__ = ["STEPS", "CHIPS", "QUICK_CHIPS", "main", "measure_chip", "run_chip", "table"]
+
+CHIPS = ["h100", "a100", "v5e", "v6e"]
+QUICK_CHIPS = ["h100", "v5e"]
+MIB = 1 << 20
+
+
+# ----------------------------------------------------------------------------------------------
+# The steps: models from bench.workloads, a loss, optax's AdamW
+# ----------------------------------------------------------------------------------------------
+def _mse(y, t):
+    import jax.numpy as jnp
+    return jnp.mean((y.astype(jnp.float32) - t.astype(jnp.float32)) ** 2)
+
+
+def _bert(quick: bool):
+    from bench import workloads as w
+    s, b, d, ff, layers = (128, 2, 256, 1024, 2) if quick else (512, 32, 768, 3072, 2)
+    rng = np.random.default_rng(0)
+    params = [w._transformer_params(rng, d, ff) for _ in range(layers)]
+    x = np.zeros((b, s, d), np.float32)
+    mask = np.zeros((b, 1, 1, s), np.float32)
+
+    def loss(p, x, mask, y):
+        h = x
+        for lp in p:
+            h = w.bert_layer(lp, h, mask, n_heads=d // 64)
+        return _mse(h, y)
+    return loss, params, (x, mask, x), f"BERT-base encoder x{layers}, S={s}, batch {b}, f32"
+
+
+def _gpt2(quick: bool):
+    from bench import workloads as w
+    s, b, d, ff, layers = (128, 2, 256, 1024, 2) if quick else (1024, 4, 768, 3072, 2)
+    rng = np.random.default_rng(0)
+    params = [w._transformer_params(rng, d, ff) for _ in range(layers)]
+    x = np.zeros((b, s, d), np.float32)
+
+    def loss(p, x, y):
+        h = x
+        for lp in p:
+            h = w.gpt2_block(lp, h, n_heads=d // 64)
+        return _mse(h, y)
+    return loss, params, (x, x), f"GPT-2-small decoder x{layers}, causal, S={s}, batch {b}, f32"
+
+
+def _vit(quick: bool):
+    """ViT-B/16 at 224x224: a patch embedding (16x16 conv as a reshape + dense) and encoder
+    layers over 197 tokens."""
+    import jax.numpy as jnp
+    from bench import workloads as w
+    img, b, d, ff, layers = (64, 2, 256, 1024, 2) if quick else (224, 32, 768, 3072, 2)
+    n = (img // 16) ** 2
+    rng = np.random.default_rng(0)
+    params = {"embed": w._dense_params(rng, 16 * 16 * 3, d),
+              "cls": np.zeros((1, 1, d), np.float32),
+              "layers": [w._transformer_params(rng, d, ff) for _ in range(layers)]}
+    x = np.zeros((b, img, img, 3), np.float32)
+    y = np.zeros((b, n + 1, d), np.float32)
+    mask = np.zeros((b, 1, 1, n + 1), np.float32)
+
+    def loss(p, x, y):
+        bb = x.shape[0]
+        patches = x.reshape(bb, img // 16, 16, img // 16, 16, 3).transpose(0, 1, 3, 2, 4, 5)
+        h = patches.reshape(bb, n, 16 * 16 * 3) @ p["embed"]["w"] + p["embed"]["b"]
+        h = jnp.concatenate([jnp.broadcast_to(p["cls"], (bb, 1, d)), h], axis=1)
+        for lp in p["layers"]:
+            h = w.bert_layer(lp, h, mask, n_heads=d // 64)
+        return _mse(h, y)
+    return loss, params, (x, y), f"ViT-B/16 encoder x{layers}, {img}x{img}, batch {b}, f32"
+
+
+def _llama(quick: bool):
+    import jax.numpy as jnp
+    from bench import workloads as w
+    if quick:
+        s, b, d, ff, heads, kv, layers = 128, 2, 256, 704, 4, 2, 2
+    else:   # a Llama-class 1B layer (d=2048, ff=5632, 32 heads, 4 kv heads), 2 of its 22 layers
+        s, b, d, ff, heads, kv, layers = 2048, 4, 2048, 5632, 32, 4, 2
+    rng = np.random.default_rng(0)
+    made = [w._llama_args(s=s, b=b, d=d, ff=ff, n_heads=heads, n_kv=kv)(rng) for _ in range(layers)]
+    bf16 = lambda a: np.asarray(a).astype(jnp.bfloat16)  # noqa: E731
+    params = [{k: bf16(v) for k, v in m[0].items()} for m in made]
+    x, cos, sin = (bf16(a) for a in made[0][1:])
+
+    def loss(p, x, cos, sin, y):
+        h = x
+        for lp in p:
+            h = w.llama_block(lp, h, cos, sin, n_heads=heads, n_kv=kv)
+        return _mse(h, y)
+    return loss, params, (x, cos, sin, x), \
+        f"Llama-1B-class decoder x{layers}, S={s}, batch {b}, bf16"
+
+
+def _bn_train(x, bn):
+    """Training BatchNorm (batch statistics over N, H, W), as Flax's BatchNorm trains."""
+    import jax.numpy as jnp
+    m = x.mean((0, 1, 2))
+    v = ((x - m) ** 2).mean((0, 1, 2))
+    return (x - m) * (bn["gamma"] / jnp.sqrt(v + 1e-5)) + bn["beta"]
+
+
+def _resnet(quick: bool):
+    import jax
+    from bench import workloads as w
+    hw, b = (16, 2) if quick else (56, 64)
+    params, x = w._resnet_args("NHWC", hw=hw, b=b)(np.random.default_rng(0))
+    params = [{k: ({"gamma": v["gamma"], "beta": v["beta"]} if k.startswith("bn") else v)
+               for k, v in blk.items()} for blk in params]
+
+    def loss(p, x, y):
+        for blk in p:
+            h = jax.nn.relu(_bn_train(w._conv(x, blk["w1"], "NHWC"), blk["bn1"]))
+            h = jax.nn.relu(_bn_train(w._conv(h, blk["w2"], "NHWC"), blk["bn2"]))
+            h = _bn_train(w._conv(h, blk["w3"], "NHWC"), blk["bn3"])
+            sc = _bn_train(w._conv(x, blk["wsc"], "NHWC"), blk["bnsc"]) if "wsc" in blk else x
+            x = jax.nn.relu(h + sc)
+        return _mse(x, y)
+    y = np.zeros(x.shape[:-1] + (256,), np.float32)
+    return loss, params, (x, y), (f"ResNet-50 stage conv2_x (3 bottlenecks, training "
+                                  f"BatchNorm), {hw}x{hw}x256, batch {b}, NHWC f32")
+
+
+def _mlp(quick: bool):
+    from bench import workloads as w
+    d, b = (512, 32) if quick else (4096, 256)
+    params = [w._dense_params(np.random.default_rng(i), d, d) for i in range(3)]
+    x = np.zeros((b, d), np.float32)
+
+    def loss(p, x, y):
+        return _mse(w.mlp(p, x), y)
+    return loss, params, (x, x), f"MLP 3x{d}, GELU, batch {b}, f32"
+
+
+#: name -> builder(quick) -> (loss(params, *batch), params, batch, description)
+STEPS: dict[str, Callable] = {"bert": _bert, "gpt2": _gpt2, "vit": _vit, "llama": _llama,
+                              "resnet": _resnet, "mlp": _mlp}
+
+
+def train_step(loss: Callable):
+    """The step users write: value_and_grad, optax.adamw, new params and state out."""
+    import jax
+    import optax
+    opt = optax.adamw(1e-4)
+
+    def step(params, opt_state, *batch):
+        value, grads = jax.value_and_grad(loss)(params, *batch)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, value
+    return step, opt
+
+
+# ----------------------------------------------------------------------------------------------
+# One chip (a worker process): compile both programs, read XLA's figures
+# ----------------------------------------------------------------------------------------------
+def _memory(compiled) -> dict:
+    ma = compiled.memory_analysis()
+    out = {k: int(getattr(ma, f"{k}_size_in_bytes", 0) or 0)
+           for k in ("argument", "output", "temp", "alias", "generated_code")}
+    out["peak"] = out["argument"] + out["output"] + out["temp"] - out["alias"]
+    return out
+
+
+def _cost(compiled) -> dict:
+    try:
+        ca = compiled.cost_analysis()
+    except Exception:  # noqa: BLE001 - a compiler without cost analysis reports none
+        return {}
+    if isinstance(ca, (list, tuple)):
+        ca = ca[0] if ca else {}
+    ca = ca or {}
+    return {"flops": float(ca.get("flops", 0.0) or 0.0),
+            "bytes": float(ca.get("bytes accessed", 0.0) or 0.0)} if ca else {}
+
+
+def measure_chip(chip_name: str, steps: list[str], quick: bool,
+                 options: dict | None = None) -> list[dict]:
+    """In this process (the chip's compiler loaded): each step under jax.jit and hlofuse.jit
+    (with pass ``options``), compiled for the chip; one row per step."""
+    import jax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    import hlofuse
+    from hlofuse import chips as _chips
+    from hlofuse.aot import _device
+    chip = _chips.get(chip_name)
+    mesh = Mesh(np.array([_device(chip)]), ("x",))
+    rows = []
+    for name in steps:
+        loss, params, batch, desc = STEPS[name](quick)
+        step, opt = train_step(loss)
+        rep = NamedSharding(mesh, P())
+
+        def spec(a):
+            return jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype, sharding=rep)
+        p_spec = jax.tree_util.tree_map(spec, params)
+        o_spec = jax.tree_util.tree_map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype,
+                                                                       sharding=rep),
+                                        jax.eval_shape(opt.init, p_spec))
+        args = (p_spec, o_spec, *[spec(b) for b in batch])
+        row = {"step": name, "chip": chip.name, "target": chip.target, "what": desc}
+        try:
+            with jax.set_mesh(mesh):
+                t0 = time.perf_counter()
+                cj = jax.jit(step, donate_argnums=(0, 1)).trace(*args).lower().compile()
+                row["jax_compile_s"] = round(time.perf_counter() - t0, 1)
+                f = hlofuse.jit(step, target=chip.target, donate_argnums=(0, 1),
+                                options=options)
+                t0 = time.perf_counter()
+                with _chips.use(chip):
+                    lowered = f.lower(*args)
+                    ch = lowered.jax_lowered.compile()
+                row["hlofuse_compile_s"] = round(time.perf_counter() - t0, 1)
+            report = lowered.report
+            row["jax"] = {**_memory(cj), **_cost(cj)}
+            row["hlofuse"] = {**_memory(ch), **_cost(ch)}
+            kernels = report.kernels if report is not None else []
+            row["kernels"] = len(kernels)
+            row["kernel_kinds"] = sorted({r.kind for r in kernels})
+            row["kernel_flops"] = int(sum(r.flops for r in kernels))
+            row["regions_left_to_xla"] = len(report.left_to_xla) if report is not None else 0
+        except Exception as e:  # noqa: BLE001 - the row says what failed; the others still run
+            row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+def _worker_main(argv) -> int:
+    chip, quick, steps = argv[0], argv[1] == "quick", argv[2].split(",")
+    measure_chip(chip, steps, quick, json.loads(argv[3]) if len(argv) > 3 else None)
+    return 0
+
+
+def run_chip(chip: str, steps: list[str], quick: bool, timeout: float = 3600,
+             options: dict | None = None) -> list[dict]:
+    """:func:`measure_chip` in a process of its own (the chip's compiler, ``$HLOFUSE_AOT_PYTHON``
+    or this Python); a step the process did not get to has a row with ``error``."""
+    from hlofuse import aot
+    env = dict(os.environ, **aot._WORKER_ENV)
+    env.setdefault("HLOFUSE_MODULE_CACHE", "0")
+    cmd = [aot._python(), "-m", "bench.memory", "--worker", chip,
+           "quick" if quick else "full", ",".join(steps), json.dumps(options or {})]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        p = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True,
+                           timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        p = None
+        err = f"timed out after {timeout:.0f}s"
+    else:
+        out, err = p.stdout, None
+    rows = []
+    for line in out.splitlines():
+        if line.startswith("{"):
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                pass
+    done = {r["step"] for r in rows}
+    for s in steps:
+        if s not in done:
+            tail = (p.stderr.strip().splitlines()[-1:] if p is not None and p.stderr else [""])[0]
+            rows.append({"step": s, "chip": chip, "error": err or
+                         f"compiler process exited {p.returncode}: {tail[:300]}"})
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------
+# The table
+# ----------------------------------------------------------------------------------------------
+def _ratio(a, b) -> str:
+    return f"{a / b:.2f}" if a and b else "-"
+
+
+def table(rows: list[dict]) -> str:
+    head = ("| step | chip | jax.jit peak MiB | hlofuse peak MiB | peak ratio | jax.jit temp MiB "
+            "| hlofuse temp MiB | flops ratio | kernels |")
+    lines = [head, "|" + "---|" * 9]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['step']} | {r['chip']} | error: {r['error']} |||||||")
+            continue
+        j, h = r["jax"], r["hlofuse"]
+        hf = h.get("flops", 0.0) + (r["kernel_flops"] if r.get("target") == "tpu" else 0)
+        lines.append(
+            f"| {r['step']} | {r['chip']} | {j['peak'] / MIB:.0f} | {h['peak'] / MIB:.0f} | "
+            f"{_ratio(h['peak'], j['peak'])} | {j['temp'] / MIB:.0f} | {h['temp'] / MIB:.0f} | "
+            f"{_ratio(hf, j.get('flops', 0.0))} | {r['kernels']} |")
+    ok = [r for r in rows if "error" not in r]
+    if ok:
+        ratios = sorted(r["hlofuse"]["peak"] / r["jax"]["peak"] for r in ok)
+        worst = max(ok, key=lambda r: r["hlofuse"]["peak"] / r["jax"]["peak"])
+        lines.append("")
+        lines.append(f"median peak ratio {ratios[len(ratios) // 2]:.2f} over {len(ok)} rows; "
+                     f"highest {worst['hlofuse']['peak'] / worst['jax']['peak']:.2f} "
+                     f"({worst['step']} on {worst['chip']})")
+    return "\n".join(lines)
+
+
+def _plot(rows: list[dict], path: str) -> None:
+    from bench import png
+    ok = [r for r in rows if "error" not in r]
+    png.bar_chart(path, [f"{r['step']}/{r['chip']}" for r in ok],
+                  [r["hlofuse"]["peak"] / r["jax"]["peak"] for r in ok],
+                  title="peak device memory, hlofuse.jit / jax.jit (deviceless compiles)")
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--worker"]:
+        return _worker_main(argv[1:])
+    ap = argparse.ArgumentParser(prog="python -m bench --memory", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--memory", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--quick", action="store_true", help="small sizes on h100 and v5e")
+    ap.add_argument("--chips", default=None, help=f"comma-separated (default {','.join(CHIPS)}; "
+                                                  f"--quick: {','.join(QUICK_CHIPS)})")
+    ap.add_argument("--steps", nargs="+", default=None, choices=sorted(STEPS))
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--markdown", default=None)
+    ap.add_argument("--plot", default=None, help="write a PNG bar chart of the peak ratios")
+    ap.add_argument("--timeout", type=float, default=3600, help="seconds per chip")
+    a = ap.parse_args(argv)
+    from hlofuse import aot
+    chips = aot.parse_chips(a.chips or ",".join(QUICK_CHIPS if a.quick else CHIPS))
+    steps = a.steps or list(STEPS)
+    missing = [m for m in (aot.missing_packages(c) for c in chips) if m] \
+        if aot._python() == sys.executable else []
+    if missing:
+        print(f"bench --memory: {missing[0]}", file=sys.stderr)
+        return 2
+    rows = []
+    for c in chips:
+        t0 = time.perf_counter()
+        got = run_chip(c, steps, a.quick, a.timeout)
+        print(f"# {c}: {len(got)} steps compiled twice in {time.perf_counter() - t0:.0f}s",
+              flush=True)
+        rows += got
+    text = table(rows)
+    print(text)
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump({"quick": a.quick, "rows": rows}, fh, indent=1)
+    if a.markdown:
+        with open(a.markdown, "w") as fh:
+            fh.write(text + "\n")
+    if a.plot:
+        _plot(rows, a.plot)
+    return 1 if any("error" in r for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
