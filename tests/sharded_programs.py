@@ -39,8 +39,12 @@ COLLECTIVES = ("all-gather", "all-reduce", "collective-permute", "all-to-all", "
 
 
 def collectives(hlo_text: str) -> dict[str, int]:
-    """Collective ops of each kind in compiled HLO text (async pairs counted once)."""
-    return {c: len(re.findall(r"= \S+ " + c + r"(?:-start)?\(", hlo_text)) for c in COLLECTIVES}
+    """Collective ops of each kind in compiled HLO text (async pairs counted once), the
+    tuple-shaped ones XLA's combiners make too (``%all-reduce.9 = (f32[64]{0}, f32[32]{0})
+    all-reduce(...)``; layouts may hold parentheses: ``{1,0:T(8,128)}``)."""
+    shape = r"(?:\((?:[^()]|\([^()]*\))*\)|\S+)"
+    return {c: len(re.findall(r"= " + shape + " " + c + r"(?:-start)?\(", hlo_text))
+            for c in COLLECTIVES}
 
 
 def agreement(want, got) -> dict:
