@@ -35,7 +35,7 @@ private has no public form in at least one supported release.
 | python_dispatch | tests: a tiered call must leave jit's Python dispatch path (``pjit._run_python_pjit``) | private | same | none |
 | export_backend_init | skip the LAPACK initialisation ``Exported.call`` does when a module has no LAPACK call | called from abstract eval | called from lowering; patched as a module global in both | none |
 | pallas_internals | the cpu interpret rule and one-step evaluation of a ``pallas_call`` | ``pallas_call_p`` a ``HiPrimitive``; ``discharge_state`` takes a ``ClosedJaxpr`` | a plain ``Primitive``; ``discharge_state`` takes a ``Jaxpr`` with consts | none |
-| xla_client | ``DeviceList`` and ``backends_are_initialized`` for deviceless compiles | private | same | none |
+| xla_client | ``DeviceList``, ``backends_are_initialized`` and ``lib.cuda_path`` (the CUDA directory jax hands XLA: its ``ptxas``) for deviceless compiles | private | same | none |
 | rgv3_meshes | collectives in ``shard_map`` (replica groups) | dense ``replica_groups`` | mesh-axis replica groups naming ``sdy.mesh @mesh_0`` (``jax_use_rgv3``, 0.11.0): a second ``sdy.mesh`` kept | n/a |
 | loop_bodies | ``scan``/``fori_loop`` bodies in the exported module | outlined as ``func.func private @closed_call`` | inlined in the ``stablehlo.while`` region | n/a |
 | serialization | ``Exported.serialize`` version (persistent caches, ``.exported`` files) | 11 | 12 (records the JAX version) | ``jax.export`` (both) |
@@ -92,7 +92,7 @@ __all__ = [
     # compilation_cache / export_backend_init / pallas_internals / xla_client
     "compilation_cache_decided_off", "reset_compilation_cache", "persistent_cache_min_compile_time",
     "python_dispatch",
-    "install_export_backend_guard", "pallas", "GPU_TPU_INTERPRET_MODULES", "DeviceList", "backends_are_initialized",
+    "install_export_backend_guard", "pallas", "GPU_TPU_INTERPRET_MODULES", "DeviceList", "backends_are_initialized", "cuda_path",
     # rgv3_meshes / loop_bodies / serialization
     "HAS_RGV3", "outlines_loop_bodies", "serialization_version",
 ]
@@ -409,6 +409,15 @@ def DeviceList(devices):  # noqa: N802 - jaxlib's class name
 def backends_are_initialized() -> bool:
     from jax._src import xla_bridge
     return xla_bridge.backends_are_initialized()
+
+
+def cuda_path() -> str | None:
+    """The CUDA directory jax points XLA:GPU at (where XLA finds ``ptxas``), or None."""
+    try:
+        from jax._src import lib as _lib
+    except Exception:  # noqa: BLE001 - a jaxlib without it: XLA searches PATH
+        return None
+    return getattr(_lib, "cuda_path", None)
 
 
 # -- rgv3_meshes / loop_bodies / serialization ----------------------------------------------

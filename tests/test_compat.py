@@ -344,6 +344,8 @@ def test_xla_client():
     dl = compat.DeviceList(jax.devices()[:1])
     assert len(dl) == 1
     assert compat.backends_are_initialized() is True
+    path = compat.cuda_path()   # set where jax found CUDA (the aot extra's nvcc), else None
+    assert path is None or os.path.isdir(path)
 
 
 _RGV3 = textwrap.dedent('''
