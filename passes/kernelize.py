@@ -99,18 +99,47 @@ UNMEASURED_POLICIES = ("auto", "xla", "kernel")
 _ATTENTION_KINDS = ("attention", "attention_fwd_lse", "attention_bwd")
 
 
-def unmeasured_kernel_reason(kind: str, fn_op) -> str | None:
+#: tpu: flash attention kernels run unmeasured only from this many keys. Compiled for TPU v5e
+#: (bench --memory, XLA's memory_analysis), training steps with Mosaic attention kernels needed
+#: more memory than XLA's own attention at S=512 (BERT-base, 1.27x) and S=197 (ViT-B/16,
+#: 1.63x; 0.999x with the kernels left to XLA) and less at S=1024 (GPT-2-small, 0.77x); on
+#: H100 the Triton kernels needed less at every length (0.39-0.81x)
+TPU_UNMEASURED_MIN_KEYS = 1024
+
+
+def unmeasured_kernel_reason(kind: str, fn_op, target: Target | None = None) -> str | None:
     """Why a region of ``kind`` is worth a kernel on gpu/tpu before anything was measured
     there, or None when XLA fuses it itself (it then stays with XLA until measured). The
     reasons are what XLA cannot do: it materializes attention's S x S scores (and their
     gradient) in device memory, and it runs an int8 dot's int32 result through a separate
-    dequantization pass."""
+    dequantization pass. On tpu, attention only from :data:`TPU_UNMEASURED_MIN_KEYS` keys."""
     if kind in _ATTENTION_KINDS:
+        if tpu_short_attention(kind, fn_op, target):
+            return None
         return ("flash attention: XLA materializes the S x S scores"
                 + (" and their gradient" if kind == "attention_bwd" else "") + " in device memory")
     if kind == "matmul_epilogue" and _has_integer_dot(fn_op):
         return "int8 dot: XLA writes its int32 product out before the dequantizing epilogue"
     return None
+
+
+def tpu_short_attention(kind: str, fn_op, target) -> int | None:
+    """The key length of a tpu attention region shorter than :data:`TPU_UNMEASURED_MIN_KEYS`
+    (left to XLA unmeasured), else None."""
+    if kind not in _ATTENTION_KINDS or target is None or not Target.of(target).is_tpu:
+        return None
+    keys = _attention_keys(kind, fn_op)
+    return keys if keys is not None and keys < TPU_UNMEASURED_MIN_KEYS else None
+
+
+def _attention_keys(kind: str, fn_op) -> int | None:
+    """The key (softmax) length of an attention region, or None when its spec is not read."""
+    try:
+        spec = FAMILIES[kind].spec_from_func(fn_op)
+    except Exception:  # noqa: BLE001 - the kernel build reports what is wrong
+        return None
+    spec = getattr(spec, "fwd", spec)
+    return dict(spec.label_sizes).get(spec.key)
 
 
 def _has_integer_dot(fn_op) -> bool:
@@ -225,13 +254,16 @@ class Kernelize(Pass):
             region.extra["region_hash"] = region_hash(fn_op, kind, ctx.target, body)
             # whether XLA fuses this itself, recorded on every build: a runtime that built all
             # kernels ("kernel") to measure them holds these back until measured
-            why = unmeasured_kernel_reason(kind, fn_op)
+            why = unmeasured_kernel_reason(kind, fn_op, ctx.target)
             region.extra["xla_fuses"] = why is None
             if why is not None:
                 region.extra["kernel_reason"] = why
             if policy == "xla":
                 if why is None:
-                    region.reason = XLA_FUSES
+                    short = tpu_short_attention(kind, fn_op, ctx.target)
+                    region.reason = XLA_FUSES if short is None else (
+                        f"unmeasured: kept XLA (tpu attention over {short} keys, fewer than "
+                        f"{TPU_UNMEASURED_MIN_KEYS}: XLA's own needs less memory there)")
                     leave_to_xla(fn_op, region.reason)
                     n_unmeasured += 1
                     continue

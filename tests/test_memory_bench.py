@@ -42,10 +42,10 @@ def test_quick_table_never_above_jax_jit(tmp_path):
         j, h = _peak(r, "jax"), _peak(r, "hlofuse")
         assert 0 < h <= j, (r["step"], r["chip"], h, j)
         assert r["jax"]["alias"] > 0 and r["hlofuse"]["alias"] > 0   # donated state reused
-        if r["step"] == "bert":
+        if r["step"] == "bert" and r["chip"] == "h100":
             assert "attention" in r["kernel_kinds"] or "attention_bwd" in r["kernel_kinds"]
-        else:
-            assert r["kernels"] == 0   # an MLP: nothing XLA cannot fuse itself
+        else:   # an MLP: nothing XLA cannot fuse; tpu attention over 128 keys: XLA's own
+            assert r["kernels"] == 0, r
     assert (tmp_path / "mem.png").read_bytes()[:4] == b"\x89PNG"
 
 

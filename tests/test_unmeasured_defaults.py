@@ -41,15 +41,20 @@ def test_unmeasured_gpu_tpu_keep_only_what_xla_cannot_fuse(name, n_attn, n_int8,
     w = workloads.get(name)
     rep = hlofuse.jit(w.fn, target=target).lower(*_specs(w)).report
     kernels = rep.kernels
-    assert sum(r.kind in ATTENTION for r in kernels) >= n_attn
+    # tpu: flash attention unmeasured only from TPU_UNMEASURED_MIN_KEYS keys (attn_s2048)
+    short_tpu = target == "tpu" and name != "attn_s2048"
+    assert sum(r.kind in ATTENTION for r in kernels) >= (0 if short_tpu else n_attn)
+    if short_tpu and n_attn:
+        assert any("tpu attention over" in (r.reason or "") for r in rep.regions)
     assert sum(_int8(r) for r in kernels) >= n_int8
     for r in kernels:   # every kernel is one XLA cannot match, and says why it runs unmeasured
         assert r.kind in ATTENTION or _int8(r), (r.kind, r.ops[:4])
         assert r.extra["unmeasured"].startswith("kernel (")
         assert "(unmeasured: kernel (" in str(rep)
-    fuses = [r for r in rep.regions if r.reason == XLA_FUSES]
+    fuses = [r for r in rep.regions if (r.reason or "").startswith("unmeasured: kept XLA")]
     for r in fuses:
-        assert r.kind in ("elementwise", "reduction", "matmul_epilogue", "horizontal"), r.kind
+        assert r.kind in ("elementwise", "reduction", "matmul_epilogue", "horizontal") or (
+            short_tpu and r.kind in ATTENTION), r.kind
     if name in ("mlp_3x4096", "resnet_nhwc", "layernorm", "softmax"):
         assert not kernels and fuses   # the regions were found, and left to XLA by this rule
     stats = {k: v for p in rep.passes if p.name == "kernelize" for k, v in p.stats.items()}

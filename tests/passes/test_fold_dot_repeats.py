@@ -156,3 +156,24 @@ def test_decode_loop_with_a_kv_cache():
     # fuse-attention says why the step's attention is XLA's
     assert any(n.startswith("fuse-attention:") and "one query row" in n for n in report.notes)
     np.testing.assert_array_equal(g(*args), jax.jit(generate)(*args))
+
+
+def test_off_on_tpu_unless_asked():
+    """tpu: folding measured more memory in a GQA training step (bench --memory, v5e), so the
+    pass leaves tpu programs alone unless ``on_tpu=true``; gpu and cpu fold as before."""
+    import jax
+    import jax.numpy as jnp
+    import hlofuse
+
+    def f(q, k):   # a GQA product: K repeated from 2 to 8 heads
+        return jnp.einsum("bhqd,bhkd->bhqk", q, jnp.repeat(k, 4, axis=1))
+    q = jax.ShapeDtypeStruct((1, 8, 1, 64), jnp.float32)
+    k = jax.ShapeDtypeStruct((1, 2, 128, 64), jnp.float32)
+
+    def folded(target, options=None):
+        rep = hlofuse.jit(f, target=target, options=options).lower(q, k).report
+        (s,) = [p.stats for p in rep.passes if p.name == "fold-dot-repeats"]
+        return s
+    assert folded("gpu")["folded"] == 1 and folded("cpu")["folded"] == 1
+    assert folded("tpu") == {"folded": 0, "skipped": "tpu (on_tpu=true folds there)"}
+    assert folded("tpu", {"fold-dot-repeats": {"on_tpu": True}})["folded"] == 1
