@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 import hlofuse
+from hlofuse.testing import ALL_KERNELS
 from hlofuse.testing import assert_same
 from tests.attention_programs import BF16, make_args, make_attention
 
@@ -131,7 +132,7 @@ def test_training_step_on_gpu_and_tpu_builds_the_pallas_kernels(target, marker):
     with lse and flash backward (their numerics: tests/kernels/test_attention_backward.py, in
     Pallas interpret mode); f16 on tpu is refused with the reason (the step stays with XLA)."""
     def lowered_text(fn, args, target):
-        lo = hlofuse.jit(fn, target=target, autotune=False).lower(*args)
+        lo = hlofuse.jit(fn, target=target, autotune=False, options=ALL_KERNELS).lower(*args)
         return lo.as_text(), lo.report
     f, args, argn = _case("bshd-causal-manual-softmax-f32")
 

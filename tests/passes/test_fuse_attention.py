@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 import hlofuse
+from hlofuse.testing import ALL_KERNELS
 from hlofuse.testing import assert_same
 from tests.attention_programs import BF16, make_args, make_attention
 
@@ -488,7 +489,7 @@ def test_gpu_and_tpu_kernels_lower_from_cpu(target, marker, case):
     lay, m, g, sm, sc, fill, dt, sq, sk = case
     args = make_args(lay, m, g, dt, sq, sk, d=64)
     low = hlofuse.jit(make_attention(lay, m, g, sm, sc, fill), target=target, autotune=False,
-                      options={"strict": True}).lower(*args)
+                      options={"strict": True, **ALL_KERNELS}).lower(*args)
     (r,) = attention_regions(low.report)
     assert r.kernel and marker in low.as_text()
 
@@ -500,7 +501,7 @@ def test_padding_mask_in_two_layouts_lowers_for_gpu_and_tpu(target, marker):
     q, k, v = [rng.standard_normal((2, 64, 2, 64)).astype(np.float32) for _ in range(3)]
     keep = (np.arange(64)[None, :] < np.array([[64], [9]])).astype(np.float32)
     low = hlofuse.jit(_padding_masked("product"), target=target, autotune=False,
-                      options={"strict": True}).lower(q, k, v, keep)
+                      options={"strict": True, **ALL_KERNELS}).lower(q, k, v, keep)
     (r,) = attention_regions(low.report)
     assert r.kernel and marker in low.as_text() and r.inputs.count("f32[2,64]") == 2
 
