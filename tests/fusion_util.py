@@ -55,11 +55,11 @@ class Outlined:
         return ir.StringAttr(f.attributes[XLA_ATTR]).value if XLA_ATTR in f.attributes else None
 
 
-def outline(fn, args, passes: str, target: str = "cpu") -> Outlined:
+def outline(fn, args, passes: str, target: str = "cpu", options: dict | None = None) -> Outlined:
     """Export ``fn`` for ``target`` and run ``PREFIX + passes`` (no kernelize)."""
     exp = jax.export.export(jax.jit(fn), platforms=[{"gpu": "cuda"}.get(target, target)])(*args)
     opt = hlofuse.optimize(exp.mlir_module(), target=target, pipeline=f"{PREFIX},{passes}",
-                           options=ALL_KERNELS)
+                           options={**ALL_KERNELS, **(options or {})})
     return Outlined(opt, opt.report)
 
 
