@@ -24,9 +24,15 @@ def test_conv1x1_becomes_matmul_with_bn_relu_residual_epilogue():
     sc, sh = R.standard_normal(16).astype(F32), R.standard_normal(16).astype(F32)
     fn = lambda x, w, sc, sh: jax.nn.relu(_conv(x, w) * sc + sh + x)  # noqa: E731
     for target in ("gpu", "tpu"):
-        out = outline(fn, (x, w, sc, sh), "conv1x1-to-dot,fuse-matmul-epilogue", target=target)
+        out = outline(fn, (x, w, sc, sh), "conv1x1-to-dot,fuse-matmul-epilogue", target=target,
+                      options={"conv1x1-to-dot": {"on_gpu": True}})
         (r,) = [r for r in out.report.regions if r.kind == "matmul_epilogue"]
         assert r.extra["conv1x1"] and r.reason is None and "stablehlo.maximum" in r.ops
+    # gpu by default: the convolutions stay (measured less memory with XLA:GPU's, H100/A100)
+    out = outline(fn, (x, w, sc, sh), "conv1x1-to-dot,fuse-matmul-epilogue", target="gpu")
+    assert not [r for r in out.report.regions if r.kind == "matmul_epilogue"]
+    (s,) = [p.stats for p in out.report.passes if p.name == "conv1x1-to-dot"]
+    assert s == {"conv1x1_as_dot": 0, "skipped": "gpu (on_gpu=true rewrites there)"}
     # cpu: a dot by default, left to XLA's library dot and epilogue fusion (no kernel)
     f = hlofuse.jit(fn, target="cpu", pipeline=PIPE)
     rep = f.report(x, w, sc, sh)
