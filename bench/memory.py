@@ -186,26 +186,6 @@ def train_step(loss: Callable):
 # ----------------------------------------------------------------------------------------------
 # One chip (a worker process): compile both programs, read XLA's figures
 # ----------------------------------------------------------------------------------------------
-def _memory(compiled) -> dict:
-    ma = compiled.memory_analysis()
-    out = {k: int(getattr(ma, f"{k}_size_in_bytes", 0) or 0)
-           for k in ("argument", "output", "temp", "alias", "generated_code")}
-    out["peak"] = out["argument"] + out["output"] + out["temp"] - out["alias"]
-    return out
-
-
-def _cost(compiled) -> dict:
-    try:
-        ca = compiled.cost_analysis()
-    except Exception:  # noqa: BLE001 - a compiler without cost analysis reports none
-        return {}
-    if isinstance(ca, (list, tuple)):
-        ca = ca[0] if ca else {}
-    ca = ca or {}
-    return {"flops": float(ca.get("flops", 0.0) or 0.0),
-            "bytes": float(ca.get("bytes accessed", 0.0) or 0.0)} if ca else {}
-
-
 def measure_chip(chip_name: str, steps: list[str], quick: bool,
                  options: dict | None = None) -> list[dict]:
     """In this process (the chip's compiler loaded): each step under jax.jit and hlofuse.jit
@@ -215,6 +195,7 @@ def measure_chip(chip_name: str, steps: list[str], quick: bool,
 
     import hlofuse
     from hlofuse import chips as _chips
+    from hlofuse import memory
     from hlofuse.aot import _device
     chip = _chips.get(chip_name)
     mesh = Mesh(np.array([_device(chip)]), ("x",))
@@ -245,8 +226,8 @@ def measure_chip(chip_name: str, steps: list[str], quick: bool,
                     ch = lowered.jax_lowered.compile()
                 row["hlofuse_compile_s"] = round(time.perf_counter() - t0, 1)
             report = lowered.report
-            row["jax"] = {**_memory(cj), **_cost(cj)}
-            row["hlofuse"] = {**_memory(ch), **_cost(ch)}
+            row["jax"] = memory.figures(cj).to_dict()
+            row["hlofuse"] = memory.figures(ch).to_dict()
             kernels = report.kernels if report is not None else []
             row["kernels"] = len(kernels)
             row["kernel_kinds"] = sorted({r.kind for r in kernels})
@@ -316,11 +297,11 @@ def table(rows: list[dict]) -> str:
             lines.append(f"| {r['step']} | {r['chip']} | error: {r['error']} |||||||")
             continue
         j, h = r["jax"], r["hlofuse"]
-        hf = h.get("flops", 0.0) + (r["kernel_flops"] if r.get("target") == "tpu" else 0)
+        hf = h["flops"] + (r["kernel_flops"] if r.get("target") == "tpu" else 0)
         lines.append(
             f"| {r['step']} | {r['chip']} | {j['peak'] / MIB:.0f} | {h['peak'] / MIB:.0f} | "
             f"{_ratio(h['peak'], j['peak'])} | {j['temp'] / MIB:.0f} | {h['temp'] / MIB:.0f} | "
-            f"{_ratio(hf, j.get('flops', 0.0))} | {r['kernels']} |")
+            f"{_ratio(hf, j['flops'])} | {r['kernels']} |")
     ok = [r for r in rows if "error" not in r]
     if ok:
         ratios = sorted(r["hlofuse"]["peak"] / r["jax"]["peak"] for r in ok)

@@ -21,10 +21,12 @@ import dataclasses
 import os
 import re
 
+from hlofuse import ir as hir
 from hlofuse.passes.buffer_aliasing import memory_plan
+from hlofuse.report import fmt_bytes
 from hlofuse.target import Target
 
-__all__ = ["MemoryLimitError", "Figures", "figures", "resolve_limit", "choose", "fmt"]
+__all__ = ["MemoryLimitError", "Figures", "figures", "resolve_limit", "choose"]
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
@@ -37,38 +39,37 @@ class MemoryLimitError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Figures:
-    """XLA's figures for one compiled plan (bytes; flops from ``cost_analysis()``, 0 unknown)."""
+    """XLA's figures for one compiled plan (bytes; flops and bytes accessed from
+    ``cost_analysis()``, 0 when the compiler reports none)."""
     argument: int
     output: int
     temp: int
     alias: int
     flops: float = 0.0
+    bytes_accessed: float = 0.0
 
     @property
     def peak(self) -> int:
         return self.argument + self.output + self.temp - self.alias
 
+    def to_dict(self) -> dict:
+        return dict(dataclasses.asdict(self), peak=self.peak)
+
 
 def figures(compiled) -> Figures:
     """The :class:`Figures` of a compiled executable (jax's ``Compiled``)."""
     ma = compiled.memory_analysis()
-    flops = 0.0
+    ca = {}
     try:
         ca = compiled.cost_analysis()
         if isinstance(ca, (list, tuple)):
             ca = ca[0] if ca else {}
-        flops = float((ca or {}).get("flops", 0.0) or 0.0)
     except Exception:  # noqa: BLE001 - a backend without cost analysis: flops unknown
         pass
+    ca = ca or {}
     return Figures(*(int(getattr(ma, f"{k}_size_in_bytes", 0) or 0)
-                     for k in ("argument", "output", "temp", "alias")), flops)
-
-
-def fmt(n: float) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{int(n)} B"
+                     for k in ("argument", "output", "temp", "alias")),
+                   float(ca.get("flops", 0.0) or 0.0), float(ca.get("bytes accessed", 0.0) or 0.0))
 
 
 def resolve_limit(limit, target: Target, device=None) -> int:
@@ -113,12 +114,13 @@ def choose(plans: dict[str, Figures], limit: int, *, name: str, module=None) -> 
     :class:`MemoryLimitError` when none fits (``module``: hlofuse's optimized module, whose
     largest buffers live at the peak the message lists)."""
     fits = [p for p, f in plans.items() if f.peak <= limit]
-    each = ", ".join(f"{p} {fmt(f.peak)}" for p, f in plans.items())
+    each = ", ".join(f"{p} {fmt_bytes(f.peak)}" for p, f in plans.items())
     if not fits:
         best = min(plans, key=lambda p: plans[p].peak)
-        lines = [f"hlofuse.jit({name}): no plan fits memory_limit={fmt(limit)}: peak per plan "
+        lines = [f"hlofuse.jit({name}): no plan fits memory_limit={fmt_bytes(limit)}: peak per "
+                 f"plan "
                  f"(arguments + outputs + temporaries - donated) {each}; the smallest, {best}, "
-                 f"is {fmt(plans[best].peak - limit)} over"]
+                 f"is {fmt_bytes(plans[best].peak - limit)} over"]
         lines += _live_at_peak(module)
         lines.append("what lowers it: donate_argnums for parameters and optimizer state, a "
                      "smaller batch, jax.checkpoint around the layers, or sharding the step")
@@ -126,9 +128,9 @@ def choose(plans: dict[str, Figures], limit: int, *, name: str, module=None) -> 
     pick = min(fits, key=lambda p: (plans[p].flops, list(plans).index(p)))
     f = plans[pick]
     over = [p for p in plans if p not in fits]
-    note = (f"memory_limit {fmt(limit)}: runs {pick} (peak {fmt(f.peak)}, temporaries "
-            f"{fmt(f.temp)}" + (f", {f.flops:.3g} flops" if f.flops else "") + "); " +
-            (f"over the limit: {', '.join(f'{p} {fmt(plans[p].peak)}' for p in over)}"
+    note = (f"memory_limit {fmt_bytes(limit)}: runs {pick} (peak {fmt_bytes(f.peak)}, "
+            f"temporaries {fmt_bytes(f.temp)}" + (f", {f.flops:.3g} flops" if f.flops else "") + "); " +
+            (f"over the limit: {', '.join(f'{p} {fmt_bytes(plans[p].peak)}' for p in over)}"
              if over else f"every plan fits ({each})"))
     return pick, note
 
@@ -136,7 +138,6 @@ def choose(plans: dict[str, Figures], limit: int, *, name: str, module=None) -> 
 def _live_at_peak(module, top: int = 6) -> list[str]:
     if module is None:
         return []
-    from hlofuse import ir as hir
     try:
         plan = memory_plan(hir.main_func(module), {}, top=top)
     except Exception:  # noqa: BLE001 - the message keeps its figures without the list
@@ -144,7 +145,7 @@ def _live_at_peak(module, top: int = 6) -> list[str]:
     if not plan.live_at_peak:
         return []
     out = [f"largest buffers live at the peak of hlofuse's module (at {plan.peak_at}; "
-           f"hlofuse's liveness estimate; arguments {fmt(plan.argument_bytes)} not listed):"]
-    out += [f"  {fmt(b)} {ty} from {op.split('.', 1)[-1]} at {loc}"
+           f"hlofuse's liveness estimate; arguments {fmt_bytes(plan.argument_bytes)} not listed):"]
+    out += [f"  {fmt_bytes(b)} {ty} from {op.split('.', 1)[-1]} at {loc}"
             for b, ty, op, loc in plan.live_at_peak]
     return out

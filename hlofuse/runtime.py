@@ -346,8 +346,8 @@ def _export_plan(sig: Signature, opts: Options, target: Target, name: str, donat
 def measurable(target: Target) -> bool:
     """Whether this process can time ``target``'s kernels: its platform is jax's default
     backend (a gpu program lowered on a cpu host is compiled elsewhere, unmeasured)."""
-    return Target.from_platform(jax.default_backend()) is not None and \
-        Target.from_platform(jax.default_backend()).kind == target.kind
+    here = Target.from_platform(jax.default_backend())
+    return here is not None and here.kind == target.kind
 
 
 def measuring_options(pass_options: dict, target: Target) -> dict:
@@ -367,12 +367,8 @@ def hold_back_unmeasured(opt: Optimized) -> Optimized:
     ``region.extra['xla_fuses']``) run as XLA's code, except those whose cached measured
     decision on this device is the kernel. The result remembers ``opt`` (``.full``) and the
     regions held back (``.unmeasured``, hashes): tuning times them from ``.full``."""
-    cand = set()
-    for r in opt.report.kernels:
-        if r.extra.get("xla_fuses") and r.extra.get("region_hash"):
-            cand.add(r.extra["region_hash"])
-        elif r.extra.get("kernel_reason") and "measured" not in r.extra:
-            r.extra["unmeasured"] = f"kernel ({r.extra['kernel_reason']})"
+    cand = {r.extra["region_hash"] for r in opt.report.kernels
+            if r.extra.get("xla_fuses") and r.extra.get("region_hash")}
     if not cand:
         return opt
     try:

@@ -21,7 +21,7 @@ from hlofuse.ir import np_dtype
 
 # category -> dtype -> (rtol, atol). Integers and bools are always exact.
 #: pass options that build every region's kernel on gpu/tpu too (there, unmeasured, only the
-#: kernels XLA cannot match are built: ``hlofuse.passes.kernelize.unmeasured_kernel_reason``);
+#: kernels XLA cannot match are built: ``hlofuse.passes.kernelize.unmeasured_reasons``);
 #: for tests and checks of the kernels themselves
 ALL_KERNELS = {"kernelize": {"unmeasured": "kernel"}}
 

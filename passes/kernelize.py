@@ -16,7 +16,7 @@ chains, row reductions (softmax, layernorm), BatchNorm chains and matmul epilogu
 (loop and input fusions, cuBLASLt/Triton GEMM epilogues, TPU output fusions). A kernel that
 replaces one of those was never timed against them, so by default (``"auto"``) such a region stays
 with XLA on gpu/tpu ("unmeasured: kept XLA (XLA fuses this)") and only what XLA cannot do itself
-becomes a kernel unmeasured (:func:`unmeasured_kernel_reason`: flash attention forward and
+becomes a kernel unmeasured (:func:`unmeasured_reasons`: flash attention forward and
 backward, int8 dots with their epilogues). ``hlofuse.jit`` builds every kernel (``"kernel"``),
 measures them on the device and runs each where it won (:mod:`hlofuse.runtime`). On cpu every
 region the cost model picks is a kernel (the cpu kernels were measured; decisions keep measuring).
@@ -107,29 +107,25 @@ _ATTENTION_KINDS = ("attention", "attention_fwd_lse", "attention_bwd")
 TPU_UNMEASURED_MIN_KEYS = 1024
 
 
-def unmeasured_kernel_reason(kind: str, fn_op, target: Target | None = None) -> str | None:
-    """Why a region of ``kind`` is worth a kernel on gpu/tpu before anything was measured
-    there, or None when XLA fuses it itself (it then stays with XLA until measured). The
-    reasons are what XLA cannot do: it materializes attention's S x S scores (and their
-    gradient) in device memory, and it runs an int8 dot's int32 result through a separate
-    dequantization pass. On tpu, attention only from :data:`TPU_UNMEASURED_MIN_KEYS` keys."""
+def unmeasured_reasons(kind: str, fn_op, target: Target | None = None
+                       ) -> tuple[str | None, str | None]:
+    """For a region nothing measured on the device yet: ``(why a kernel, None)`` when it is
+    worth a kernel on gpu/tpu unmeasured, else ``(None, why XLA keeps it)``. Kernels are what
+    XLA cannot do: it materializes attention's S x S scores (and their gradient) in device
+    memory, and it runs an int8 dot's int32 result through a separate dequantization pass. On
+    tpu, attention only from :data:`TPU_UNMEASURED_MIN_KEYS` keys."""
     if kind in _ATTENTION_KINDS:
-        if tpu_short_attention(kind, fn_op, target):
-            return None
+        keys = _attention_keys(kind, fn_op) if target is not None and Target.of(target).is_tpu \
+            else None
+        if keys is not None and keys < TPU_UNMEASURED_MIN_KEYS:
+            return None, (f"unmeasured: kept XLA (tpu attention over {keys} keys, fewer than "
+                          f"{TPU_UNMEASURED_MIN_KEYS}: XLA's own needs less memory there)")
         return ("flash attention: XLA materializes the S x S scores"
-                + (" and their gradient" if kind == "attention_bwd" else "") + " in device memory")
+                + (" and their gradient" if kind == "attention_bwd" else "")
+                + " in device memory"), None
     if kind == "matmul_epilogue" and _has_integer_dot(fn_op):
-        return "int8 dot: XLA writes its int32 product out before the dequantizing epilogue"
-    return None
-
-
-def tpu_short_attention(kind: str, fn_op, target) -> int | None:
-    """The key length of a tpu attention region shorter than :data:`TPU_UNMEASURED_MIN_KEYS`
-    (left to XLA unmeasured), else None."""
-    if kind not in _ATTENTION_KINDS or target is None or not Target.of(target).is_tpu:
-        return None
-    keys = _attention_keys(kind, fn_op)
-    return keys if keys is not None and keys < TPU_UNMEASURED_MIN_KEYS else None
+        return "int8 dot: XLA writes its int32 product out before the dequantizing epilogue", None
+    return None, XLA_FUSES
 
 
 def _attention_keys(kind: str, fn_op) -> int | None:
@@ -216,7 +212,7 @@ class Kernelize(Pass):
     class Options:
         no_kernels: bool = False  # leave every region to XLA (regions are still outlined)
         # regions no measurement on the device decided yet: "auto" (gpu/tpu: only kernels
-        # XLA cannot match, see unmeasured_kernel_reason; cpu: every region), "xla" (that rule
+        # XLA cannot match, see unmeasured_reasons; cpu: every region), "xla" (that rule
         # on every target), "kernel" (every region the cost model picks: what is measured)
         unmeasured: str = "auto"
 
@@ -254,19 +250,15 @@ class Kernelize(Pass):
             region.extra["region_hash"] = region_hash(fn_op, kind, ctx.target, body)
             # whether XLA fuses this itself, recorded on every build: a runtime that built all
             # kernels ("kernel") to measure them holds these back until measured
-            why = unmeasured_kernel_reason(kind, fn_op, ctx.target)
+            why, xla_why = unmeasured_reasons(kind, fn_op, ctx.target)
             region.extra["xla_fuses"] = why is None
-            if why is not None:
-                region.extra["kernel_reason"] = why
-            if policy == "xla":
-                if why is None:
-                    short = tpu_short_attention(kind, fn_op, ctx.target)
-                    region.reason = XLA_FUSES if short is None else (
-                        f"unmeasured: kept XLA (tpu attention over {short} keys, fewer than "
-                        f"{TPU_UNMEASURED_MIN_KEYS}: XLA's own needs less memory there)")
-                    leave_to_xla(fn_op, region.reason)
-                    n_unmeasured += 1
-                    continue
+            if policy == "xla" and why is None:
+                region.reason = xla_why
+                leave_to_xla(fn_op, region.reason)
+                n_unmeasured += 1
+                continue
+            if why is not None and (policy == "xla" or not ctx.target.is_cpu):
+                # the report says why a kernel runs before it was measured (gpu/tpu)
                 region.extra["unmeasured"] = f"kernel ({why})"
             # (every pass's output verified: printing need not verify the function again)
             original = fn_op.operation.get_asm(enable_debug_info=True, assume_verified=True)

@@ -507,7 +507,8 @@ def test_held_back_kernel_measured_faster_runs_and_is_cached(cache_dir, monkeypa
     before = f.report(*args)            # built with every kernel, the unmeasured held back
     assert not before.kernels and [r.reason for r in before.regions] == [XLA_FUSES]
     assert_same(f(*args), want, category="reassociate")   # second call: measured here
-    assert True in clock and False in clock               # the kernel was timed against XLA
+    # the fake clock saw both programs: the all-kernels one and the one with the region as XLA
+    assert any(clock) and not all(clock)
     d = f.autotune_decision(*args)
     (c,) = d.regions.values()
     assert c["choice"] == "kernel" and not d.xla_regions

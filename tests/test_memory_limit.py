@@ -13,6 +13,7 @@ import jax.numpy as jnp
 
 import hlofuse
 from hlofuse import memory
+from hlofuse.report import fmt_bytes
 from hlofuse.target import Target
 from hlofuse.testing import assert_same
 from hlofuse.tools import autotune as at
@@ -79,7 +80,7 @@ def test_no_plan_fits_names_the_excess_and_the_buffers_at_the_peak():
     with pytest.raises(hlofuse.MemoryLimitError) as e:
         f(Q, Q, Q)
     msg = str(e.value)
-    over = memory.fmt(ours - ours // 4)
+    over = fmt_bytes(ours - ours // 4)
     assert f"hlofuse's program, is {over} over" in msg
     assert "largest buffers live at the peak" in msg and "test_memory_limit.py:" in msg
     assert "donate_argnums" in msg

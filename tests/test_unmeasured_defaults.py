@@ -32,7 +32,7 @@ def _specs(w):
 
 
 def _int8(r) -> bool:
-    return r.kind == "matmul_epilogue" and "int8" in (r.extra.get("kernel_reason") or "")
+    return r.kind == "matmul_epilogue" and "int8" in (r.extra.get("unmeasured") or "")
 
 
 @pytest.mark.parametrize("target", ["gpu", "tpu"])

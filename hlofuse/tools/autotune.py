@@ -205,7 +205,7 @@ def mode(autotune: Any = None, platform: str | None = None) -> str:
     """'off', 'on' or 'cached' from ``hlofuse.jit(autotune=...)``, else ``$HLOFUSE_AUTOTUNE``,
     else 'on' on every platform: hlofuse's code runs only where it was measured faster on this
     device kind (on gpu/tpu, until measured, only the kernels XLA cannot match run; see
-    ``hlofuse.passes.kernelize.unmeasured_kernel_reason``). ``platform`` is kept for callers
+    ``hlofuse.passes.kernelize.unmeasured_reasons``). ``platform`` is kept for callers
     that ask per platform; the default no longer depends on it."""
     del platform
     if autotune is None:
