@@ -32,8 +32,10 @@ Not rewritten: products whose contracting or free dims are interleaved (flatteni
 a transpose), products already in the kernels' form, hlofuse's outlined regions, dynamic
 shapes. In a sharded program (after ``propagate-shardings``) every new op carries a sharding
 (a merged dim keeps its major dim's axes); a product whose shardings a reshape cannot keep
-(a sharded minor dim) is left as it is, and the report says so; there the result reshape
-stays where it is, and a product with its activation on the rhs is left as written.
+(a sharded minor dim) is left as it is, and so is one whose result a ``sdy.sharding_constraint``
+reshards (XLA folds that reshard into the product only as written); the report says why. There
+the result reshape stays where it is, and a product with its activation on the rhs is left as
+written.
 
 Preconditions: calls inlined. After ``fuse-attention`` (whose matches read the products as
 written) and ``conv1x1-to-dot``, right before ``fuse-matmul-epilogue``.
@@ -156,6 +158,21 @@ def _shardings(dot, p: Plan, axes: dict) -> tuple | None:
             return None
         out.append(new)
     return tuple(out)
+
+
+def _resharded(dot) -> bool:
+    """Whether a ``sdy.sharding_constraint`` asks for another sharding of ``dot``'s result (a
+    Flax NNX ``out_sharding``, jax's Explicit axes). XLA's partitioner moves such a reshard
+    into the product's operands when it sees the product's dims; behind the result reshape of a
+    flattened product it cannot, and adds an all-to-all (an NNX block on a 2x4 mesh: 3 instead
+    of jax.jit's 2)."""
+    mine = shd.value_sharding(dot.results[0], replicated_if_open=True)
+    for use in dot.results[0].uses:
+        user = use.owner
+        if user.name == "sdy.sharding_constraint" \
+                and shd.value_sharding(user.results[0]) != mine:
+            return True
+    return False
 
 
 def _reshape(v: ir.Value, shape: list, before, mesh: str | None, sharding) -> ir.Value:
@@ -427,16 +444,19 @@ class FlattenDotDims(Pass):
                     if dot_layout(op) is None and gu.info(op.results[0]) is not None:
                         stats["left_as_written"] += 1
                     continue
-                sh = (None, None, None)
-                if mesh is not None and not p.swap:
-                    sh = _shardings(op, p, mesh[1])
-                if mesh is not None and (p.swap or sh is None):
+                sh, why = (None, None, None), None
+                if mesh is not None:
+                    if p.swap:
+                        why = "the product the other way round would leave a transpose to shard"
+                    elif _resharded(op):
+                        why = ("a sharding constraint reshards its result (the partitioner folds "
+                               "that reshard into the product only as written)")
+                    elif (sh := _shardings(op, p, mesh[1])) is None:
+                        why = "its shardings do not survive flattening (a sharded minor dim)"
+                if why is not None:
                     stats["left_sharded"] += 1
-                    ctx.report.note(
-                        f"{self.name}: a dot_general at {hir.op_location(op)} keeps its dims: "
-                        + ("the product the other way round would leave a transpose to shard"
-                           if p.swap else "its shardings do not survive flattening (a sharded "
-                           "minor dim)"))
+                    ctx.report.note(f"{self.name}: a dot_general at {hir.op_location(op)} "
+                                    f"keeps its dims: {why}")
                     continue
                 made.append(hir.defining_op(flatten(op, p, mesh and mesh[0], sh)))
                 stats["flattened"] += 1
