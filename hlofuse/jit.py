@@ -47,7 +47,7 @@ from hlofuse.passes import graph_util as gu
 from hlofuse.passes.buffer_aliasing import memory_plan
 from hlofuse.report import HlofuseWarning, Report
 from hlofuse.target import Target
-from hlofuse.runtime import (TRACED_NOTE, Options, Program, call, context_mesh,
+from hlofuse.runtime import (TRACED_NOTE, machinery_failed, Options, Program, call, context_mesh,
                               context_movable, find_calls, lower_traced, signature_of,
                               typed_shardings)
 from hlofuse.tools import autotune as at
@@ -842,7 +842,7 @@ class HlofuseFunction:
             with self._lock:
                 st.calls += 1
                 if st.calls == 1:
-                    self._first_sight(st, args, kwargs)
+                    self._guarded(st, "tuning (first sight)", self._first_sight, st, args, kwargs)
             return done
         if st.decision is not None:
             self._maybe_fast()
@@ -851,11 +851,38 @@ class HlofuseFunction:
             st.calls += 1
             if st.calls == 1:
                 out = self._jit(*args, **kwargs)
-                self._first_sight(st, args, kwargs)
+                self._guarded(st, "tuning (first sight)", self._first_sight, st, args, kwargs)
                 return out
             if st.decision is None and st.calls >= at.TUNE_AT_CALL:
-                return self._tune(st, args, kwargs)
+                ok, out = self._guarded(st, "tuning", self._tune, st, args, kwargs)
+                if ok:
+                    return out
         return (st.fn or self._jit)(*args, **kwargs)
+
+    def _guarded(self, st: _Tuning, where: str, step, *a) -> tuple[bool, object]:
+        """The boundary of tuning and measured decisions: ``(True, step(*a))``, or, when the
+        step raised, ``(False, None)`` with this signature decided for XLA's own program (what
+        ``jax.jit`` runs) in this process only, the failure in its report, warned and logged
+        once (:func:`hlofuse.runtime.machinery_failed`). Tuning is an optimization: it never
+        fails the call it was tuning. ``options={'strict': True}`` raises instead."""
+        try:
+            return True, step(*a)
+        except Exception as e:
+            if self._opts.pass_options.get("strict"):
+                raise
+            note = machinery_failed(where, e, self._name,
+                                    "this signature runs XLA's program (jax.jit's) in this process")
+            self._decide(st, at.Decision(at.XLA_MODULE, {}, {}, reason=note), cached=False,
+                         record=False)
+            entry = st.entry
+            if entry is None:
+                try:
+                    _, entry = self._entry_of(*a[1:])
+                except Exception:  # noqa: BLE001 - no report to write it to: warned and logged
+                    entry = None
+            if entry is not None:
+                entry.report.note(note)
+            return False, None
 
     def _call_key(self, args, kwargs):
         """What selects an executable: static arguments by value, dynamic leaves by type,

@@ -59,10 +59,22 @@ def all_passes() -> dict[str, type]:
     return dict(_REGISTRY)
 
 
+class UnknownPassError(KeyError):
+    """A pass name that is not registered (in a pipeline or ``disable=``): a configuration
+    error, raised to the caller, never turned into a fallback."""
+
+
+def is_config_error(e: BaseException) -> bool:
+    """A pipeline that cannot be assembled (an unknown pass name): raised to the caller.
+    Every other failure of hlofuse's machinery, a mistyped option value a pass reads included,
+    falls back to XLA's program with a warning naming it."""
+    return isinstance(e, UnknownPassError)
+
+
 def get_pass(name: str) -> type:
     passes = all_passes()
     if name not in passes:
-        raise KeyError(f"unknown pass {name!r}; known passes: {', '.join(sorted(passes))}")
+        raise UnknownPassError(f"unknown pass {name!r}; known passes: {', '.join(sorted(passes))}")
     return passes[name]
 
 
@@ -437,7 +449,7 @@ class PassManager:
         self.disabled = set(disable) | _disabled_from_env()
         unknown = self.disabled - set(all_passes())
         if unknown:
-            raise KeyError(f"cannot disable unknown pass(es) {sorted(unknown)}; "
+            raise UnknownPassError(f"cannot disable unknown pass(es) {sorted(unknown)}; "
                            f"known passes: {', '.join(sorted(all_passes()))}")
         self.dump_dir = dump_dir
         self.verify_each = verify_each

@@ -52,8 +52,10 @@ import contextlib
 import copy
 import dataclasses
 import functools
+import logging
 import os
 import threading
+import warnings
 import weakref
 from typing import Callable, Sequence
 
@@ -69,15 +71,18 @@ from hlofuse.compat import ad, batching
 from hlofuse import ir as hir
 from hlofuse import host_callbacks
 from hlofuse.api import Optimized, optimize
+from hlofuse.kernels.attention import cpu as attention_cpu
 from hlofuse.kernels.lowering import isolated
-from hlofuse.pipeline import _disabled_from_env
-from hlofuse.report import Report
+from hlofuse.pipeline import _disabled_from_env, is_config_error
+from hlofuse.report import HlofuseWarning, Report
 from hlofuse.target import CPU, Target
 from hlofuse.passes import kernelize
 from hlofuse.passes.fusion import cost as cost_model
 from hlofuse.tools import autotune as at
 from hlofuse.tools import module_cache
 from hlofuse.verify import rollback, unoptimized, verify_regions
+
+log = logging.getLogger("hlofuse")
 
 Signature = tuple  # tuple of (shape, dtype, weak_type) per flat input
 
@@ -88,6 +93,26 @@ TRACED_NOTE = ("left to XLA whole: the function has ordered side effects "
                "(jax.debug.print(ordered=True), io_callback(ordered=True)) or calls back into "
                "Python in a way jax.export cannot serialize, so hlofuse runs it as traced with "
                "plain XLA")
+
+_FAILED_ONCE: set = set()
+
+
+def machinery_failed(where: str, e: BaseException, name: str, then: str) -> str:
+    """The one way hlofuse's own machinery (building, verifying, tuning, its caches) reports
+    a failure it recovered from: the note for the report, naming what failed and where, and
+    what the call does instead (``then``); warned (:class:`HlofuseWarning`) and logged once
+    per function, step and error. Configuration errors (:func:`is_config_error`) and
+    ``options={'strict': True}`` never reach here: they are raised."""
+    msg = str(e).strip().splitlines()
+    what = f"{type(e).__name__}: {msg[0][:300] if msg else ''}"
+    note = (f"hlofuse's {where} failed for {name} ({what}); {then}. Nothing of it is cached; "
+            f"options={{'strict': True}} raises instead")
+    once = (name, where, what)
+    if once not in _FAILED_ONCE:
+        _FAILED_ONCE.add(once)
+        log.warning("%s", note, exc_info=log.isEnabledFor(logging.DEBUG))
+        warnings.warn(HlofuseWarning(note), stacklevel=3)
+    return note
 
 
 def _all_eqns(jaxpr):
@@ -415,7 +440,10 @@ def _optimization_key(opts: Options, target: Target, name: str, donated, learned
         "disable": list(opts.disable), "env_disable": sorted(_disabled_from_env()),
         "options": pass_options, "check": opts.check, "donated": list(donated), "name": name,
         "learned": dataclasses.asdict(learned) if learned is not None else None,
-        "cpu_elementwise_env": os.environ.get("HLOFUSE_CPU_ELEMENTWISE_KERNELS", "")}
+        "cpu_elementwise_env": os.environ.get("HLOFUSE_CPU_ELEMENTWISE_KERNELS", ""),
+        # HLOFUSE_CPU_ATTENTION_PARTS, read when the kernels load: it splits the cpu
+        # attention kernels' loops, so a module built with one setting never answers another
+        "cpu_attention_parts": attention_cpu.CPU_PARTS}
 
 
 def _context_text() -> str:
@@ -763,16 +791,33 @@ class Program:
                 shardings=self.shardings, spmd_devices=spmd_devices, jaxpr=self.jaxpr(sig))
         except NotImplementedError as e:
             if not _is_host_callback_refusal(e):
-                raise
+                return self._failed_build(sig, target, e)
             # a callback no placeholder caught: a library primitive that emits one itself in
             # its lowering rule. From now on this signature runs as traced.
             self._as_traced[sig] = True   # under the lock of :meth:`entry`
             return self.plain_entry(sig, target)
+        except Exception as e:  # the boundary: hlofuse's build never fails a user's call
+            return self._failed_build(sig, target, e)
         for msg in self.build_notes.get(sig, ()):
             opt.report.note(msg)
         return Entry(exp, opt, tuple(exp.out_avals), tuple(sds(sig)), target, callbacks)
 
-    def plain_entry(self, sig: Signature, target: Target) -> Entry:
+    def _failed_build(self, sig: Signature, target: Target, e: Exception) -> Entry:
+        """Building hlofuse's program raised (export, the module cache, an optimization the
+        pipeline's own fallback did not catch): this signature runs the function as traced,
+        XLA's program, and the report says what failed. Configuration errors and
+        ``options={'strict': True}`` raise; so does an error XLA's program hits too."""
+        if self.opts.pass_options.get("strict") or is_config_error(e):
+            raise e
+        try:
+            plain = self.plain_entry(sig, target, note=None)
+        except Exception:
+            raise e from None   # not hlofuse's machinery: the function itself does not lower
+        plain.report.note(machinery_failed(
+            "program build", e, self.name, "this signature runs XLA's program for the function"))
+        return plain
+
+    def plain_entry(self, sig: Signature, target: Target, note: str | None = TRACED_NOTE) -> Entry:
         """Functions with ordered effects, or with a callback no placeholder caught
         (:meth:`runs_as_traced`), cannot go through jax.export as hlofuse inlines it: they run
         as traced, with plain XLA, and the report says so (:data:`TRACED_NOTE`)."""
@@ -780,7 +825,8 @@ class Program:
             *sds(sig)), target.platform, self.name)
         module = hir.parse(lowered.as_text(debug_info=True), source=self.name)
         report = Report(target=target.kind, source=self.name)
-        report.note(TRACED_NOTE)
+        if note:
+            report.note(note)
         return Entry(None, Optimized(module, report), tuple(self.jaxpr(sig).out_avals),
                      tuple(sds(sig)), target)
 

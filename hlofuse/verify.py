@@ -60,7 +60,7 @@ from hlofuse.api import Optimized, count_main_ops, optimize
 from hlofuse.execute import backend_for, run_module
 from hlofuse.kernels import FAMILIES, lowering
 from hlofuse.passes.fusion.outline import XLA_ATTR
-from hlofuse.pipeline import PassFailure
+from hlofuse.pipeline import PassFailure, is_config_error
 from hlofuse.report import HlofuseWarning, Region, Report
 from hlofuse.target import Target
 from hlofuse.testing import (ALL_KERNELS, TOLERANCES, GraphSpec, assert_same, compare, edge_bound, edge_inputs,
@@ -504,7 +504,7 @@ def unoptimized(exp0, opts, *, name: str, error: BaseException):
     """The fallback when optimizing failed: the original module, unchanged, with a warning
     naming what failed. Re-raises with ``options={'strict': True}`` (debugging) and for
     configuration errors (unknown pass names)."""
-    if opts.pass_options.get("strict") or isinstance(error, KeyError):
+    if opts.pass_options.get("strict") or is_config_error(error):
         raise error
     what = f"pass '{error.pass_name}'" if isinstance(error, PassFailure) else type(error).__name__
     msg = (f"hlofuse: optimizing {name} failed in {what}; running it unoptimized. "

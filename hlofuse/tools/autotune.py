@@ -843,12 +843,13 @@ def measure(make: Callable, args: Sequence, variants: dict[str, dict], *,
             say(f"budget: {name} not compiled")
             unmeasured.append(name)
             continue
-        fn = base if not opts else make(dict(opts) if isinstance(opts, dict) else opts)
         try:
+            fn = base if not opts else make(dict(opts) if isinstance(opts, dict) else opts)
             compiled = fn.lower(*args, **kwargs).compile()
-        except Exception:  # noqa: BLE001 - an option this XLA does not know: not a candidate
+        except Exception as e:  # noqa: BLE001 - an option this XLA does not know: not a candidate
             if name == "default":
                 raise
+            say(f"{name} did not compile ({type(e).__name__}): not a candidate")
             continue
         h = _normalized_hlo(compiled)
         if h in seen:
@@ -901,9 +902,30 @@ def measure(make: Callable, args: Sequence, variants: dict[str, dict], *,
     # its temporaries in ``temps`` but has no program to time any more
     heavy = [n for n in _heavy(temps) if n in fns]
     names = [n for n in fns if n not in heavy]
+    probe = ForeignLoad().__enter__()
+    try:
+        n_rounds, times, pairs = _rounds(fns, names, heavy, base, args, kwargs, reps, rounds,
+                                         t_def, t_start, budget_s, unmeasured, say)
+    finally:
+        probe.__exit__(None, None, None)
+    ratios = {n: statistics.median(a / d for a, d in p) for n, p in pairs.items()}
+    wins = {n: sum(a < d for a, d in p) for n, p in pairs.items()}
+    # a variant must also win most rounds to count (guards against a few lucky rounds)
+    eligible = [n for n, p in pairs.items() if n != "default" and wins[n] >= MIN_WIN_SHARE * len(p)]
+    return Measurement(ratios, eligible, statistics.median(times["default"]), n_rounds, dup,
+                       foreign_load=round(probe.foreign, 3), unmeasured=unmeasured,
+                       differs=differs,
+                       round_ratios={n: [a / d for a, d in p] for n, p in pairs.items()})
+
+
+def _rounds(fns, names, heavy, base, args, kwargs, reps, rounds, t_def, t_start, budget_s,
+            unmeasured, say) -> tuple[int, dict, dict]:
+    """The timing of :func:`measure`: ``names`` interleaved in rounds (at least
+    ``MIN_ROUNDS``, then while the budget lasts), then each ``heavy`` one in rounds of its own
+    with the reference. Returns (rounds run, times per name, (variant, default) time pairs per
+    name); a heavy one without ``MIN_ROUNDS`` of its own goes to ``unmeasured``."""
     times: dict[str, list[float]] = {n: [] for n in names}
     n_rounds = 0
-    probe = ForeignLoad().__enter__()
     for r in range(rounds):
         spent = time.perf_counter() - t_start
         per_round = t_def * reps * len(names)
@@ -923,15 +945,7 @@ def measure(make: Callable, args: Sequence, variants: dict[str, dict], *,
             continue
         pairs[n] = got
         say(f"{n}: {len(got)} rounds of its own (large temporaries)")
-    probe.__exit__(None, None, None)
-    ratios = {n: statistics.median(a / d for a, d in p) for n, p in pairs.items()}
-    wins = {n: sum(a < d for a, d in p) for n, p in pairs.items()}
-    # a variant must also win most rounds to count (guards against a few lucky rounds)
-    eligible = [n for n, p in pairs.items() if n != "default" and wins[n] >= MIN_WIN_SHARE * len(p)]
-    return Measurement(ratios, eligible, statistics.median(times["default"]), n_rounds, dup,
-                       foreign_load=round(probe.foreign, 3), unmeasured=unmeasured,
-                       differs=differs,
-                       round_ratios={n: [a / d for a, d in p] for n, p in pairs.items()})
+    return n_rounds, times, pairs
 
 
 def _temp_bytes(compiled) -> int | None:
