@@ -278,6 +278,18 @@ def test_disable_env_is_part_of_both_keys(cache_dir, monkeypatch):
     assert not g.report(*args).kernels and mc.STATS["hits"] == 0
 
 
+def test_cpu_attention_parts_is_part_of_both_keys(cache_dir, monkeypatch):
+    """``HLOFUSE_CPU_ATTENTION_PARTS`` (read when the kernels load) splits the cpu attention
+    kernels' loops: a module cached under one setting never answers another."""
+    from hlofuse import runtime
+    from hlofuse.kernels.attention import cpu as attention_cpu
+    from hlofuse.target import CPU
+    key = lambda: runtime._optimization_key(runtime.Options(None), CPU, "f", (), None, {})
+    one = key()
+    monkeypatch.setattr(attention_cpu, "CPU_PARTS", attention_cpu.CPU_PARTS + 1)
+    assert key() != one and key()["cpu_attention_parts"] == one["cpu_attention_parts"] + 1
+
+
 _XLA_CACHE_CHILD = """
 import os, sys
 import numpy as np

@@ -50,8 +50,8 @@ def _usable_cores() -> int:
 
 def _parts_setting() -> int:
     """``HLOFUSE_CPU_ATTENTION_PARTS``: a positive integer, or ``cores`` for the usable cores
-    (for A/B measurements, with ``HLOFUSE_MODULE_CACHE=0``: the module cache does not key on
-    it); else 1 (measured neutral, see the module docstring)."""
+    (for A/B measurements; both module-cache keys include it); else 1 (measured neutral, see
+    the module docstring)."""
     env = os.environ.get("HLOFUSE_CPU_ATTENTION_PARTS", "").strip().lower()
     if env == "cores":
         return _usable_cores()
