@@ -814,3 +814,17 @@ def test_verify_category_follows_what_the_optimization_did():
     assert program_category(report(["elementwise"], [("batchnorm-fold", {"folded": 0})])) == "kernel"
     assert program_category(report(["elementwise"], [("batchnorm-fold", {"folded": 2})])) == "reassociate"
     assert program_category(report(["matmul_epilogue"], [("quantize-matmul", {"rewrites": 1})])) == "quantize"
+
+
+def test_the_shipped_example_optimizes_and_verifies(tmp_path):
+    """``hlofuse.examples``: the file a fresh install tries the CLI on (the wheel check in CI
+    runs the same command from the installed wheel) parses here, fuses and verifies; an
+    unknown name lists the shipped ones."""
+    import hlofuse.examples as examples
+    src = examples.path()
+    assert examples.names() == ["mlp_block.mlir"]
+    p = hlofuse("optimize", src, "-o", "out.mlir", "--verify", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "3 kernel(s)" in p.stdout and "match the original" in p.stdout, p.stdout
+    with pytest.raises(FileNotFoundError, match="shipped: mlp_block.mlir"):
+        examples.path("nope.mlir")
