@@ -51,6 +51,7 @@ from jaxlib.mlir import ir
 
 from hlofuse import chips as _chips
 from hlofuse import compat
+from hlofuse import config
 from hlofuse import ir as hir
 from hlofuse.api import Optimized, optimize
 from hlofuse.passes.kernelize import KERNEL_INFO_ATTR
@@ -705,7 +706,7 @@ class _Item:
 
 
 def _python() -> str:
-    return os.environ.get(PYTHON_ENV) or sys.executable
+    return config.get(PYTHON_ENV) or sys.executable
 
 
 def check_modules(items: Sequence[tuple[str, ir.Module, object]], chip: str, *,

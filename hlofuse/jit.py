@@ -41,6 +41,7 @@ import jax
 from jax import tree_util
 
 from hlofuse import compat
+from hlofuse import config
 from hlofuse import ir as hir
 from hlofuse import memory
 from hlofuse.passes import graph_util as gu
@@ -66,7 +67,7 @@ TIERED_ENV = "HLOFUSE_TIERED"
 def tiered_mode(setting) -> bool:
     """``hlofuse.jit(tiered=...)``: True/False, or None for ``$HLOFUSE_TIERED`` (default on)."""
     if setting is None:
-        return module_cache.env_on(TIERED_ENV)
+        return config.get(TIERED_ENV)
     return bool(setting)
 
 

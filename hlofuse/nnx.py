@@ -28,7 +28,7 @@ from hlofuse.jit import HlofuseFunction, Wrapper, jit
 __all__ = ["nnx_jit", "NnxFunction"]
 
 #: hlofuse.jit's own options (everything else goes to nnx.jit)
-HLOFUSE_OPTIONS = ("target", "pipeline", "disable", "check", "options", "dump_dir", "autotune",
+JIT_OPTIONS = ("target", "pipeline", "disable", "check", "options", "dump_dir", "autotune",
                    "tiered")
 
 _LOCK = threading.Lock()
@@ -86,7 +86,7 @@ def nnx_jit(fun: Callable | None = None, **options: Any):
     except ImportError as e:
         raise ImportError("hlofuse.nnx_jit needs Flax (pip install flax); for other "
                           "libraries use hlofuse.jit or hlofuse.filter_jit") from e
-    ours = {k: options.pop(k) for k in HLOFUSE_OPTIONS if k in options}
+    ours = {k: options.pop(k) for k in JIT_OPTIONS if k in options}
     made: list = []
 
     def hjit(f, **jit_kwargs):

@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterable, Sequence
 from jaxlib.mlir import ir
 
 from hlofuse import chips
+from hlofuse import config
 from hlofuse import ir as hir
 from hlofuse.report import Report
 from hlofuse.target import Target
@@ -423,7 +424,7 @@ def resolve_pipeline(pipeline: str | Sequence[str] | None) -> list[str]:
 
 
 def _disabled_from_env() -> set[str]:
-    return {p.strip() for p in os.environ.get(DISABLE_ENV, "").split(",") if p.strip()}
+    return set(config.get(DISABLE_ENV))
 
 
 def _first_op_in_error(module: ir.Module, msg: str) -> tuple[str | None, str | None]:

@@ -67,13 +67,14 @@ from jax import export as jexport
 from jax.extend import core as jex_core
 
 from hlofuse import compat
+from hlofuse import config
 from hlofuse.compat import ad, batching
 from hlofuse import ir as hir
 from hlofuse import host_callbacks
 from hlofuse.api import Optimized, optimize
 from hlofuse.kernels.attention import cpu as attention_cpu
 from hlofuse.kernels.lowering import isolated
-from hlofuse.pipeline import _disabled_from_env, is_config_error
+from hlofuse.pipeline import is_config_error
 from hlofuse.report import HlofuseWarning, Report
 from hlofuse.target import CPU, Target
 from hlofuse.passes import kernelize
@@ -437,13 +438,13 @@ def _optimization_key(opts: Options, target: Target, name: str, donated, learned
     fields both module-cache entries (traced and exported) share, so neither can miss one."""
     return {
         "target": target.kind, "chip": target.chip_name, "pipeline": opts.pipeline,
-        "disable": list(opts.disable), "env_disable": sorted(_disabled_from_env()),
+        "disable": list(opts.disable),
         "options": pass_options, "check": opts.check, "donated": list(donated), "name": name,
         "learned": dataclasses.asdict(learned) if learned is not None else None,
-        "cpu_elementwise_env": os.environ.get("HLOFUSE_CPU_ELEMENTWISE_KERNELS", ""),
-        # HLOFUSE_CPU_ATTENTION_PARTS, read when the kernels load: it splits the cpu
-        # attention kernels' loops, so a module built with one setting never answers another
-        "cpu_attention_parts": attention_cpu.CPU_PARTS}
+        # the environment's settings that change a program (hlofuse.config), the cpu
+        # attention split as in effect (a harness may set it in the kernels' module)
+        "settings": dict(config.program_key(),
+                         HLOFUSE_CPU_ATTENTION_PARTS=attention_cpu.cpu_parts())}
 
 
 def _context_text() -> str:
@@ -876,7 +877,7 @@ class Program:
                     return prim(*full)
                 sig = signature_of([jax.typeof(x) for x in xs])
                 att = _attention_dots(self.jaxpr(sig))
-                if att and os.environ.get("HLOFUSE_GRAD_REMAT", "1") == "1":
+                if att and config.get("HLOFUSE_GRAD_REMAT"):
                     restricted = jax.checkpoint(restricted, policy=_attention_remat_policy(att))
                     p.build_notes[sig] = [GRAD_REMAT_NOTE]
                 out, f_jvp = jax.linearize(restricted, *[xs[i] for i in nz_idx])

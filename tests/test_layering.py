@@ -23,7 +23,7 @@ import tomllib
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 LAYERS: dict[str, int] = {
-    "hlofuse.compat": 0,
+    "hlofuse.compat": 0, "hlofuse.config": 0,
     "hlofuse.report": 0, "hlofuse.chips": 0, "hlofuse.target": 0, "hlofuse.ir": 0,
     "hlofuse.hostcpu": 0,
     "hlofuse.ops": 0, "hlofuse.pipeline": 0,
@@ -34,7 +34,7 @@ LAYERS: dict[str, int] = {
     "hlofuse.host_callbacks": 3, "hlofuse.memory": 3,
     "hlofuse.tools.formats": 3, "hlofuse.tools.argspec": 3, "hlofuse.tools.html": 3,
     "hlofuse.tools.autotune": 3, "hlofuse.tools.module_cache": 3,
-    "hlofuse": 4, "hlofuse.tools.cli": 4, "hlofuse.tools.demo": 4, "hlofuse.tools.corpus": 4,
+    "hlofuse": 4, "hlofuse.tools.cli": 4, "hlofuse.tools.demo": 4, "hlofuse.tools.settings": 4, "hlofuse.tools.corpus": 4,
 }
 NAMES = ("core", "kernels", "passes", "front", "top")
 

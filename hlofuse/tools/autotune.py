@@ -74,6 +74,7 @@ from typing import Any, Callable, Sequence
 
 import jax
 
+from hlofuse import config
 from hlofuse import hostcpu
 from hlofuse.testing import compare
 
@@ -179,7 +180,7 @@ MIN_CALL_S = 2e-3
 SHORT_MODULE_BUDGET_S = 1.0
 #: a caller's single timing of the default (``default_s``) below this is confirmed by more
 CONFIRM_BELOW_S = 0.05
-DEFAULT_BUDGET_S = 10.0
+DEFAULT_BUDGET_S = config.SETTINGS["HLOFUSE_AUTOTUNE_BUDGET_S"].default
 #: work that took longer than this is logged at INFO (progress a user waiting would notice);
 #: shorter work at DEBUG, so that small jitted helpers do not each print a line
 LOG_AFTER_S = 1.0
@@ -209,10 +210,7 @@ def mode(autotune: Any = None, platform: str | None = None) -> str:
     that ask per platform; the default no longer depends on it."""
     del platform
     if autotune is None:
-        env = os.environ.get(ENV_ENABLE, "").strip().lower()
-        if not env:
-            return "on"
-        autotune = env
+        autotune = config.get(ENV_ENABLE)
     if isinstance(autotune, bool):
         return "on" if autotune else "off"
     val = str(autotune).strip().lower()
@@ -399,8 +397,7 @@ class Decision:
 
 
 def default_cache_path() -> str:
-    base = os.environ.get(ENV_CACHE_DIR) or os.path.join(os.path.expanduser("~"), ".cache", "hlofuse")
-    return os.path.join(base, "autotune.json")
+    return os.path.join(config.get(ENV_CACHE_DIR), "autotune.json")
 
 
 def _valid_region_decision(d) -> bool:
@@ -1038,10 +1035,7 @@ def decide_regions(m: Measurement, names: dict[str, str], margin: float = MARGIN
 
 
 def budget() -> float:
-    try:
-        return float(os.environ.get(ENV_BUDGET, DEFAULT_BUDGET_S))
-    except ValueError:
-        return DEFAULT_BUDGET_S
+    return config.get(ENV_BUDGET)
 
 
 def tune(make: Callable[[dict], Callable], args: Sequence, kwargs: dict | None,

@@ -55,6 +55,7 @@ from absl import flags
 
 from hlofuse import __version__
 from hlofuse import aot
+from hlofuse import config
 from hlofuse import ir as hir
 from hlofuse.api import STABLEHLO_DIALECTS, STRUCTURAL_DIALECTS, DumpError, module_dialects, \
     optimize_loaded
@@ -198,7 +199,7 @@ def _define_tune(fv):
 def _stage(text: str) -> None:
     """Record what the process is doing, so a crash can be reported as 'while <text>'."""
     _report_to_supervisor("stage", text)
-    pause = os.environ.get(PAUSE_ENV)
+    pause = config.get(PAUSE_ENV)
     if pause and text.startswith(pause.rpartition("=")[0]):
         _test_pause(text, pause.rpartition("=")[2])
 
@@ -1112,7 +1113,7 @@ def run_main(argv: list[str] | None = None) -> int:
     try:
         if help_only:
             code = _dispatch(argv)  # help needs no MLIR/XLA work: no child process
-        elif os.environ.get(CHILD_ENV) == "1" or os.environ.get(INPROCESS_ENV) == "1":
+        elif config.get(CHILD_ENV) or config.get(INPROCESS_ENV):
             _become_worker()
             if _WORKER["child"]:
                 _die_with_parent()

@@ -49,6 +49,7 @@ import os
 import warnings
 
 from hlofuse import compat
+from hlofuse import config
 from hlofuse import hostcpu
 from hlofuse import ir as hir
 from hlofuse.report import PassRecord, Region, Report
@@ -63,19 +64,12 @@ STATS = {"hits": 0, "misses": 0, "writes": 0, "damaged": 0,
          "traced_hits": 0, "traced_writes": 0}
 
 
-def env_on(name: str) -> bool:
-    """An hlofuse on/off environment switch: on unless ``$name`` is 0/off/false/no."""
-    return os.environ.get(name, "1").strip().lower() not in ("0", "off", "false", "no")
-
-
 def enabled() -> bool:
-    return env_on(ENV)
+    return config.get(ENV)
 
 
 def directory() -> str:
-    base = os.environ.get("HLOFUSE_CACHE_DIR") or os.path.join(os.path.expanduser("~"),
-                                                               ".cache", "hlofuse")
-    return os.path.join(base, "modules")
+    return os.path.join(config.get("HLOFUSE_CACHE_DIR"), "modules")
 
 
 @functools.lru_cache(maxsize=1)
@@ -263,7 +257,7 @@ def enable_xla_cache() -> str | None:
     global _xla_cache_set
     if _xla_cache_set:
         return os.path.join(os.path.dirname(directory()), "xla")
-    if not enabled() or not env_on(XLA_ENV):
+    if not enabled() or not config.get(XLA_ENV):
         return None
     import jax
     if jax.config.jax_compilation_cache_dir:

@@ -14,14 +14,16 @@ loops that share one read-only buffer were run one after the other). Measured on
 A/B'd with ``python -m bench.attention_parts`` (fresh builds, interleaved, load 2-3), was
 neutral: two loops / one loop 1.04, 1.03 at S=4096 and 0.98 at S=2048 (one loop already keeps
 ~1.8 cores busy when both are free: YNN threads its block dots). So the default stays one
-loop (``CPU_PARTS = 1``); ``HLOFUSE_CPU_ATTENTION_PARTS=N`` turns the split on, for an A/B on
-a quiet machine.
+loop; ``HLOFUSE_CPU_ATTENTION_PARTS=N`` turns the split on, for an A/B on a quiet machine
+(:func:`cpu_parts`).
 """
 
 from __future__ import annotations
 
 import functools
 import os
+
+from hlofuse import config
 
 import jax
 import jax.numpy as jnp
@@ -36,7 +38,7 @@ from hlofuse.kernels.attention.online_softmax import online_finish, online_init,
 from hlofuse.kernels.attention.skip import skip_table_cached
 from hlofuse.kernels.attention.spec import AttentionSpec
 
-__all__ = ["CPU_K_TRANSPOSED", "CPU_PARTS", "build_cpu", "cpu_split", "split_parts"]
+__all__ = ["CPU_K_TRANSPOSED", "CPU_PARTS", "build_cpu", "cpu_parts", "cpu_split", "split_parts"]
 
 CPU_K_TRANSPOSED = True       # K as [.., D, Sk]: QKᵀ per block is an NN matmul (measured faster)
 
@@ -48,18 +50,19 @@ def _usable_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _parts_setting() -> int:
-    """``HLOFUSE_CPU_ATTENTION_PARTS``: a positive integer, or ``cores`` for the usable cores
-    (for A/B measurements; both module-cache keys include it); else 1 (measured neutral, see
-    the module docstring)."""
-    env = os.environ.get("HLOFUSE_CPU_ATTENTION_PARTS", "").strip().lower()
-    if env == "cores":
-        return _usable_cores()
-    return int(env) if env.isdigit() and int(env) > 0 else 1
+#: independent loops per attention kernel on cpu when set (an A/B harness sets it); None: from
+#: ``HLOFUSE_CPU_ATTENTION_PARTS`` (:func:`cpu_parts`)
+CPU_PARTS: int | None = None
 
 
-#: independent loops per attention kernel on cpu (see the module docstring; 1: no split)
-CPU_PARTS = _parts_setting()
+def cpu_parts() -> int:
+    """Independent loops per cpu attention kernel in effect now: :data:`CPU_PARTS` when set,
+    else ``HLOFUSE_CPU_ATTENTION_PARTS`` (an integer, ``cores`` for the usable cores; default
+    1, measured neutral, see the module docstring). Part of both module-cache keys."""
+    if CPU_PARTS is not None:
+        return CPU_PARTS
+    v = config.get("HLOFUSE_CPU_ATTENTION_PARTS")
+    return _usable_cores() if v == "cores" else max(1, v)
 
 
 def cpu_split(spec: AttentionSpec, parts: int | None = None) -> tuple:
@@ -68,7 +71,7 @@ def cpu_split(spec: AttentionSpec, parts: int | None = None) -> tuple:
     equal). The largest batch axis (Q, K, V, the sides and the output all carry it, and rows
     of different batch entries never meet); ``(None, ((0, 1),))`` when there is nothing to
     split (one part: the loops as they were)."""
-    parts = CPU_PARTS if parts is None else parts
+    parts = cpu_parts() if parts is None else parts
     sizes = [spec.sizes[b] for b in spec.batch]
     if parts < 2 or not sizes or max(sizes) < 2:
         return None, ((0, 1),)

@@ -249,8 +249,8 @@ CPU_ELEMENTWISE_ENV = "HLOFUSE_CPU_ELEMENTWISE_KERNELS"
 
 def cpu_elementwise_kernels(option: bool) -> bool:
     """Build elementwise kernels on cpu anyway? The pass option, or :data:`CPU_ELEMENTWISE_ENV`."""
-    import os
-    return bool(option) or os.environ.get(CPU_ELEMENTWISE_ENV, "") == "1"
+    from hlofuse import config
+    return bool(option) or config.get(CPU_ELEMENTWISE_ENV)
 
 
 # ---------------------------------------------------------------------------------------------
