@@ -44,6 +44,7 @@ from hlofuse import compat
 from hlofuse import config
 from hlofuse import ir as hir
 from hlofuse import memory
+from hlofuse.pipeline import trace
 from hlofuse.passes import graph_util as gu
 from hlofuse.passes.buffer_aliasing import memory_plan
 from hlofuse.report import HlofuseWarning, Report
@@ -729,7 +730,8 @@ class HlofuseFunction:
         except Exception:  # noqa: BLE001 - e.g. already donated to a later call: computed
             pass
         try:
-            self._jit.lower(*args, **kwargs).compile()
+            with trace("tiered build", function=self._name):
+                self._jit.lower(*args, **kwargs).compile()
             with self._lock:
                 st.tier, st.calls = "ready", 1
                 st.tier_s = time.perf_counter() - st.tier_started

@@ -65,6 +65,17 @@ class UnknownPassError(KeyError):
     error, raised to the caller, never turned into a fallback."""
 
 
+def trace(what: str, **meta):
+    """A named event of hlofuse's in ``jax.profiler`` traces: ``hlofuse/<what>``, ``meta`` as
+    its arguments (shown by xprof/Perfetto beside the event). Every step of hlofuse's own work
+    (the pipeline and each pass, building a program and its kernels, verification, tuning and
+    its rounds, a tiered build) runs inside one, so a trace a user records with
+    ``jax.profiler.trace(...)`` shows where hlofuse spent its time. Costs nothing measurable
+    when no trace is being recorded."""
+    import jax.profiler
+    return jax.profiler.TraceAnnotation(f"hlofuse/{what}", **meta)
+
+
 def is_config_error(e: BaseException) -> bool:
     """A pipeline that cannot be assembled (an unknown pass name): raised to the caller.
     Every other failure of hlofuse's machinery, a mistyped option value a pass reads included,
@@ -470,6 +481,11 @@ class PassManager:
             return self._run(module, ctx)
 
     def _run(self, module: ir.Module, ctx: PassContext) -> ir.Module:
+        with trace("pipeline", source=ctx.report.source or "", target=ctx.target.kind,
+                   passes=len(self.steps)):
+            return self._run_steps(module, ctx)
+
+    def _run_steps(self, module: ir.Module, ctx: PassContext) -> ir.Module:
         report = ctx.report
         self._dump(module, 0, "input")
         done: list[str] = []
@@ -483,7 +499,8 @@ class PassManager:
             p = cls(ctx.options_for(cls, step))
             t0 = time.perf_counter()
             try:
-                stats = p.run(module, ctx) or {}
+                with trace(f"pass {name}", source=report.source or "", step=i):
+                    stats = p.run(module, ctx) or {}
                 if self.verify_each:
                     hir.verify(module)
             except PassFailure:

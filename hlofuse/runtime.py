@@ -74,7 +74,7 @@ from hlofuse import host_callbacks
 from hlofuse.api import Optimized, optimize
 from hlofuse.kernels.attention import cpu as attention_cpu
 from hlofuse.kernels.lowering import isolated
-from hlofuse.pipeline import is_config_error
+from hlofuse.pipeline import is_config_error, trace
 from hlofuse.report import HlofuseWarning, Report
 from hlofuse.target import CPU, Target
 from hlofuse.passes import kernelize
@@ -314,8 +314,9 @@ def export_optimized(fun: Callable, sig: Signature, opts: Options, *, name: str 
                     f"pass in_shardings= to hlofuse.jit, or call it with sharded arrays, for "
                     f"per-shard kernels")
             if opts.check:
-                opt = verify_regions(exp0, opt, dataclasses.replace(opts, target=target),
-                                     name=name)
+                with trace("verify", function=name):
+                    opt = verify_regions(exp0, opt, dataclasses.replace(opts, target=target),
+                                         name=name)
             if ckey:
                 module_cache.store(ckey, opt.module, opt.report)
         optimized = True
@@ -787,9 +788,11 @@ class Program:
             return self.plain_entry(sig, target)
         fun = _named(functools.partial(_call_jaxpr, self.jaxpr(sig)), self.name)
         try:
-            exp, opt, callbacks = export_optimized(
-                fun, sig, self.opts, name=self.name, donated=self.donated, target=target,
-                shardings=self.shardings, spmd_devices=spmd_devices, jaxpr=self.jaxpr(sig))
+            with trace("build", function=self.name, target=target.kind,
+                       inputs=" ".join(f"{d}{list(s)}" for s, d, *_ in sig)):
+                exp, opt, callbacks = export_optimized(
+                    fun, sig, self.opts, name=self.name, donated=self.donated, target=target,
+                    shardings=self.shardings, spmd_devices=spmd_devices, jaxpr=self.jaxpr(sig))
         except NotImplementedError as e:
             if not _is_host_callback_refusal(e):
                 return self._failed_build(sig, target, e)

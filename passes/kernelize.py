@@ -35,7 +35,7 @@ import warnings
 from jaxlib.mlir import ir
 
 from hlofuse import ir as hir
-from hlofuse.pipeline import Pass, register_pass
+from hlofuse.pipeline import Pass, register_pass, trace
 from hlofuse.kernels import FAMILIES
 from hlofuse.kernels.common import func_avals
 from hlofuse.kernels import lowering
@@ -280,11 +280,14 @@ class Kernelize(Pass):
                     n_not_local += 1
                     continue
             try:
-                if per_shard is not None:
-                    local_mod = per_shard[0]
-                    text, kname, blocks = lower_region(hir.funcs(local_mod)[0], kind, ctx.target)
-                else:
-                    text, kname, blocks = lower_region(fn_op, kind, ctx.target, body)
+                with trace(f"kernel {kind}", region=rid, at=", ".join(region.locations[:2]),
+                           target=ctx.target.kind):
+                    if per_shard is not None:
+                        local_mod = per_shard[0]
+                        text, kname, blocks = lower_region(hir.funcs(local_mod)[0], kind,
+                                                           ctx.target)
+                    else:
+                        text, kname, blocks = lower_region(fn_op, kind, ctx.target, body)
                 kmod = hir.parse(text, module.context, source=f"kernel for region {rid}")
                 # the cleanups later runs apply to the whole module, applied now (idempotence)
                 hir.run_upstream_passes(kmod, "builtin.module(canonicalize,cse,canonicalize)")

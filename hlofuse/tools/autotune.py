@@ -76,6 +76,7 @@ import jax
 
 from hlofuse import config
 from hlofuse import hostcpu
+from hlofuse.pipeline import trace
 from hlofuse.testing import compare
 
 __all__ = ["VARIANTS", "applicable_variants", "Measurement", "measure", "decide", "Decision",
@@ -841,8 +842,9 @@ def measure(make: Callable, args: Sequence, variants: dict[str, dict], *,
             unmeasured.append(name)
             continue
         try:
-            fn = base if not opts else make(dict(opts) if isinstance(opts, dict) else opts)
-            compiled = fn.lower(*args, **kwargs).compile()
+            with trace("tune compile", variant=name):
+                fn = base if not opts else make(dict(opts) if isinstance(opts, dict) else opts)
+                compiled = fn.lower(*args, **kwargs).compile()
         except Exception as e:  # noqa: BLE001 - an option this XLA does not know: not a candidate
             if name == "default":
                 raise
@@ -929,8 +931,9 @@ def _rounds(fns, names, heavy, base, args, kwargs, reps, rounds, t_def, t_start,
         if r >= MIN_ROUNDS and spent + per_round > budget_s:
             break
         order = names[r % len(names):] + names[:r % len(names)]
-        for n in order:
-            times[n].append(time_calls(fns[n], args, reps, kwargs))
+        with trace("tune round", round=r + 1, variants=len(order), reps=reps):
+            for n in order:
+                times[n].append(time_calls(fns[n], args, reps, kwargs))
         n_rounds += 1
         say(f"round {n_rounds} ({time.perf_counter() - t_start:.1f}s)")
     pairs = {n: list(zip(times[n], times["default"])) for n in names}
@@ -1051,6 +1054,13 @@ def tune(make: Callable[[dict], Callable], args: Sequence, kwargs: dict | None,
     {'hash', 'features' (a :func:`record_of` row without the ratio), 'predicted' (the cost
     model's kernel/XLA ratio or None)}. Each measured region's decision is cached by region
     hash, with a measurement record for the learned cost model."""
+    with trace("tune", function=name, variants=len(variants)):
+        return _tune(make, args, kwargs, variants, name=name, key=key, default_s=default_s,
+                     budget_s=budget_s, regions=regions, min_call_s=min_call_s)
+
+
+def _tune(make, args, kwargs, variants, *, name, key, default_s, budget_s, regions,
+          min_call_s) -> Decision:
     budget_s = budget() if budget_s is None else budget_s
     regions = regions or {}
     t0 = time.perf_counter()
