@@ -415,7 +415,7 @@ def cuda_path() -> str | None:
     """The CUDA directory jax points XLA:GPU at (where XLA finds ``ptxas``), or None."""
     try:
         from jax._src import lib as _lib
-    except Exception:  # noqa: BLE001 - a jaxlib without it: XLA searches PATH
+    except ImportError:  # a jaxlib without it: XLA searches PATH
         return None
     return getattr(_lib, "cuda_path", None)
 

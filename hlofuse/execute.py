@@ -29,7 +29,7 @@ def backend_for(target: Target | str):
     """The XLA client that runs ``target`` in this process, or None when it is absent."""
     try:
         return jex.backend.get_backend(Target.of(target).backend)
-    except Exception:
+    except RuntimeError:   # "Unknown backend": not in this process
         return None
 
 

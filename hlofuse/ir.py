@@ -67,7 +67,7 @@ def portable_target_default() -> str:
     try:
         return stablehlo.get_version_from_compatibility_requirement(
             stablehlo.StablehloCompatibilityRequirement.WEEK_4)
-    except Exception:  # older bindings: fall back to the verified value
+    except (AttributeError, ValueError):  # older bindings: fall back to the verified value
         return "1.15.0"
 
 
@@ -488,7 +488,7 @@ def run_upstream_passes(module: ir.Module, pipeline: str) -> None:
 def verify(module: ir.Module) -> None:
     try:
         module.operation.verify()
-    except Exception as e:
+    except ir.MLIRError as e:
         raise IRError("module does not verify: " + " | ".join(str(e).strip().splitlines()[:8])) from None
 
 

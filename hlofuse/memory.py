@@ -64,8 +64,8 @@ def figures(compiled) -> Figures:
         ca = compiled.cost_analysis()
         if isinstance(ca, (list, tuple)):
             ca = ca[0] if ca else {}
-    except Exception:  # noqa: BLE001 - a backend without cost analysis: flops unknown
-        pass
+    except (RuntimeError, NotImplementedError, AttributeError, TypeError):
+        pass   # a backend without cost analysis: flops unknown
     ca = ca or {}
     return Figures(*(int(getattr(ma, f"{k}_size_in_bytes", 0) or 0)
                      for k in ("argument", "output", "temp", "alias")),
@@ -98,7 +98,8 @@ def _device_capacity(target: Target, device) -> int:
             stats = device.memory_stats() or {}
             if stats.get("bytes_limit"):
                 return int(stats["bytes_limit"])
-        except Exception:  # noqa: BLE001 - a runtime without memory stats: the chip table
+        # a runtime without memory stats: the chip table
+        except (RuntimeError, NotImplementedError, AttributeError, TypeError):
             pass
     if target.is_cpu:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

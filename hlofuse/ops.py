@@ -94,7 +94,7 @@ def const_value(op) -> np.ndarray:
         return np.broadcast_to(splat_scalar(op), tuple(t.shape))
     try:
         arr = np.array(attr)
-    except Exception as e:  # e.g. bf16 without buffer-protocol support
+    except (TypeError, ValueError, RuntimeError) as e:  # e.g. bf16 without buffer-protocol support
         raise EmitError(f"cannot read non-splat constant of type {t}: {e}") from None
     if arr.dtype != dt:
         arr = arr.view(dt) if arr.dtype.itemsize == dt.itemsize else arr.astype(dt)

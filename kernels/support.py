@@ -118,7 +118,7 @@ def is_splat_constant(op) -> bool:
         return False
     try:
         return ir.DenseElementsAttr(op.attributes["value"]).is_splat
-    except Exception:
+    except (ValueError, TypeError, KeyError):   # no dense value attribute
         return False
 
 

@@ -281,7 +281,7 @@ def _constant_value(op) -> np.ndarray | None:
     element (no memory at any shape: a 279-byte module can hold a 1 GiB splat, issue 11)."""
     try:
         s = splat_scalar(op)
-    except Exception:
+    except (ValueError, TypeError):   # a splat element numpy cannot hold
         s = None
     if s is not None:
         return np.broadcast_to(s, gu.info(op.results[0]).shape)

@@ -90,8 +90,8 @@ def _matmul_calls(ops, table, ctx) -> list:
             continue  # outlined by an earlier run: its decision stands (idempotence)
         try:
             spec = spec_from_func(callee)
-        except Exception:
-            continue  # a region the matmul family cannot express: nothing to merge
+        except NotImplementedError:   # EmitError: a region the matmul family cannot express
+            continue
         out.append((op, callee, spec))
     return out
 

@@ -17,7 +17,7 @@ from jaxlib.mlir.dialects import stablehlo
 
 from hlofuse import ir as hir
 from hlofuse.ir import as_op, defining_op
-from hlofuse.ops import OpClass, const_value, rule_for
+from hlofuse.ops import EmitError, OpClass, const_value, rule_for
 
 # Op classes whose ops have no side effects: erasable once their results are unused.
 _PURE_CLASSES = {OpClass.ELEMENTWISE, OpClass.BROADCAST, OpClass.CONSTANT, OpClass.IOTA,
@@ -108,14 +108,14 @@ def constant_array(v: ir.Value) -> np.ndarray | None:
         return None
     try:
         return const_value(op)
-    except Exception:
+    except (EmitError, ValueError, TypeError, KeyError):   # not a readable dense constant
         pass
     try:  # i1 splats hold a BoolAttr, which hlofuse.ops.const_value does not read
         attr = ir.DenseElementsAttr(op.attributes["value"])
         if attr.is_splat and isinstance(attr.get_splat_value(), ir.BoolAttr):
             t = ir.RankedTensorType(v.type)
             return np.full(tuple(t.shape), ir.BoolAttr(attr.get_splat_value()).value, np.bool_)
-    except Exception:
+    except (ValueError, TypeError, KeyError):   # not a DenseElementsAttr of bools
         pass
     return None
 
@@ -126,7 +126,7 @@ def is_splat_const(v: ir.Value) -> bool:
         return False
     try:
         return ir.DenseElementsAttr(op.attributes["value"]).is_splat
-    except Exception:
+    except (ValueError, TypeError, KeyError):   # no dense value attribute
         return False
 
 

@@ -217,7 +217,7 @@ def _ints(op, key: str) -> list[int]:
     a = op.attributes[key]
     try:
         return list(ir.DenseI64ArrayAttr(a))
-    except Exception:  # noqa: BLE001 - older attribute kinds
+    except ValueError:  # older attribute kinds: not castable to DenseI64ArrayAttr
         return [int(x) for x in re.findall(r"-?\d+", str(a))]
 
 

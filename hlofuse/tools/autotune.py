@@ -684,7 +684,8 @@ _HLO_NAME = re.compile(r"^HloModule \S+", re.M)
 def _normalized_hlo(compiled) -> str:
     try:
         text = compiled.as_text()
-    except Exception:  # noqa: BLE001 - some backends cannot print; treat as distinct
+    # some backends cannot print; treat as distinct
+    except (RuntimeError, NotImplementedError, AttributeError, TypeError):
         return repr(id(compiled))
     text = _HLO_NAME.sub("HloModule m", text)
     text = re.sub(r", metadata=\{[^}]*\}", "", text)
@@ -951,7 +952,8 @@ def _rounds(fns, names, heavy, base, args, kwargs, reps, rounds, t_def, t_start,
 def _temp_bytes(compiled) -> int | None:
     try:
         return int(compiled.memory_analysis().temp_size_in_bytes)
-    except Exception:  # noqa: BLE001 - a backend without memory analysis
+    # a backend without memory analysis
+    except (RuntimeError, NotImplementedError, AttributeError, TypeError):
         return None
 
 

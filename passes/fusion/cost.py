@@ -118,7 +118,7 @@ def op_flops(op) -> int:
         try:
             dn = stablehlo.DotDimensionNumbers(op.attributes["dot_dimension_numbers"])
             k = math.prod(lhs.shape[d] for d in dn.lhs_contracting_dimensions)
-        except Exception:  # stablehlo.dot: contracting the last lhs dim
+        except (KeyError, ValueError):  # stablehlo.dot: contracting the last lhs dim
             k = lhs.shape[-1] if lhs.shape else 1
         return 2 * out.size * k
     if rule.cls is OpClass.CONVOLUTION:
@@ -130,7 +130,7 @@ def op_flops(op) -> int:
         try:
             dn = stablehlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
             per_out = ker.size // max(ker.shape[dn.kernel_output_feature_dimension], 1)
-        except Exception:
+        except (KeyError, ValueError):   # no readable dimension numbers: every kernel element
             per_out = ker.size
         return 2 * out.size * per_out
     if rule.cls is OpClass.REDUCTION:
