@@ -198,7 +198,9 @@ def split_options(options: dict | None) -> tuple[GlobalOptions, dict[str, dict]]
                 raise OptionError(f"options[{key!r}]: expected a dict of {key}'s options "
                                   f"({describe_options(registry[key].Options) or 'it has none'}), "
                                   f"got {value!r}")
-            make_options(registry[key].Options, value, f"pass '{key}'")  # check now
+            _enabled(key, value)   # the old spelling of disable=, checked and warned
+            make_options(registry[key].Options,
+                         {k: v for k, v in value.items() if k != ENABLED}, f"pass '{key}'")
             per_pass.setdefault(key, {}).update(value)
         else:
             owners = [n for n, c in sorted(registry.items()) if key in _fields(c.Options)]
@@ -207,6 +209,29 @@ def split_options(options: dict | None) -> tuple[GlobalOptions, dict[str, dict]]
             make_options(registry[owners[0]].Options, {key: value}, f"pass '{owners[0]}'")
             per_pass.setdefault(owners[0], {})[key] = value
     return make_options(GlobalOptions, glob, "hlofuse"), per_pass
+
+
+#: ``{"pass-name": {"enabled": False}}``: the old spelling of ``disable=["pass-name"]`` (nine
+#: passes had an ``enabled`` option of their own); still read, with a DeprecationWarning
+ENABLED = "enabled"
+
+
+def _enabled(name: str, values: dict) -> bool:
+    """Whether ``values`` (one pass's options) leave pass ``name`` on; warns when they use
+    the old ``enabled`` spelling."""
+    if ENABLED not in values:
+        return True
+    on = values[ENABLED]
+    if isinstance(on, str) and on.strip().lower() in ("true", "false"):   # pipeline text
+        on = on.strip().lower() == "true"
+    if not isinstance(on, bool):
+        raise OptionError(f"option 'enabled' of pass '{name}': expected bool, got {on!r}")
+    import warnings
+    warnings.warn(f"options={{'{name}': {{'enabled': {on}}}}} is deprecated: "
+                  + (f"use disable=['{name}'] (or HLOFUSE_DISABLE_PASSES={name})" if not on
+                     else "passes are on unless disabled; drop it"),
+                  DeprecationWarning, stacklevel=4)
+    return on
 
 
 def _unknown_option_message(key: str, owners: list[str], registry: dict) -> str:
@@ -279,10 +304,21 @@ class PassContext:
 
     def options_for(self, cls, step: "Step | None" = None):
         """The typed options of pass class ``cls``: the user's, overridden by the step's own."""
+        values = self._values(cls, step)
+        values.pop(ENABLED, None)
+        return make_options(cls.Options, values, f"pass '{cls.name}'")
+
+    def turned_off(self, cls, step: "Step | None" = None) -> bool:
+        """Whether the options say ``{"enabled": False}`` for this pass (the old spelling of
+        ``disable=``)."""
+        values = self._values(cls, step)
+        return ENABLED in values and not _enabled(cls.name, values)
+
+    def _values(self, cls, step) -> dict:
         values = dict(self.pass_options.get(cls.name, {}))
         if step is not None:
             values.update(step.options)
-        return make_options(cls.Options, values, f"pass '{cls.name}'")
+        return values
 
 
 class PassFailure(RuntimeError):
@@ -424,7 +460,8 @@ def _steps(pipeline: str | Sequence[str | Step] | None) -> list[Step]:
                  for s in ([p] if isinstance(p, Step) else parse_pipeline(p))]
     for st in steps:
         cls = get_pass(st.name)  # raises with the list of known names
-        make_options(cls.Options, dict(st.options), f"pass '{st.name}'")
+        make_options(cls.Options, {k: v for k, v in dict(st.options).items() if k != ENABLED},
+                     f"pass '{st.name}'")
     return steps
 
 
@@ -491,11 +528,11 @@ class PassManager:
         done: list[str] = []
         for i, step in enumerate(self.steps, start=1):
             name = step.name
-            if name in self.disabled:
+            cls = get_pass(name)
+            if name in self.disabled or ctx.turned_off(cls, step):
                 report.record_pass(name, 0.0, {}, disabled=True)
                 continue
             before = hir.to_bytecode(module)
-            cls = get_pass(name)
             p = cls(ctx.options_for(cls, step))
             t0 = time.perf_counter()
             try:

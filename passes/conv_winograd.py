@@ -14,7 +14,7 @@ median of 25 rounds, /work notes in the commit). Small channel counts spend thei
 transforms (an RGB stem, Ci=3), so they stay with XLA; per region the measured decisions
 (``hlofuse.tools.autotune``) keep XLA's convolution wherever the kernel measures slower.
 gpu/tpu: nothing to do (cuDNN and the TPU emitter choose their own algorithms, Winograd
-included); ``options={"conv-winograd": {"enabled": False}}`` or
+included); ``disable=["conv-winograd"]`` or
 ``HLOFUSE_DISABLE_PASSES=conv-winograd`` keeps every convolution direct.
 
 Refusals of 3x3 convolutions go to the report (stride 2, bf16, few channels...); other filter
@@ -75,12 +75,11 @@ class ConvWinograd(Pass):
 
     @dataclasses.dataclass(frozen=True)
     class Options:
-        enabled: bool = True
         # fewer input or output channels than this: XLA's direct convolution
         min_channels: int = 16
 
     def run(self, module, ctx):
-        if not self.options.enabled or not ctx.target.is_cpu:
+        if not ctx.target.is_cpu:
             return {"regions": 0}
         left = _Refused3x3(self.name)
         counts = fuse_anchored(module, ctx, kind=KIND, anchor_name="stablehlo.convolution",

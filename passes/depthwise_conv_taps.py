@@ -37,7 +37,7 @@ Not rewritten: other targets (cuDNN and the TPU emitter have grouped kernels of 
 groups of many channels (past ``max_taps``), filter gradients of groups of several channels or
 of channel multipliers (XLA's), window reversal, negative padding, integer convolutions; each
 candidate left gets a report note.
-``enabled=False`` turns the pass off.
+``disable=["depthwise-conv-taps"]`` turns the pass off.
 
 Preconditions: calls inlined; after ``batchnorm-fold`` (which folds a frozen BatchNorm's scale
 into the filter) and ``layout-assignment``, and after the last ``constant-fold`` (a frozen
@@ -340,14 +340,13 @@ class DepthwiseConvTaps(Pass):
 
     @dataclasses.dataclass(frozen=True)
     class Options:
-        enabled: bool = True  # False: leave depthwise convolutions to XLA
         # products per output element (filter positions x input channels per group) above
         # which a convolution stays XLA's: a 7x7 ConvNeXt filter is 49, a 3x3 ResNeXt group of
         # 8 channels 72 (3.3x faster than XLA's); 16 channels per group (144) was 6x slower
         max_taps: int = 72
 
     def run(self, module, ctx):
-        if not ctx.target.is_cpu or not self.options.enabled:
+        if not ctx.target.is_cpu:
             return {"rewritten": 0, "filter_gradients": 0}
         refused = Refusals(self.name, outcome="left to XLA")
         n = grads = 0

@@ -30,7 +30,7 @@ all bf16 (f16 has no faster library path on CPU: 27.8 ms either way at the size 
 and integer dots are unchanged), bf16 convolutions (an f32 result made a 3x3 56x56x64 NHWC
 convolution slower, 11.1 vs 7.6 ms), dots
 carrying a dot ``algorithm`` (the user chose the arithmetic), and dots inside hlofuse-made
-functions (attention regions own their dots). ``enabled=False`` turns the pass off.
+functions (attention regions own their dots). ``disable=["dot-f32-accumulate"]`` turns the pass off.
 
 Preconditions: calls inlined; after ``fuse-attention`` (attention subgraphs are outlined as
 the user wrote them) and before ``conv1x1-to-dot``/``fuse-matmul-epilogue`` (so a matmul
@@ -191,7 +191,6 @@ class DotF32Accumulate(Pass):
 
     @dataclasses.dataclass(frozen=True)
     class Options:
-        enabled: bool = True  # False: leave bf16 dots as written (XLA:CPU upcasts them to f32)
         # a matrix-vector dot whose matrix has at least this many elements is computed as a
         # two-row (two-column) matrix product; 0 turns that off
         gemv_pad_min_elems: int = 1 << 16
@@ -203,7 +202,7 @@ class DotF32Accumulate(Pass):
             hostcpu.check_rows(self.gemv_rows)
 
     def run(self, module, ctx):
-        if not ctx.target.is_cpu or not self.options.enabled:
+        if not ctx.target.is_cpu:
             return {"widened": 0, "matrix_vector_padded": 0}
         n = padded = 0
         lim = self.options.gemv_pad_min_elems

@@ -46,7 +46,7 @@ nothing. Statistics: ``flattened`` (products rewritten), ``sunk`` (elementwise o
 reshape or transpose), ``left_sharded`` (products left because of their shardings),
 ``left_as_written`` (products not in the kernels' form that are left as written: batch dims not
 leading, interleaved dims, an activation on the rhs whose transpose would not cancel;
-``fuse-matmul-epilogue`` notes them as "not canonical"). ``enabled=False`` turns it off.
+``fuse-matmul-epilogue`` notes them as "not canonical"). ``disable=["flatten-dot-dims"]`` turns it off.
 """
 
 from __future__ import annotations
@@ -418,7 +418,6 @@ class FlattenDotDims(Pass):
 
     @dataclasses.dataclass(frozen=True)
     class Options:
-        enabled: bool = True
         # tpu: off unless asked. Compiled for TPU v5e (bench --memory), the BERT-base training
         # step (S=512, batch 32) needed 2237 MiB with the products flattened and 2119 without
         # (jax.jit 2119); on H100 the same 2338 either way
@@ -426,8 +425,6 @@ class FlattenDotDims(Pass):
 
     def run(self, module, ctx):
         stats = {"flattened": 0, "sunk": 0, "left_sharded": 0, "left_as_written": 0}
-        if not self.options.enabled:
-            return stats
         if ctx.target.is_tpu and not self.options.on_tpu:
             return dict(stats, skipped="tpu (on_tpu=true flattens there)")
         from hlofuse.passes.fusion.outline import program_blocks

@@ -32,7 +32,7 @@ shardings cannot be kept so (the axes do not divide that factor) is left as it i
 Invariant: the module verifies; each output element is the same sum of the same products, but
 XLA may block a product of other shapes differently, so results may reassociate
 (``reassociate`` tolerance). Rerunning changes nothing (the new product reads ``Y``).
-Statistics: ``folded`` (products rewritten). ``enabled=False`` turns it off; off on tpu unless
+Statistics: ``folded`` (products rewritten). ``disable=["fold-dot-repeats"]`` turns it off; off on tpu unless
 ``on_tpu=true`` (more memory there in training, see ``Options``).
 """
 
@@ -258,7 +258,6 @@ class FoldDotRepeats(Pass):
 
     @dataclasses.dataclass(frozen=True)
     class Options:
-        enabled: bool = True
         # tpu: off unless asked. Compiled for TPU v5e (bench --memory), the Llama-1B-class
         # training step (GQA, S=2048) needed 5445 MiB with the products folded and 4607 without
         # (jax.jit: 4603): XLA:TPU keeps more of the backward's temporaries around the folded
@@ -266,8 +265,6 @@ class FoldDotRepeats(Pass):
         on_tpu: bool = False
 
     def run(self, module, ctx):
-        if not self.options.enabled:
-            return {"folded": 0}
         if ctx.target.is_tpu and not self.options.on_tpu:
             return {"folded": 0, "skipped": "tpu (on_tpu=true folds there)"}
         from hlofuse.passes.fusion.outline import program_blocks

@@ -42,7 +42,7 @@ fast form; int4, int16), dots carrying an ``algorithm``, and, for the shift, ope
 XLA:CPU does not give its library kernel (batch dims not leading both operands in the same
 order; a transposed lhs matrix against an rhs with several free dims: XLA's own dot requires
 equal operand types and fails to compile the mixed dot,
-:func:`~hlofuse.passes.dot_f32_accumulate.form_reason`). ``enabled=False`` turns it off.
+:func:`~hlofuse.passes.dot_f32_accumulate.form_reason`). ``disable=["int8-dot-unsigned"]`` turns it off.
 
 Preconditions: after ``kernelize`` (a cpu kernel's int8 product is a ``dot_general`` in its
 function by then) and ``symbol-dce`` (the region functions kernels replaced are gone). The
@@ -193,7 +193,6 @@ class Int8DotUnsigned(Pass):
 
     @dataclasses.dataclass(frozen=True)
     class Options:
-        enabled: bool = True  # False: leave int8 x int8 dots as written
         # "auto": the u8 x s8 form unless the host CPU multiplies s8 x s8 natively
         # (hlofuse.hostcpu.int8_signed_native); "always" / "never": regardless of the host
         shift: typing.Literal["auto", "always", "never"] = "auto"
@@ -207,7 +206,7 @@ class Int8DotUnsigned(Pass):
             hostcpu.check_rows(self.int8_gemv_rows, "int8_gemv_rows")
 
     def run(self, module, ctx):
-        if not ctx.target.is_cpu or not self.options.enabled:
+        if not ctx.target.is_cpu:
             return {"rewritten": 0, "matrix_vector_padded": 0}
         native = hostcpu.int8_signed_native()
         shift = self.options.shift == "always" or (self.options.shift == "auto" and native is None)

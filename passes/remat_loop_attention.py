@@ -46,7 +46,7 @@ Invariant: the backward reads the same ops applied to the same values it read fr
 stacks (bit-exact under the reference interpreter; XLA may fuse the recomputed ops differently,
 so the jitted numbers agree within ``reassociate``); the module verifies; rerunning changes
 nothing (no intermediate leaves the forward loop). Statistics: ``recomputed`` (saved values
-recomputed), ``regions``. ``enabled=False`` turns it off.
+recomputed), ``regions``. ``disable=["remat-loop-attention"]`` turns it off.
 """
 
 from __future__ import annotations
@@ -531,13 +531,7 @@ def recompute_in_backward(block) -> tuple[int, int, list]:
 class RematLoopAttention(Pass):
     name = "remat-loop-attention"
 
-    @dataclasses.dataclass(frozen=True)
-    class Options:
-        enabled: bool = True
-
     def run(self, module, ctx):
-        if not self.options.enabled:
-            return {"recomputed": 0, "regions": 0}
         from hlofuse.passes.fusion.outline import program_blocks
         n = regions = 0
         for block in program_blocks(module):

@@ -28,7 +28,7 @@ before ``propagate-shardings`` (sharded programs: the copies get their shardings
 Invariant: bit-exact (the same ops on the same constants compute the same values); the module
 verifies; rerunning changes nothing (the body no longer reads the block argument).
 Statistics: ``sunk`` (carried values regenerated in a loop), ``loops``.
-``enabled=False`` turns it off.
+``disable=["sink-loop-generators"]`` turns it off.
 """
 
 from __future__ import annotations
@@ -125,12 +125,9 @@ class SinkLoopGenerators(Pass):
 
     @dataclasses.dataclass(frozen=True)
     class Options:
-        enabled: bool = True
         min_elements: int = 4096     # smaller carried values cost nothing worth a regeneration
 
     def run(self, module, ctx):
-        if not self.options.enabled:
-            return {"sunk": 0, "loops": 0}
         from hlofuse.passes.fusion.outline import program_blocks
         loops = [op for block in program_blocks(module) for op in hir.block_ops(block)
                  if op.name == "stablehlo.while"]

@@ -38,7 +38,7 @@ Invariant: the module verifies; every output is the same reduction of the same e
 another order: exact for max/min/and/or and integers, ``reassociate`` for float sums and
 products. Idempotent: every reduce it makes has one run of reduced dims.
 Statistics: ``split`` (reduces rewritten), ``split_float`` (of those, float sums/products,
-whose order changed); ``enabled=False`` turns the pass off.
+whose order changed); ``disable=["split-reduce"]`` turns the pass off.
 """
 
 from __future__ import annotations
@@ -170,7 +170,6 @@ class SplitReduce(Pass):
 
     @dataclasses.dataclass(frozen=True)
     class Options:
-        enabled: bool = True        # False: reductions stay as written
         # reductions of fewer elements stay one reduce (two small loops cost more than one)
         min_split_elements: int = 1 << 15
         # split only where the innermost run is reduced and shorter than this (longer runs:
@@ -178,7 +177,7 @@ class SplitReduce(Pass):
         inner_run_below: int = 64
 
     def run(self, module, ctx):
-        if not ctx.target.is_cpu or not self.options.enabled:
+        if not ctx.target.is_cpu:
             return {"split": 0, "split_float": 0}
         n = floats = 0
         narrow: list[str] = []

@@ -113,3 +113,19 @@ func.func @main(%x: tensor<8x128xf32>) -> tensor<8x128xf32> {
     assert regions and all(r.kernel is None for r in regions)
     assert {r.reason for r in regions} == {"kernels disabled by option"}
     assert "custom_call" not in hir.to_text(opt.module)
+
+
+@pytest.mark.parametrize("how", ["dict", "text"])
+def test_the_old_enabled_option_still_disables_with_a_deprecation_warning(how):
+    """Nine passes had an ``enabled`` option of their own, a second spelling of ``disable=``;
+    it is gone from the passes, and ``{"pass": {"enabled": False}}`` (or ``pass{enabled=false}``
+    in pipeline text) still turns the pass off, with a DeprecationWarning naming the new
+    spelling."""
+    kw = ({"pipeline": "constant-fold", "options": {"constant-fold": {"enabled": False}}}
+          if how == "dict" else {"pipeline": "constant-fold{enabled=false}"})
+    # (constant-fold never had it: every pass takes the old spelling)
+    with pytest.warns(DeprecationWarning, match=r"use disable=\['constant-fold'\]"):
+        opt = hlofuse.optimize(FOLD, **kw)
+    assert not _folded(opt) and [p.disabled for p in opt.report.passes] == [True]
+    with pytest.raises(OptionError, match="option 'enabled' of pass 'constant-fold': expected bool"):
+        hlofuse.optimize(FOLD, pipeline="constant-fold", options={"constant-fold": {"enabled": 0}})

@@ -118,12 +118,12 @@ def test_gpu_and_tpu_keep_their_convolutions():
         assert "stablehlo.convolution" in str(out.module)
 
 
-def test_disabled_by_option_and_idempotent():
+def test_disabled_and_idempotent():
     x = R.standard_normal((1, 8, 8, 32)).astype(F32)
     w = R.standard_normal((3, 3, 32, 32)).astype(F32)
     fn = lambda x, w: jax.nn.relu(_conv(x, w))  # noqa: E731
     off = hlofuse.jit(fn, target="cpu", pipeline=PIPE, tiered=False, autotune=False,
-                      options={"conv-winograd": {"enabled": False}})
+                      disable=["conv-winograd"])
     assert not _winograd_regions(off.report(x, w))
     on = hlofuse.jit(fn, target="cpu", pipeline=PIPE, tiered=False, autotune=False)
     again = hlofuse.optimize(on.lower(x, w).as_text(), target="cpu", pipeline=PIPE)

@@ -112,11 +112,10 @@ def test_interleaved_dims_are_left_alone_with_the_reason():
     assert_same(g(x, w), jax.jit(fn)(x, w), "exact")
 
 
-def test_option_turns_it_off():
+def test_disable_turns_it_off():
     args = _args()
-    f = hlofuse.jit(_block, target="cpu", pipeline=PIPE,
-                    options={"flatten-dot-dims": {"enabled": False}})
-    assert _stats(f.report(*args))["flattened"] == 0
+    f = hlofuse.jit(_block, target="cpu", pipeline=PIPE, disable=["flatten-dot-dims"])
+    assert _stats(f.report(*args)) == {}
     assert not all(_kernel_form(f.lower(*args).as_text()))
 
 

@@ -98,10 +98,10 @@ func.func @main(%x: tensor<64x64xf32>, %t: !stablehlo.token) -> (tensor<64x64xf3
     assert opt.report.passes[0].stats == {"sunk": 0, "loops": 0}
 
 
-def test_option_turns_it_off():
+def test_disable_turns_it_off():
     opt = hlofuse.optimize(LOOP, pipeline=["sink-loop-generators"],
-                           options={"sink-loop-generators": {"enabled": False}})
-    assert opt.report.passes[0].stats == {"sunk": 0, "loops": 0}
+                           disable=["sink-loop-generators"])
+    assert opt.report.passes[0].disabled
     assert "stablehlo.iota" not in _body_ops(opt.text)
 
 
