@@ -3,7 +3,7 @@
 Run with the ``aot`` extras installed (``.venv-aot``): ``python .ci/aot_matrix.py [--chips
 h100,a100,v5e,v4,v6e] [--jobs 2] [--json out.json]``. For each chip, in its own process, every
 case is exported for the chip's platform, optimized by hlofuse for that chip (tiles from its
-description) and compiled by the chip's real compiler (:func:`hlofuse.aot.optimize_many`: one
+description) and compiled by the chip's real compiler (:func:`hlofuse.runtime.aot.optimize_many`: one
 compiler worker per chip). A kernel passes when it compiles; it fails when the compiler
 rejects it (it would then go back to XLA for that chip) or when a case that should produce a
 kernel of its family produces none. Prints per-chip counts and compile times, the compiler's
@@ -33,7 +33,7 @@ FAMILIES = ("elementwise", "reduction", "matmul_epilogue", "attention", "horizon
             "attention_bwd")
 
 # Kernels the compiler rejects today, each with what the compiler says. They go back to XLA
-# for that chip (hlofuse.aot.optimize_for), are listed in the output as "known", and are not
+# for that chip (hlofuse.runtime.aot.optimize_for), are listed in the output as "known", and are not
 # counted as passed. (target, case substring, kernel kind, text of the compiler's message).
 KNOWN = [
     # (the bf16 cross-entropy row kernels' "Lane broadcast" failure on v5e/v6e is gone: a select
@@ -41,7 +41,7 @@ KNOWN = [
 ]
 
 
-# Kernels that spill registers today (ptxas -v of the compile hlofuse.aot runs), with the
+# Kernels that spill registers today (ptxas -v of the compile hlofuse.runtime.aot runs), with the
 # figures measured when listed: printed as "known spill", not counted as failed; any other
 # spill fails the matrix. Fix the kernel's blocks/warps and drop its line.
 # (chip, case substring, kernel kind, figures)
@@ -87,7 +87,7 @@ class Case:
     dtype: str
     build: object            # () -> (fn, avals)
     targets: tuple = ("gpu", "tpu")   # where the family supports this dtype
-    requires: str | None = None       # a hlofuse.chips.Chip flag the chip must have (int8_matmul)
+    requires: str | None = None       # a hlofuse.core.chips.Chip flag the chip must have (int8_matmul)
 
 
 def _cases() -> list[Case]:
@@ -263,7 +263,8 @@ def _cases() -> list[Case]:
 def run_chip(chip_name: str, only: str | None) -> dict:
     import jax
     jax.config.update("jax_platforms", "cpu")
-    from hlofuse import aot, chips
+    from hlofuse.runtime import aot
+    from hlofuse.core import chips
     chip = chips.get(chip_name)
     cases = [c for c in _cases() if not only or only in c.name]
     items, meta, rows = [], [], []
@@ -313,7 +314,7 @@ def run_chip(chip_name: str, only: str | None) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 def _figures(res: dict, show: bool, spills_fail: bool) -> tuple[int, list[str]]:
-    """The compiler's resource figures of every compiled kernel (hlofuse.aot: ptxas -v for
+    """The compiler's resource figures of every compiled kernel (hlofuse.runtime.aot: ptxas -v for
     Triton, Mosaic's scoped VMEM for TPU): a summary line, and with ``show`` one line per
     kernel entry, flagged ones marked "!!". Returns (failures, lines): a kernel that spills
     counts as a failure with ``spills_fail``, one whose figures could not be read always does."""
@@ -321,7 +322,7 @@ def _figures(res: dict, show: bool, spills_fail: bool) -> tuple[int, list[str]]:
     if not ks:
         return 0, []
     spills = [(c, k) for c, k in ks if k.get("spill_bytes")]
-    from hlofuse.aot import LOW_OCCUPANCY
+    from hlofuse.runtime.aot import LOW_OCCUPANCY
     low = [(c, k) for c, k in ks if k.get("occupancy") is not None and k["occupancy"] < LOW_OCCUPANCY]
     unread = [(c, k) for c, k in ks if not k.get("resources") or k["resources"].get("unavailable")]
     # absent: the program compiled and its figures were read, but XLA emitted no such kernel
@@ -430,7 +431,7 @@ def main(argv=None) -> int:
     if a.child:
         print(json.dumps(run_chip(a.child, a.only)))
         return 0
-    from hlofuse import aot
+    from hlofuse.runtime import aot
     names = aot.parse_chips(a.chips)
     for n in names:
         miss = aot.missing_packages(n)

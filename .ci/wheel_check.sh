@@ -28,6 +28,6 @@ venv/bin/hlofuse --help > /dev/null
 EXAMPLE=$(venv/bin/python -c 'import hlofuse.examples as e; print(e.path())')
 venv/bin/hlofuse optimize "$EXAMPLE" -o out.mlir --report report.md
 test -s out.mlir && grep -q "stablehlo" out.mlir && test -s report.md
-venv/bin/python -m hlofuse.tools.demo > demo.txt
+venv/bin/python -m hlofuse.cli.demo > demo.txt
 tail -3 demo.txt
 echo "== wheel: built without warnings, installed outside the tree, demo and CLI ran"

@@ -12,5 +12,5 @@ and three diagnostic scripts: :mod:`bench.first_call` (first-call time ratio on 
 layer, fresh processes), :mod:`bench.attribute` (which pass or kernel costs time: the module
 with one pass disabled / one region rolled back, timed against the unrewritten module) and
 :mod:`bench.xla_options` (XLA:CPU compiler-option variants per workload: the evidence behind
-:mod:`hlofuse.tools.autotune`). ``bench/attention_cpu.py`` belongs to the attention work.
+:mod:`hlofuse.runtime.autotune`). ``bench/attention_cpu.py`` belongs to the attention work.
 """

@@ -25,6 +25,8 @@ import subprocess
 import sys
 import time
 
+from bench.common import Progress, _versions, format_table  # noqa: F401  (re-exported)
+
 #: goals from the project's issues, as hlofuse/jax time ratios on CPU (<= is met): issue 14
 #: item 5 (attention, BERT, ResNet; MLP and BERT S=128 already run at the machine's FLOP limit
 #: under jax.jit, so there the goal is parity) and issue 17 (the int8 programs)
@@ -34,29 +36,10 @@ GOALS_CPU = {"resnet_nhwc": 0.55, "resnet_nchw": 0.55, "bert_s512": 0.72, "bert_
 CEILING = 1.02  # nothing may be slower than this
 
 
-def _versions() -> dict:
-    import jax
-    import jaxlib
-    import numpy
-    import hlofuse
-    v = {"python": platform.python_version(), "jax": jax.__version__, "jaxlib": jaxlib.__version__,
-         "numpy": numpy.__version__, "hlofuse": getattr(hlofuse, "__version__", "?")}
-    try:
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        v["git_commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root,
-                                         capture_output=True, text=True, timeout=5).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=5).stdout.strip()
-        v["git_dirty"] = bool(dirty)
-    except Exception:  # noqa: BLE001
-        pass
-    return v
-
-
 def _device() -> dict:
     import jax
-    from hlofuse import hostcpu
-    from hlofuse.tools import autotune
+    from hlofuse.core import hostcpu
+    from hlofuse.runtime import autotune
     d = jax.devices()[0]
     info = {"platform": d.platform, "device_kind": d.device_kind, "device_count": jax.device_count(),
             "measured": "device" if d.platform != "cpu" else "cpu",
@@ -65,34 +48,6 @@ def _device() -> dict:
             "host_cpu": hostcpu.model(), "host_cores": autotune.usable_cores(),
             "XLA_FLAGS": os.environ.get("XLA_FLAGS", "")}
     return info
-
-
-class Progress:
-    """A plain-text progress bar on stderr (one line per step when not a terminal)."""
-
-    def __init__(self, total: int):
-        self.total, self.i, self.name, self.t0 = total, 0, "", time.perf_counter()
-        self.tty = sys.stderr.isatty()
-
-    def start(self, i: int, name: str):
-        self.i, self.name = i, name
-        self.show("start")
-
-    def show(self, msg: str):
-        done = self.i / max(self.total, 1)
-        bar = "#" * int(20 * done) + "." * (20 - int(20 * done))
-        line = (f"[{bar}] {self.i + 1}/{self.total} {self.name:<12} {msg:<34} "
-                f"{time.perf_counter() - self.t0:6.0f}s")
-        if self.tty:
-            sys.stderr.write("\r" + line)
-        elif not msg.startswith("round ") or msg.split()[1].split("/")[0] == msg.split("/")[-1]:
-            sys.stderr.write(line + "\n")  # not a terminal: one line per step, last round only
-        sys.stderr.flush()
-
-    def done(self):
-        if self.tty:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
 
 
 # ------------------------------------------------------------------------------------------
@@ -150,17 +105,6 @@ def rows_for_table(results: list, platform_: str) -> list[tuple]:
             f"{r.get('ready_s', r['first_call_hlofuse_s']):.2f}", str(r["hlofuse_report"]["kernels"]), f"{fj}/{fh}", at.get("variant", "off"), rss_s,
             f"{r['numerics'].get('max_rel_diff', float('nan')):.1e}", _status(r, platform_)))
     return rows
-
-
-def format_table(rows: list[tuple]) -> str:
-    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
-    out = []
-    for k, row in enumerate(rows):
-        out.append("  ".join(str(c).rjust(w) if 0 < i < len(row) - 1 else str(c).ljust(w)
-                             for i, (c, w) in enumerate(zip(row, widths))).rstrip())
-        if k == 0:
-            out.append("  ".join("-" * w for w in widths))
-    return "\n".join(out)
 
 
 def markdown(meta: dict, results: list) -> str:

@@ -114,12 +114,12 @@ def measure_rss(which: str, seq: int, mode: str = "--rss-child") -> dict:
 
 def measure_time(seq: int, rounds: int) -> dict:
     import jax
-    from hlofuse.testing import compare
-    from hlofuse.tools.autotune import quiesce
+    from hlofuse.runtime.testing import compare
+    from hlofuse.runtime.autotune import quiesce
     fns = functions()
     args = [jax.device_put(a) for a in make_inputs(seq)]
     outs = {n: jax.block_until_ready(f(*args)) for n, f in fns.items()}   # compile
-    for _ in range(WARMUP):   # past hlofuse's one-time autotuning call (hlofuse.tools.autotune)
+    for _ in range(WARMUP):   # past hlofuse's one-time autotuning call (hlofuse.runtime.autotune)
         for f in fns.values():
             jax.block_until_ready(f(*args))
     problems = compare(outs["hlofuse"], outs["jax"], "reassociate")

@@ -13,7 +13,7 @@ the rewrite differs; compiler options are held fixed):
 * ``-<pass>``         — the pipeline with one pass disabled (for every pass whose absence
                         changes the module);
 * ``rollback <id>``   — the full result with one kernelized region rolled back to XLA
-                        (:func:`hlofuse.verify.rollback`), for every kernel.
+                        (:func:`hlofuse.runtime.verify.rollback`), for every kernel.
 
 A region whose rollback brings the ratio down is what costs time; the table names its kernel,
 kind, ops and source lines.
@@ -46,9 +46,9 @@ def build_variants(fn, args, *, max_regions: int = 40) -> tuple[list, dict]:
     import jax
     from jax import export as jexport
     import hlofuse
-    from hlofuse import ir as hir
-    from hlofuse.pipeline import PIPELINES
-    from hlofuse.verify import rollback
+    from hlofuse.core import ir as hir
+    from hlofuse.core.pipeline import PIPELINES
+    from hlofuse.runtime.verify import rollback
 
     flat_fn, leaves = _flat(fn, args)
     sds = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in leaves]
@@ -123,7 +123,7 @@ def time_variants(variants, exp0, leaves, options: dict, rounds: int) -> dict:
 
 def main(argv=None) -> int:
     from bench import workloads
-    from hlofuse.tools import autotune
+    from hlofuse.runtime import autotune
     ap = argparse.ArgumentParser(prog="python -m bench.attribute", description=__doc__.split("\n\n")[0])
     ap.add_argument("model")
     ap.add_argument("--rounds", type=int, default=5)

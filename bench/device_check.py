@@ -5,7 +5,7 @@
 1. Runs every program of ``tests/programs.py`` and the benchmark workloads with
    ``hlofuse.jit`` on the device (Triton or Mosaic kernels, compiled for the chip that is
    there) and with ``jax.jit`` on the same device, and compares the outputs with the tolerance
-   table (:func:`hlofuse.testing.compare`). Reports kernels per program and mismatches.
+   table (:func:`hlofuse.runtime.testing.compare`). Reports kernels per program and mismatches.
 2. Runs the benchmark (``python -m bench``, ``--quick`` passed through) on the device.
 
 On a CPU-only machine it prints why it skips and exits 0: the deviceless compile check is
@@ -49,7 +49,7 @@ def _programs(quick: bool):
 def check_programs(quick: bool) -> list[dict]:
     import jax
     import hlofuse
-    from hlofuse.testing import compare
+    from hlofuse.runtime.testing import compare
     rows = []
     for name, fn, make, static, category in _programs(quick):
         t0 = time.perf_counter()

@@ -45,7 +45,7 @@ def _child(impl: str, model: str) -> None:
     args = jax.block_until_ready(args)
     compile_s.clear()   # the compiles that made the arguments are not the first call's
     f = jax.jit(fn) if impl == "jax" else hlofuse.jit(fn)
-    from hlofuse.tools import module_cache
+    from hlofuse.runtime import module_cache
     t0 = time.perf_counter()
     jax.block_until_ready(f(*args))
     total = time.perf_counter() - t0

@@ -35,9 +35,9 @@ import jax  # noqa: E402
 from jax import tree_util  # noqa: E402
 
 import hlofuse  # noqa: E402
-from hlofuse import ir as hir  # noqa: E402
+from hlofuse.core import ir as hir  # noqa: E402
 from hlofuse.passes.fusion import cost  # noqa: E402
-from hlofuse.pipeline import PIPELINES  # noqa: E402
+from hlofuse.core.pipeline import PIPELINES  # noqa: E402
 from bench import workloads  # noqa: E402
 
 MODELS = ["bert_s128", "gpt2_block", "resnet_nhwc", "llama_block"]

@@ -10,7 +10,7 @@ Three exact ways to compute an int8 x int8 -> int32 product on XLA:CPU:
   (``shift=always``): ``dot(a + 128 as uint8, b) - 128 * sum_k(b)``, the unsigned x signed
   form x86 VNNI int8 dot instructions compute natively -- bit-identical, checked here. By
   default the pass shifts only on CPUs without signed x signed int8 dots (AMX-INT8,
-  AVX-VNNI-INT8, Arm: :mod:`hlofuse.hostcpu`), which the figures below justify or refute;
+  AVX-VNNI-INT8, Arm: :mod:`hlofuse.core.hostcpu`), which the figures below justify or refute;
 * ``bf16_chunks``: the int8 values converted to bf16 (exact) and multiplied with f32
   accumulation in K chunks of 1024 (every partial sum stays below 2^24, so each chunk is
   exact), the chunks summed in int32 -- what hlofuse's cpu kernels did before ``u8s8``.
@@ -68,7 +68,7 @@ def main(argv=None) -> int:
     cfg = Config.quick()
     cfg.rounds = a.rounds
     rng = np.random.default_rng(0)
-    from hlofuse import hostcpu
+    from hlofuse.core import hostcpu
     native = hostcpu.int8_signed_native()
     print(f"host: {hostcpu.profile()}; int8-dot-unsigned's default here: "
           + (f"keep s8 x s8 (native: {native})" if native else "the u8 x s8 form"))

@@ -194,9 +194,9 @@ def measure_chip(chip_name: str, steps: list[str], quick: bool,
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
     import hlofuse
-    from hlofuse import chips as _chips
-    from hlofuse import memory
-    from hlofuse.aot import _device
+    from hlofuse.core import chips as _chips
+    from hlofuse.runtime import memory
+    from hlofuse.runtime.aot import _device
     chip = _chips.get(chip_name)
     mesh = Mesh(np.array([_device(chip)]), ("x",))
     rows = []
@@ -250,7 +250,7 @@ def run_chip(chip: str, steps: list[str], quick: bool, timeout: float = 3600,
              options: dict | None = None) -> list[dict]:
     """:func:`measure_chip` in a process of its own (the chip's compiler, ``$HLOFUSE_AOT_PYTHON``
     or this Python); a step the process did not get to has a row with ``error``."""
-    from hlofuse import aot
+    from hlofuse.runtime import aot
     env = dict(os.environ, **aot._WORKER_ENV)
     env.setdefault("HLOFUSE_MODULE_CACHE", "0")
     cmd = [aot._python(), "-m", "bench.memory", "--worker", chip,
@@ -337,7 +337,7 @@ def main(argv=None) -> int:
     ap.add_argument("--plot", default=None, help="write a PNG bar chart of the peak ratios")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds per chip")
     a = ap.parse_args(argv)
-    from hlofuse import aot
+    from hlofuse.runtime import aot
     chips = aot.parse_chips(a.chips or ",".join(QUICK_CHIPS if a.quick else CHIPS))
     steps = a.steps or list(STEPS)
     missing = [m for m in (aot.missing_packages(c) for c in chips) if m] \

@@ -5,7 +5,7 @@ What one :func:`bench_workload` call measures (all in this process unless stated
 * **first call** of each (trace + export/optimize + XLA compile + run), fresh function objects;
 * **numerics**: max abs / relative difference between the two outputs;
 * **autotune**: hlofuse's compiler-option decision (made on its second call, see
-  :mod:`hlofuse.tools.autotune`) and the seconds it took;
+  :mod:`hlofuse.runtime.autotune`) and the seconds it took;
 * **latency, interleaved**: after warm-up, ``rounds`` rounds; each round times ``reps``
   back-to-back calls of each function (synchronized once with ``block_until_ready``; on a
   GPU/TPU this is device time with host dispatch overlapped) in the order A B B A (B A A B
@@ -50,7 +50,7 @@ import numpy as np
 os.environ.setdefault("HLOFUSE_XLA_CACHE", "0")
 os.environ.setdefault("HLOFUSE_MODULE_CACHE", "0")
 
-from hlofuse.tools.autotune import BUSY_SHARE as FOREIGN_LOAD_FLAG  # noqa: E402 (0.25: share of
+from hlofuse.runtime.autotune import BUSY_SHARE as FOREIGN_LOAD_FLAG  # noqa: E402 (0.25: share of
 # all CPUs' time used by other processes during a round above which the round is flagged)
 
 
@@ -80,9 +80,9 @@ class Config:
 # ------------------------------------------------------------------------------------------
 # foreign load
 # ------------------------------------------------------------------------------------------
-# the probe lives in hlofuse.tools.autotune (tuning records the load it ran under too)
-from hlofuse.tools.autotune import ForeignLoad as LoadProbe  # noqa: E402
-from hlofuse.tools.autotune import time_calls  # noqa: E402
+# the probe lives in hlofuse.runtime.autotune (tuning records the load it ran under too)
+from hlofuse.runtime.autotune import ForeignLoad as LoadProbe  # noqa: E402
+from hlofuse.runtime.autotune import time_calls  # noqa: E402
 
 
 # ------------------------------------------------------------------------------------------
@@ -107,7 +107,7 @@ def _block(x):
 def timed_calls(fn: Callable, args, reps: int, cpu: list | None = None) -> float:
     """Seconds per call for ``reps`` back-to-back calls, synchronized once at the end, then
     an untimed wait until work the calls left running in this process is done
-    (``hlofuse.tools.autotune.quiesce``: jax.jit's attention S=4096 frees 1 GiB on a thread of
+    (``hlofuse.runtime.autotune.quiesce``: jax.jit's attention S=4096 frees 1 GiB on a thread of
     its own after its outputs are ready, which ran during the next measured call): the
     autotuner's own timing, so the benchmark and the decisions measure alike.
 
@@ -335,7 +335,7 @@ def runs_jax_executable(hf, jf, args, dec) -> bool:
     function): autotune decided XLA's own module and both compile to one program."""
     if dec is None or not dec.xla_module:
         return False
-    from hlofuse.tools.autotune import _normalized_hlo
+    from hlofuse.runtime.autotune import _normalized_hlo
     return (_normalized_hlo(xla_module_compiled(hf, args))
             == _normalized_hlo(jf.lower(*args).compile()))
 
@@ -395,7 +395,7 @@ def _rss_child(name: str, impl: str, seed: int, autotune: bool | None) -> None:
         hf = hlofuse.jit(fn, autotune=autotune)
         try:
             # compile without running; Lowered.compile() applies a cached autotune decision
-            from hlofuse.tools import autotune as at
+            from hlofuse.runtime import autotune as at
             low = hf.lower(*args)
             dec = (at.cache().get(hf._decision_key(low._entry)) if autotune is not False
                    else None)

@@ -87,7 +87,7 @@ def make(name: str, norm_mlp_sizes: tuple = (1024, 768, 3072)):
 def measure(name: str, rounds: int, variants: dict) -> dict:
     import jax
     import hlofuse
-    from hlofuse.testing import compare
+    from hlofuse.runtime.testing import compare
     from bench.runner import Config, compiled_stats, hlofuse_compiled, interleaved
     loss, args = make(name)
     step = jax.value_and_grad(loss)

@@ -3,7 +3,7 @@
     python -m bench.xla_options [--models ...] [--rounds 7] [--hlofuse]
 
 For each workload, times ``jax.jit(fn, compiler_options=variant)`` for every variant in
-:data:`hlofuse.tools.autotune.VARIANTS` (interleaved rounds, :func:`hlofuse.tools.autotune.measure`) and
+:data:`hlofuse.runtime.autotune.VARIANTS` (interleaved rounds, :func:`hlofuse.runtime.autotune.measure`) and
 prints the median per-round time ratio to XLA's defaults, plus which variants compile to the
 same optimized HLO. With ``--hlofuse`` the module measured is hlofuse's optimized one (what
 ``hlofuse.jit(autotune=True)`` tunes) instead of plain ``jax.jit``'s.
@@ -20,7 +20,7 @@ import time
 def main(argv=None) -> int:
     import jax
     from bench import workloads
-    from hlofuse.tools import autotune
+    from hlofuse.runtime import autotune
     ap = argparse.ArgumentParser(prog="python -m bench.xla_options", description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="+", default=None)
     ap.add_argument("--rounds", type=int, default=7)

@@ -10,18 +10,94 @@ aliasing, cleanups), turn fused regions into Pallas kernels, and run the result 
 # initialization then prints two "I... pjrt_client.cc" lines to stderr.
 import jax as _jax  # noqa: F401  (import order matters; see above)
 
-from hlofuse.api import optimize as optimize
-from hlofuse.api import Optimized as Optimized
-from hlofuse.jit import jit as jit
-from hlofuse.filter import filter_jit as filter_jit
-from hlofuse.nnx import nnx_jit as nnx_jit
-from hlofuse.jit import Lowered as Lowered
-from hlofuse.pipeline import PassManager as PassManager
-from hlofuse.pipeline import PIPELINES as PIPELINES
-from hlofuse.pipeline import PassFailure as PassFailure
-from hlofuse.report import Report as Report
-from hlofuse.ir import IRError as IRError
-from hlofuse.report import HlofuseWarning as HlofuseWarning
-from hlofuse.memory import MemoryLimitError as MemoryLimitError
+from hlofuse.runtime.api import optimize as optimize
+from hlofuse.runtime.api import Optimized as Optimized
+from hlofuse.frontend.jit import jit as jit
+from hlofuse.frontend.filter import filter_jit as filter_jit
+from hlofuse.frontend.nnx import nnx_jit as nnx_jit
+from hlofuse.frontend.jit import Lowered as Lowered
+from hlofuse.core.pipeline import PassManager as PassManager
+from hlofuse.core.pipeline import PIPELINES as PIPELINES
+from hlofuse.core.pipeline import PassFailure as PassFailure
+from hlofuse.core.report import Report as Report
+from hlofuse.core.ir import IRError as IRError
+from hlofuse.core.report import HlofuseWarning as HlofuseWarning
+from hlofuse.runtime.memory import MemoryLimitError as MemoryLimitError
 
 __version__ = "0.1.0"
+
+# -- modules that moved into the layer folders (hlofuse/core, runtime, frontend, cli) -----------
+# Their old paths still import (``import hlofuse.testing``, ``python -m hlofuse.tools.demo``):
+# the public modules silently, the others with a DeprecationWarning naming the new path.
+# Not hlofuse.jit: importing a module of that name would set the package's attribute ``jit``,
+# the function, to the module.
+_MOVED = {
+    "hlofuse.aot": "hlofuse.runtime.aot",
+    "hlofuse.api": "hlofuse.runtime.api",
+    "hlofuse.chips": "hlofuse.core.chips",
+    "hlofuse.compat": "hlofuse.core.compat",
+    "hlofuse.config": "hlofuse.core.config",
+    "hlofuse.execute": "hlofuse.runtime.execute",
+    "hlofuse.filter": "hlofuse.frontend.filter",
+    "hlofuse.gpu_targets": "hlofuse.core.gpu_targets",
+    "hlofuse.host_callbacks": "hlofuse.runtime.host_callbacks",
+    "hlofuse.hostcpu": "hlofuse.core.hostcpu",
+    "hlofuse.ir": "hlofuse.core.ir",
+    "hlofuse.memory": "hlofuse.runtime.memory",
+    "hlofuse.nnx": "hlofuse.frontend.nnx",
+    "hlofuse.ops": "hlofuse.core.ops",
+    "hlofuse.pipeline": "hlofuse.core.pipeline",
+    "hlofuse.report": "hlofuse.core.report",
+    "hlofuse.runtime": "hlofuse.runtime.program",
+    "hlofuse.target": "hlofuse.core.target",
+    "hlofuse.testing": "hlofuse.runtime.testing",
+    "hlofuse.tools": "hlofuse.cli",
+    "hlofuse.tools.argspec": "hlofuse.runtime.argspec",
+    "hlofuse.tools.autotune": "hlofuse.runtime.autotune",
+    "hlofuse.tools.cli": "hlofuse.cli.main",
+    "hlofuse.tools.corpus": "hlofuse.cli.corpus",
+    "hlofuse.tools.demo": "hlofuse.cli.demo",
+    "hlofuse.tools.formats": "hlofuse.runtime.formats",
+    "hlofuse.tools.html": "hlofuse.core.report_html",
+    "hlofuse.tools.module_cache": "hlofuse.runtime.module_cache",
+    "hlofuse.verify": "hlofuse.runtime.verify",
+}
+_PUBLIC = frozenset({"hlofuse.testing", "hlofuse.aot", "hlofuse.memory", "hlofuse.config",
+                     "hlofuse.tools", "hlofuse.tools.demo", "hlofuse.tools.cli",
+                     "hlofuse.tools.corpus"})
+
+
+class _MovedModules:
+    """A meta path finder and loader that answers an old module path with the moved module."""
+
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name not in _MOVED:
+            return None
+        import importlib.util
+        real = importlib.util.find_spec(_MOVED[name])
+        # the moved file's origin: ``python -m OLD.PATH`` runs it with its own __file__
+        return importlib.util.spec_from_loader(name, _MovedModules, origin=real.origin)
+
+    @staticmethod
+    def create_module(spec):
+        import importlib
+        new = _MOVED[spec.name]
+        if spec.name not in _PUBLIC:
+            import warnings
+            warnings.warn(f"{spec.name} moved to {new}", DeprecationWarning, stacklevel=3)
+        return importlib.import_module(new)
+
+    @staticmethod
+    def exec_module(module):
+        pass
+
+    @staticmethod
+    def get_code(name):   # python -m OLD.PATH
+        import importlib.util
+        spec = importlib.util.find_spec(_MOVED[name])
+        return spec.loader.get_code(spec.name)
+
+
+if not any(f is _MovedModules for f in __import__("sys").meta_path):
+    __import__("sys").meta_path.insert(0, _MovedModules)

@@ -11,7 +11,7 @@ values ``(1, 1)`` (or ``()`` for rank-0 values), optionally with a leading batch
   row length when the block is padded (Triton blocks are powers of two); a column ``reduce``
   (over every row) gives the block's partial ``(1, bc)``, which the kernel writes per row block,
 * splat constants become literals of the class's block shape,
-* every other op comes from the op rule table (:mod:`hlofuse.ops`), operands of a smaller
+* every other op comes from the op rule table (:mod:`hlofuse.core.ops`), operands of a smaller
   class broadcast to the result's block first.
 
 Optionally (``f32_math``, gpu/tpu) arithmetic on 16-bit floats runs in f32 and rounds back
@@ -27,9 +27,9 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-from hlofuse import ir as hir
-from hlofuse.ir import value_key
-from hlofuse.ops import EmitError, OpClass, const_value, emit_op, rule_for, splat_scalar
+from hlofuse.core import ir as hir
+from hlofuse.core.ir import value_key
+from hlofuse.core.ops import EmitError, OpClass, const_value, emit_op, rule_for, splat_scalar
 from hlofuse.kernels.interpret import Rule, eval_reference, interpret, reduce_init, reduce_with_init
 from hlofuse.kernels.support import COL, REDUCERS, ROW, SCALAR, reduce_info
 
@@ -203,7 +203,7 @@ def block_rules(classes: dict, shapes: dict, *, valid=None, f32_math: bool = Fal
 def eval_block(ops, env: dict, classes: dict, shapes: dict, *, valid=None, f32_math: bool = False,
                row_valid=None) -> dict:
     """Evaluate ``ops`` (program order) on blocks; ``env`` maps input value keys
-    (:func:`hlofuse.ir.value_key`) -> block.
+    (:func:`hlofuse.core.ir.value_key`) -> block.
 
     Args:
       ops: region ops (stops at a ``func.return``; ops already in ``env`` are skipped).

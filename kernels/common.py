@@ -19,9 +19,9 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-from hlofuse.target import Target
-from hlofuse import ir as hir
-from hlofuse.ops import EmitError
+from hlofuse.core.target import Target
+from hlofuse.core import ir as hir
+from hlofuse.core.ops import EmitError
 
 __all__ = ["call_options", "compiler_params", "int32_bools", "to_kernel", "from_kernel",
            "kernel_dtypes", "max_itemsize", "check_tpu_dtypes", "boundary", "func_avals"]
@@ -81,7 +81,7 @@ def max_itemsize(dtypes: Sequence) -> int:
 
 def check_tpu_dtypes(dtypes: Sequence, target: str) -> None:
     """Mosaic blocks of 8/16-bit values other than bf16 (and booleans, which cross as int32)
-    are not supported: raise :class:`~hlofuse.ops.EmitError` (the region goes to XLA)."""
+    are not supported: raise :class:`~hlofuse.core.ops.EmitError` (the region goes to XLA)."""
     target = Target.of(target)
     if target.is_tpu and any(np.dtype(d).itemsize < 4 and np.dtype(d) != np.bool_ and d != jnp.bfloat16
                                for d in dtypes):

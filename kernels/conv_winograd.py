@@ -29,9 +29,9 @@ import numpy as np
 import jax.numpy as jnp
 from jax import lax
 
-from hlofuse import ir as hir
-from hlofuse.ops import EmitError
-from hlofuse.target import Target
+from hlofuse.core import ir as hir
+from hlofuse.core.ops import EmitError
+from hlofuse.core.target import Target
 
 __all__ = ["ConvSpec", "spec_from_func", "build_conv_winograd", "conv_winograd_reference",
            "winograd_f2x2_3x3"]

@@ -14,7 +14,7 @@ input is reshaped outside the kernel (free: a bitcast in XLA) to one of four blo
 
 Inside the kernel ``broadcast_in_dim`` becomes ``broadcast_to`` of the block shape, splat
 constants become literals, and every other op is emitted from the op rule table
-(:mod:`hlofuse.ops`). Boolean inputs/outputs cross the kernel boundary as int32 on gpu/tpu.
+(:mod:`hlofuse.core.ops`). Boolean inputs/outputs cross the kernel boundary as int32 on gpu/tpu.
 """
 
 from __future__ import annotations
@@ -31,15 +31,15 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jaxlib.mlir import ir
 
-from hlofuse import ir as hir
-from hlofuse.ops import EmitError, const_value, emit_op, splat_scalar
+from hlofuse.core import ir as hir
+from hlofuse.core.ops import EmitError, const_value, emit_op, splat_scalar
 from hlofuse.kernels.blockeval import emit_f32, round_by_floor
 from hlofuse.kernels.interpret import eval_reference, run_region
 from hlofuse.kernels.common import (boundary, call_options, check_tpu_dtypes, from_kernel, int32_bools,
                                     kernel_dtypes, max_itemsize, to_kernel)
 from hlofuse.kernels.support import broadcast_class
 from hlofuse.kernels.tiling import Blocks2D, elementwise_blocks
-from hlofuse.target import Target
+from hlofuse.core.target import Target
 
 __all__ = ["ElementwiseSpec", "spec_from_func", "elementwise_kernel", "build_elementwise",
            "elementwise_reference", "splat_scalar"]

@@ -18,10 +18,10 @@ Shape of this file: :func:`horizontal_kernel`, :func:`build_horizontal`
 
 from __future__ import annotations
 
-from hlofuse.ops import EmitError
+from hlofuse.core.ops import EmitError
 from hlofuse.kernels import matmul_epilogue as _mm
 from hlofuse.kernels.tiling import MatmulBlocks
-from hlofuse.target import Target
+from hlofuse.core.target import Target
 
 __all__ = ["spec_from_func", "horizontal_kernel", "build_horizontal", "horizontal_reference"]
 

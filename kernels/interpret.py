@@ -1,14 +1,14 @@
 """The one region interpreter: walk a region's ops in program order and emit each with jax.
 
 Every kernel family evaluates its region by re-running the region's own StableHLO ops
-(:func:`hlofuse.ops.emit_op`). What differs between a Pallas block and a plain-jnp reference is
+(:func:`hlofuse.core.ops.emit_op`). What differs between a Pallas block and a plain-jnp reference is
 only how a few ops see their values (broadcasts, splat constants, reshapes, reductions, dots),
 so the walk is written once, here, and each caller passes that difference in:
 
-* ``env``: the values known before the walk, keyed by :func:`hlofuse.ir.value_key` (build it
+* ``env``: the values known before the walk, keyed by :func:`hlofuse.core.ir.value_key` (build it
   from a region's block arguments with :func:`bind`); it is updated in place.
 * ``rules``: ``{op name: rule(op, args) -> [results]}`` for the ops the view changes.
-* ``emit``: how every other op is emitted (default :func:`~hlofuse.ops.emit_op`; blocks
+* ``emit``: how every other op is emitted (default :func:`~hlofuse.core.ops.emit_op`; blocks
   broadcast operands to the block shape first, see :mod:`hlofuse.kernels.blockeval`).
 
 Views in use: :data:`REFERENCE_RULES` (whole arrays, the references of every family),
@@ -27,9 +27,9 @@ import jax.numpy as jnp
 from jax import lax
 from jaxlib.mlir.dialects import stablehlo
 
-from hlofuse import ir as hir
-from hlofuse.ir import value_key
-from hlofuse.ops import EmitError, const_value, emit_op, splat_scalar
+from hlofuse.core import ir as hir
+from hlofuse.core.ir import value_key
+from hlofuse.core.ops import EmitError, const_value, emit_op, splat_scalar
 from hlofuse.kernels.support import REDUCERS, reduce_info
 
 __all__ = ["RETURNS", "Rule", "bind", "interpret", "run_region", "eval_reference", "REFERENCE_RULES",
@@ -52,7 +52,7 @@ def interpret(ops, env: dict, *, rules: Mapping[str, Rule] | None = None,
 
     Ops whose first result is already in ``env`` are skipped (callers seed values they computed
     themselves, e.g. a matmul's accumulator). Every result is stored in ``env`` under its
-    :func:`~hlofuse.ir.value_key`.
+    :func:`~hlofuse.core.ir.value_key`.
 
     Returns:
       the values of the first ``func.return``/``stablehlo.return`` met, or None when ``ops``

@@ -14,8 +14,8 @@ from typing import Callable, Sequence
 
 import jax
 
-from hlofuse import compat
-from hlofuse.target import Target
+from hlofuse.core import compat
+from hlofuse.core.target import Target
 
 
 def isolated():

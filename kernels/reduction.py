@@ -28,10 +28,10 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from hlofuse.target import Target
-from hlofuse import ir as hir
-from hlofuse.ir import value_key
-from hlofuse.ops import EmitError
+from hlofuse.core.target import Target
+from hlofuse.core import ir as hir
+from hlofuse.core.ir import value_key
+from hlofuse.core.ops import EmitError
 from hlofuse.kernels.blockeval import eval_block
 from hlofuse.kernels.interpret import bind, eval_reference
 from hlofuse.kernels.common import (boundary, call_options, check_tpu_dtypes, from_kernel, int32_bools,

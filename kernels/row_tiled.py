@@ -46,10 +46,10 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from hlofuse import ir as hir
-from hlofuse.ir import value_key
-from hlofuse.ops import EmitError
-from hlofuse.target import Target
+from hlofuse.core import ir as hir
+from hlofuse.core.ir import value_key
+from hlofuse.core.ops import EmitError
+from hlofuse.core.target import Target
 from hlofuse.kernels.blockeval import block_rules
 from hlofuse.kernels.common import (boundary, check_tpu_dtypes, from_kernel, int32_bools, kernel_dtypes,
                                     max_itemsize, to_kernel)

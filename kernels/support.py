@@ -27,9 +27,9 @@ import math
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
-from hlofuse import ir as hir
-from hlofuse.ops import OpClass, rule_for
-from hlofuse.target import Target
+from hlofuse.core import ir as hir
+from hlofuse.core.ops import OpClass, rule_for
+from hlofuse.core.target import Target
 
 __all__ = ["KERNEL_DTYPES", "FULL", "ROW", "COL", "SCALAR", "REDUCERS", "PROLOGUE_OPS", "View",
            "ClassError", "value_info", "types_ok", "domain_shape", "broadcast_class",

@@ -1,10 +1,10 @@
 """Block sizes per target and chip, validated on construction, from a tuning table with a heuristic fallback.
 
-Every per-chip figure comes from :mod:`hlofuse.chips` (the GPU target description that ships
+Every per-chip figure comes from :mod:`hlofuse.core.chips` (the GPU target description that ships
 with hlofuse, JAX's TPU hardware table plus the measured scoped-VMEM limits); this file holds
 only rules of the compilers and heuristics. A ``chip=`` argument (a name or
-:class:`~hlofuse.chips.Chip`) picks the chip; without it, the chip in force
-(:func:`hlofuse.chips.use`, the pass option ``chip``) or the target's default (h100, v5e).
+:class:`~hlofuse.core.chips.Chip`) picks the chip; without it, the chip in force
+(:func:`hlofuse.core.chips.use`, the pass option ``chip``) or the target's default (h100, v5e).
 
 The elementwise family views its iteration domain as 2-D (rows, cols) = (prod(shape[:-1]),
 shape[-1]) and tiles it with ``(br, bc)`` blocks:
@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from hlofuse.target import Target
+from hlofuse.core.target import Target
 
 MAX_GPU_BLOCK_ELEMS = 4096      # heuristic: elements of one elementwise program
 TRITON_MAX_ELEMS = 1 << 20      # Triton: "Maximum allowed number of elements is 1048576"
@@ -37,11 +37,11 @@ TPU_MAX_BLOCK_BYTES = 1024 * 1024
 
 
 def chip_for(target, chip=None):
-    """The :class:`~hlofuse.chips.Chip` whose limits apply (None for cpu)."""
+    """The :class:`~hlofuse.core.chips.Chip` whose limits apply (None for cpu)."""
     return Target.of(target, chip).chip
 
 
-# The budgets are the Target's (hlofuse.target): these name them for one chip (default: in force)
+# The budgets are the Target's (hlofuse.core.target): these name them for one chip (default: in force)
 def vmem_budget(chip=None) -> int:
     return Target.of("tpu", chip).vmem_budget
 

@@ -1,6 +1,6 @@
 """Graph rewrites over StableHLO, one pass per file (installed as ``hlofuse.passes``).
 
-Importing this package registers every pass with :mod:`hlofuse.pipeline`. See README.md in
+Importing this package registers every pass with :mod:`hlofuse.core.pipeline`. See README.md in
 this folder for the invariants every pass keeps.
 """
 

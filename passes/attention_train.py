@@ -53,8 +53,8 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import func as func_d
 from jaxlib.mlir.dialects import stablehlo
 
-from hlofuse import ir as hir
-from hlofuse.ops import EmitError, const_value, emit_op, splat_scalar
+from hlofuse.core import ir as hir
+from hlofuse.core.ops import EmitError, const_value, emit_op, splat_scalar
 from hlofuse.passes import graph_util as gu
 
 __all__ = ["TrainNoMatch", "Training", "match_training", "unshare_generator_trees"]

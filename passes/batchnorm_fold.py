@@ -44,9 +44,9 @@ import numpy as np
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo as shlo
 
-from hlofuse import ir as hir
-from hlofuse.pipeline import Pass, register_pass
-from hlofuse.report import Refusals
+from hlofuse.core import ir as hir
+from hlofuse.core.pipeline import Pass, register_pass
+from hlofuse.core.report import Refusals
 from hlofuse.passes import graph_util as gu
 from hlofuse.passes.fusion.outline import program_blocks
 

@@ -44,8 +44,8 @@ import warnings
 
 from jaxlib.mlir import ir
 
-from hlofuse import ir as hir
-from hlofuse.pipeline import Pass, register_pass
+from hlofuse.core import ir as hir
+from hlofuse.core.pipeline import Pass, register_pass
 from hlofuse.passes import graph_util as gu
 
 ALIAS_ATTR = "tf.aliasing_output"

@@ -5,7 +5,7 @@ fold ``x+0`` or constants; see the algebraic-simplification pass for that).
 Preconditions: none. Invariant: results unchanged, module verifies.
 """
 
-from hlofuse.pipeline import UpstreamPass, register_pass
+from hlofuse.core.pipeline import UpstreamPass, register_pass
 
 
 @register_pass

@@ -3,7 +3,7 @@
 Rewrites: every op of a foldable kind whose operands are all constant-valued is evaluated on
 the host — data movement, integer arithmetic and the float ops IEEE 754 rounds exactly with
 numpy (:data:`DATA_EMITTERS`, :data:`EXACT_EMITTERS`), other arithmetic with its
-:mod:`hlofuse.ops` jax emitter under ``jax.enable_x64`` on the CPU device — and the *frontier*
+:mod:`hlofuse.core.ops` jax emitter under ``jax.enable_x64`` on the CPU device — and the *frontier*
 of each constant subgraph (constant-valued ops used by non-constant ops or returned) becomes
 one ``stablehlo.constant``. The dead subgraph is erased.
 
@@ -38,10 +38,10 @@ import numpy as np
 
 from jaxlib.mlir import ir
 
-from hlofuse import ir as hir
-from hlofuse.ops import OpClass, emit_op, rule_for, splat_scalar
-from hlofuse.pipeline import Pass, register_pass
-from hlofuse.report import Refusals
+from hlofuse.core import ir as hir
+from hlofuse.core.ops import OpClass, emit_op, rule_for, splat_scalar
+from hlofuse.core.pipeline import Pass, register_pass
+from hlofuse.core.report import Refusals
 from hlofuse.passes import graph_util as gu
 from hlofuse.passes.fusion.outline import program_blocks
 
@@ -95,7 +95,7 @@ def _pad(op, x, v):
 
 
 def _iota(op):
-    from hlofuse.ops import element_dtype
+    from hlofuse.core.ops import element_dtype
     shape = _result_shape(op)
     d = ir.IntegerAttr(op.attributes["iota_dimension"]).value
     ramp = np.arange(shape[d]).reshape([-1 if k == d else 1 for k in range(len(shape))])
@@ -112,7 +112,7 @@ def _broadcast_in_dim(op, x):
 
 
 # Pure data movement is evaluated with numpy (bit-exact, and no per-op XLA compilation); so is
-# the arithmetic of EXACT_EMITTERS; the rest goes through the jax emitters of hlofuse.ops so it
+# the arithmetic of EXACT_EMITTERS; the rest goes through the jax emitters of hlofuse.core.ops so it
 # matches XLA's CPU semantics (subnormal flushing, conversions, transcendental approximations).
 DATA_EMITTERS = {
     "stablehlo.reshape": _reshape,
@@ -146,7 +146,7 @@ def _floats(*xs) -> bool:
 
 
 def _compare_np(op, a, b):
-    from hlofuse.ops import _attr_enum
+    from hlofuse.core.ops import _attr_enum
     ctype = _attr_enum(op, "compare_type")
     signed = np.asarray(a).dtype.kind == "i"
     if _floats(a, b):
@@ -160,7 +160,7 @@ def _compare_np(op, a, b):
 
 
 def _convert_np(op, x):
-    from hlofuse.ops import element_dtype
+    from hlofuse.core.ops import element_dtype
     to = np.dtype(element_dtype(op.results[0].type))
     x = np.asarray(x)
     if _floats(x):

@@ -30,8 +30,8 @@ import dataclasses
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
-from hlofuse import ir as hir
-from hlofuse.pipeline import Pass, register_pass
+from hlofuse.core import ir as hir
+from hlofuse.core.pipeline import Pass, register_pass
 from hlofuse.kernels.support import conv_window_reason, value_info
 from hlofuse.passes.fusion.commit import LeftToXla
 from hlofuse.passes.fusion.outline import program_blocks

@@ -12,7 +12,7 @@ picks): 56x56x64->64 1.19-1.20 ms against XLA's 1.46-1.47 ms; the ResNet-50 conv
 (three such layers) 0.462 of jax.jit's time against 0.552 without the rewrite (interleaved,
 median of 25 rounds, /work notes in the commit). Small channel counts spend their time in the
 transforms (an RGB stem, Ci=3), so they stay with XLA; per region the measured decisions
-(``hlofuse.tools.autotune``) keep XLA's convolution wherever the kernel measures slower.
+(``hlofuse.runtime.autotune``) keep XLA's convolution wherever the kernel measures slower.
 gpu/tpu: nothing to do (cuDNN and the TPU emitter choose their own algorithms, Winograd
 included); ``disable=["conv-winograd"]`` or
 ``HLOFUSE_DISABLE_PASSES=conv-winograd`` keeps every convolution direct.
@@ -32,7 +32,7 @@ import dataclasses
 
 from jaxlib.mlir.dialects import stablehlo
 
-from hlofuse.pipeline import Pass, register_pass
+from hlofuse.core.pipeline import Pass, register_pass
 from hlofuse.kernels.conv_winograd import winograd_reason
 from hlofuse.kernels.support import conv_filter_size, value_info
 from hlofuse.passes.fusion import cost as cost_model

@@ -4,7 +4,7 @@ Rewrites: identical side-effect-free ops with identical operands become one.
 Preconditions: none. Invariant: results unchanged (bit-exact), module verifies.
 """
 
-from hlofuse.pipeline import UpstreamPass, register_pass
+from hlofuse.core.pipeline import UpstreamPass, register_pass
 
 
 @register_pass

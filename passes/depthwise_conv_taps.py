@@ -58,9 +58,9 @@ import math
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
-from hlofuse import ir as hir
-from hlofuse.pipeline import Pass, register_pass
-from hlofuse.report import Refusals
+from hlofuse.core import ir as hir
+from hlofuse.core.pipeline import Pass, register_pass
+from hlofuse.core.report import Refusals
 from hlofuse.kernels.support import conv_groups, conv_padding, value_info
 from hlofuse.passes import graph_util as gu
 from hlofuse.passes.fusion.outline import program_blocks

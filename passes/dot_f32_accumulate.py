@@ -18,7 +18,7 @@ are zeros, sliced back to the first: XLA:CPU runs a bf16 matrix-vector dot in a 
 whatever its result type (1x1024 @ 1024x32000, a decoder's next-token head: 84 ms under
 jax.jit, 13.5 ms as two rows on a Zen 4; 29.9 ms and 6.7 ms as eight rows on a Sapphire
 Rapids, whose AMX tiles want more rows: ``gemv_rows``, by default
-:func:`hlofuse.hostcpu.gemv_rows`). The result's consumers see the same bf16 value as
+:func:`hlofuse.core.hostcpu.gemv_rows`). The result's consumers see the same bf16 value as
 before: XLA's own path also accumulates in f32 and rounds once at the end, so only the order
 of the f32 sums may differ (``reassociate``). A later fusion pass sees an f32 dot with a
 ``convert`` epilogue (the cpu matmul kernel keeps each dot's own result type, so the kernel's
@@ -50,9 +50,9 @@ import dataclasses
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
-from hlofuse import hostcpu
-from hlofuse import ir as hir
-from hlofuse.pipeline import Pass, register_pass
+from hlofuse.core import hostcpu
+from hlofuse.core import ir as hir
+from hlofuse.core.pipeline import Pass, register_pass
 from hlofuse.passes import graph_util as gu
 from hlofuse.passes.fusion.outline import program_blocks
 
@@ -120,7 +120,7 @@ def padded_dot(op, side: int, lhs, rhs, result_element_type, rows: int = 2, **kw
     computed as a ``rows``-row (lhs) or ``rows``-column (rhs) matrix, the rows after the first
     zeros; returns ``(dot, value)``: the new dot op and the first row/column reshaped to
     ``op``'s result shape with ``result_element_type``. XLA:CPU runs matrix-vector dots in a
-    slow loop and small matrix products in its library GEMM (:func:`hlofuse.hostcpu.gemv_rows`
+    slow loop and small matrix products in its library GEMM (:func:`hlofuse.core.hostcpu.gemv_rows`
     says how many rows are fastest on this CPU); the first row's sums are the same dot
     products. Inserts before ``op``: call with an insertion point there and a location active."""
     _, _, lc, rc, _, _ = gu.dot_parts(op)
@@ -194,7 +194,7 @@ class DotF32Accumulate(Pass):
         # a matrix-vector dot whose matrix has at least this many elements is computed as a
         # two-row (two-column) matrix product; 0 turns that off
         gemv_pad_min_elems: int = 1 << 16
-        # rows (columns) of that product; 0: the host CPU's best (hlofuse.hostcpu.gemv_rows:
+        # rows (columns) of that product; 0: the host CPU's best (hlofuse.core.hostcpu.gemv_rows:
         # 8 with AMX tiles, else 2)
         gemv_rows: int = 0
 

@@ -44,8 +44,8 @@ import math
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
-from hlofuse import ir as hir
-from hlofuse.pipeline import Pass, register_pass
+from hlofuse.core import ir as hir
+from hlofuse.core.pipeline import Pass, register_pass
 from hlofuse.passes import graph_util as gu
 from hlofuse.passes import sharding as shd
 

@@ -69,9 +69,9 @@ import math
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
-from hlofuse import ir as hir
-from hlofuse.ops import EmitError, OpClass, rule_for, splat_scalar
-from hlofuse.pipeline import Pass, register_pass
+from hlofuse.core import ir as hir
+from hlofuse.core.ops import EmitError, OpClass, rule_for, splat_scalar
+from hlofuse.core.pipeline import Pass, register_pass
 from hlofuse.kernels.attention import (SPEC_ATTR, AttentionSpec, LogitStep, Repeat, Splat,
                                        mask_select)
 from hlofuse.kernels.support import is_splat_constant
@@ -842,7 +842,7 @@ def apply_layout_copies(att: "Attention") -> list:
 
 
 def _value_of(key) -> ir.Value:
-    """The value a :func:`hlofuse.ir.value_key` names."""
+    """The value a :func:`hlofuse.core.ir.value_key` names."""
     kind, owner, i = key
     return owner.arguments[i] if kind == "arg" else owner.results[i]
 

@@ -20,9 +20,9 @@ XLA inlines it) and counted in ``left_to_xla``; option ``cpu_kernels`` (or
 
 import dataclasses
 
-from hlofuse import ir as hir
-from hlofuse.ops import OpClass, rule_for
-from hlofuse.pipeline import Pass, register_pass
+from hlofuse.core import ir as hir
+from hlofuse.core.ops import OpClass, rule_for
+from hlofuse.core.pipeline import Pass, register_pass
 from hlofuse.passes.fusion import cost as cost_model
 from hlofuse.passes.fusion.commit import LeftToXla, commit_region
 from hlofuse.passes.fusion.outline import program_blocks

@@ -30,16 +30,16 @@ import dataclasses
 
 from jaxlib.mlir import ir
 
-from hlofuse import ir as hir
-from hlofuse.ops import OpClass, rule_for
-from hlofuse.pipeline import Pass, register_pass
+from hlofuse.core import ir as hir
+from hlofuse.core.ops import OpClass, rule_for
+from hlofuse.core.pipeline import Pass, register_pass
 from hlofuse.passes.fusion.commit import commit_region
 from hlofuse.passes.fusion import cost as cost_model
 from hlofuse.passes.fusion.outline import KIND_ATTR, REGION_ATTR, program_blocks
 from hlofuse.kernels.support import domain_shape
 from hlofuse.passes.fusion.predicates import elementwise_member
 from hlofuse.passes.fusion.regions import NOT_CONVEX, BlockGraph, form_regions, merge_siblings
-from hlofuse.report import Refusals
+from hlofuse.core.report import Refusals
 
 KIND = "horizontal"
 MATMUL_KIND = "matmul_epilogue"

@@ -36,10 +36,10 @@ import dataclasses
 import math
 import typing
 
-from hlofuse import ir as hir
-from hlofuse.ops import OpClass, rule_for
-from hlofuse.pipeline import Pass, register_pass
-from hlofuse.target import Target
+from hlofuse.core import ir as hir
+from hlofuse.core.ops import OpClass, rule_for
+from hlofuse.core.pipeline import Pass, register_pass
+from hlofuse.core.target import Target
 from hlofuse.kernels.support import (FULL, ClassError, View, dot_layout, extend_classes, is_column_reduce,
                                      prologue_member, reduce_info, value_info)
 from hlofuse.kernels.tiling import matmul_blocks

@@ -26,10 +26,10 @@ from __future__ import annotations
 import dataclasses
 import typing
 
-from hlofuse import ir as hir
-from hlofuse.ops import OpClass, rule_for
-from hlofuse.pipeline import Pass, register_pass
-from hlofuse.target import Target
+from hlofuse.core import ir as hir
+from hlofuse.core.ops import OpClass, rule_for
+from hlofuse.core.pipeline import Pass, register_pass
+from hlofuse.core.target import Target
 from hlofuse.passes.fusion import cost as cost_model
 from hlofuse.kernels.reduction import pattern_name
 from hlofuse.kernels.tiling import row_blocks, tiled_row_blocks

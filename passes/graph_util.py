@@ -1,7 +1,7 @@
 """Small IR helpers shared by the cleanup and layout passes (not a pass).
 
 Def-use navigation, constants as numpy values, building ops next to an existing one, and
-dead-op removal. Everything crash-prone still goes through :mod:`hlofuse.ir` (``safe_erase``).
+dead-op removal. Everything crash-prone still goes through :mod:`hlofuse.core.ir` (``safe_erase``).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import numpy as np
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
-from hlofuse import ir as hir
-from hlofuse.ir import as_op, defining_op
-from hlofuse.ops import EmitError, OpClass, const_value, rule_for
+from hlofuse.core import ir as hir
+from hlofuse.core.ir import as_op, defining_op
+from hlofuse.core.ops import EmitError, OpClass, const_value, rule_for
 
 # Op classes whose ops have no side effects: erasable once their results are unused.
 _PURE_CLASSES = {OpClass.ELEMENTWISE, OpClass.BROADCAST, OpClass.CONSTANT, OpClass.IOTA,
@@ -110,7 +110,7 @@ def constant_array(v: ir.Value) -> np.ndarray | None:
         return const_value(op)
     except (EmitError, ValueError, TypeError, KeyError):   # not a readable dense constant
         pass
-    try:  # i1 splats hold a BoolAttr, which hlofuse.ops.const_value does not read
+    try:  # i1 splats hold a BoolAttr, which hlofuse.core.ops.const_value does not read
         attr = ir.DenseElementsAttr(op.attributes["value"])
         if attr.is_splat and isinstance(attr.get_splat_value(), ir.BoolAttr):
             t = ir.RankedTensorType(v.type)

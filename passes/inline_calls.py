@@ -2,15 +2,15 @@
 
 jax wraps ``jax.jit``-decorated helpers (``relu``, ``_where``, ``clip``...) in private
 functions; fusion works on one flat body. jaxlib's upstream ``inline`` pass does not inline
-``func.call`` (facts §2), so this uses :func:`hlofuse.ir.inline_all_calls`.
+``func.call`` (facts §2), so this uses :func:`hlofuse.core.ir.inline_all_calls`.
 Preconditions: none (recursive or multi-block callees stay calls). Invariant: results unchanged (bit-exact); callees left unused
 are removed here (upstream ``symbol-dce``). Functions hlofuse itself made (outlined regions carrying
 ``hlofuse.kind``, kernels named ``hlofuse_k*``) stay opaque, so re-running the pipeline on its
 own output changes nothing (idempotence).
 """
 
-from hlofuse import ir as hir
-from hlofuse.pipeline import Pass, register_pass
+from hlofuse.core import ir as hir
+from hlofuse.core.pipeline import Pass, register_pass
 
 
 @register_pass

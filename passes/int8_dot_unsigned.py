@@ -21,7 +21,7 @@ The correction ``128 * sum_k(b)`` (a vector per output channel) is itself a two-
 CPUs that multiply signed x signed int8 themselves run the program's dot fastest as written:
 on a 2-core Sapphire Rapids (AMX-INT8) the same 256x1024 @ 1024x4096 took 1.36 ms as s8 x s8
 and 2.11 ms as u8 x s8. ``shift="auto"`` (the default) therefore shifts only where
-:func:`hlofuse.hostcpu.int8_signed_native` finds no such feature on the host (XLA:CPU compiles
+:func:`hlofuse.core.hostcpu.int8_signed_native` finds no such feature on the host (XLA:CPU compiles
 for the machine it runs on), and says in the report when it kept the signed form;
 ``"always"``/``"never"`` decide for another machine.
 
@@ -66,10 +66,10 @@ import typing
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
-from hlofuse import hostcpu
-from hlofuse import ir as hir
-from hlofuse.pipeline import Pass, register_pass
-from hlofuse.report import Refusals
+from hlofuse.core import hostcpu
+from hlofuse.core import ir as hir
+from hlofuse.core.pipeline import Pass, register_pass
+from hlofuse.core.report import Refusals
 from hlofuse.passes import graph_util as gu
 from hlofuse.passes.dot_f32_accumulate import form_reason, padded_dot, precision_kw, vector_side
 
@@ -194,12 +194,12 @@ class Int8DotUnsigned(Pass):
     @dataclasses.dataclass(frozen=True)
     class Options:
         # "auto": the u8 x s8 form unless the host CPU multiplies s8 x s8 natively
-        # (hlofuse.hostcpu.int8_signed_native); "always" / "never": regardless of the host
+        # (hlofuse.core.hostcpu.int8_signed_native); "always" / "never": regardless of the host
         shift: typing.Literal["auto", "always", "never"] = "auto"
         # a matrix-vector dot whose matrix has at least this many elements is computed as a
         # product of int8_gemv_rows rows; 0 turns that off
         int8_gemv_pad_min_elems: int = 1 << 16
-        # 0: the host CPU's best (hlofuse.hostcpu.gemv_rows: 8 with AMX tiles, else 2)
+        # 0: the host CPU's best (hlofuse.core.hostcpu.gemv_rows: 8 with AMX tiles, else 2)
         int8_gemv_rows: int = 0
 
         def __post_init__(self):

@@ -18,7 +18,7 @@ replaces one of those was never timed against them, so by default (``"auto"``) s
 with XLA on gpu/tpu ("unmeasured: kept XLA (XLA fuses this)") and only what XLA cannot do itself
 becomes a kernel unmeasured (:func:`unmeasured_reasons`: flash attention forward and
 backward, int8 dots with their epilogues). ``hlofuse.jit`` builds every kernel (``"kernel"``),
-measures them on the device and runs each where it won (:mod:`hlofuse.runtime`). On cpu every
+measures them on the device and runs each where it won (:mod:`hlofuse.runtime.program`). On cpu every
 region the cost model picks is a kernel (the cpu kernels were measured; decisions keep measuring).
 Preconditions: regions outlined by a fusion pass. Invariant: results within the tolerance table
 (kernels compute the same ops; transcendental approximations can differ per backend).
@@ -34,16 +34,16 @@ import warnings
 
 from jaxlib.mlir import ir
 
-from hlofuse import ir as hir
-from hlofuse.pipeline import Pass, register_pass, trace
+from hlofuse.core import ir as hir
+from hlofuse.core.pipeline import Pass, register_pass, trace
 from hlofuse.kernels import FAMILIES
 from hlofuse.kernels.common import func_avals
 from hlofuse.kernels import lowering
-from hlofuse.target import Target
+from hlofuse.core.target import Target
 from hlofuse.kernels.support import matmul_dims
 from hlofuse.kernels.tiling import native_tile, padding_waste
 from hlofuse.passes.fusion.outline import KERNEL_PREFIX, KIND_ATTR, REGION_ATTR, XLA_ATTR, program_blocks
-from hlofuse.report import HlofuseWarning
+from hlofuse.core.report import HlofuseWarning
 from hlofuse.passes import sharding as shd
 
 _CACHE: dict[tuple, tuple[str, str, str]] = {}
@@ -306,14 +306,14 @@ class Kernelize(Pass):
                     n_per_shard += 1
                 with module.context:
                     call.attributes["callee"] = ir.FlatSymbolRefAttr.get(target_fn)
-                    # what a compile check of the module alone (hlofuse.aot) reports per kernel
+                    # what a compile check of the module alone (hlofuse.runtime.aot) reports per kernel
                     kfn = ir.SymbolTable(module.operation)[mapping["main"]]
                     kfn.attributes[KERNEL_INFO_ATTR] = ir.StringAttr.get(
                         f"{kind}|{rid}|{kname}|{blocks}")
                 region.kernel = kname
                 region.block = blocks
                 region.extra["kernel_func"] = mapping["main"]
-                ctx.report.xla_funcs[rid] = original  # for hlofuse.verify (check and rollback)
+                ctx.report.xla_funcs[rid] = original  # for hlofuse.runtime.verify (check and rollback)
                 n_kernels += 1
             except Exception as e:  # leave the region to XLA, say why
                 region.reason = f"kernel build failed ({_short(e)})"

@@ -57,10 +57,10 @@ import numpy as np
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo as shlo
 
-from hlofuse import ir as hir
-from hlofuse.ops import OpClass, rule_for
-from hlofuse.pipeline import Pass, register_pass
-from hlofuse.report import Refusals
+from hlofuse.core import ir as hir
+from hlofuse.core.ops import OpClass, rule_for
+from hlofuse.core.pipeline import Pass, register_pass
+from hlofuse.core.report import Refusals
 from hlofuse.passes import graph_util as gu
 from hlofuse.passes.fusion.outline import program_blocks
 from hlofuse.passes.algebraic_simplify import _transpose as compose_transpose

@@ -19,9 +19,9 @@ from __future__ import annotations
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
-from hlofuse import ir as hir
+from hlofuse.core import ir as hir
 from hlofuse.kernels.support import is_splat_constant
-from hlofuse.pipeline import Pass, register_pass
+from hlofuse.core.pipeline import Pass, register_pass
 from hlofuse.passes import sharding as shd
 
 

@@ -33,13 +33,13 @@ with other users (the float copy would stay live). Fake-quant written without a 
 an integer type (``clip(round(x / s)) * s`` in float) is not matched either: a NaN input would
 turn into an integer there and no longer propagate. StableHLO's quantized types
 (``!quant.uniform``, ``uniform_quantize``/``uniform_dequantize``) cannot be read at all: jaxlib
-0.10.2's MLIR bindings do not register the quant dialect, and :func:`hlofuse.ir.parse` says so.
+0.10.2's MLIR bindings do not register the quant dialect, and :func:`hlofuse.core.ir.parse` says so.
 
 Preconditions: ``inline-calls`` (jnp's ``round``/``clip`` are private calls), ``constant-fold``
 (scales of frozen parameters are constants). Runs before ``fuse-matmul-epilogue``.
 Invariant: the module verifies; rerunning changes nothing (the rewritten dots have integer or
 undequantized operands). Not bit-exact: the scale is applied once to the exact integer sum
-instead of to each product, tolerance category ``quantize`` of ``hlofuse.testing.TOLERANCES``.
+instead of to each product, tolerance category ``quantize`` of ``hlofuse.runtime.testing.TOLERANCES``.
 """
 
 from __future__ import annotations
@@ -51,9 +51,9 @@ import numpy as np
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo as shlo
 
-from hlofuse import ir as hir
-from hlofuse.pipeline import Pass, register_pass
-from hlofuse.report import Refusals
+from hlofuse.core import ir as hir
+from hlofuse.core.pipeline import Pass, register_pass
+from hlofuse.core.report import Refusals
 from hlofuse.passes import graph_util as gu
 from hlofuse.passes.fusion.outline import program_blocks
 

@@ -56,8 +56,8 @@ import dataclasses
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
-from hlofuse import ir as hir
-from hlofuse.pipeline import Pass, register_pass
+from hlofuse.core import ir as hir
+from hlofuse.core.pipeline import Pass, register_pass
 from hlofuse.passes import graph_util as gu
 from hlofuse.passes.sink_loop_generators import generated_tree
 

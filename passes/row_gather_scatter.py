@@ -50,10 +50,10 @@ import numpy as np
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
-from hlofuse import ir as hir
-from hlofuse.ops import OpClass, rule_for
-from hlofuse.pipeline import Pass, register_pass
-from hlofuse.report import Refusals
+from hlofuse.core import ir as hir
+from hlofuse.core.ops import OpClass, rule_for
+from hlofuse.core.pipeline import Pass, register_pass
+from hlofuse.core.report import Refusals
 from hlofuse.passes import graph_util as gu
 from hlofuse.passes.fusion.outline import program_blocks
 from hlofuse.kernels.tiling import max_tiled_row_elems

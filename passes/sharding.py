@@ -29,8 +29,8 @@ import re
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
-from hlofuse import ir as hir
-from hlofuse import ops as hops
+from hlofuse.core import ir as hir
+from hlofuse.core import ops as hops
 from hlofuse.kernels.support import conv_groups, is_splat_constant
 
 __all__ = ["mesh_of", "is_sharded_module", "value_sharding", "check_region",

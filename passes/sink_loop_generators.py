@@ -37,8 +37,8 @@ import dataclasses
 
 from jaxlib.mlir import ir
 
-from hlofuse import ir as hir
-from hlofuse.pipeline import Pass, register_pass
+from hlofuse.core import ir as hir
+from hlofuse.core.pipeline import Pass, register_pass
 from hlofuse.kernels.support import is_splat_constant
 from hlofuse.passes.constant_fold import GENERATED_MAX_BYTES
 from hlofuse.passes import graph_util as gu

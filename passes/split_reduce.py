@@ -49,8 +49,8 @@ import math
 import numpy as np
 from jaxlib.mlir import ir
 
-from hlofuse import ir as hir
-from hlofuse.pipeline import Pass, register_pass
+from hlofuse.core import ir as hir
+from hlofuse.core.pipeline import Pass, register_pass
 from hlofuse.kernels.support import reduce_info
 from hlofuse.passes import graph_util as gu
 from hlofuse.passes.fusion.outline import program_blocks

@@ -4,8 +4,8 @@ Rewrites: removes private functions nothing calls (outlined regions replaced by 
 callees left after inlining). Invariant: ``@main`` and public symbols are kept.
 """
 
-from hlofuse import ir as hir
-from hlofuse.pipeline import UpstreamPass, register_pass
+from hlofuse.core import ir as hir
+from hlofuse.core.pipeline import UpstreamPass, register_pass
 
 
 @register_pass

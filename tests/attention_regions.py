@@ -14,9 +14,9 @@ import jax
 import jax.numpy as jnp
 
 import hlofuse
-from hlofuse import ir as hir
+from hlofuse.core import ir as hir
 from hlofuse.kernels import attention as A
-from hlofuse.testing import random_inputs
+from hlofuse.runtime.testing import random_inputs
 from tests.attention_programs import BF16, make_args, make_attention
 
 _KEEP = []  # modules whose ops a spec refers to

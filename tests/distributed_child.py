@@ -122,7 +122,7 @@ def _host_state():
 
 def fsdp_train() -> dict:
     import hlofuse
-    from hlofuse.testing import compare
+    from hlofuse.runtime.testing import compare
 
     mesh = jax.make_mesh((2, 2), ("data", "fsdp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
     fsdp, batch, repl = (NamedSharding(mesh, P("fsdp")), NamedSharding(mesh, P(("data", "fsdp"))),

@@ -4,7 +4,7 @@ only ``autotune.time_calls`` (and the foreign-load probe) are replaced."""
 
 from __future__ import annotations
 
-from hlofuse.tools import autotune as at
+from hlofuse.runtime import autotune as at
 
 
 def is_xla_module(text: str) -> bool:

@@ -12,11 +12,11 @@ import jax
 from jaxlib.mlir import ir
 
 import hlofuse
-from hlofuse import ir as hir
+from hlofuse.core import ir as hir
 from hlofuse.kernels.common import func_avals
 from hlofuse.passes.fusion.outline import KIND_ATTR, XLA_ATTR
-from hlofuse.testing import random_inputs
-from hlofuse.testing import ALL_KERNELS
+from hlofuse.runtime.testing import random_inputs
+from hlofuse.runtime.testing import ALL_KERNELS
 
 PREFIX = "inline-calls,canonicalize,cse"
 FUSION = "conv1x1-to-dot,fuse-matmul-epilogue,fuse-reduction,fuse-horizontal"
@@ -87,7 +87,7 @@ def check_kernel_everywhere(fn_op, family, *, category: str, gpu_blocks=None, tp
     """
     from jax.experimental.pallas import tpu as pltpu
     from hlofuse.kernels.lowering import lower_to_text
-    from hlofuse.testing import assert_same
+    from hlofuse.runtime.testing import assert_same
     spec = family.spec_from_func(fn_op)
     ins = func_inputs(fn_op, seed)
     want = jax.jit(family.reference(spec))(*ins)

@@ -32,8 +32,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 _RUN_ORIGINAL = """
 import sys
 import jax
-from hlofuse.execute import run_module
-from hlofuse.testing import GraphSpec, Node
+from hlofuse.runtime.execute import run_module
+from hlofuse.runtime.testing import GraphSpec, Node
 spec = eval(sys.argv[1], {"GraphSpec": GraphSpec, "Node": Node, "inf": float("inf"),
                           "nan": float("nan")})
 exp = jax.export.export(jax.jit(spec.build()), platforms=["cpu"])(*spec.avals())
@@ -49,7 +49,7 @@ def _args(argv=None):
     ap.add_argument("--target", default="cpu", choices=["cpu", "gpu", "tpu"])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--category", default=None, help="tolerance category (default: by kernel kinds)")
-    ap.add_argument("--no-verify", action="store_true", help="skip hlofuse.verify on each graph")
+    ap.add_argument("--no-verify", action="store_true", help="skip hlofuse.runtime.verify on each graph")
     ap.add_argument("--minutes", type=float, default=0, help="stop after this long (0: no limit)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--skip", type=int, default=0, help=argparse.SUPPRESS)
@@ -118,8 +118,8 @@ def supervise(args) -> None:
 
 def run_child(args) -> None:
     from hypothesis import HealthCheck, Phase, given, seed, settings
-    from hlofuse.testing import stablehlo_graphs
-    from hlofuse.verify import check_graph
+    from hlofuse.runtime.testing import stablehlo_graphs
+    from hlofuse.runtime.verify import check_graph
 
     warnings.simplefilter("ignore")
     stats = {"tried": 0, "failed": 0, "kernels": 0}

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from hlofuse import ir as hir
-from hlofuse.testing import edge_values
+from hlofuse.core import ir as hir
+from hlofuse.runtime.testing import edge_values
 
 
 def edge_args(text: str) -> list[np.ndarray]:

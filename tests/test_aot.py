@@ -1,4 +1,4 @@
-"""hlofuse.chips, chip-aware tiling and hlofuse.aot (deviceless compile checks).
+"""hlofuse.core.chips, chip-aware tiling and hlofuse.runtime.aot (deviceless compile checks).
 
 The compile tests need the GPU/TPU compilers (``pip install -e ".[aot]"``) in this interpreter,
 or an interpreter that has them named by ``HLOFUSE_AOT_PYTHON``; without them they skip with
@@ -22,8 +22,9 @@ import pytest
 import jax
 import jax.numpy as jnp
 
-from hlofuse.target import Target
-from hlofuse import aot, chips
+from hlofuse.core.target import Target
+from hlofuse.runtime import aot
+from hlofuse.core import chips
 from hlofuse.kernels import tiling
 from hlofuse.passes.fusion import cost
 
@@ -134,7 +135,7 @@ def test_cli_compile_for_without_compilers_says_how_to_install(tmp_path):
     exp = exported(lambda x: jnp.exp(x) + 1.0, jax.ShapeDtypeStruct((8, 128), F32), platform="tpu")
     path = tmp_path / "m.exported"
     path.write_bytes(exp.serialize())
-    p = subprocess.run([sys.executable, "-m", "hlofuse.tools.cli", "check", "--compile-for", "v5e", str(path)],
+    p = subprocess.run([sys.executable, "-m", "hlofuse.cli.main", "check", "--compile-for", "v5e", str(path)],
                        capture_output=True, text=True, env=dict(os.environ, HLOFUSE_CLI_INPROCESS="1"))
     assert p.returncode == 2, p.stderr
     lines = [l for l in p.stderr.splitlines() if l.startswith("hlofuse")]
@@ -253,7 +254,7 @@ sys.path.insert(0, ROOT)
 import numpy as np, jax, jax.numpy as jnp, hlofuse
 from jax.experimental import topologies
 from jax.sharding import NamedSharding
-from hlofuse import chips
+from hlofuse.core import chips
 from tests.sharded_programs import cases, collectives
 chip = chips.get(CHIP)
 if chip.target == "gpu":
@@ -430,7 +431,7 @@ def test_kernel_resources_flag_spills_and_low_occupancy():
 
 def test_missing_ptxas_gives_figures_unavailable(tmp_path, monkeypatch):
     """Without a ptxas to run with -v, XLA is left as it is and every figure says why."""
-    from hlofuse import compat
+    from hlofuse.core import compat
     monkeypatch.setattr(aot, "_ptxas", lambda: None)
     monkeypatch.setattr(compat, "cuda_path", lambda: None)
     probe = aot._PtxasProbe(str(tmp_path))

@@ -25,7 +25,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import hlofuse  # noqa: E402
-from hlofuse.testing import assert_same  # noqa: E402
+from hlofuse.runtime.testing import assert_same  # noqa: E402
 
 B, S, D, H = 2, 8, 16, 2
 
@@ -157,7 +157,7 @@ def test_nnx_block_step_on_an_explicit_mesh():
     mesh with Explicit axes: jax.jit's loss, parameters and output shardings, no more
     collectives, and the flash forward and backward per shard (the backward's input from a
     resharding constraint read as replicated before: 'reshapes a sharded dim')."""
-    from hlofuse.testing import TOLERANCES
+    from hlofuse.runtime.testing import TOLERANCES
     from tests.sharded_programs import run_json_child
     o = run_json_child(NNX_EXPLICIT)
     assert o["err"] <= TOLERANCES["grad"]["float32"][0] and o["same_sharding"], o

@@ -1,4 +1,4 @@
-"""hlofuse.tools.autotune: decision cache (memory + atomic file), keys, decisions, wiring into jit.
+"""hlofuse.runtime.autotune: decision cache (memory + atomic file), keys, decisions, wiring into jit.
 
 No timing assertions: measurements are replaced by synthetic ones where a decision must be
 deterministic; the one real measurement only checks its structure (and quiesce's wait, against
@@ -19,8 +19,8 @@ import jax
 import jax.numpy as jnp
 
 import hlofuse
-from hlofuse.tools import autotune as at
-from hlofuse.testing import assert_same
+from hlofuse.runtime import autotune as at
+from hlofuse.runtime.testing import assert_same
 
 YNN_OFF = at.VARIANTS["cpu"]["ynn-off"]
 
@@ -362,7 +362,7 @@ def test_tuning_is_visible_on_stderr_without_logging_setup(tmp_path):
     """A user who configured no logging still sees the tuning lines on stderr."""
     script = (
         "import jax.numpy as jnp, hlofuse\n"
-        "from hlofuse.tools import autotune as at\n"
+        "from hlofuse.runtime import autotune as at\n"
         "at.MIN_CALL_S = 0.0\n"
         "f = hlofuse.jit(lambda x, w: jnp.tanh(x @ w).sum(0), autotune=True)\n"
         "x = jnp.ones((32, 64)); w = jnp.ones((64, 64))\n"

@@ -20,11 +20,11 @@ import jax
 import jax.numpy as jnp
 
 import hlofuse
-from hlofuse.testing import ALL_KERNELS
-from hlofuse import ir as hir
-from hlofuse.execute import run_module
-from hlofuse.report import HlofuseWarning
-from hlofuse.testing import assert_same
+from hlofuse.runtime.testing import ALL_KERNELS
+from hlofuse.core import ir as hir
+from hlofuse.runtime.execute import run_module
+from hlofuse.core.report import HlofuseWarning
+from hlofuse.runtime.testing import assert_same
 from tests.bad_inputs import ARITH_ONLY, MHLO
 
 
@@ -34,7 +34,7 @@ def _good_text() -> str:
 
 
 def _both(data):
-    """hlofuse.ir.parse and hlofuse.optimize (cpu and gpu) on ``data``."""
+    """hlofuse.core.ir.parse and hlofuse.optimize (cpu and gpu) on ``data``."""
     yield lambda: hir.parse(data)
     yield lambda: hlofuse.optimize(data, target="cpu")
     yield lambda: hlofuse.optimize(data, target="gpu")
@@ -199,7 +199,7 @@ _CHILD = textwrap.dedent("""
     import json, sys
     import numpy as np
     import hlofuse
-    from hlofuse import ir as hir
+    from hlofuse.core import ir as hir
 
     def corrupt(src, k):
         # the recipe the fuzz run used; seeds 20 and 140 aborted jaxlib's parser in-process
@@ -272,7 +272,7 @@ def test_own_serializations_are_not_probed(monkeypatch):
 _DEEP_CHILD = textwrap.dedent("""
     import json
     import hlofuse
-    from hlofuse import ir as hir
+    from hlofuse.core import ir as hir
     n = 20000
     cases = {
         "dense literal": "module { func.func @main() -> tensor<f32> { %0 = stablehlo.constant dense<"

@@ -132,7 +132,7 @@ def test_xla_module_decision_is_known_to_run_jax_executable(tmp_path, monkeypatc
     import jax
     import jax.numpy as jnp
     import hlofuse
-    from hlofuse.tools import autotune as at
+    from hlofuse.runtime import autotune as at
 
     monkeypatch.setenv(at.ENV_CACHE_DIR, str(tmp_path))
     at.cache().clear_memory()

@@ -1,4 +1,4 @@
-"""The ``hlofuse`` command line, run as a real process (``python -m hlofuse.tools.cli`` and the
+"""The ``hlofuse`` command line, run as a real process (``python -m hlofuse.cli.main`` and the
 installed console script): round trips for every file format, the error cases, ``--help`` for every
 subcommand, and atomic writes."""
 
@@ -20,11 +20,12 @@ import jax
 import jax.numpy as jnp
 from jax import export as jexport
 
-from hlofuse import ir as hir
-from hlofuse.testing import assert_same
-from hlofuse.tools import argspec, formats
+from hlofuse.core import ir as hir
+from hlofuse.runtime.testing import assert_same
+from hlofuse.runtime import argspec
 
-CLI = [sys.executable, "-m", "hlofuse.tools.cli"]
+from hlofuse.runtime import formats
+CLI = [sys.executable, "-m", "hlofuse.cli.main"]
 FORMATS = ("text", "bytecode", "portable", "exported")
 EXT = {"text": ".mlir", "bytecode": ".mlirbc", "portable": ".vhlo", "exported": ".exported"}
 SUBCOMMANDS = ("optimize", "run", "check", "report", "export")
@@ -56,7 +57,7 @@ def hlofuse(*args, cwd, env=None, timeout=300):
 def hlofuse_inprocess(capsys, *args, cwd):
     """The same argument parsing and dispatch without a process (only for cases that fail
     before any MLIR/XLA work that could crash); returns (exit code, stdout, stderr)."""
-    from hlofuse.tools import cli
+    from hlofuse.cli import main as cli
     old = os.getcwd()
     os.chdir(cwd)
     try:
@@ -538,8 +539,9 @@ def test_running_a_host_callback_artifact_is_refused_not_a_segfault(callback_fil
     code = textwrap.dedent("""
         import sys, numpy as np
         from jax import export as jexport
-        from hlofuse import ir as hir
-        from hlofuse.tools import argspec, formats
+        from hlofuse.core import ir as hir
+        from hlofuse.runtime import argspec
+        from hlofuse.runtime import formats
         data = open(sys.argv[1], "rb").read()
         exp = jexport.deserialize(bytearray(data))
         module = hir.parse(bytes(exp.mlir_module_serialized), probe=False)
@@ -582,7 +584,7 @@ def plant_modules(d, marker, names=("absl", "ml_dtypes")):
 
 def test_cli_child_ignores_modules_in_the_working_directory(files, tmp_path):
     """Issue 11 #4: the worker ran as ``python -m hlofuse.cli``, which puts the current directory
-    first on sys.path, so an absl.py there was executed (it is ``python -P -m hlofuse.tools.cli``
+    first on sys.path, so an absl.py there was executed (it is ``python -P -m hlofuse.cli.main``
     now)."""
     marker = tmp_path / "PWNED"
     plant_modules(tmp_path, marker)
@@ -768,7 +770,7 @@ def test_installed_console_script(tmp_path):
     assert os.path.exists(script), "console script not installed: pip install -e ."
     p = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and all(s in p.stdout for s in SUBCOMMANDS)
-    p = hlofuse("export", "--help", cwd=tmp_path)                 # python -m hlofuse.tools.cli
+    p = hlofuse("export", "--help", cwd=tmp_path)                 # python -m hlofuse.cli.main
     assert p.returncode == 0 and p.stdout.startswith("usage: hlofuse export"), p.stderr
 
 
@@ -796,11 +798,11 @@ def test_bad_pipeline_text_is_a_usage_error_naming_the_flag(tmp_path, capsys, pi
 
 
 def test_verify_category_follows_what_the_optimization_did():
-    """--verify's default tolerance (hlofuse.verify.program_category): 'kernel' for elementwise
+    """--verify's default tolerance (hlofuse.runtime.verify.program_category): 'kernel' for elementwise
     kernels only, the loosest category any kernel declares, and the category of a
     numerics-changing pass that rewrote something (a dequant scale moved: 'quantize')."""
-    from hlofuse.report import PassRecord, Region, Report
-    from hlofuse.verify import program_category
+    from hlofuse.core.report import PassRecord, Region, Report
+    from hlofuse.runtime.verify import program_category
 
     def report(kinds, passes=()):
         r = Report()

@@ -1,4 +1,4 @@
-"""One test per entry of hlofuse/compat.py's table (issue 44), run on both CI legs (jax 0.10.2 and
+"""One test per entry of hlofuse/core/compat.py's table (issue 44), run on both CI legs (jax 0.10.2 and
 the newest jax in range): each checks what the entry says of the installed release *and* the
 hlofuse behaviour that rests on it, so the next JAX release fails a named test here instead of
 crashing inside a user's call."""
@@ -15,12 +15,13 @@ import numpy as np
 import pytest
 
 import hlofuse
-from hlofuse import compat, runtime
-from hlofuse import ir as hir
+from hlofuse.core import compat
+from hlofuse.runtime import program as runtime
+from hlofuse.core import ir as hir
 from hlofuse.kernels import lowering
-from hlofuse.testing import assert_same
+from hlofuse.runtime.testing import assert_same
 from tests.sharded_programs import run_json_child
-from hlofuse.testing import ALL_KERNELS
+from hlofuse.runtime.testing import ALL_KERNELS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NEW = compat.JAX_VERSION >= (0, 11)
@@ -292,7 +293,7 @@ def test_triton_deprecation():
 
 @entry("mosaic_gpu_env")
 def test_mosaic_gpu_env():
-    from hlofuse import aot
+    from hlofuse.runtime import aot
     assert ("JAX_PALLAS_USE_MOSAIC_GPU" in compat.MOSAIC_GPU_ENV) in on(True, False)
     assert all(aot._WORKER_ENV[k] == v for k, v in compat.MOSAIC_GPU_ENV.items())
 
@@ -354,7 +355,7 @@ _RGV3 = textwrap.dedent('''
     sys.path.insert(0, ROOT)
     import re, numpy as np, jax, jax.numpy as jnp, hlofuse
     from jax.sharding import PartitionSpec as P
-    from hlofuse.testing import compare
+    from hlofuse.runtime.testing import compare
     mesh = jax.make_mesh((4,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
 
     @jax.shard_map(mesh=mesh, in_specs=(P("d"), P()), out_specs=P())

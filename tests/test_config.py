@@ -1,4 +1,4 @@
-"""hlofuse.config: every HLOFUSE_* variable declared once and read through one parser; the
+"""hlofuse.core.config: every HLOFUSE_* variable declared once and read through one parser; the
 settings that change a program are in the module-cache keys; docs/settings.md is generated
 from the declarations (issue 47, item 4)."""
 
@@ -9,8 +9,9 @@ import re
 
 import pytest
 
-from hlofuse import config, runtime
-from hlofuse.target import CPU
+from hlofuse.core import config
+from hlofuse.runtime import program as runtime
+from hlofuse.core.target import CPU
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCES = ("hlofuse", "passes", "kernels")
@@ -89,12 +90,13 @@ def test_cache_dir_default_and_override(monkeypatch, tmp_path):
     monkeypatch.delenv("HLOFUSE_CACHE_DIR", raising=False)
     assert config.get("HLOFUSE_CACHE_DIR") == os.path.join(os.path.expanduser("~"), ".cache", "hlofuse")
     monkeypatch.setenv("HLOFUSE_CACHE_DIR", str(tmp_path))
-    from hlofuse.tools import autotune, module_cache
+    from hlofuse.runtime import autotune
+    from hlofuse.runtime import module_cache
     assert autotune.default_cache_path() == str(tmp_path / "autotune.json")
     assert module_cache.directory() == str(tmp_path / "modules")
 
 
 def test_the_settings_page_is_generated_from_the_declarations():
-    """docs/settings.md is written by ``python -m hlofuse.tools.settings``; rerun it after changing a
+    """docs/settings.md is written by ``python -m hlofuse.cli.settings``; rerun it after changing a
     declaration."""
     assert open(DOCS).read() == config.page()

@@ -1,5 +1,5 @@
 """hlofuse over the StableHLO project's own test modules (``../shared/corpus``): a fixed subset
-across op families, every case run untransformed and through ``hlofuse.tools.corpus:corpus_transform``
+across op families, every case run untransformed and through ``hlofuse.cli.corpus:corpus_transform``
 (what ``hlofuse optimize --target cpu`` does), compiled by XLA and checked with the test's own
 tolerance. No case may regress, and kernels must actually have been spliced into some of them.
 
@@ -102,7 +102,7 @@ def test_corpus_subset_has_no_regressions(tmp_path):
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO + os.pathsep +
                os.environ.get("PYTHONPATH", ""))
     p = subprocess.run([sys.executable, RUNNER, *paths, "--transform",
-                        "hlofuse.tools.corpus:corpus_transform", "--lift-inputs", "--jobs", "2",
+                        "hlofuse.cli.corpus:corpus_transform", "--lift-inputs", "--jobs", "2",
                         "--timeout", "120", "--json", str(out), "--dump-dir", str(dump)],
                        capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
     assert out.exists(), p.stderr[-3000:]

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 import hlofuse
 from hlofuse.passes.fusion import cost
-from hlofuse.tools import autotune as at
+from hlofuse.runtime import autotune as at
 
 
 def _rec(kind, ratio, mf=10.0, mu=20.0, dtype="f32"):

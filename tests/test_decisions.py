@@ -15,8 +15,8 @@ import jax
 import jax.numpy as jnp
 
 import hlofuse
-from hlofuse.testing import assert_same
-from hlofuse.tools import autotune as at
+from hlofuse.runtime.testing import assert_same
+from hlofuse.runtime import autotune as at
 from tests.fake_clock import fake_clock as _fake_clock, is_xla_module as _is_xla_module
 
 
@@ -230,7 +230,7 @@ def test_cli_tune_measures_and_names_the_cache(tmp_path):
         "    return (x - m) * jax.lax.rsqrt(v + 1e-5) * g + b\n")
     env = dict(os.environ, HLOFUSE_CLI_INPROCESS="1", HLOFUSE_XLA_CACHE="0")
     env.pop("HLOFUSE_AUTOTUNE", None)
-    p = subprocess.run([sys.executable, "-m", "hlofuse.tools.cli", "tune", "lnmod:ln", "--args",
+    p = subprocess.run([sys.executable, "-m", "hlofuse.cli.main", "tune", "lnmod:ln", "--args",
                         "f32[64,128],f32[128],f32[128]", "--cache-dir", str(tmp_path / "ship"),
                         "--budget", "20"], cwd=tmp_path, env=env, capture_output=True, text=True,
                        timeout=300)

@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 
-from hlofuse.testing import TOLERANCES
+from hlofuse.runtime.testing import TOLERANCES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT = 240  # seconds, both processes together

@@ -18,7 +18,7 @@ CHILD = textwrap.dedent('''
     sys.path.insert(0, ROOT)
     import numpy as np, jax, jax.numpy as jnp, hlofuse
     from jax.sharding import NamedSharding, PartitionSpec as P, AxisType
-    from hlofuse.testing import compare
+    from hlofuse.runtime.testing import compare
     R = np.random.default_rng(0)
     mesh = jax.make_mesh((2, 2), ("a", "b"), axis_types=(AxisType.Explicit,) * 2)
     x = jax.device_put(R.standard_normal((8, 16)).astype(np.float32), NamedSharding(mesh, P("a")))
@@ -141,7 +141,7 @@ def test_explicit_mesh_programs_run_and_fuse_per_shard():
     kernels. Now: jax.jit's numbers and output shardings, no more collectives, the constraints
     jax puts after every op dropped where propagation already gives their sharding, and the
     attention, layernorms and matmul epilogues per shard, scanned layers included."""
-    from hlofuse.testing import TOLERANCES
+    from hlofuse.runtime.testing import TOLERANCES
     out = run_json_child(CHILD_8, timeout=900)
     assert len(out) == 11
     for name in ("grad_of_hlofuse", "jit_of_hlofuse", "vmap_of_hlofuse"):
@@ -175,7 +175,7 @@ CHILD_REUSE = textwrap.dedent('''
     import numpy as np, jax, jax.numpy as jnp, hlofuse
     from jax import lax, shard_map
     from jax.sharding import NamedSharding, PartitionSpec as P, AxisType
-    from hlofuse.testing import compare
+    from hlofuse.runtime.testing import compare
     mesh = jax.make_mesh((4,), ("d",), axis_types=(AxisType.Explicit,))
     R = np.random.default_rng(0)
     x = jax.device_put(R.standard_normal((32, 64)).astype(np.float32), NamedSharding(mesh, P("d")))
@@ -212,7 +212,7 @@ CHILD_012 = textwrap.dedent('''
     sys.path.insert(0, ROOT)
     import numpy as np, jax, jax.numpy as jnp, hlofuse
     from jax.sharding import NamedSharding, PartitionSpec as P, AxisType, reshard, auto_axes
-    from hlofuse.testing import compare
+    from hlofuse.runtime.testing import compare
     mesh = jax.make_mesh((2, 2), ("a", "b"), axis_types=(AxisType.Explicit,) * 2)
     R = np.random.default_rng(0)
     x = jax.device_put(R.standard_normal((8, 16)).astype(np.float32), NamedSharding(mesh, P("a")))

@@ -27,9 +27,10 @@ import jax
 import jax.numpy as jnp
 
 import hlofuse
-from hlofuse import pipeline, runtime
-from hlofuse.tools import autotune as at
-from hlofuse.tools import module_cache as mc
+from hlofuse.core import pipeline
+from hlofuse.runtime import program as runtime
+from hlofuse.runtime import autotune as at
+from hlofuse.runtime import module_cache as mc
 
 REAL_READ_ALL = at.DecisionCache._read_all
 CALLS = 6     # first call, tuning at the second, decided calls after it

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 import hlofuse
-from hlofuse.testing import assert_same
+from hlofuse.runtime.testing import assert_same
 
 
 @jax.tree_util.register_dataclass

@@ -15,8 +15,8 @@ import jax.numpy as jnp
 from jax import lax
 
 import hlofuse
-from hlofuse.testing import assert_same
-from hlofuse.testing import ALL_KERNELS
+from hlofuse.runtime.testing import assert_same
+from hlofuse.runtime.testing import ALL_KERNELS
 
 RNG = np.random.default_rng(0)
 C = 8

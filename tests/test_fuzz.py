@@ -1,9 +1,9 @@
 """Differential fuzzing: random StableHLO DAGs -> hlofuse pipeline -> same numbers, idempotent.
 
-Each example is a random straight-line program (:func:`hlofuse.testing.stablehlo_graphs`:
+Each example is a random straight-line program (:func:`hlofuse.runtime.testing.stablehlo_graphs`:
 elementwise, broadcast, reduce, dot_general, transpose, reshape, select, convert, concatenate,
 slice over f32/bf16/f16/i32/bool, with ±inf/NaN/-0/subnormal/huge constants and inputs), checked
-by :func:`hlofuse.verify.check_graph`: the optimized module verifies, gives the unoptimized
+by :func:`hlofuse.runtime.verify.check_graph`: the optimized module verifies, gives the unoptimized
 module's results (kernel tolerance; ints and bools exact), and a second run of the pipeline over
 it changes nothing. Every third CPU example also runs the per-region verifier (no rollback may
 happen on a correct pipeline). gpu/tpu examples lower only (no device here) and verify their
@@ -32,9 +32,9 @@ import jax.numpy as jnp
 from jax import lax
 
 import hlofuse
-from hlofuse import ir as hir
-from hlofuse.testing import GraphSpec, Node, stablehlo_graphs
-from hlofuse.verify import check_graph
+from hlofuse.core import ir as hir
+from hlofuse.runtime.testing import GraphSpec, Node, stablehlo_graphs
+from hlofuse.runtime.verify import check_graph
 
 EXAMPLES = int(os.environ.get("HLOFUSE_FUZZ_EXAMPLES", "100"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
@@ -91,7 +91,7 @@ def test_generator_covers_every_op_kind_and_feeds_the_fusion_passes():
 
 def test_fuzz_oracle_catches_a_wrong_kernel(monkeypatch):
     """check_graph fails when a kernel is wrong (the oracle can fail)."""
-    from hlofuse import ops
+    from hlofuse.core import ops
     from hlofuse.passes import kernelize
     monkeypatch.setattr(kernelize, "_CACHE", {})
     monkeypatch.setitem(ops.RULES, "stablehlo.add", ops.OpRule(ops.OpClass.ELEMENTWISE, lambda op, a, b: a - b))
@@ -162,8 +162,8 @@ def test_regression_outlining_and_kernels_never_reuse_a_symbol():
     ``hlofuse_region_0`` and its kernel imported as ``hlofuse_k0_*`` although both names were
     taken (region ids restart at 0 per run): duplicate symbols, a failing pipeline. Now both
     get a suffix; the old region (left to XLA) and the old kernel are untouched."""
-    from hlofuse.execute import run_module
-    from hlofuse.testing import assert_same, random_inputs
+    from hlofuse.runtime.execute import run_module
+    from hlofuse.runtime.testing import assert_same, random_inputs
     opt = hlofuse.optimize(EARLIER)
     hir.verify(opt.module)
     names = {hir.func_name(f) for f in hir.funcs(opt.module)}
@@ -178,7 +178,7 @@ def test_regression_outlining_and_kernels_never_reuse_a_symbol():
 def test_edge_value_constants_survive_kernels_bit_exactly():
     """Every edge constant the fuzzer draws (-0, NaN, ±inf, subnormals, largest finite) goes
     through a kernel bit-exactly, in each float dtype, on edge-salted inputs."""
-    from hlofuse.testing import edge_values
+    from hlofuse.runtime.testing import edge_values
     for dt in ("f32", "bf16", "f16"):
         values = [float(v) for v in edge_values(hir.np_dtype(dt))]
         nodes, outs = [], []
@@ -201,7 +201,7 @@ def test_regression_no_pass_rewrites_hlofuse_functions():
     text = _text(lambda x, y: (jnp.tanh(x - y) * 2.0, jnp.exp(y) + x), x, x)
     opt = hlofuse.optimize(text, options={})
     assert opt.report.kernels
-    for name in dict.fromkeys(hlofuse.pipeline.resolve_pipeline("default")):
+    for name in dict.fromkeys(hlofuse.core.pipeline.resolve_pipeline("default")):
         again = hlofuse.optimize(opt.text, pipeline=[name])
         assert again.text == opt.text, f"pass {name} changed the optimized module"
 
@@ -291,7 +291,7 @@ def test_regression_folding_never_hands_xla_a_constant_division_by_zero(tmp_path
     opt = hlofuse.optimize(text)
     (tmp_path / "orig.mlir").write_text(text)
     (tmp_path / "opt.mlir").write_text(opt.text)
-    child = ("import sys, numpy as np\nfrom hlofuse.execute import run_module\n"
+    child = ("import sys, numpy as np\nfrom hlofuse.runtime.execute import run_module\n"
              "for p in sys.argv[1:]:\n"
              "    print([int(v) for v in run_module(open(p).read(), [np.int32(4)])], flush=True)\n")
     p = subprocess.run([sys.executable, "-c", child, str(tmp_path / "orig.mlir"), str(tmp_path / "opt.mlir")],

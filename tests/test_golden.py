@@ -22,11 +22,11 @@ import re
 import jax
 import pytest
 
-from hlofuse import ir as hir
-from hlofuse.pipeline import PassContext, PassManager, all_passes
-from hlofuse.report import Report
-from hlofuse.testing import assert_same, random_inputs
-from hlofuse.execute import run_module
+from hlofuse.core import ir as hir
+from hlofuse.core.pipeline import PassContext, PassManager, all_passes
+from hlofuse.core.report import Report
+from hlofuse.runtime.testing import assert_same, random_inputs
+from hlofuse.runtime.execute import run_module
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"
 UPDATE = os.environ.get("HLOFUSE_UPDATE_GOLDEN") == "1"

@@ -1,10 +1,10 @@
-"""``hlofuse.hostcpu``: which int8 form and how many matrix-vector rows each kind of CPU gets."""
+"""``hlofuse.core.hostcpu``: which int8 form and how many matrix-vector rows each kind of CPU gets."""
 
 from __future__ import annotations
 
 import pytest
 
-from hlofuse import hostcpu
+from hlofuse.core import hostcpu
 
 ZEN4 = "avx2 avx512f avx512_vnni avx512_bf16 fma".split()
 SAPPHIRE_RAPIDS = ZEN4 + "avx_vnni amx_bf16 amx_int8 amx_tile".split()

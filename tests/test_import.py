@@ -28,7 +28,7 @@ def _run(code: str, **env_extra) -> subprocess.CompletedProcess:
     "import hlofuse",
     # the log lines appear when the first backend starts after jaxlib was loaded before jax
     "import hlofuse, jax; jax.devices()",
-    "import hlofuse.tools.cli",
+    "import hlofuse.cli.main",
 ])
 def test_import_prints_nothing(code):
     p = _run(code)
@@ -48,7 +48,7 @@ def test_import_keeps_user_log_level():
 
 _COLD_KERNEL = """
 import sys, numpy as np, jax, jax.numpy as jnp, hlofuse
-from hlofuse.testing import tolerance
+from hlofuse.runtime.testing import tolerance
 x = jnp.sin(jnp.arange(64 * 256, dtype=jnp.float32).reshape(64, 256))
 f = hlofuse.jit(lambda x: jax.nn.softmax(x, axis=-1))
 y = f(x)
@@ -56,7 +56,7 @@ assert len(f.report(x).kernels) >= 1, "no kernel was built: the check would be e
 rtol, atol = tolerance(np.float32, "reassociate")
 np.testing.assert_allclose(np.asarray(y), np.asarray(jax.nn.softmax(x, axis=-1)), rtol=rtol, atol=atol)
 # (the small ``...interpret.params`` modules come with pallas itself and stay)
-from hlofuse.compat import GPU_TPU_INTERPRET_MODULES
+from hlofuse.core.compat import GPU_TPU_INTERPRET_MODULES
 print(sorted(m for m in sys.modules if m.startswith(GPU_TPU_INTERPRET_MODULES)))
 """
 

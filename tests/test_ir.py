@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from jax import export as jexport
 from jaxlib.mlir import ir
 
-from hlofuse import ir as hir
+from hlofuse.core import ir as hir
 
 
 def _exported():

@@ -11,8 +11,8 @@ import jax
 import jax.numpy as jnp
 
 import hlofuse
-from hlofuse.testing import ALL_KERNELS
-from hlofuse.testing import assert_same
+from hlofuse.runtime.testing import ALL_KERNELS
+from hlofuse.runtime.testing import assert_same
 
 
 def chain(x, y):
@@ -298,7 +298,7 @@ def _lowering_rule_callback_primitive(direct: bool):
     checks do inside lineax's ``linear_solve``: its jaxpr shows no callback. ``direct``: the
     rule emits the callback itself (jax's ``emit_python_callback``), which no placeholder
     catches; else it lowers a ``pure_callback``."""
-    from hlofuse import compat
+    from hlofuse.core import compat
     from jax.extend.core import Primitive
     from jax.interpreters import batching, mlir
 
@@ -406,7 +406,7 @@ def test_method_decoration():
 def test_report_aliases_are_the_compiled_executables():
     """Issue 11 item 10: the outer jax.jit's donation decides the aliases, not the payload's
     tf.aliasing_output; the report reads them back from XLA."""
-    from hlofuse.jit import compiled_aliases
+    from hlofuse.frontend.jit import compiled_aliases
     fn = lambda x, y: (y @ y, x.at[0].set(0.))  # noqa: E731
     x, y = jnp.ones((4, 4)), jnp.ones((4, 4))
     f = hlofuse.jit(fn, donate_argnums=0)

@@ -11,8 +11,8 @@ import jax
 import jax.numpy as jnp
 
 import hlofuse
-from hlofuse.testing import ALL_KERNELS
-from hlofuse.testing import assert_same
+from hlofuse.runtime.testing import ALL_KERNELS
+from hlofuse.runtime.testing import assert_same
 from tests.programs import PROGRAMS, Program
 
 BY_NAME = {p.name: p for p in PROGRAMS}

@@ -1,17 +1,23 @@
-"""The import graph has layers with one direction and no cycles (issue 13).
+"""The import graph has layers with one direction and no cycles (issues 13 and 47).
 
-The graph is read from the source with the ``package-dir`` mapping of pyproject.toml resolved
-(``passes/`` is ``hlofuse.passes``, ``kernels/`` is ``hlofuse.kernels``), which is what hides
-the real structure from most tools. Every import counts, module-level or inside a function:
-a function-level import is still a dependency, it only moves the failure to run time.
+The layers are the folders of ``hlofuse/`` (read from disk, never from a list here), lowest
+first, an import going to the same layer or a lower one:
 
-Layers, lowest first (an import may go to the same layer or a lower one):
+0. ``hlofuse/core``: IR helpers, op table, pass manager, report, target and chips, config, compat
+1. ``kernels/`` (installed as ``hlofuse.kernels``): Pallas kernel families on pure region specs
+2. ``passes/`` (``hlofuse.passes``): graph rewrites; they may ask kernels what they support
+3. ``hlofuse/runtime``: optimize, program building and re-injection, verification, tuning,
+   caches, execution, aot, testing helpers
+4. ``hlofuse/frontend``: jit, filter_jit, nnx_jit
+5. ``hlofuse`` itself (the package's ``__init__``: the public names)
+6. ``hlofuse/cli``: the command line and the demo, which use the public names
+7. ``bench``, above everything
 
-0. core: the IR helpers, op table, target and chips, host CPU features, report, pass manager
-1. kernels: Pallas kernel families; they consume pure region specs and never import passes
-2. passes: graph rewrites; they may ask kernels what they support and build them (kernelize)
-3. front: optimize/jit/runtime/verify/aot and the tools the front end itself uses
-4. top: the root package ``hlofuse`` and the user-facing tools (CLI, demo, corpus runner)
+A folder that imports nothing of hlofuse (data: ``examples``, ``core/gpu_targets``) sits in
+no layer. The graph is read from the source with the ``package-dir`` mapping of
+pyproject.toml resolved (``passes/`` is ``hlofuse.passes``, ``kernels/`` is ``hlofuse.kernels``).
+Every import counts, module-level or inside a function: a function-level import is still a
+dependency, it only moves the failure to run time.
 """
 
 from __future__ import annotations
@@ -22,21 +28,23 @@ import tomllib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-LAYERS: dict[str, int] = {
-    "hlofuse.compat": 0, "hlofuse.config": 0,
-    "hlofuse.report": 0, "hlofuse.chips": 0, "hlofuse.target": 0, "hlofuse.ir": 0,
-    "hlofuse.hostcpu": 0,
-    "hlofuse.ops": 0, "hlofuse.pipeline": 0,
-    "hlofuse.kernels": 1,
-    "hlofuse.passes": 2,
-    "hlofuse.api": 3, "hlofuse.execute": 3, "hlofuse.verify": 3, "hlofuse.testing": 3,
-    "hlofuse.runtime": 3, "hlofuse.jit": 3, "hlofuse.aot": 3, "hlofuse.tools": 3,
-    "hlofuse.host_callbacks": 3, "hlofuse.memory": 3,
-    "hlofuse.tools.formats": 3, "hlofuse.tools.argspec": 3, "hlofuse.tools.html": 3,
-    "hlofuse.tools.autotune": 3, "hlofuse.tools.module_cache": 3,
-    "hlofuse": 4, "hlofuse.tools.cli": 4, "hlofuse.tools.demo": 4, "hlofuse.tools.settings": 4, "hlofuse.tools.corpus": 4,
-}
-NAMES = ("core", "kernels", "passes", "front", "top")
+#: the layer folders: each is hlofuse.<name> (kernels and passes through the package-dir
+#: mapping); NAMES orders them with the root package and bench, lowest first
+ORDER = ("core", "kernels", "passes", "runtime", "frontend", "cli")
+NAMES = ORDER[:5] + ("hlofuse", "cli", "bench")
+
+
+def _layer_folders() -> list[str]:
+    """The folders of hlofuse/ on disk (plus the two mapped ones), each a layer or data."""
+    here = sorted(d for d in os.listdir(os.path.join(REPO, "hlofuse"))
+                  if os.path.isfile(os.path.join(REPO, "hlofuse", d, "__init__.py")))
+    return here + ["kernels", "passes"]
+
+
+LAYERS: dict[str, int] = {f"hlofuse.{d}": NAMES.index(d) for d in _layer_folders() if d in ORDER}
+LAYERS["hlofuse"] = NAMES.index("hlofuse")
+LAYERS["bench"] = NAMES.index("bench")
+DATA = {f"hlofuse.{d}" for d in _layer_folders() if d not in ORDER}
 
 
 def _modules() -> dict[str, str]:
@@ -45,7 +53,7 @@ def _modules() -> dict[str, str]:
         tool = tomllib.load(fh)["tool"]["setuptools"]
     pkg_dir = tool.get("package-dir", {})
     mods: dict[str, str] = {}
-    for pkg in tool["packages"]:
+    for pkg in list(tool["packages"]) + _bench_packages():
         parent, _, last = pkg.rpartition(".")
         d = pkg_dir.get(pkg) or os.path.join(pkg_dir.get(parent, parent.replace(".", "/")), last)
         d = os.path.join(REPO, d)
@@ -53,6 +61,14 @@ def _modules() -> dict[str, str]:
             if f.endswith(".py"):
                 mods[pkg if f == "__init__.py" else f"{pkg}.{f[:-3]}"] = os.path.join(d, f)
     return mods
+
+
+def _bench_packages() -> list[str]:
+    out = []
+    for root, _, files in os.walk(os.path.join(REPO, "bench")):
+        if "__init__.py" in files:
+            out.append(os.path.relpath(root, REPO).replace(os.sep, "."))
+    return sorted(out)
 
 
 def _imports(mod: str, path: str, mods: dict[str, str]) -> set[str]:
@@ -86,12 +102,17 @@ def _graph() -> dict[str, set[str]]:
 
 
 def layer_of(mod: str) -> int:
-    """The layer of the longest prefix of ``mod`` named in LAYERS."""
+    """The layer of the longest prefix of ``mod`` that is a layer folder."""
     m = mod
     while m not in LAYERS:
-        assert "." in m, f"module {mod} has no layer: add it to LAYERS in {__file__}"
+        assert "." in m and m not in DATA, \
+            f"module {mod} is in no layer: put it in one of the folders {ORDER} of hlofuse/"
         m = m.rsplit(".", 1)[0]
     return LAYERS[m]
+
+
+def _in_a_layer(mod: str) -> bool:
+    return not any(mod == d or mod.startswith(d + ".") for d in DATA)
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -136,7 +157,20 @@ def test_the_mapping_is_resolved():
 
 def test_every_module_has_a_layer():
     for m in _graph():
-        layer_of(m)
+        if _in_a_layer(m):
+            layer_of(m)
+
+
+def test_the_layers_are_the_folders():
+    """hlofuse/ holds its package __init__ and folders only; a folder that is not a layer is
+    data and imports nothing of hlofuse."""
+    files = sorted(f for f in os.listdir(os.path.join(REPO, "hlofuse")) if f.endswith(".py"))
+    assert files == ["__init__.py"], files
+    assert set(ORDER) <= set(_layer_folders())
+    graph = _graph()
+    for m, ts in graph.items():
+        if not _in_a_layer(m):
+            assert not ts, f"{m} is data (no layer folder) but imports {sorted(ts)}"
 
 
 def test_no_import_cycles():
@@ -146,7 +180,8 @@ def test_no_import_cycles():
 
 def test_imports_go_down_only():
     upward = sorted(f"{m} ({NAMES[layer_of(m)]}) imports {t} ({NAMES[layer_of(t)]})"
-                    for m, ts in _graph().items() for t in ts if layer_of(t) > layer_of(m))
+                    for m, ts in _graph().items() if _in_a_layer(m)
+                    for t in ts if _in_a_layer(t) and layer_of(t) > layer_of(m))
     assert not upward, "upward imports:\n" + "\n".join(upward)
 
 
@@ -160,16 +195,16 @@ def test_the_checker_sees_a_cycle_and_an_upward_import():
     # the test must be able to fail: a planted cycle and upward edge are found
     g = {"a": {"b"}, "b": {"a"}, "c": set()}
     assert _cycles(g) == [["a", "b"]]
-    assert layer_of("hlofuse.kernels.x") < layer_of("hlofuse.passes.y")
+    assert layer_of("hlofuse.kernels.x") < layer_of("hlofuse.passes.y") < layer_of("hlofuse.cli.z")
 
 
 def _private_jax() -> tuple[str, ...]:
-    from hlofuse.compat import PRIVATE_MODULES   # compat alone names them
+    from hlofuse.core.compat import PRIVATE_MODULES   # compat alone names them
     return PRIVATE_MODULES
 
 
 def test_only_compat_touches_jax_internals():
-    """Issue 44: every use of JAX's internals goes through hlofuse/compat.py, the one module
+    """Issue 44: every use of JAX's internals goes through hlofuse/core/compat.py, the one module
     that knows what differs per JAX release. Any other file in the repository (library,
     bench, tests, CI scripts) that names one is a finding."""
     bad = []
@@ -178,13 +213,13 @@ def test_only_compat_touches_jax_internals():
             for f in files:
                 path = os.path.join(root, f)
                 rel = os.path.relpath(path, REPO)
-                if not f.endswith((".py", ".sh")) and f != "run" or rel == "hlofuse/compat.py":
+                if not f.endswith((".py", ".sh")) and f != "run" or rel == "hlofuse/core/compat.py":
                     continue
                 text = open(path, encoding="utf-8", errors="replace").read()
                 bad += [f"{rel}: {name}" for name in _private_jax() if name in text]
-    assert not bad, "JAX internals outside hlofuse/compat.py:\n" + "\n".join(bad)
+    assert not bad, "JAX internals outside hlofuse/core/compat.py:\n" + "\n".join(bad)
 
 
 def test_compat_is_the_lowest_module():
     """compat imports nothing of hlofuse: every layer may use it."""
-    assert _graph()["hlofuse.compat"] == set()
+    assert _graph()["hlofuse.core.compat"] == set()

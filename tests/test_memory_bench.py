@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from hlofuse import aot
+from hlofuse.runtime import aot
 
 _MISSING = (aot.missing_packages("h100") or aot.missing_packages("v5e")) \
     if aot._python() == sys.executable else None
@@ -57,7 +57,7 @@ def test_unmeasured_policy_lowers_peak_of_the_mlp_step_on_h100():
     step (batch 256) with every kernel built (what hlofuse did before, unmeasured) against the
     default, which leaves XLA the elementwise chains and matmul epilogues it fuses itself."""
     from bench import memory
-    from hlofuse.testing import ALL_KERNELS
+    from hlofuse.runtime.testing import ALL_KERNELS
     (every,) = memory.run_chip("h100", ["mlp"], quick=False, options=ALL_KERNELS)
     (default,) = memory.run_chip("h100", ["mlp"], quick=False)
     assert every["kernels"] > 0 and default["kernels"] == 0

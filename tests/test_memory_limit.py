@@ -12,11 +12,11 @@ import jax
 import jax.numpy as jnp
 
 import hlofuse
-from hlofuse import memory
-from hlofuse.report import fmt_bytes
-from hlofuse.target import Target
-from hlofuse.testing import assert_same
-from hlofuse.tools import autotune as at
+from hlofuse.runtime import memory
+from hlofuse.core.report import fmt_bytes
+from hlofuse.core.target import Target
+from hlofuse.runtime.testing import assert_same
+from hlofuse.runtime import autotune as at
 from tests.fake_clock import fake_clock as _fake_clock
 
 

@@ -11,11 +11,11 @@ import jax
 import jax.numpy as jnp
 
 import hlofuse
-from hlofuse import hostcpu
-from hlofuse import runtime
-from hlofuse.testing import assert_same
-from hlofuse.tools import autotune as at
-from hlofuse.tools import module_cache as mc
+from hlofuse.core import hostcpu
+from hlofuse.runtime import program as runtime
+from hlofuse.runtime.testing import assert_same
+from hlofuse.runtime import autotune as at
+from hlofuse.runtime import module_cache as mc
 
 
 def _ln(x, g, b):
@@ -281,9 +281,9 @@ def test_disable_env_is_part_of_both_keys(cache_dir, monkeypatch):
 def test_cpu_attention_parts_is_part_of_both_keys(cache_dir, monkeypatch):
     """``HLOFUSE_CPU_ATTENTION_PARTS`` (read when the kernels load) splits the cpu attention
     kernels' loops: a module cached under one setting never answers another."""
-    from hlofuse import runtime
+    from hlofuse.runtime import program as runtime
     from hlofuse.kernels.attention import cpu as attention_cpu
-    from hlofuse.target import CPU
+    from hlofuse.core.target import CPU
     key = lambda: runtime._optimization_key(runtime.Options(None), CPU, "f", (), None, {})
     one = key()
     parts = lambda k: k["settings"]["HLOFUSE_CPU_ATTENTION_PARTS"]
@@ -299,7 +299,7 @@ import os, sys
 import numpy as np
 import jax, jax.numpy as jnp
 import hlofuse
-from hlofuse import compat
+from hlofuse.core import compat
 d = os.path.join(os.environ["HLOFUSE_CACHE_DIR"], "xla")
 def n():
     return len(os.listdir(d)) if os.path.isdir(d) else 0

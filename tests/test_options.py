@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 import hlofuse
-from hlofuse import ir as hir
-from hlofuse.pipeline import (OptionError, PassContext, PassManager, Step, parse_pipeline,
+from hlofuse.core import ir as hir
+from hlofuse.core.pipeline import (OptionError, PassContext, PassManager, Step, parse_pipeline,
                               resolve_pipeline, split_options)
 
 FOLD = """
@@ -92,7 +92,7 @@ def test_mistyped_option_is_an_error(options, match):
 def test_options_reach_the_pass_typed():
     ctx = PassContext(options={"no_kernels": True, "strict": True, "chip": "a100"})
     assert ctx.globals.strict and ctx.globals.chip == "a100" and ctx.strict
-    from hlofuse.pipeline import get_pass
+    from hlofuse.core.pipeline import get_pass
     opts = ctx.options_for(get_pass("kernelize"), Step("kernelize"))
     assert opts.no_kernels is True
     with pytest.raises(Exception):  # frozen: a pass cannot change its options

@@ -14,8 +14,8 @@ import jax.numpy as jnp
 from jax import export as jexport
 
 import hlofuse
-from hlofuse import ir as hir
-from hlofuse.pipeline import (PIPELINES, Pass, PassContext, PassFailure, PassManager, all_passes,
+from hlofuse.core import ir as hir
+from hlofuse.core.pipeline import (PIPELINES, Pass, PassContext, PassFailure, PassManager, all_passes,
                               register_pass, resolve_pipeline)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

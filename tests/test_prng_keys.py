@@ -14,9 +14,9 @@ import jax
 import jax.numpy as jnp
 
 import hlofuse
-from hlofuse import runtime
-from hlofuse.testing import assert_same
-from hlofuse.tools import module_cache as mc
+from hlofuse.runtime import program as runtime
+from hlofuse.runtime.testing import assert_same
+from hlofuse.runtime import module_cache as mc
 
 X = jnp.asarray(np.random.default_rng(0).standard_normal((16, 32)).astype(np.float32))
 W = jnp.asarray(np.random.default_rng(1).standard_normal((32, 32)).astype(np.float32) * 0.2)

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 import hlofuse
-from hlofuse.tools import autotune as at
+from hlofuse.runtime import autotune as at
 
 
 def _f(x, w):

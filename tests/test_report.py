@@ -12,11 +12,12 @@ import pytest
 import jax
 
 import hlofuse
-from hlofuse import report as hreport
-from hlofuse.report import Region, Report
-from hlofuse.tools import formats, html
+from hlofuse.core import report as hreport
+from hlofuse.core.report import Region, Report
+from hlofuse.runtime import formats
+from hlofuse.core import report_html as html
 from tests.fusion_util import kernels, pipe
-from hlofuse.testing import ALL_KERNELS
+from hlofuse.runtime.testing import ALL_KERNELS
 
 R = np.random.default_rng(7)
 F32 = np.float32

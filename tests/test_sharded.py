@@ -17,7 +17,7 @@ import os
 import re
 import textwrap
 
-from hlofuse.testing import TOLERANCES
+from hlofuse.runtime.testing import TOLERANCES
 from tests.sharded_programs import run_json_child
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

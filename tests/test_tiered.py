@@ -14,9 +14,10 @@ import jax
 import jax.numpy as jnp
 
 import hlofuse
-from hlofuse import compat, runtime
-from hlofuse.testing import assert_same
-from hlofuse.tools import module_cache as mc
+from hlofuse.core import compat
+from hlofuse.runtime import program as runtime
+from hlofuse.runtime.testing import assert_same
+from hlofuse.runtime import module_cache as mc
 
 
 def model(x, b):
@@ -276,7 +277,7 @@ def test_calls_after_the_switch_take_jaxs_cpp_dispatch(monkeypatch):
 def test_the_traced_function_is_traced_once_and_copied_not_evaluated(monkeypatch, gated):
     """The user's Python runs once (``Program.jaxpr``); the tiered first call's plain jit and
     the background export copy that jaxpr's equations into their traces instead of binding
-    every primitive again (:func:`hlofuse.runtime.run_jaxpr`). Outside a jit trace (an eager
+    every primitive again (:func:`hlofuse.runtime.program.run_jaxpr`). Outside a jit trace (an eager
     call, under vmap) the jaxpr is evaluated, with the same values."""
     calls = []
 
@@ -320,7 +321,7 @@ def test_the_background_build_logs_at_info_only_when_it_took_long(monkeypatch, c
                                                                   threshold, level):
     """A user waits on builds that take seconds and should see them; every small jitted helper
     printing a line of its own is noise (its build is logged at DEBUG)."""
-    from hlofuse.tools import autotune as at
+    from hlofuse.runtime import autotune as at
     monkeypatch.setattr(at, "LOG_AFTER_S", threshold)
     args = _args(seed=7)
     f = hlofuse.jit(model, tiered=True, autotune=False)

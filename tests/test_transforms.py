@@ -20,8 +20,8 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec as P
 
 import hlofuse
-from hlofuse.tools import autotune as at
-from hlofuse.testing import assert_same
+from hlofuse.runtime import autotune as at
+from hlofuse.runtime.testing import assert_same
 
 
 def mlp(x, w, b):

@@ -15,16 +15,16 @@ import jax.numpy as jnp
 from jax import lax
 
 import hlofuse
-from hlofuse import ir as hir
-from hlofuse import ops
-from hlofuse.execute import run_module
+from hlofuse.core import ir as hir
+from hlofuse.core import ops
+from hlofuse.runtime.execute import run_module
 from hlofuse.kernels import FAMILIES, Family
 from hlofuse.passes import kernelize
-from hlofuse.pipeline import Pass
-from hlofuse.report import HlofuseWarning
-from hlofuse.testing import assert_same, compare, random_inputs
-from hlofuse.verify import verify_module
-from hlofuse.testing import ALL_KERNELS
+from hlofuse.core.pipeline import Pass
+from hlofuse.core.report import HlofuseWarning
+from hlofuse.runtime.testing import assert_same, compare, random_inputs
+from hlofuse.runtime.verify import verify_module
+from hlofuse.runtime.testing import ALL_KERNELS
 
 E = ops.OpClass.ELEMENTWISE
 
@@ -267,7 +267,7 @@ class _Exploding(Pass):
 
 
 def test_failing_pass_falls_back_to_unoptimized(monkeypatch, xy):
-    from hlofuse import pipeline
+    from hlofuse.core import pipeline
     monkeypatch.setitem(pipeline._REGISTRY, "fuse-elementwise", _Exploding)
     fn = jit(f2)
     with pytest.warns(HlofuseWarning, match="failed in pass 'fuse-elementwise'; running it unoptimized"):
@@ -376,7 +376,7 @@ def test_edge_only_finite_difference_keeps_the_kernel_with_a_debug_note(monkeypa
     r = np.random.default_rng(2)
     args = [jnp.asarray(r.standard_normal((8, 128)), jnp.float32) for _ in range(2)]
     fn = jit(g, check=True)
-    with warnings.catch_warnings(), caplog.at_level("DEBUG", logger="hlofuse.verify"):
+    with warnings.catch_warnings(), caplog.at_level("DEBUG", logger="hlofuse.runtime.verify"):
         warnings.simplefilter("error", HlofuseWarning)
         out = fn(*args)
     assert_same(out, jax.jit(g)(*args))
@@ -401,7 +401,7 @@ def test_random_input_disagreement_in_a_trig_region_still_rolls_back(monkeypatch
 
 
 def test_edge_inputs_respect_the_domain_of_periodic_ops():
-    from hlofuse.testing import EDGE_DOMAIN, edge_bound, edge_inputs
+    from hlofuse.runtime.testing import EDGE_DOMAIN, edge_bound, edge_inputs
     assert edge_bound(["stablehlo.multiply", "stablehlo.sine"]) == EDGE_DOMAIN["stablehlo.sine"]
     assert edge_bound(["stablehlo.exponential", "stablehlo.log"]) is None
     avals = [jax.ShapeDtypeStruct((64, 64), np.float32), jax.ShapeDtypeStruct((4096,), np.int32),
@@ -418,7 +418,7 @@ def test_edge_inputs_respect_the_domain_of_periodic_ops():
 def test_float64_twin_of_a_region():
     """run_wide: the region's text with every float type f64, run by XLA (no hlofuse emitter);
     a region whose value depends on a float's width has no twin."""
-    from hlofuse.verify import run_wide
+    from hlofuse.runtime.verify import run_wide
     text = """func.func private @r(%x: tensor<272xbf16>) -> tensor<bf16> {
       %c = stablehlo.constant dense<0.0> : tensor<bf16>
       %s = stablehlo.reduce(%x init: %c) applies stablehlo.add across dimensions = [0] : (tensor<272xbf16>, tensor<bf16>) -> tensor<bf16>
@@ -438,7 +438,7 @@ def test_no_less_accurate_rules_for_non_finite_and_integer_outputs():
     evaluation: it may hold the float64 value where the original overflowed to inf or NaN, and
     an integer no farther from it; a NaN the float64 value has, or an integer the region
     computes exactly, must stay the original's."""
-    from hlofuse.verify import _no_less_accurate
+    from hlofuse.runtime.verify import _no_less_accurate
 
     def kept(got, want, exact, dtype=np.float32):
         return _no_less_accurate([np.array(got, dtype)], [np.array(want, dtype)],

@@ -1,5 +1,5 @@
 """The model zoo (bench/zoo: Flax NNX and Linen, Equinox, Haiku, Transformers and Keras models) on
-its small configs: every model gives jax.jit's numbers under hlofuse.jit (hlofuse.testing
+its small configs: every model gives jax.jit's numbers under hlofuse.jit (hlofuse.runtime.testing
 tolerances), hlofuse found fusion regions in it and built every region it proposed, and
 ``python -m bench --zoo`` writes its table, JSON and chart.
 
@@ -23,7 +23,7 @@ if _MISSING:
 import jax  # noqa: E402
 
 import hlofuse  # noqa: E402
-from hlofuse.testing import assert_same, compare  # noqa: E402
+from hlofuse.runtime.testing import assert_same, compare  # noqa: E402
 
 
 def test_the_zoo_covers_what_issue_14_asks_for():
@@ -37,7 +37,7 @@ def test_the_zoo_covers_what_issue_14_asks_for():
     assert any(m.small.get("dtype") == "bfloat16" for m in ms)
     for m in ms:
         assert set(m.small) == set(m.real), m.name           # the same knobs, other sizes
-        assert m.category in hlofuse.testing.TOLERANCES, m.name
+        assert m.category in hlofuse.runtime.testing.TOLERANCES, m.name
 
 
 def _leaves_dtypes(tree):

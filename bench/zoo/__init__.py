@@ -48,7 +48,7 @@ class ZooModel:
         returns ``(fn, args)``.
       small, real: the two configs (plain dicts, passed to the builder).
       description: what the real config is, one line.
-      category: the :data:`hlofuse.testing.TOLERANCES` category its outputs are compared with.
+      category: the :data:`hlofuse.runtime.testing.TOLERANCES` category its outputs are compared with.
       requires: import names of the libraries it needs.
     """
     name: str

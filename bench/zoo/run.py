@@ -13,7 +13,7 @@ Per model, in one process (the same measurement for every model):
   a user pays after the first call while hlofuse measures (autotune runs on the 2nd call);
   the autotune decision and its own ``tune_s`` are recorded too;
 * **correct**: hlofuse's outputs (first call and steady state) against jax.jit's with
-  :func:`hlofuse.testing.compare` and the model's tolerance category (``reassociate`` for
+  :func:`hlofuse.runtime.testing.compare` and the model's tolerance category (``reassociate`` for
   inference, ``grad`` for training steps). A bf16 model that differs beyond the bf16 tolerance
   passes ("ok (f32)") only when hlofuse is as accurate as jax.jit against the same model built
   in f32 (:data:`bench.zoo.BF16_PARITY`);
@@ -89,7 +89,7 @@ def measure(name: str, size: str, cfg, progress=None) -> dict:
     import jax
     import hlofuse
     from bench import runner
-    from hlofuse.testing import compare
+    from hlofuse.runtime.testing import compare
 
     m = zoo.get(name)
     step = progress or (lambda msg: None)
@@ -247,14 +247,14 @@ def plot(path: str, results: list, title: str) -> None:
 
 
 def format_table(rs: list[tuple]) -> str:
-    from bench.__main__ import format_table as fmt
+    from bench.common import format_table as fmt
     return fmt(rs)
 
 
 def main(args) -> int:
     """Run the zoo for the parsed ``python -m bench`` arguments (see bench/__main__.py)."""
     from bench import runner
-    from bench.__main__ import Progress, _versions
+    from bench.common import Progress, _versions
 
     names = []
     for x in args.models or zoo.names():

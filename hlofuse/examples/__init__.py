@@ -3,7 +3,7 @@ install::
 
     hlofuse optimize "$(python -c 'import hlofuse.examples as e; print(e.path())')" -o out.mlir
 
-``mlp_block.mlir``: the pre-LN transformer MLP block of ``python -m hlofuse.tools.demo``
+``mlp_block.mlir``: the pre-LN transformer MLP block of ``python -m hlofuse.cli.demo``
 (LayerNorm, two matmuls with GELU and bias epilogues, a residual, a clip; 256 tokens x 256
 features, float32), lowered by ``jax.jit(...).lower(...).as_text()``.
 """

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hlofuse.ops import EmitError
+from hlofuse.core.ops import EmitError
 from hlofuse.kernels.attention.blocks import (CPU_MAX_BLOCK_K as CPU_MAX_BLOCK_K,
                                               CPU_SKIP_BLOCK as CPU_SKIP_BLOCK,
                                               CPU_STEP_BUDGET as CPU_STEP_BUDGET,
@@ -41,7 +41,7 @@ from hlofuse.kernels.attention.spec import (SPEC_ATTR as SPEC_ATTR, AttentionSpe
                                             Splat as Splat, spec_from_func as spec_from_func)
 from hlofuse.kernels.attention.triton import attention_kernel_gpu as attention_kernel_gpu
 from hlofuse.kernels.attention.triton import build_gpu as build_gpu
-from hlofuse.target import Target
+from hlofuse.core.target import Target
 
 
 def build_attention(spec: AttentionSpec, target: Target | str, *, interpret=None,

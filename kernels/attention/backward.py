@@ -34,7 +34,7 @@ transpose each.
 
 cpu: XLA loops (:func:`build_cpu_bwd`); gpu/tpu: Pallas kernels (Triton / Mosaic,
 :mod:`.pallas_bwd`: a dK/dV kernel and a dQ kernel), the forward with lse is the forward kernel
-writing its row statistics too. What a kernel cannot do raises :class:`~hlofuse.ops.EmitError`
+writing its row statistics too. What a kernel cannot do raises :class:`~hlofuse.core.ops.EmitError`
 (the region stays with XLA and the report says why).
 """
 
@@ -51,9 +51,9 @@ import jax.numpy as jnp
 from jax import lax
 from jaxlib.mlir import ir
 
-from hlofuse import ir as hir
-from hlofuse.ops import EmitError
-from hlofuse.target import Target
+from hlofuse.core import ir as hir
+from hlofuse.core.ops import EmitError
+from hlofuse.core.target import Target
 from hlofuse.kernels.attention.blocks import AttentionBlocks, cpu_bwd_plan
 from hlofuse.kernels.attention.cpu import block_index, build_cpu, cpu_split, split_parts
 from hlofuse.kernels.attention.layout import (canonical_inputs, from_canonical, pad_axis, pad_to,

@@ -6,7 +6,7 @@ import dataclasses
 
 import numpy as np
 
-from hlofuse.target import Target
+from hlofuse.core.target import Target
 from hlofuse.kernels.attention.skip import skip_info
 from hlofuse.kernels.attention.spec import AttentionSpec
 from hlofuse.kernels.tiling import Tile, check_block, next_pow2

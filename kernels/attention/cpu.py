@@ -23,13 +23,13 @@ from __future__ import annotations
 import functools
 import os
 
-from hlofuse import config
+from hlofuse.core import config
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from hlofuse import ir as hir
+from hlofuse.core import ir as hir
 from hlofuse.kernels.attention.blocks import (CPU_FWD_MIN_BLOCK_Q, CPU_FWD_STEP_BUDGET,
                                               AttentionBlocks, cpu_plan)
 from hlofuse.kernels.attention.layout import canonical_inputs, output, pad_axis, pad_to

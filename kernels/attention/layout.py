@@ -16,7 +16,7 @@ import numpy as np
 
 import jax.numpy as jnp
 
-from hlofuse.ops import EmitError
+from hlofuse.core.ops import EmitError
 from hlofuse.kernels.attention.logits import const_arrays
 from hlofuse.kernels.attention.spec import AttentionSpec
 

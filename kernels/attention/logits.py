@@ -2,7 +2,7 @@
 
 Every execution computes the logits of a block by *re-evaluating the region's own ops*
 (:attr:`AttentionSpec.steps`) on it: iotas become block positions, broadcasts and transposes
-are identities in the label view, every other op is emitted by :func:`hlofuse.ops.emit_op`
+are identities in the label view, every other op is emitted by :func:`hlofuse.core.ops.emit_op`
 from the region function's own op. So every mask or bias form the matcher accepts is executed
 with the original arithmetic. Also here: facts about the chain that the pass and the kernels
 both ask (:func:`mask_select`, :func:`prescale`, :func:`splat_of`), read from the spec's data.
@@ -19,8 +19,8 @@ import numpy as np
 import jax.numpy as jnp
 from jaxlib.mlir import ir
 
-from hlofuse import ir as hir
-from hlofuse.ops import EmitError, const_value, emit_op
+from hlofuse.core import ir as hir
+from hlofuse.core.ops import EmitError, const_value, emit_op
 from hlofuse.kernels.attention.spec import AttentionSpec, Splat
 
 __all__ = ["F32", "body_ops", "const_arrays", "eval_logits", "splat_of", "mask_select", "prescale"]
@@ -38,7 +38,7 @@ def _parsed(func_text: str):
 
 def body_ops(spec: AttentionSpec) -> tuple:
     """The region function's body ops (parsed from ``spec.func_text`` once, in a context of
-    their own): what :func:`hlofuse.ops.emit_op` and the dense constants are read from."""
+    their own): what :func:`hlofuse.core.ops.emit_op` and the dense constants are read from."""
     return _parsed(spec.func_text)[1]
 
 

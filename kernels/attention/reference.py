@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from hlofuse import ir as hir
+from hlofuse.core import ir as hir
 from hlofuse.kernels.attention.layout import canonical_inputs, output
 from hlofuse.kernels.attention.logits import F32, eval_logits
 from hlofuse.kernels.attention.spec import AttentionSpec

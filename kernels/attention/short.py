@@ -24,7 +24,7 @@ import functools
 import jax.numpy as jnp
 from jax import lax
 
-from hlofuse import ir as hir
+from hlofuse.core import ir as hir
 from hlofuse.kernels.attention.blocks import CPU_SKIP_BLOCK
 from hlofuse.kernels.attention.cpu import block_index, lax_precision
 from hlofuse.kernels.attention.layout import canonical_inputs, output

@@ -16,7 +16,7 @@ import numpy as np
 
 import jax
 
-from hlofuse.ops import EmitError
+from hlofuse.core.ops import EmitError
 from hlofuse.kernels.attention.layout import const_sides
 from hlofuse.kernels.attention.logits import F32, eval_logits
 from hlofuse.kernels.attention.spec import AttentionSpec

@@ -21,8 +21,8 @@ import math
 
 from jaxlib.mlir import ir
 
-from hlofuse import ir as hir
-from hlofuse.ops import EmitError
+from hlofuse.core import ir as hir
+from hlofuse.core.ops import EmitError
 
 __all__ = ["SPEC_ATTR", "Ref", "Repeat", "Splat", "LogitStep", "AttentionSpec", "spec_from_func"]
 

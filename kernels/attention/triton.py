@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from hlofuse import ir as hir
+from hlofuse.core import ir as hir
 from hlofuse.kernels.attention.blocks import AttentionBlocks, gpu_blocks
 from hlofuse.kernels.attention.layout import pad_to, pallas_index, pallas_inputs, pallas_output
 from hlofuse.kernels.attention.logits import F32, eval_logits

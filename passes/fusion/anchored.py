@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from hlofuse import ir as hir
+from hlofuse.core import ir as hir
 from hlofuse.passes.fusion.commit import LeftToXla, commit_region
 from hlofuse.passes.fusion.outline import program_blocks
 from hlofuse.passes.fusion.regions import BlockGraph

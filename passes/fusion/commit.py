@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from jaxlib.mlir import ir
 
-from hlofuse import ir as hir
-from hlofuse.report import Refusals
+from hlofuse.core import ir as hir
+from hlofuse.core.report import Refusals
 from hlofuse.passes.fusion import cost as cost_model
 from hlofuse.passes.fusion.outline import XLA_ATTR, outline_region, region_boundary
 
@@ -24,7 +24,7 @@ class LeftToXla(Refusals):
     lone reduction, a convolution). They go to the report as notes, one per reason with a
     count and the first source lines, not as regions: a second run over the optimized module
     finds the same ops and must not report new regions (idempotence). A
-    :class:`~hlofuse.report.Refusals` that takes the op and reads its location."""
+    :class:`~hlofuse.core.report.Refusals` that takes the op and reads its location."""
 
     def add(self, what: str, op, reason: str) -> None:
         super().add(what, reason, hir.op_location(op) if op is not None else "unknown")

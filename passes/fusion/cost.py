@@ -2,7 +2,7 @@
 
 Figures are *modeled* (never measured on the device): an unfused op reads its operands and
 writes its result to memory (HBM); a fused region reads its inputs once and writes its outputs
-once, keeping every intermediate on chip. Targets (figures from :mod:`hlofuse.chips`, the same
+once, keeping every intermediate on chip. Targets (figures from :mod:`hlofuse.core.chips`, the same
 descriptions tiling reads; the chip in force, by default h100 and v5e):
 
 * gpu — e.g. H100: HBM 3.35 TB/s, f32 67 TFLOP/s, bf16 989 TFLOP/s, 227 KiB shared memory per
@@ -29,10 +29,10 @@ import dataclasses
 import math
 import threading
 
-from hlofuse import ir as hir
-from hlofuse.ops import OpClass, rule_for
+from hlofuse.core import ir as hir
+from hlofuse.core.ops import OpClass, rule_for
 from hlofuse.kernels.support import is_splat_constant
-from hlofuse.target import Target
+from hlofuse.core.target import Target
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +52,7 @@ CPU_MODEL = TargetModel("cpu", 50e9, 200e9, 1e-6, 32 * 1024 * 1024)
 
 
 def model_for(target: Target | str) -> TargetModel:
-    """The cost model of ``target``: the figures of its chip (:mod:`hlofuse.chips`)."""
+    """The cost model of ``target``: the figures of its chip (:mod:`hlofuse.core.chips`)."""
     target = Target.of(target)
     if target.is_cpu:
         return CPU_MODEL
@@ -249,7 +249,7 @@ CPU_ELEMENTWISE_ENV = "HLOFUSE_CPU_ELEMENTWISE_KERNELS"
 
 def cpu_elementwise_kernels(option: bool) -> bool:
     """Build elementwise kernels on cpu anyway? The pass option, or :data:`CPU_ELEMENTWISE_ENV`."""
-    from hlofuse import config
+    from hlofuse.core import config
     return bool(option) or config.get(CPU_ELEMENTWISE_ENV)
 
 

@@ -15,7 +15,7 @@ import functools
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import func as func_d
 
-from hlofuse import ir as hir
+from hlofuse.core import ir as hir
 from hlofuse.kernels.support import is_splat_constant
 
 REGION_ATTR = "hlofuse.region"
@@ -27,7 +27,7 @@ KERNEL_PREFIX = "hlofuse_k"       # functions imported by kernelize: hlofuse_k<r
 def is_hlofuse_func(f) -> bool:
     """An outlined region (``hlofuse.kind``) or an imported kernel function (``hlofuse_k*``).
 
-    These are hlofuse's own output: only ``kernelize`` and :mod:`hlofuse.verify` look inside
+    These are hlofuse's own output: only ``kernelize`` and :mod:`hlofuse.runtime.verify` look inside
     them. Every other pass leaves them alone, so running the pipeline again over its output
     changes nothing (idempotence, passes/README.md)."""
     return KIND_ATTR in f.operation.attributes or hir.func_name(f).startswith(KERNEL_PREFIX)

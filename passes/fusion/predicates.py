@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from jaxlib.mlir import ir
 
-from hlofuse.ops import OpClass, rule_for
-from hlofuse.target import Target
+from hlofuse.core.ops import OpClass, rule_for
+from hlofuse.core.target import Target
 from hlofuse.kernels.support import (broadcast_class, domain_shape, dot_layout, is_column_reduce,
                                      is_splat_constant,
                                      reduce_info, types_ok, value_info)

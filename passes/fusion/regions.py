@@ -13,8 +13,8 @@ from typing import Callable, Hashable
 
 from jaxlib.mlir import ir
 
-from hlofuse import ir as hir
-from hlofuse.ops import OpClass, rule_for
+from hlofuse.core import ir as hir
+from hlofuse.core.ops import OpClass, rule_for
 from hlofuse.passes.fusion.cost import remat_choice
 
 

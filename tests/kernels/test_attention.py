@@ -20,11 +20,11 @@ from jax.experimental.pallas import tpu as pltpu
 from jaxlib.mlir import ir
 
 import hlofuse
-from hlofuse import ir as hir
+from hlofuse.core import ir as hir
 from hlofuse.kernels import attention as A
 from hlofuse.kernels.attention.cpu import block_index, cpu_split
-from hlofuse.ops import EmitError
-from hlofuse.testing import assert_same
+from hlofuse.core.ops import EmitError
+from hlofuse.runtime.testing import assert_same
 from tests.attention_programs import make_args, make_attention
 from tests.attention_regions import (_KEEP, CASES, bench_spec as _bench_spec, region as _region,
                                      region_of, strict_causal_region)

@@ -17,12 +17,12 @@ from hlofuse.kernels.attention import AttentionBlocks
 from hlofuse.kernels.attention.backward import build_cpu_bwd, build_fwd_lse, build_bwd
 from hlofuse.kernels.attention.cpu import cpu_split
 from hlofuse.kernels.common import func_avals
-from hlofuse.ops import EmitError
-from hlofuse.testing import assert_same, random_inputs
+from hlofuse.core.ops import EmitError
+from hlofuse.runtime.testing import assert_same, random_inputs
 from tests.attention_programs import BF16, make_args, make_attention
 from tests.fusion_util import outline, run_region
 
-from hlofuse import ir as hir
+from hlofuse.core import ir as hir
 import re
 
 _KEEP = []

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 import hlofuse
 from hlofuse.kernels import attention as A
-from hlofuse.testing import assert_same
+from hlofuse.runtime.testing import assert_same
 from tests.fusion_util import run_region
 from tests.attention_regions import bench_spec as _bench_spec, region as _region, strict_causal_region
 

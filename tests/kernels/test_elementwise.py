@@ -10,13 +10,13 @@ import jax.numpy as jnp
 from jax.experimental.pallas import tpu as pltpu
 
 import hlofuse
-from hlofuse import ir as hir
+from hlofuse.core import ir as hir
 from hlofuse.kernels import elementwise as ew
 from hlofuse.kernels.lowering import lower_to_text
 from hlofuse.kernels.tiling import Blocks2D, elementwise_blocks
 from hlofuse.passes.fusion.outline import KIND_ATTR
-from hlofuse.testing import assert_same
-from hlofuse.testing import ALL_KERNELS
+from hlofuse.runtime.testing import assert_same
+from hlofuse.runtime.testing import ALL_KERNELS
 
 # every block class: full operands, a bias along the last dim (col), per-row values (row),
 # a runtime scalar; plus compare/select and a bool output
@@ -192,7 +192,7 @@ def test_one_gib_splat_is_not_materialized_by_the_elementwise_kernel():
     build the splat on the host (it peaked at 1.2 GB in ``hlofuse report``).
 
     ``algebraic-simplify`` is disabled here: it reads splats through
-    ``passes/graph_util.splat_value`` -> ``hlofuse.ops.const_value``, which still builds the
+    ``passes/graph_util.splat_value`` -> ``hlofuse.core.ops.const_value``, which still builds the
     array (see ``test_default_pipeline_does_not_materialize_a_large_splat``)."""
     from tests.kernels.memory_util import MiB, optimize_rss_growth
     grown, res = optimize_rss_growth(SPLAT_ADD_EXP, "16384x16384", "64x64",

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from hlofuse.kernels import FAMILIES
 from hlofuse.kernels import horizontal as hz
 from hlofuse.kernels.tiling import MatmulBlocks
-from hlofuse.ops import EmitError
+from hlofuse.core.ops import EmitError
 from tests.fusion_util import check_kernel_everywhere, outline
 
 FAM = FAMILIES["horizontal"]

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import hlofuse
 from hlofuse.kernels import FAMILIES
 from hlofuse.kernels.tiling import MatmulBlocks
-from hlofuse.testing import assert_same
+from hlofuse.runtime.testing import assert_same
 from tests.fusion_util import check_kernel_everywhere, kernels, outline
 
 FAM = FAMILIES["matmul_epilogue"]

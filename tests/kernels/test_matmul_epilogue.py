@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from hlofuse.kernels import FAMILIES
 from hlofuse.kernels import matmul_epilogue as mme
 from hlofuse.kernels.tiling import MatmulBlocks, matmul_blocks
-from hlofuse.testing import assert_same
+from hlofuse.runtime.testing import assert_same
 from tests.fusion_util import check_kernel_everywhere, func_inputs, outline
 
 FAM = FAMILIES["matmul_epilogue"]

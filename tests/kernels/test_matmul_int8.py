@@ -13,7 +13,7 @@ from jax.experimental.pallas import tpu as pltpu
 from hlofuse.kernels import FAMILIES
 from hlofuse.kernels import matmul_epilogue as mme
 from hlofuse.kernels.tiling import MatmulBlocks
-from hlofuse.testing import assert_same
+from hlofuse.runtime.testing import assert_same
 from tests.fusion_util import check_kernel_everywhere, func_avals, outline
 
 FAM = FAMILIES["matmul_epilogue"]

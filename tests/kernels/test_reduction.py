@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from hlofuse.kernels import FAMILIES
 from hlofuse.kernels import reduction as red
 from hlofuse.kernels.tiling import RowBlocks, row_blocks
-from hlofuse.testing import assert_same
+from hlofuse.runtime.testing import assert_same
 from tests.fusion_util import check_kernel_everywhere, func_inputs, outline
 
 FAM = FAMILIES["reduction"]

@@ -17,15 +17,15 @@ import jax
 import jax.numpy as jnp
 from jax.experimental.pallas import tpu as pltpu
 
-from hlofuse import chips
+from hlofuse.core import chips
 from hlofuse.kernels import FAMILIES
 from hlofuse.kernels import row_tiled
 from hlofuse.kernels.common import func_avals
 from hlofuse.kernels.lowering import lower_to_text
 from hlofuse.kernels.tiling import TiledRowBlocks, max_tiled_row_elems
-from hlofuse.ops import EmitError
-from hlofuse.target import Target
-from hlofuse.testing import assert_same
+from hlofuse.core.ops import EmitError
+from hlofuse.core.target import Target
+from hlofuse.runtime.testing import assert_same
 from tests.fusion_util import func_inputs, outline
 
 FAM = FAMILIES["reduction"]

@@ -9,7 +9,7 @@ import pytest
 
 import hlofuse
 from hlofuse.passes.algebraic_simplify import PATTERNS, exact_conversion
-from hlofuse.execute import run_module
+from hlofuse.runtime.execute import run_module
 from tests.module_args import edge_args
 
 PASS = ["algebraic-simplify"]

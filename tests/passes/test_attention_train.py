@@ -12,8 +12,8 @@ import jax
 import jax.numpy as jnp
 
 import hlofuse
-from hlofuse.testing import ALL_KERNELS
-from hlofuse.testing import assert_same
+from hlofuse.runtime.testing import ALL_KERNELS
+from hlofuse.runtime.testing import assert_same
 from tests.attention_programs import BF16, make_args, make_attention
 
 
@@ -207,7 +207,7 @@ def test_a_failed_training_match_is_reported_at_the_failing_op():
 def test_a_value_from_outside_the_match_is_named_with_its_producer():
     """_run evaluates the matched ops alone; an operand computed by an op the match did not
     take is refused with that op's name and source line (it was an 'internal' message)."""
-    from hlofuse import ir as hir
+    from hlofuse.core import ir as hir
     from hlofuse.passes import attention_train as at
     text = """module {
   func.func @main(%x: tensor<4x4xf32>) -> tensor<4x4xf32> {
@@ -299,7 +299,7 @@ def test_grad_of_an_hlofuse_jit_block_gets_attention_kernels_in_both_programs(mo
     attention from its inputs, so the forward program gets a forward kernel and the backward
     program a flash forward and backward. Before, the probabilities were the residuals between
     the programs and neither got an attention kernel."""
-    from hlofuse.runtime import GRAD_REMAT_NOTE
+    from hlofuse.runtime.program import GRAD_REMAT_NOTE
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.standard_normal((2, 32, 16)), jnp.float32)
     p = jnp.asarray(rng.standard_normal((6, 16, 16)) * 0.2, jnp.float32)
@@ -327,7 +327,7 @@ def test_grad_of_an_hlofuse_jit_block_gets_attention_kernels_in_both_programs(mo
 def test_grad_of_a_program_without_attention_saves_as_jax_does():
     """No softmax read by a batched product (an MLP; a batched expert matmul whose router
     softmax has other shapes): the derived forward is jax.linearize's, no policy, no note."""
-    from hlofuse.runtime import GRAD_REMAT_NOTE
+    from hlofuse.runtime.program import GRAD_REMAT_NOTE
 
     def moe(w, x):
         gate = jax.nn.softmax(x @ w[0], -1)                        # [T, E]

@@ -11,9 +11,9 @@ import pytest
 
 import hlofuse
 from hlofuse.passes.buffer_aliasing import DonationWarning
-from hlofuse.testing import assert_same
-from hlofuse.execute import run_module
-from hlofuse.testing import ALL_KERNELS
+from hlofuse.runtime.testing import assert_same
+from hlofuse.runtime.execute import run_module
+from hlofuse.runtime.testing import ALL_KERNELS
 
 PASS = ["buffer-aliasing"]
 

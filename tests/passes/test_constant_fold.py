@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import hlofuse
-from hlofuse.testing import assert_same
-from hlofuse.execute import run_module
+from hlofuse.runtime.testing import assert_same
+from hlofuse.runtime.execute import run_module
 
 PASS = ["constant-fold"]
 
@@ -341,7 +341,7 @@ def _edge_pairs(vals, dtype):
 def _ops_of(bodies, t):
     """Each body (``%r = <body>`` of operands ``%a``, ``%b``: ``t``) parsed in one context:
     (its op per body, the modules, which own the ops and must stay alive)."""
-    from hlofuse import ir as hir
+    from hlofuse.core import ir as hir
     ctx = hir.new_context()
     modules = [hir.parse(f"func.func @main(%a: {t}, %b: {t}) -> () {{\n  %r = {body}\n  return\n}}",
                          ctx) for body in bodies]
@@ -352,7 +352,7 @@ def _assert_numpy_is_jax(bodies, ops, a, b, operands=None):
     """``constant_fold._exact`` (numpy) of every op against the op's jax emitter (what folding
     used before, and what XLA runs), bit for bit; the jax side in one compile."""
     import jax
-    from hlofuse.ops import emit_op
+    from hlofuse.core.ops import emit_op
     from hlofuse.passes import constant_fold as cf
     operands = operands or (lambda op, a, b: [a, b][:len(op.operands)])
     with jax.enable_x64(True):
@@ -455,7 +455,7 @@ def test_float_op_with_a_subnormal_result_is_not_folded():
     """1e-20 * 1e-20 is subnormal in f32: XLA:CPU flushes it to zero at run time, XLA's own
     folding does not; the multiply is left alone, with numpy as with the jax emitter."""
     from hlofuse.passes import constant_fold as cf
-    from hlofuse import ir as hir
+    from hlofuse.core import ir as hir
     m = hir.parse("func.func @main(%a: tensor<2xf32>) -> () {\n"
                   "  %r = stablehlo.multiply %a, %a : tensor<2xf32>\n  return\n}")
     op = hir.block_ops(hir.main_func(m).regions[0].blocks[0])[0]

@@ -6,7 +6,7 @@ import numpy as np
 import jax
 
 import hlofuse
-from hlofuse.testing import assert_same
+from hlofuse.runtime.testing import assert_same
 from tests.fusion_util import kernels, outline, pipe
 
 PIPE = pipe("conv1x1-to-dot", "fuse-matmul-epilogue")

@@ -12,7 +12,7 @@ from jax import lax
 import hlofuse
 from hlofuse.kernels.conv_winograd import (build_conv_winograd, conv_winograd_reference,
                                            spec_from_func, winograd_f2x2_3x3)
-from hlofuse.testing import assert_same
+from hlofuse.runtime.testing import assert_same
 from tests.fusion_util import kernels, outline, pipe
 
 PIPE = pipe("conv-winograd", "conv1x1-to-dot", "fuse-matmul-epilogue", "fuse-elementwise")
@@ -71,7 +71,7 @@ def test_any_layout(dn):
 
 
 def test_kernel_family_against_its_reference():
-    """spec_from_func / build / reference on the outlined region (the checks hlofuse.verify
+    """spec_from_func / build / reference on the outlined region (the checks hlofuse.runtime.verify
     runs), for a permuted layout and uneven padding."""
     x = R.standard_normal((2, 16, 7, 6)).astype(F32)
     w = R.standard_normal((3, 3, 16, 17)).astype(F32)

@@ -16,8 +16,8 @@ import jax.numpy as jnp
 from jax import lax
 
 import hlofuse
-from hlofuse.execute import run_module
-from hlofuse.testing import assert_same
+from hlofuse.runtime.execute import run_module
+from hlofuse.runtime.testing import assert_same
 from tests.fusion_util import PREFIX
 
 PASS = "depthwise-conv-taps"

@@ -11,9 +11,9 @@ import jax
 import jax.numpy as jnp
 
 import hlofuse
-from hlofuse import hostcpu
-from hlofuse.execute import run_module
-from hlofuse.testing import assert_same
+from hlofuse.core import hostcpu
+from hlofuse.runtime.execute import run_module
+from hlofuse.runtime.testing import assert_same
 from tests.fusion_util import PREFIX, dot_forms, kernels
 
 PIPE = f"{PREFIX},dot-f32-accumulate"

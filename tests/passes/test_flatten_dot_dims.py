@@ -11,11 +11,11 @@ import jax
 import jax.numpy as jnp
 
 import hlofuse
-from hlofuse import ir as hir
+from hlofuse.core import ir as hir
 from hlofuse.kernels.support import dot_layout
-from hlofuse.testing import assert_same
+from hlofuse.runtime.testing import assert_same
 from tests.fusion_util import kernels, outline, pipe
-from hlofuse.testing import ALL_KERNELS
+from hlofuse.runtime.testing import ALL_KERNELS
 
 R = np.random.default_rng(0)
 B, S, D, H, DH = 2, 16, 32, 4, 8

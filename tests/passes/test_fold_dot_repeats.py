@@ -11,8 +11,8 @@ import jax
 import jax.numpy as jnp
 
 import hlofuse
-from hlofuse import ir as hir
-from hlofuse.testing import assert_same
+from hlofuse.core import ir as hir
+from hlofuse.runtime.testing import assert_same
 
 B, S, H, KV, D = 2, 64, 8, 2, 16
 G = H // KV

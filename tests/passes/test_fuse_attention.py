@@ -23,8 +23,8 @@ import jax
 import jax.numpy as jnp
 
 import hlofuse
-from hlofuse.testing import ALL_KERNELS
-from hlofuse.testing import assert_same
+from hlofuse.runtime.testing import ALL_KERNELS
+from hlofuse.runtime.testing import assert_same
 from tests.attention_programs import BF16, make_args, make_attention
 
 FULL = os.environ.get("HLOFUSE_ATTENTION_FULL", "") not in ("", "0")

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import hlofuse
-from hlofuse import ir as hir
-from hlofuse.testing import assert_same
+from hlofuse.core import ir as hir
+from hlofuse.runtime.testing import assert_same
 
 FUSE = ["fuse-elementwise"]
 

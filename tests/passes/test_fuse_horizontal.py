@@ -7,9 +7,9 @@ import jax
 import jax.numpy as jnp
 
 import hlofuse
-from hlofuse.testing import assert_same
+from hlofuse.runtime.testing import assert_same
 from tests.fusion_util import kernels, outline, pipe
-from hlofuse.testing import ALL_KERNELS
+from hlofuse.runtime.testing import ALL_KERNELS
 
 def refusals(report) -> dict:
     """fuse-horizontal's ``refused[<reason>]`` statistics (reason -> count)."""
@@ -188,7 +188,7 @@ func.func @main(%x: tensor<8xf32>, %p: tensor<i1>, %y: tensor<8xf32>, %u: tensor
 
 
 def test_a_merge_after_an_earlier_merge_moved_its_members():
-    from hlofuse.execute import run_module
+    from hlofuse.runtime.execute import run_module
     out = hlofuse.optimize(SUNK_BY_AN_EARLIER_MERGE, pipeline=["fuse-horizontal{cpu_kernels=true}"],
                            options={"strict": True})
     merged = [sorted(r.ops) for r in out.report.regions if r.extra.get("horizontal")]

@@ -12,9 +12,9 @@ import jax
 import jax.numpy as jnp
 
 import hlofuse
-from hlofuse.testing import assert_same
+from hlofuse.runtime.testing import assert_same
 from tests.fusion_util import kernels, outline, pipe
-from hlofuse.testing import ALL_KERNELS
+from hlofuse.runtime.testing import ALL_KERNELS
 
 PIPE = pipe("fuse-matmul-epilogue")
 R = np.random.default_rng(1)

@@ -8,15 +8,15 @@ import jax
 import jax.numpy as jnp
 from jaxlib.mlir import ir
 
-from hlofuse import ir as hir
-from hlofuse.ops import OpClass
+from hlofuse.core import ir as hir
+from hlofuse.core.ops import OpClass
 from hlofuse.passes.fusion import cost
 from hlofuse.kernels import support as S
 from hlofuse.passes.fusion import predicates as P
 from hlofuse.passes.fusion.outline import KIND_ATTR, XLA_ATTR
 from hlofuse.passes.fusion.regions import BlockGraph, grow_region, merge_siblings
-from hlofuse.pipeline import PassContext
-from hlofuse.testing import ALL_KERNELS
+from hlofuse.core.pipeline import PassContext
+from hlofuse.runtime.testing import ALL_KERNELS
 
 F32 = np.float32
 

@@ -3,7 +3,7 @@
 import numpy as np
 
 import hlofuse
-from hlofuse import ir as hir
+from hlofuse.core import ir as hir
 
 NESTED = """
 func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> {

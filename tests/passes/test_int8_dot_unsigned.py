@@ -2,7 +2,7 @@
 correction (bit-identical to the unrewritten module over a sweep of dot forms and at the int8
 extremes; statistics, idempotence, no-match cases, matrix-vector padding, hlofuse's cpu kernels
 and a sharded program), or stay signed x signed where the host multiplies those natively (the
-choice ``shift="auto"`` makes from :mod:`hlofuse.hostcpu`; the tests of the shifted form force
+choice ``shift="auto"`` makes from :mod:`hlofuse.core.hostcpu`; the tests of the shifted form force
 it with ``shift="always"``, so they run the same on every CPU)."""
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import jax.numpy as jnp
 from jax import lax
 
 import hlofuse
-from hlofuse.execute import run_module
-from hlofuse.pipeline import OptionError
-from hlofuse.testing import assert_same
+from hlofuse.runtime.execute import run_module
+from hlofuse.core.pipeline import OptionError
+from hlofuse.runtime.testing import assert_same
 from tests.fusion_util import PREFIX, dot_forms, kernels
 
 PASS = "int8-dot-unsigned"
@@ -169,9 +169,9 @@ def test_signed_form_keeps_the_programs_dots_and_pads_matrix_vector_dots():
 
 @pytest.mark.parametrize("native", ["amx_int8", None])
 def test_auto_shifts_only_where_the_host_lacks_signed_int8_dots(monkeypatch, native):
-    """``shift="auto"`` asks :func:`hlofuse.hostcpu.int8_signed_native`: with such a feature the
+    """``shift="auto"`` asks :func:`hlofuse.core.hostcpu.int8_signed_native`: with such a feature the
     dots stay signed and the report says why; without one they are shifted."""
-    from hlofuse import hostcpu
+    from hlofuse.core import hostcpu
     monkeypatch.setattr(hostcpu, "int8_signed_native", lambda: native)
     text = _text(_chain, CHAIN)
     opt = hlofuse.optimize(text, target="cpu", pipeline=f"{PREFIX},{PASS}")

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 
 import hlofuse
-from hlofuse import ir as hir
+from hlofuse.core import ir as hir
 from hlofuse.kernels import FAMILIES
-from hlofuse.testing import assert_same
-from hlofuse.testing import ALL_KERNELS
+from hlofuse.runtime.testing import assert_same
+from hlofuse.runtime.testing import ALL_KERNELS
 
 CHAIN = """
 func.func @main(%x: tensor<8x16xf32>, %y: tensor<8x16xf32>) -> tensor<8x16xf32> {

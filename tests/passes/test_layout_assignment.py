@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import hlofuse
-from hlofuse.testing import assert_same
-from hlofuse.execute import run_module
+from hlofuse.runtime.testing import assert_same
+from hlofuse.runtime.execute import run_module
 
 PASS = ["layout-assignment"]
 RNG = np.random.default_rng(0)

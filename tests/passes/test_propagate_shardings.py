@@ -10,7 +10,7 @@ are checked against ``jax.jit`` in ``tests/test_sharded.py``.
 import re
 
 import hlofuse
-from hlofuse import ir as hir
+from hlofuse.core import ir as hir
 from hlofuse.passes import sharding as shd
 
 def stats(report, name):

@@ -14,10 +14,10 @@ import jax.numpy as jnp
 from jax import lax
 
 import hlofuse
-from hlofuse.execute import run_module
-from hlofuse.testing import assert_same
+from hlofuse.runtime.execute import run_module
+from hlofuse.runtime.testing import assert_same
 from tests.fusion_util import kernels
-from hlofuse.testing import ALL_KERNELS
+from hlofuse.runtime.testing import ALL_KERNELS
 
 PASS = ["quantize-matmul"]
 R = np.random.default_rng(3)
@@ -76,7 +76,7 @@ def stats(o):
 
 def inputs(text):
     """Full-range int8 (int4) values and small signed scales, by the module's argument types."""
-    from hlofuse import ir as hir
+    from hlofuse.core import ir as hir
     mod = hir.parse(text, hir.new_context())
     out = []
     for a in hir.main_func(mod).regions[0].blocks[0].arguments:
@@ -196,7 +196,7 @@ func.func @main(%x: tensor<4x8xf32>) -> tensor<4x8xf32> {
   %d = stablehlo.uniform_dequantize %q : (tensor<4x8x!quant.uniform<i8:f32, 0.05>>) -> tensor<4x8xf32>
   return %d : tensor<4x8xf32>
 }"""
-    with pytest.raises(hlofuse.ir.IRError, match="quant dialect"):
+    with pytest.raises(hlofuse.core.ir.IRError, match="quant dialect"):
         hlofuse.optimize(text)
 
 

@@ -12,8 +12,8 @@ import jax
 import jax.numpy as jnp
 
 import hlofuse
-from hlofuse import ir as hir
-from hlofuse.testing import assert_same, tolerance
+from hlofuse.core import ir as hir
+from hlofuse.runtime.testing import assert_same, tolerance
 
 B, S, H, D = 2, 32, 4, 8
 W = H * D

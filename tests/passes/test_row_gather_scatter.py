@@ -14,10 +14,10 @@ import jax.numpy as jnp
 
 import hlofuse
 from hlofuse.kernels import FAMILIES
-from hlofuse.testing import assert_same
-from hlofuse.execute import run_module
+from hlofuse.runtime.testing import assert_same
+from hlofuse.runtime.execute import run_module
 from tests.fusion_util import PREFIX, check_kernel_everywhere, kernels, outline
-from hlofuse.testing import ALL_KERNELS
+from hlofuse.runtime.testing import ALL_KERNELS
 
 R = np.random.default_rng(5)
 ON = "row-gather-scatter{on_cpu=true}"          # off on cpu by default (measured slower there)

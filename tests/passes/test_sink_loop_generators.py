@@ -10,9 +10,9 @@ import jax
 import jax.numpy as jnp
 
 import hlofuse
-from hlofuse import ir as hir
+from hlofuse.core import ir as hir
 from hlofuse.kernels.support import is_splat_constant
-from hlofuse.testing import assert_same
+from hlofuse.runtime.testing import assert_same
 
 # a loop of 3 steps: x <- select(tril, x * 2, fill) + bias. The tril mask is generated outside
 # and carried unchanged (operand 2); the fill is generated outside and read from the body

@@ -12,9 +12,9 @@ import jax.numpy as jnp
 from jax import lax
 
 import hlofuse
-from hlofuse import ir as hir
+from hlofuse.core import ir as hir
 from hlofuse.passes.split_reduce import plan, runs
-from hlofuse.testing import assert_same
+from hlofuse.runtime.testing import assert_same
 
 PIPE = ["inline-calls", "canonicalize", "cse", "split-reduce"]
 B, H, W, C, G = 2, 16, 16, 64, 16            # 32K elements: at the default min_split_elements
@@ -150,7 +150,7 @@ def test_narrow_float_sums_stay_and_the_report_says_why():
 def test_group_norm_under_hlofuse_jit_and_grad():
     """The whole pipeline: forward and the gradient (whose input gradient has more such
     sums), compared with jax.jit; the verify category of the program is ``reassociate``."""
-    from hlofuse.verify import program_category
+    from hlofuse.runtime.verify import program_category
     args = (_x(), _x((C,), seed=1), _x((C,), seed=2))
     loss = lambda x, s, b: jnp.sum(_group_norm(x, s, b) ** 2)
     g = jax.grad(loss, argnums=(0, 1, 2))

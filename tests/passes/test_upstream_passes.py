@@ -3,7 +3,7 @@
 import numpy as np
 
 import hlofuse
-from hlofuse import ir as hir
+from hlofuse.core import ir as hir
 
 MODULE = """
 func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> {
