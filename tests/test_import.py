@@ -98,3 +98,35 @@ def test_cpu_interpret_rule_lowers_identically():
     p = _run(_SAME_TEXT)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.strip() == "True", p.stdout[-2000:]
+
+
+def test_modules_that_moved_into_the_layer_folders_import_by_their_old_paths():
+    """hlofuse/ became layer folders (issue 47): code written against the old module paths
+    keeps working. Public modules (hlofuse.testing, .aot, .memory, .config, hlofuse.tools.*
+    entry points) import silently as the moved module itself; internal ones warn with the
+    new path; ``python -m hlofuse.tools.demo`` still runs; ``hlofuse.jit`` stays the
+    function whatever was imported."""
+    code = (
+        "import warnings, hlofuse\n"
+        "warnings.simplefilter('error')\n"
+        "import hlofuse.testing, hlofuse.aot, hlofuse.memory, hlofuse.config\n"
+        "from hlofuse.testing import ALL_KERNELS\n"
+        "import hlofuse.runtime.testing as t\n"
+        "assert hlofuse.testing is t, hlofuse.testing\n"
+        "import hlofuse.tools.cli, hlofuse.tools.demo\n"
+        "warnings.simplefilter('always')\n"
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    from hlofuse.pipeline import PassManager\n"
+        "    import hlofuse.tools.autotune as at\n"
+        "assert [str(x.message) for x in w] == ['hlofuse.pipeline moved to hlofuse.core.pipeline',"
+        " 'hlofuse.tools.autotune moved to hlofuse.runtime.autotune'], [str(x.message) for x in w]\n"
+        "assert at.__name__ == 'hlofuse.runtime.autotune'\n"
+        "assert callable(hlofuse.jit) and type(hlofuse.jit).__name__ == 'function'\n"
+        "print('ok')\n")
+    p = _run(code)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-3000:]
+    # python -m OLD.PATH runs the moved module as __main__ (the CLI's worker does this too)
+    p = subprocess.run([sys.executable, "-m", "hlofuse.tools.cli", "--version"],
+                       capture_output=True, text=True, timeout=300, cwd=REPO,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert p.returncode == 0 and p.stdout.startswith("hlofuse "), (p.stdout, p.stderr[-2000:])
