@@ -1,34 +1,73 @@
 """Graph rewrites over StableHLO, one pass per file (installed as ``hlofuse.passes``).
 
-Importing this package registers every pass with :mod:`hlofuse.core.pipeline`. See README.md in
-this folder for the invariants every pass keeps.
+:data:`PASSES` below is the one place the built-in passes are registered, in the order the
+default pipeline first runs them (``hlofuse.core.pipeline.PIPELINES`` says why each step is
+where it is). A new pass is a file here and a line in this list. See README.md in this folder
+for the invariants every pass keeps.
 """
 
-from hlofuse.passes import canonicalize as canonicalize
-from hlofuse.passes import cse as cse
-from hlofuse.passes import symbol_dce as symbol_dce
-from hlofuse.passes import inline_calls as inline_calls
-from hlofuse.passes import sink_loop_generators as sink_loop_generators
-from hlofuse.passes import remat_loop_attention as remat_loop_attention
-from hlofuse.passes import fuse_elementwise as fuse_elementwise
-from hlofuse.passes import fuse_attention as fuse_attention
-from hlofuse.passes import fold_dot_repeats as fold_dot_repeats
-from hlofuse.passes import fuse_reduction as fuse_reduction
-from hlofuse.passes import conv_winograd as conv_winograd
-from hlofuse.passes import conv1x1_to_dot as conv1x1_to_dot
-from hlofuse.passes import flatten_dot_dims as flatten_dot_dims
-from hlofuse.passes import fuse_matmul_epilogue as fuse_matmul_epilogue
-from hlofuse.passes import fuse_horizontal as fuse_horizontal
-from hlofuse.passes import kernelize as kernelize
-from hlofuse.passes import constant_fold as constant_fold
-from hlofuse.passes import algebraic_simplify as algebraic_simplify
-from hlofuse.passes import batchnorm_fold as batchnorm_fold
-from hlofuse.passes import quantize_matmul as quantize_matmul
-from hlofuse.passes import layout_assignment as layout_assignment
-from hlofuse.passes import buffer_aliasing as buffer_aliasing
-from hlofuse.passes import propagate_shardings as propagate_shardings
-from hlofuse.passes import row_gather_scatter as row_gather_scatter
-from hlofuse.passes import dot_f32_accumulate as dot_f32_accumulate
-from hlofuse.passes import int8_dot_unsigned as int8_dot_unsigned
-from hlofuse.passes import split_reduce as split_reduce
-from hlofuse.passes import depthwise_conv_taps as depthwise_conv_taps
+from hlofuse.core.pipeline import register_pass
+from hlofuse.passes.inline_calls import InlineCalls
+from hlofuse.passes.canonicalize import Canonicalize
+from hlofuse.passes.cse import CSE
+from hlofuse.passes.constant_fold import ConstantFold
+from hlofuse.passes.algebraic_simplify import AlgebraicSimplify
+from hlofuse.passes.batchnorm_fold import BatchNormFold
+from hlofuse.passes.layout_assignment import LayoutAssignment
+from hlofuse.passes.row_gather_scatter import RowGatherScatter
+from hlofuse.passes.quantize_matmul import QuantizeMatmul
+from hlofuse.passes.split_reduce import SplitReduce
+from hlofuse.passes.depthwise_conv_taps import DepthwiseConvTaps
+from hlofuse.passes.sink_loop_generators import SinkLoopGenerators
+from hlofuse.passes.remat_loop_attention import RematLoopAttention
+from hlofuse.passes.propagate_shardings import PropagateShardings
+from hlofuse.passes.fuse_attention import FuseAttention
+from hlofuse.passes.fold_dot_repeats import FoldDotRepeats
+from hlofuse.passes.dot_f32_accumulate import DotF32Accumulate
+from hlofuse.passes.conv_winograd import ConvWinograd
+from hlofuse.passes.conv1x1_to_dot import Conv1x1ToDot
+from hlofuse.passes.flatten_dot_dims import FlattenDotDims
+from hlofuse.passes.fuse_matmul_epilogue import FuseMatmulEpilogue
+from hlofuse.passes.fuse_reduction import FuseReduction
+from hlofuse.passes.fuse_horizontal import FuseHorizontal
+from hlofuse.passes.fuse_elementwise import FuseElementwise
+from hlofuse.passes.kernelize import Kernelize
+from hlofuse.passes.symbol_dce import SymbolDCE
+from hlofuse.passes.int8_dot_unsigned import Int8DotUnsigned
+from hlofuse.passes.buffer_aliasing import BufferAliasing
+
+#: every built-in pass, in the order the default pipeline first runs it
+PASSES = (
+    InlineCalls,
+    Canonicalize,
+    CSE,
+    ConstantFold,
+    AlgebraicSimplify,
+    BatchNormFold,
+    LayoutAssignment,
+    RowGatherScatter,
+    QuantizeMatmul,
+    SplitReduce,
+    DepthwiseConvTaps,
+    SinkLoopGenerators,
+    RematLoopAttention,
+    PropagateShardings,
+    FuseAttention,
+    FoldDotRepeats,
+    DotF32Accumulate,
+    ConvWinograd,
+    Conv1x1ToDot,
+    FlattenDotDims,
+    FuseMatmulEpilogue,
+    FuseReduction,
+    FuseHorizontal,
+    FuseElementwise,
+    Kernelize,
+    SymbolDCE,
+    Int8DotUnsigned,
+    BufferAliasing,
+)
+
+for _p in PASSES:
+    register_pass(_p)
+del _p

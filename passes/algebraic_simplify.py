@@ -23,7 +23,7 @@ import numpy as np
 from jaxlib.mlir import ir
 
 from hlofuse.core import ir as hir
-from hlofuse.core.pipeline import Pass, register_pass
+from hlofuse.core.pipeline import Pass
 from hlofuse.core.report import Refusals
 from hlofuse.passes import graph_util as gu
 from hlofuse.passes.fusion.outline import program_blocks
@@ -477,7 +477,6 @@ def simplify(module, counts: dict | None = None) -> int:
 
 
 
-@register_pass
 class AlgebraicSimplify(Pass):
     """See the module docstring."""
     name = "algebraic-simplify"

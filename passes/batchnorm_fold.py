@@ -45,7 +45,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo as shlo
 
 from hlofuse.core import ir as hir
-from hlofuse.core.pipeline import Pass, register_pass
+from hlofuse.core.pipeline import Pass
 from hlofuse.core.report import Refusals
 from hlofuse.passes import graph_util as gu
 from hlofuse.passes.fusion.outline import program_blocks
@@ -324,7 +324,6 @@ def fold_into_next(x: ir.Value, refused: Refusals | None = None) -> int:
     return len(dots)
 
 
-@register_pass
 class BatchNormFold(Pass):
     """See the module docstring."""
     name = "batchnorm-fold"

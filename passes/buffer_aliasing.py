@@ -45,7 +45,7 @@ import warnings
 from jaxlib.mlir import ir
 
 from hlofuse.core import ir as hir
-from hlofuse.core.pipeline import Pass, register_pass
+from hlofuse.core.pipeline import Pass
 from hlofuse.passes import graph_util as gu
 
 ALIAS_ATTR = "tf.aliasing_output"
@@ -248,7 +248,6 @@ def _prefer(outs, arg) -> list[int]:
     return out
 
 
-@register_pass
 class BufferAliasing(Pass):
     """See the module docstring."""
     name = "buffer-aliasing"

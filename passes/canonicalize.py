@@ -5,10 +5,9 @@ fold ``x+0`` or constants; see the algebraic-simplification pass for that).
 Preconditions: none. Invariant: results unchanged, module verifies.
 """
 
-from hlofuse.core.pipeline import UpstreamPass, register_pass
+from hlofuse.core.pipeline import UpstreamPass
 
 
-@register_pass
 class Canonicalize(UpstreamPass):
     name = "canonicalize"
     upstream = "canonicalize"

@@ -40,7 +40,7 @@ from jaxlib.mlir import ir
 
 from hlofuse.core import ir as hir
 from hlofuse.core.ops import OpClass, emit_op, rule_for, splat_scalar
-from hlofuse.core.pipeline import Pass, register_pass
+from hlofuse.core.pipeline import Pass
 from hlofuse.core.report import Refusals
 from hlofuse.passes import graph_util as gu
 from hlofuse.passes.fusion.outline import program_blocks
@@ -478,7 +478,6 @@ def _eval_reason(e: Exception) -> str:
     return f"evaluation failed: {type(e).__name__}"
 
 
-@register_pass
 class ConstantFold(Pass):
     """See the module docstring."""
     name = "constant-fold"

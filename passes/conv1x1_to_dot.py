@@ -31,7 +31,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
 from hlofuse.core import ir as hir
-from hlofuse.core.pipeline import Pass, register_pass
+from hlofuse.core.pipeline import Pass
 from hlofuse.kernels.support import conv_window_reason, value_info
 from hlofuse.passes.fusion.commit import LeftToXla
 from hlofuse.passes.fusion.outline import program_blocks
@@ -103,7 +103,6 @@ def handle_convolutions(ctx, block, left, as_dot_on_cpu: bool) -> int:
     return rewritten
 
 
-@register_pass
 class Conv1x1ToDot(Pass):
     """See the module docstring."""
     name = "conv1x1-to-dot"

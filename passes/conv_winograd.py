@@ -32,7 +32,7 @@ import dataclasses
 
 from jaxlib.mlir.dialects import stablehlo
 
-from hlofuse.core.pipeline import Pass, register_pass
+from hlofuse.core.pipeline import Pass
 from hlofuse.kernels.conv_winograd import winograd_reason
 from hlofuse.kernels.support import conv_filter_size, value_info
 from hlofuse.passes.fusion import cost as cost_model
@@ -68,7 +68,6 @@ def grow(graph, anchor, tried) -> Grown:
         tolerance="reassociate", algorithm="winograd F(2x2,3x3)"))
 
 
-@register_pass
 class ConvWinograd(Pass):
     """See the module docstring."""
     name = "conv-winograd"

@@ -4,10 +4,9 @@ Rewrites: identical side-effect-free ops with identical operands become one.
 Preconditions: none. Invariant: results unchanged (bit-exact), module verifies.
 """
 
-from hlofuse.core.pipeline import UpstreamPass, register_pass
+from hlofuse.core.pipeline import UpstreamPass
 
 
-@register_pass
 class CSE(UpstreamPass):
     name = "cse"
     upstream = "cse"

@@ -59,7 +59,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
 from hlofuse.core import ir as hir
-from hlofuse.core.pipeline import Pass, register_pass
+from hlofuse.core.pipeline import Pass
 from hlofuse.core.report import Refusals
 from hlofuse.kernels.support import conv_groups, conv_padding, value_info
 from hlofuse.passes import graph_util as gu
@@ -333,7 +333,6 @@ def _concat(op, pieces, extents, dims) -> ir.Value:
                      before=op).results[0]
 
 
-@register_pass
 class DepthwiseConvTaps(Pass):
     """See the module docstring."""
     name = "depthwise-conv-taps"

@@ -52,7 +52,7 @@ from jaxlib.mlir.dialects import stablehlo
 
 from hlofuse.core import hostcpu
 from hlofuse.core import ir as hir
-from hlofuse.core.pipeline import Pass, register_pass
+from hlofuse.core.pipeline import Pass
 from hlofuse.passes import graph_util as gu
 from hlofuse.passes.fusion.outline import program_blocks
 
@@ -184,7 +184,6 @@ def widen_dot(op, pad_vector: int | None = None, rows: int = 2):
     return dot.operation
 
 
-@register_pass
 class DotF32Accumulate(Pass):
     """See the module docstring."""
     name = "dot-f32-accumulate"

@@ -59,7 +59,7 @@ from jaxlib.mlir.dialects import stablehlo
 
 from hlofuse.core import ir as hir
 from hlofuse.core.ops import OpClass, rule_for
-from hlofuse.core.pipeline import Pass, register_pass
+from hlofuse.core.pipeline import Pass
 from hlofuse.kernels.support import dot_layout
 from hlofuse.passes import graph_util as gu
 from hlofuse.passes import sharding as shd
@@ -411,7 +411,6 @@ def sink(res: ir.Value) -> int:
     return moved
 
 
-@register_pass
 class FlattenDotDims(Pass):
     """See the module docstring."""
     name = "flatten-dot-dims"

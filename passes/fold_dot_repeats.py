@@ -45,7 +45,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
 from hlofuse.core import ir as hir
-from hlofuse.core.pipeline import Pass, register_pass
+from hlofuse.core.pipeline import Pass
 from hlofuse.passes import graph_util as gu
 from hlofuse.passes import sharding as shd
 
@@ -251,7 +251,6 @@ def _rewrite(dot, s: int, rep: Repeat, k: int, parts, sh: _Shardings | None) -> 
         op = nxt
 
 
-@register_pass
 class FoldDotRepeats(Pass):
     """See the module docstring."""
     name = "fold-dot-repeats"

@@ -71,7 +71,7 @@ from jaxlib.mlir.dialects import stablehlo
 
 from hlofuse.core import ir as hir
 from hlofuse.core.ops import EmitError, OpClass, rule_for, splat_scalar
-from hlofuse.core.pipeline import Pass, register_pass
+from hlofuse.core.pipeline import Pass
 from hlofuse.kernels.attention import (SPEC_ATTR, AttentionSpec, LogitStep, Repeat, Splat,
                                        mask_select)
 from hlofuse.kernels.support import is_splat_constant
@@ -1151,7 +1151,6 @@ def _unshare_generators(block) -> int:
 
 
 
-@register_pass
 class FuseAttention(Pass):
     """See the module docstring."""
     name = "fuse-attention"

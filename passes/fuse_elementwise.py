@@ -22,7 +22,7 @@ import dataclasses
 
 from hlofuse.core import ir as hir
 from hlofuse.core.ops import OpClass, rule_for
-from hlofuse.core.pipeline import Pass, register_pass
+from hlofuse.core.pipeline import Pass
 from hlofuse.passes.fusion import cost as cost_model
 from hlofuse.passes.fusion.commit import LeftToXla, commit_region
 from hlofuse.passes.fusion.outline import program_blocks
@@ -33,7 +33,6 @@ from hlofuse.passes.fusion.regions import form_regions
 MIN_COMPUTE_OPS = 2
 
 
-@register_pass
 class FuseElementwise(Pass):
     name = "fuse-elementwise"
 

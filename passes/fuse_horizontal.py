@@ -32,7 +32,7 @@ from jaxlib.mlir import ir
 
 from hlofuse.core import ir as hir
 from hlofuse.core.ops import OpClass, rule_for
-from hlofuse.core.pipeline import Pass, register_pass
+from hlofuse.core.pipeline import Pass
 from hlofuse.passes.fusion.commit import commit_region
 from hlofuse.passes.fusion import cost as cost_model
 from hlofuse.passes.fusion.outline import KIND_ATTR, REGION_ATTR, program_blocks
@@ -210,7 +210,6 @@ def merge_sibling_elementwise(module, ctx, block, refused: Refusals, cpu_kernels
     return done
 
 
-@register_pass
 class FuseHorizontal(Pass):
     name = "fuse-horizontal"
 

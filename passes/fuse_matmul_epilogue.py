@@ -38,7 +38,7 @@ import typing
 
 from hlofuse.core import ir as hir
 from hlofuse.core.ops import OpClass, rule_for
-from hlofuse.core.pipeline import Pass, register_pass
+from hlofuse.core.pipeline import Pass
 from hlofuse.core.target import Target
 from hlofuse.kernels.support import (FULL, ClassError, View, dot_layout, extend_classes, is_column_reduce,
                                      prologue_member, reduce_info, value_info)
@@ -189,7 +189,6 @@ def grow(graph, anchor, target: Target, conv_dots: list, column_reductions: bool
         refused={n.name: r for n, r in list(refused.items())[:4]}))
 
 
-@register_pass
 class FuseMatmulEpilogue(Pass):
     name = "fuse-matmul-epilogue"
 

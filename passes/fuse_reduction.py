@@ -28,7 +28,7 @@ import typing
 
 from hlofuse.core import ir as hir
 from hlofuse.core.ops import OpClass, rule_for
-from hlofuse.core.pipeline import Pass, register_pass
+from hlofuse.core.pipeline import Pass
 from hlofuse.core.target import Target
 from hlofuse.passes.fusion import cost as cost_model
 from hlofuse.kernels.reduction import pattern_name
@@ -153,7 +153,6 @@ def grow(graph, anchor, tried: set, target: Target, column_reductions: bool = Tr
         remat=remat, refused=dict(list(why.items())[:4])))
 
 
-@register_pass
 class FuseReduction(Pass):
     name = "fuse-reduction"
 

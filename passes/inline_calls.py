@@ -10,10 +10,9 @@ own output changes nothing (idempotence).
 """
 
 from hlofuse.core import ir as hir
-from hlofuse.core.pipeline import Pass, register_pass
+from hlofuse.core.pipeline import Pass
 
 
-@register_pass
 class InlineCalls(Pass):
     name = "inline-calls"
 

@@ -68,7 +68,7 @@ from jaxlib.mlir.dialects import stablehlo
 
 from hlofuse.core import hostcpu
 from hlofuse.core import ir as hir
-from hlofuse.core.pipeline import Pass, register_pass
+from hlofuse.core.pipeline import Pass
 from hlofuse.core.report import Refusals
 from hlofuse.passes import graph_util as gu
 from hlofuse.passes.dot_f32_accumulate import form_reason, padded_dot, precision_kw, vector_side
@@ -186,7 +186,6 @@ def _rewrite(op, pad_vector: bool, rows: int) -> None:
     hir.safe_erase(op)
 
 
-@register_pass
 class Int8DotUnsigned(Pass):
     """See the module docstring."""
     name = "int8-dot-unsigned"

@@ -35,7 +35,7 @@ import warnings
 from jaxlib.mlir import ir
 
 from hlofuse.core import ir as hir
-from hlofuse.core.pipeline import Pass, register_pass, trace
+from hlofuse.core.pipeline import Pass, trace
 from hlofuse.kernels import FAMILIES
 from hlofuse.kernels.common import func_avals
 from hlofuse.kernels import lowering
@@ -204,7 +204,6 @@ def _fill_tiling(ctx, rows) -> None:
         ctx.report.tiling.append(row)
 
 
-@register_pass
 class Kernelize(Pass):
     name = "kernelize"
 

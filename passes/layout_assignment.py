@@ -59,7 +59,7 @@ from jaxlib.mlir.dialects import stablehlo as shlo
 
 from hlofuse.core import ir as hir
 from hlofuse.core.ops import OpClass, rule_for
-from hlofuse.core.pipeline import Pass, register_pass
+from hlofuse.core.pipeline import Pass
 from hlofuse.core.report import Refusals
 from hlofuse.passes import graph_util as gu
 from hlofuse.passes.fusion.outline import program_blocks
@@ -441,7 +441,6 @@ class _Layout:
                 self.refuse(t, f"used by {u.name}, which it cannot move through")
 
 
-@register_pass
 class LayoutAssignment(Pass):
     """See the module docstring."""
     name = "layout-assignment"

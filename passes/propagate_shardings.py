@@ -21,7 +21,7 @@ from jaxlib.mlir.dialects import stablehlo
 
 from hlofuse.core import ir as hir
 from hlofuse.kernels.support import is_splat_constant
-from hlofuse.core.pipeline import Pass, register_pass
+from hlofuse.core.pipeline import Pass
 from hlofuse.passes import sharding as shd
 
 
@@ -36,7 +36,6 @@ PIPELINE = ("builtin.module(sdy-add-data-flow-edges, sdy-aggressive-propagate, "
             "func.func(sdy-sink-data-flow-edges))")
 
 
-@register_pass
 class PropagateShardings(Pass):
     name = "propagate-shardings"
 

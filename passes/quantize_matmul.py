@@ -52,7 +52,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo as shlo
 
 from hlofuse.core import ir as hir
-from hlofuse.core.pipeline import Pass, register_pass
+from hlofuse.core.pipeline import Pass
 from hlofuse.core.report import Refusals
 from hlofuse.passes import graph_util as gu
 from hlofuse.passes.fusion.outline import program_blocks
@@ -264,7 +264,6 @@ def rewrite_dot(dot, refused: Refusals, counts: dict) -> bool:
     return True
 
 
-@register_pass
 class QuantizeMatmul(Pass):
     """See the module docstring."""
     name = "quantize-matmul"

@@ -57,7 +57,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
 from hlofuse.core import ir as hir
-from hlofuse.core.pipeline import Pass, register_pass
+from hlofuse.core.pipeline import Pass
 from hlofuse.passes import graph_util as gu
 from hlofuse.passes.sink_loop_generators import generated_tree
 
@@ -527,7 +527,6 @@ def recompute_in_backward(block) -> tuple[int, int, list]:
     return n, regions, why
 
 
-@register_pass
 class RematLoopAttention(Pass):
     name = "remat-loop-attention"
 

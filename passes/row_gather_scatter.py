@@ -52,7 +52,7 @@ from jaxlib.mlir.dialects import stablehlo
 
 from hlofuse.core import ir as hir
 from hlofuse.core.ops import OpClass, rule_for
-from hlofuse.core.pipeline import Pass, register_pass
+from hlofuse.core.pipeline import Pass
 from hlofuse.core.report import Refusals
 from hlofuse.passes import graph_util as gu
 from hlofuse.passes.fusion.outline import program_blocks
@@ -291,7 +291,6 @@ def rewrite_degenerate(op) -> ir.Value:
     return gu.create(reducer, [y, init_b], [out_t], before=op).results[0]
 
 
-@register_pass
 class RowGatherScatter(Pass):
     name = "row-gather-scatter"
 

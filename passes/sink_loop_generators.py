@@ -38,7 +38,7 @@ import dataclasses
 from jaxlib.mlir import ir
 
 from hlofuse.core import ir as hir
-from hlofuse.core.pipeline import Pass, register_pass
+from hlofuse.core.pipeline import Pass
 from hlofuse.kernels.support import is_splat_constant
 from hlofuse.passes.constant_fold import GENERATED_MAX_BYTES
 from hlofuse.passes import graph_util as gu
@@ -119,7 +119,6 @@ def sink_into(loop, min_elements: int) -> int:
     return n
 
 
-@register_pass
 class SinkLoopGenerators(Pass):
     name = "sink-loop-generators"
 

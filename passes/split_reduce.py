@@ -50,7 +50,7 @@ import numpy as np
 from jaxlib.mlir import ir
 
 from hlofuse.core import ir as hir
-from hlofuse.core.pipeline import Pass, register_pass
+from hlofuse.core.pipeline import Pass
 from hlofuse.kernels.support import reduce_info
 from hlofuse.passes import graph_util as gu
 from hlofuse.passes.fusion.outline import program_blocks
@@ -163,7 +163,6 @@ def split(op) -> bool:
     return reducer in _REASSOCIATES and isinstance(et, ir.FloatType)
 
 
-@register_pass
 class SplitReduce(Pass):
     """See the module docstring."""
     name = "split-reduce"

@@ -5,10 +5,9 @@ callees left after inlining). Invariant: ``@main`` and public symbols are kept.
 """
 
 from hlofuse.core import ir as hir
-from hlofuse.core.pipeline import UpstreamPass, register_pass
+from hlofuse.core.pipeline import UpstreamPass
 
 
-@register_pass
 class SymbolDCE(UpstreamPass):
     name = "symbol-dce"
     upstream = "symbol-dce"

@@ -135,3 +135,20 @@ def test_optimize_does_not_mutate_an_input_module():
     opt = hlofuse.optimize(m)
     assert hir.to_text(m) == before
     assert opt.text != before and opt.report.kernels
+
+
+def test_the_built_in_passes_are_registered_in_one_list_in_pipeline_order():
+    """passes/__init__.py's PASSES is the one place built-in passes register (issue 47): no
+    pass module registers itself, and the list follows the default pipeline."""
+    import os
+    import re
+    from hlofuse.passes import PASSES
+    from hlofuse.core.pipeline import all_passes
+    builtin = {n: c for n, c in all_passes().items() if c.__module__.startswith("hlofuse.passes.")}
+    assert set(builtin.values()) == set(PASSES)
+    first = list(dict.fromkeys(n for n, _ in PIPELINES["default"]))
+    assert [p.name for p in PASSES] == first
+    here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "passes")
+    selfreg = [f for f in os.listdir(here) if f.endswith(".py") and f != "__init__.py"
+               and re.search(r"^@register_pass", open(os.path.join(here, f)).read(), re.M)]
+    assert selfreg == []
