@@ -159,19 +159,7 @@ def _abs_abs(op):
     return _keep_type(op, op.operands[0]) if inner is not None else None
 
 
-def _transpose(op):
-    perm = gu.i64_array(op, "permutation")
-    x = op.operands[0]
-    inner = gu.is_op(x, "stablehlo.transpose")
-    if inner is not None:
-        p = gu.i64_array(inner, "permutation")
-        perm = [p[q] for q in perm]
-        x = inner.operands[0]
-    if perm == list(range(len(perm))):
-        return _keep_type(op, x)
-    if inner is not None:
-        return gu.make_transpose(x, perm, before=op)
-    return None
+_transpose = gu.compose_transpose
 
 
 def _transpose_unit_dims(op):

@@ -44,15 +44,10 @@ from hlofuse.core.pipeline import Pass
 from hlofuse.core.report import Refusals
 from hlofuse.passes import graph_util as gu
 from hlofuse.passes.fusion.outline import program_blocks
+from hlofuse.passes.generated import GENERATED_MAX_BYTES
 
 DEFAULT_MAX_BYTES = 1 << 20
 SMALL_BYTES = 256
-# largest value generated from iotas alone (no dense constant data) that is materialized (a
-# small table; a 64x64 mask): a
-# GPT-2 training step at S=1024 with its causal mask folded to a 1 MiB i1 constant ran its
-# attention kernels without block skipping (bench.attribute: the step ~10% slower than with
-# constant-fold disabled, two runs on the shared 2-core host)
-GENERATED_MAX_BYTES = 4 * 1024
 SCALAR_BYTES = 16             # constant data this small is a scalar (a splat, or one broadcast)
 # ops that create data from (almost) nothing: only their splat results are materialized
 EXPANSION_OPS = {"stablehlo.broadcast_in_dim", "stablehlo.iota"}

@@ -32,36 +32,10 @@ from jaxlib.mlir.dialects import stablehlo
 
 from hlofuse.core import ir as hir
 from hlofuse.core.pipeline import Pass
-from hlofuse.kernels.support import conv_window_reason, value_info
+from hlofuse.kernels.support import value_info
 from hlofuse.passes.fusion.commit import LeftToXla
+from hlofuse.passes.op_forms import CONV1X1_ATTR, conv1x1_as_dot_reason
 from hlofuse.passes.fusion.outline import program_blocks
-
-CONV1X1_ATTR = "hlofuse.conv1x1"   # on a dot made from a 1x1 convolution, until the next pass
-
-
-def conv1x1_as_dot_reason(op, any_layout: bool = False) -> str | None:
-    """None when ``op`` is a convolution that is exactly a matmul over channels (1x1 kernel,
-    stride 1, no padding/dilation, one group, NHWC input/output and HWIO kernel; any layout
-    with ``any_layout``)."""
-    x, w = value_info(op.operands[0]), value_info(op.operands[1])
-    if x is None or w is None:
-        return "dynamic shape"
-    dn = stablehlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
-    rank = len(x.shape)
-    spatial = list(range(1, rank - 1))
-    if any_layout:
-        if any(w.shape[d] != 1 for d in dn.kernel_spatial_dimensions):
-            return "not a 1x1 kernel"
-    elif not (dn.input_batch_dimension == 0 and dn.input_feature_dimension == rank - 1
-            and list(dn.input_spatial_dimensions) == spatial and dn.output_batch_dimension == 0
-            and dn.output_feature_dimension == rank - 1 and list(dn.output_spatial_dimensions) == spatial
-            and list(dn.kernel_spatial_dimensions) == list(range(rank - 2))
-            and dn.kernel_input_feature_dimension == rank - 2 and dn.kernel_output_feature_dimension == rank - 1):
-        return "layout is not NHWC/HWIO"
-    elif any(d != 1 for d in w.shape[:rank - 2]):
-        return f"{'x'.join(map(str, w.shape[:rank - 2]))} kernel (only 1x1 convolutions are matmuls)"
-    return conv_window_reason(op, lambda pad: "padded" if any(pad) else None)
-
 
 def conv1x1_to_dot(op):
     """Replace a 1x1 convolution by ``dot_general(x, reshape(w, [Ci, Co]))``; returns the dot."""

@@ -54,6 +54,7 @@ from hlofuse.core import hostcpu
 from hlofuse.core import ir as hir
 from hlofuse.core.pipeline import Pass
 from hlofuse.passes import graph_util as gu
+from hlofuse.passes.op_forms import form_reason, padded_dot, precision_kw, vector_side
 from hlofuse.passes.fusion.outline import program_blocks
 
 
@@ -71,90 +72,6 @@ def widen_reason(op) -> str | None:
     if "algorithm" in op.attributes:
         return "the dot names its algorithm"
     return form_reason(op)
-
-
-def form_reason(op) -> str | None:
-    """None when XLA:CPU is known to run this dot's operand layout with an f32 result, else why
-    not.
-
-    A bf16 x bf16 -> f32 dot runs only inside XLA:CPU's library (YNNPACK) kernel; a dot XLA
-    sends to its own Eigen dot instead fails at run time ("Unsupported element type for
-    DotThunk::Execute: BF16 x BF16 = F32"), where the bf16 -> bf16 dot it was would have run.
-    Which dots reach the library depends on how XLA transposes the operands, so the forms
-    allowed here are the ones measured to reach it (tests/passes/test_dot_f32_accumulate.py
-    sweeps them): batch dimensions leading both operands in the same order, and, when the
-    lhs is one contracting then one free dimension (a transposed matrix), an rhs of one
-    contracting and at most one free dimension."""
-    lb, rb, lc, rc, _, _ = gu.dot_parts(op)
-    nb = len(lb)
-    if lb != list(range(nb)) or rb != list(range(nb)):
-        return "batch dimensions do not lead both operands in the same order"
-    lrank, rrank = (len(hir.tensor_type_info(v.type).shape) for v in op.operands[:2])
-    if lrank - nb == 2 and lc == [nb] and rrank - nb > 2:
-        return "a transposed lhs matrix with an rhs of several free dimensions"
-    return None
-
-
-def vector_side(op, min_elems: int) -> int | None:
-    """0 or 1 when that operand of the dot is a vector (one contracting dim, every other dim
-    of size 1, no batch dims) and the other operand is a matrix of at least ``min_elems``
-    elements with free dims of its own; None otherwise."""
-    lb, rb, lc, rc, _, _ = gu.dot_parts(op)
-    if lb or rb or len(lc) != 1 or len(rc) != 1:
-        return None
-    shapes = [hir.tensor_type_info(v.type).shape for v in op.operands[:2]]
-    free = [[d for i, d in enumerate(sh) if i != c[0]] for sh, c in zip(shapes, (lc, rc))]
-    for side in (0, 1):
-        other = 1 - side
-        size = 1
-        for d in shapes[other]:
-            size *= d
-        if all(d == 1 for d in free[side]) and any(d > 1 for d in free[other]) and size >= min_elems:
-            return side
-    return None
-
-
-def padded_dot(op, side: int, lhs, rhs, result_element_type, rows: int = 2, **kw):
-    """A dot with ``op``'s dimension numbers over ``lhs``/``rhs`` (``op``'s operands or
-    same-shaped replacements) whose operand ``side`` (a vector, see :func:`vector_side`) is
-    computed as a ``rows``-row (lhs) or ``rows``-column (rhs) matrix, the rows after the first
-    zeros; returns ``(dot, value)``: the new dot op and the first row/column reshaped to
-    ``op``'s result shape with ``result_element_type``. XLA:CPU runs matrix-vector dots in a
-    slow loop and small matrix products in its library GEMM (:func:`hlofuse.core.hostcpu.gemv_rows`
-    says how many rows are fastest on this CPU); the first row's sums are the same dot
-    products. Inserts before ``op``: call with an insertion point there and a location active."""
-    _, _, lc, rc, _, _ = gu.dot_parts(op)
-    v, m = (lhs, rhs) if side == 0 else (rhs, lhs)
-    vt = ir.RankedTensorType(v.type)
-    k = vt.shape[(lc if side == 0 else rc)[0]]
-    shape1 = [1, k] if side == 0 else [k, 1]
-    v1 = stablehlo.ReshapeOp(ir.RankedTensorType.get(shape1, vt.element_type), v)
-    zero = gu.make_splat(0, vt.element_type, [], before=op)
-    high = [rows - 1, 0] if side == 0 else [0, rows - 1]
-    v2 = stablehlo.PadOp(v1.result, zero, [0, 0], high, [0, 0])
-    m_shape = list(ir.RankedTensorType(m.type).shape)
-    mc = (rc if side == 0 else lc)[0]
-    m_free = [d for i, d in enumerate(m_shape) if i != mc]
-    if side == 0:
-        dn = stablehlo.DotDimensionNumbers.get(
-            lhs_batching_dimensions=[], rhs_batching_dimensions=[],
-            lhs_contracting_dimensions=[1], rhs_contracting_dimensions=[mc])
-        out2, lo, hi = [rows] + m_free, [0] * (1 + len(m_free)), [1] + m_free
-        dot = stablehlo.DotGeneralOp(ir.RankedTensorType.get(out2, result_element_type), v2.result, m, dn, **kw)
-    else:
-        dn = stablehlo.DotDimensionNumbers.get(
-            lhs_batching_dimensions=[], rhs_batching_dimensions=[],
-            lhs_contracting_dimensions=[mc], rhs_contracting_dimensions=[0])
-        out2, lo, hi = m_free + [rows], [0] * (1 + len(m_free)), m_free + [1]
-        dot = stablehlo.DotGeneralOp(ir.RankedTensorType.get(out2, result_element_type), m, v2.result, dn, **kw)
-    first = stablehlo.SliceOp(dot.result, lo, hi, [1] * len(hi))
-    shape = ir.RankedTensorType(op.results[0].type).shape
-    back = stablehlo.ReshapeOp(ir.RankedTensorType.get(shape, result_element_type), first.result)
-    return dot, back.result
-
-
-def precision_kw(op) -> dict:
-    return {"precision_config": op.attributes["precision_config"]} if "precision_config" in op.attributes else {}
 
 
 def widen_dot(op, pad_vector: int | None = None, rows: int = 2):

@@ -43,7 +43,7 @@ from hlofuse.core.target import Target
 from hlofuse.kernels.support import (FULL, ClassError, View, dot_layout, extend_classes, is_column_reduce,
                                      prologue_member, reduce_info, value_info)
 from hlofuse.kernels.tiling import matmul_blocks
-from hlofuse.passes.conv1x1_to_dot import CONV1X1_ATTR
+from hlofuse.passes.op_forms import CONV1X1_ATTR
 from hlofuse.passes.fusion import cost as cost_model
 from hlofuse.passes.fusion.anchored import Grown, fuse_anchored
 from hlofuse.passes.fusion.commit import LeftToXla

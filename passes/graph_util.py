@@ -360,3 +360,21 @@ def erase_dead_in(blocks: Iterable[ir.Block]) -> int:
     dead = [op for block in blocks for op in hir.block_ops(block)
             if is_pure(op) and not hir.has_uses(op)]
     return erase_if_dead(dead)
+
+
+def compose_transpose(op):
+    """A ``stablehlo.transpose`` of a transpose as one transpose of the inner operand, or that
+    operand when the two cancel (same type); None when ``op`` reads no transpose and is not
+    the identity. Inserts before ``op``."""
+    perm = i64_array(op, "permutation")
+    x = op.operands[0]
+    inner = is_op(x, "stablehlo.transpose")
+    if inner is not None:
+        p = i64_array(inner, "permutation")
+        perm = [p[q] for q in perm]
+        x = inner.operands[0]
+    if perm == list(range(len(perm))):
+        return (x if x.type == op.results[0].type else None)
+    if inner is not None:
+        return make_transpose(x, perm, before=op)
+    return None

@@ -71,7 +71,7 @@ from hlofuse.core import ir as hir
 from hlofuse.core.pipeline import Pass
 from hlofuse.core.report import Refusals
 from hlofuse.passes import graph_util as gu
-from hlofuse.passes.dot_f32_accumulate import form_reason, padded_dot, precision_kw, vector_side
+from hlofuse.passes.op_forms import form_reason, padded_dot, precision_kw, vector_side
 
 SHIFT = 128   # a + 128 maps int8 [-128, 127] onto uint8 [0, 255]
 

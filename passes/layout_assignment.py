@@ -63,8 +63,7 @@ from hlofuse.core.pipeline import Pass
 from hlofuse.core.report import Refusals
 from hlofuse.passes import graph_util as gu
 from hlofuse.passes.fusion.outline import program_blocks
-from hlofuse.passes.algebraic_simplify import _transpose as compose_transpose
-from hlofuse.passes.conv1x1_to_dot import conv1x1_as_dot_reason
+from hlofuse.passes.op_forms import conv1x1_as_dot_reason
 
 PREFERRED_CONV_LAYOUT = {"cpu": "from_channels_first", "gpu": "channels_last", "tpu": "channels_last"}
 SMALL_CONST_BYTES = 1 << 20
@@ -412,7 +411,7 @@ class _Layout:
 
     # -- driver --------------------------------------------------------------------------------
     def visit(self, t) -> None:
-        new = compose_transpose(t)
+        new = gu.compose_transpose(t)
         if new is not None:
             t.results[0].replace_all_uses_with(new)
             gu.erase_if_dead([t])

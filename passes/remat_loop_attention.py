@@ -59,7 +59,7 @@ from jaxlib.mlir.dialects import stablehlo
 from hlofuse.core import ir as hir
 from hlofuse.core.pipeline import Pass
 from hlofuse.passes import graph_util as gu
-from hlofuse.passes.sink_loop_generators import generated_tree
+from hlofuse.passes.generated import generated_tree
 
 # ops between an intermediate and its write into a stacked output (element order kept)
 _RESHAPES = ("stablehlo.reshape", "stablehlo.broadcast_in_dim")

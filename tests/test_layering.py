@@ -223,3 +223,18 @@ def test_only_compat_touches_jax_internals():
 def test_compat_is_the_lowest_module():
     """compat imports nothing of hlofuse: every layer may use it."""
     assert _graph()["hlofuse.core.compat"] == set()
+
+
+#: pass modules that still import another pass module: the three attention passes share their
+#: matching with one another (fuse-attention's analysis, the training match), to become one
+#: package with a helpers module of its own
+PASS_TO_PASS_LEFT = {("hlofuse.passes.remat_loop_attention", "hlofuse.passes.fuse_attention")}
+
+
+def test_a_pass_imports_helpers_never_another_pass():
+    """Issue 47 item 5: what passes share lives in helper modules (graph_util, op_forms,
+    generated, sharding, fusion/), so a pass can move or go without breaking another."""
+    from hlofuse.passes import PASSES
+    passes = {p.__module__ for p in PASSES}
+    found = {(m, t) for m, ts in _graph().items() if m in passes for t in ts if t in passes}
+    assert found == PASS_TO_PASS_LEFT, sorted(found - PASS_TO_PASS_LEFT)
