@@ -813,13 +813,7 @@ def outline_backward(module, tr: Training, fwd_boundary, o_val, lse_val, name: s
                         if hir.value_key(a) not in mapping and p is not None and \
                                 p.name == "stablehlo.constant":
                             mapping[hir.value_key(a)] = p.clone().results[0]
-                new = op.clone()
-                for i, v in enumerate(op.operands):
-                    kk = hir.value_key(v)
-                    if kk in mapping:
-                        new.operands[i] = mapping[kk]
-                for r_i, r in enumerate(op.results):
-                    mapping[hir.value_key(r)] = new.results[r_i]
+                hir.clone_mapped(op, mapping)
             func_d.ReturnOp([mapping[hir.value_key(v)] for v in outs])
         # the splat clones went between body ops: the spec's op positions must stay those of
         # the forward region's body (constants, then members), checked here

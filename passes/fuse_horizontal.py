@@ -51,22 +51,16 @@ def inline_call(call, callee) -> list:
     Returns the cloned ops in program order.
     """
     entry = callee.regions[0].blocks[0]
-    mapping = {a: v for a, v in zip(entry.arguments, call.operands)}
+    mapping = {hir.value_key(a): v for a, v in zip(entry.arguments, call.operands)}
     cloned = []
     ret_vals = None
     with call.context, call.location, ir.InsertionPoint(call):
         for op in entry.operations:
             op = op.operation
             if op.name == "func.return":
-                ret_vals = [mapping.get(v, v) for v in op.operands]
+                ret_vals = [mapping.get(hir.value_key(v), v) for v in op.operands]
                 break
-            new = op.clone()
-            for i, v in enumerate(op.operands):
-                if v in mapping:
-                    new.operands[i] = mapping[v]
-            for old_r, new_r in zip(op.results, new.results):
-                mapping[old_r] = new_r
-            cloned.append(new)
+            cloned.append(hir.clone_mapped(op, mapping))
     for old, new in zip(call.results, ret_vals):
         old.replace_all_uses_with(new)
     hir.safe_erase(call)

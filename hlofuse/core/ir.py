@@ -305,6 +305,22 @@ def value_key(v: ir.Value) -> tuple:
     return ("res", as_op(owner), ir.OpResult(v).result_number)
 
 
+def clone_mapped(op, mapping: dict):
+    """Clone ``op`` at the current insertion point, each operand read through ``mapping``
+    (:func:`value_key` -> the value that replaces it; operands not in it are read as they
+    are), and record the clone's results there in place of ``op``'s. Returns the clone. The
+    one way passes copy ops into a new body (outlining a region, inlining a call, a training
+    region's function)."""
+    new = op.clone()
+    for i, v in enumerate(op.operands):
+        k = value_key(v)
+        if k in mapping:
+            new.operands[i] = mapping[k]
+    for r, nr in zip(op.results, new.results):
+        mapping[value_key(r)] = nr
+    return new
+
+
 def walk(root, fn: Callable) -> None:
     """Pre-order walk calling ``fn(op)`` for every nested operation (``op`` is an Operation)."""
     def cb(op):

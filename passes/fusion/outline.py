@@ -129,13 +129,7 @@ def outline_region(module: ir.Module, members: list, name: str, *, region_id: in
                 new = c.clone()
                 mapping[hir.value_key(c.results[0])] = new.results[0]
             for op in members:
-                new = op.clone()
-                for i, v in enumerate(op.operands):
-                    k = hir.value_key(v)
-                    if k in mapping:
-                        new.operands[i] = mapping[k]
-                for j, r in enumerate(op.results):
-                    mapping[hir.value_key(r)] = new.results[j]
+                hir.clone_mapped(op, mapping)
             func_d.ReturnOp([mapping[hir.value_key(v)] for v in b.outputs])
 
         last = members[-1]
