@@ -19,9 +19,9 @@ from hlofuse.passes.quantize_matmul import QuantizeMatmul
 from hlofuse.passes.split_reduce import SplitReduce
 from hlofuse.passes.depthwise_conv_taps import DepthwiseConvTaps
 from hlofuse.passes.sink_loop_generators import SinkLoopGenerators
-from hlofuse.passes.remat_loop_attention import RematLoopAttention
+from hlofuse.passes.attention.remat_loop import RematLoopAttention
 from hlofuse.passes.propagate_shardings import PropagateShardings
-from hlofuse.passes.fuse_attention import FuseAttention
+from hlofuse.passes.attention.fuse import FuseAttention
 from hlofuse.passes.fold_dot_repeats import FoldDotRepeats
 from hlofuse.passes.dot_f32_accumulate import DotF32Accumulate
 from hlofuse.passes.conv_winograd import ConvWinograd

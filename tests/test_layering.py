@@ -225,10 +225,9 @@ def test_compat_is_the_lowest_module():
     assert _graph()["hlofuse.core.compat"] == set()
 
 
-#: pass modules that still import another pass module: the three attention passes share their
-#: matching with one another (fuse-attention's analysis, the training match), to become one
-#: package with a helpers module of its own
-PASS_TO_PASS_LEFT = {("hlofuse.passes.remat_loop_attention", "hlofuse.passes.fuse_attention")}
+#: pass modules that import another pass module: none (the attention passes share
+#: passes/attention/match.py and train.py)
+PASS_TO_PASS_LEFT: set = set()
 
 
 def test_a_pass_imports_helpers_never_another_pass():

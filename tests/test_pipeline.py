@@ -40,8 +40,9 @@ def test_every_registered_pass_is_named_documented_and_tested():
         module_doc = __import__(cls.__module__, fromlist=["x"]).__doc__ or ""
         assert f"``{name}``" in module_doc, f"{name}: module docstring must describe the pass"
         stem = cls.__module__.rsplit(".", 1)[-1]
-        assert f"test_{stem}.py" in test_files or stem in UPSTREAM, \
-            f"pass {name} has no tests/…/test_{stem}.py"
+        snake = name.replace("-", "_")   # (passes/attention/fuse.py: test_fuse_attention.py)
+        assert {f"test_{stem}.py", f"test_{snake}.py"} & test_files or stem in UPSTREAM, \
+            f"pass {name} has no tests/…/test_{snake}.py"
 
 
 def test_pipelines_are_data_with_reasons():

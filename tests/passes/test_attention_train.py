@@ -1,4 +1,4 @@
-"""``fuse-attention`` on training steps (passes/attention_train.py): attention and the backward
+"""``fuse-attention`` on training steps (passes/attention/train.py): attention and the backward
 ``jax.grad`` built for it become a flash forward returning the logsumexp and a flash backward.
 Differential: ``hlofuse.jit(jax.value_and_grad(loss))`` against ``jax.jit`` of the same, in the
 ``grad`` tolerance category, with both kernels built; refusals say which part did not match."""
@@ -208,7 +208,7 @@ def test_a_value_from_outside_the_match_is_named_with_its_producer():
     """_run evaluates the matched ops alone; an operand computed by an op the match did not
     take is refused with that op's name and source line (it was an 'internal' message)."""
     from hlofuse.core import ir as hir
-    from hlofuse.passes import attention_train as at
+    from hlofuse.passes.attention import train as at
     text = """module {
   func.func @main(%x: tensor<4x4xf32>) -> tensor<4x4xf32> {
     %0 = stablehlo.exponential %x : tensor<4x4xf32> loc("model.py":7:3)
@@ -251,7 +251,7 @@ def test_scan_over_layers_gets_both_kernels_with_and_without_remat():
     in the backward loop (the forward kernel in the forward loop). With that pass disabled no
     rewrite spans the two loops, and the note says what to do. With ``jax.checkpoint`` the
     backward loop recomputes the forward itself."""
-    from hlofuse.passes.attention_train import LOOP_RESIDUALS
+    from hlofuse.passes.attention.train import LOOP_RESIDUALS
     step, args = _scanned_attention_step(remat=False)
     g = hlofuse.jit(step, autotune=False)
     report = g.report(*args)
@@ -348,7 +348,7 @@ def test_layers_of_one_structure_check_their_backward_with_one_compile(monkeypat
     of one structure trace to the same HLO (evaluated in an order fixed by their structure,
     not their program order, which differs here for the third layer) and share one
     executable, so a deep model pays for one compile, not one per layer."""
-    from hlofuse.passes import attention_train as at
+    from hlofuse.passes.attention import train as at
     monkeypatch.setattr(at, "_COMPILED", {})
     compiles = []
     real = at._compiled

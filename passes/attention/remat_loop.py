@@ -183,7 +183,7 @@ class _Plan:
 
     def build(self):
         """Find the saved intermediates and the ops to recompute; raises :class:`_Skip`."""
-        from hlofuse.passes.attention_train import _forward_internal_uses
+        from hlofuse.passes.attention.train import _forward_internal_uses
         escaping = list(_forward_internal_uses(self.att).values())
         if not escaping:
             raise _Skip("no intermediate leaves the attention")
@@ -497,8 +497,8 @@ def _reshape_as(r, like):
 def recompute_in_backward(block) -> tuple[int, int, list]:
     """Rewrite the attention candidates of the loop body ``block`` (see the module docstring).
     Returns (intermediates recomputed, regions, [(op, why not)])."""
-    from hlofuse.passes import attention_train as at
-    from hlofuse.passes import fuse_attention as fa
+    from hlofuse.passes.attention import train as at
+    from hlofuse.passes.attention import match as fa
     fwd = _loop(block)
     if fwd is None:
         return 0, 0, []

@@ -309,7 +309,7 @@ def _random_input(v, shrink: _Shrink, rng):
 @dataclasses.dataclass
 class Training:
     """A forward match with its backward (see the module docstring)."""
-    att: object                 # fuse_attention.Attention
+    att: object                 # match.Attention
     bwd_ops: list               # B, program order
     outputs: list               # B results read outside B (the gradients), program order
     grads: list                 # per output: (forward input value, perm)
