@@ -229,6 +229,14 @@ def test_gpu_and_tpu_exports_keep_their_kernels(files):
     p = hlofuse("optimize", "gpu.exported", "-o", "x.exported", "--options", '{"kernelize": 3}',
                 cwd=d)
     assert p.returncode != 0 and "--options" in p.stderr
+    # --chip: the tiling's chip, as options={'chip': ...}; the report names it
+    p = hlofuse("optimize", "gpu.exported", "-o", "a100.exported", "--chip", "a100",
+                "--options", '{"kernelize": {"unmeasured": "kernel"}}', "--report", "a100.json",
+                cwd=d)
+    assert p.returncode == 0, p.stderr
+    assert json.loads((d / "a100.json").read_text())["chip"] == "a100"
+    p = hlofuse("optimize", "gpu.exported", "-o", "x.exported", "--chip", "z80", cwd=d)
+    assert p.returncode == 2 and "--chip: unknown chip 'z80'" in p.stderr, p.stderr
 
 
 # ---------------------------------------------------------------------------------------------

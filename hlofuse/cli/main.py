@@ -55,6 +55,7 @@ from absl import flags
 
 from hlofuse import __version__
 from hlofuse.runtime import aot
+from hlofuse.core import chips
 from hlofuse.core import config
 from hlofuse.core import ir as hir
 from hlofuse.runtime.api import STABLEHLO_DIALECTS, STRUCTURAL_DIALECTS, DumpError, module_dialects, \
@@ -111,6 +112,9 @@ def _optimizer_flags(fv: flags.FlagValues) -> None:
                         "takes them, e.g. '{\"kernelize\": {\"unmeasured\": \"kernel\"}}' "
                         "(gpu/tpu: build every kernel, not only those XLA cannot match) or "
                         "'{\"chip\": \"v5e\"}'.", flag_values=fv)
+    flags.DEFINE_string("chip", None, "The chip the tiling and cost model are for (h100, a100, v4, "
+                        "v5e, v6e, ...; the 'chip' option, as hlofuse.jit(options={'chip': ...})).",
+                        flag_values=fv)
 
 
 def _define_optimize(fv):
@@ -342,18 +346,25 @@ def _load(path: str):
 def _pass_options(fv) -> dict | None:
     """--options: a JSON object of pass options, checked against the passes' declarations."""
     text = fv["options"].value
-    if not text:
+    chip = fv["chip"].value
+    if not text and not chip:
         return None
-    try:
-        options = json.loads(text)
-    except ValueError as e:
-        raise UsageError(f"--options: not JSON ({e}): {text!r}") from None
-    if not isinstance(options, dict):
-        raise UsageError(f"--options: expected a JSON object, got {text!r}")
+    options = {}
+    if text:
+        try:
+            options = json.loads(text)
+        except ValueError as e:
+            raise UsageError(f"--options: not JSON ({e}): {text!r}") from None
+        if not isinstance(options, dict):
+            raise UsageError(f"--options: expected a JSON object, got {text!r}")
+    if chip:
+        options = dict(options, chip=chip)
     try:
         split_options(options)
+        if chip:
+            chips.get(chip)
     except (OptionError, ValueError) as e:
-        raise UsageError(f"--options: {e}") from None
+        raise UsageError(f"--options: {e}" if text else f"--chip: {e}") from None
     return options
 
 

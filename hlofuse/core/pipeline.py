@@ -515,6 +515,7 @@ class PassManager:
     def run(self, module: ir.Module, ctx: PassContext) -> ir.Module:
         # the pass option 'chip' (e.g. 'a100', 'v4') is the chip tiling and the cost model read
         with chips.use(ctx.target.chip):
+            ctx.report.chip = ctx.target.chip_name or ""
             return self._run(module, ctx)
 
     def _run(self, module: ir.Module, ctx: PassContext) -> ir.Module:

@@ -72,6 +72,8 @@ class Report:
     # kernelize: one row per matmul and convolution (GEMM view): shape, the target's native
     # tile, the padding waste in percent, the region and its kernel's blocks (see tiling_lines)
     tiling: list[dict] = dataclasses.field(default_factory=list)
+    # the chip the tiling and the cost model were for (the 'chip' option, or the target's default)
+    chip: str = ""
 
     # -- recording -------------------------------------------------------------------------
     def record_pass(self, name: str, seconds: float, stats: dict, disabled: bool = False) -> None:
@@ -127,7 +129,7 @@ class Report:
 
     def to_dict(self) -> dict:
         return {
-            "target": self.target, "source": self.source,
+            "target": self.target, "chip": self.chip, "source": self.source,
             "ops_before": self.ops_before, "ops_after": self.ops_after,
             "kernels": len(self.kernels), "regions_left_to_xla": len(self.left_to_xla),
             "regions_merged": len(self.merged),
