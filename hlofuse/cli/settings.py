@@ -5,23 +5,13 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 
 from hlofuse.core import config
+from hlofuse.runtime.formats import atomic_write
 
 
 def write(out: str) -> str:
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(out)), prefix=".settings.",
-                               suffix=".md")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(config.page())
-        os.replace(tmp, out)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return out
+    return atomic_write(out, config.page())
 
 
 if __name__ == "__main__":

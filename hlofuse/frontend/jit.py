@@ -754,17 +754,13 @@ class HlofuseFunction:
             log.log(logging.INFO if st.tier_s >= at.LOG_AFTER_S else logging.DEBUG,
                     "%s optimized in the background in %.2f s", self._name, st.tier_s)
         except BaseException as e:  # noqa: BLE001 - the calls keep XLA's code; say why
+            note = machinery_failed("background build", e, self._name,
+                                    "calls of this signature run XLA's code for the function")
             with self._lock:
                 st.tier, st.tier_error = "failed", f"{type(e).__name__}: {e}"
                 st.tier_s = time.perf_counter() - st.tier_started
-                st.decision = at.Decision("default", {}, {}, reason=(
-                    f"hlofuse's build failed in the background ({st.tier_error}); "
-                    f"this signature runs XLA's code"))
+                st.decision = at.Decision("default", {}, {}, reason=note)
                 st.fn = self._plain_jit()
-            warnings.warn(HlofuseWarning(
-                f"hlofuse.jit({self._name}): building the optimized program failed "
-                f"({st.tier_error}); calls of this signature run XLA's code for the function"),
-                stacklevel=1)
         finally:
             _leave_call()
 
