@@ -277,7 +277,7 @@ def test_default_decision_runs_the_same_jit_as_autotune_off(cache_dir, monkeypat
     assert f.autotune_decision(x, w).variant == "default"
     assert f._fast                                   # back on jax.jit's C++ dispatch path
     calls = []
-    monkeypatch.setattr(f, "_tuned_call", lambda *a: calls.append(a))
+    monkeypatch.setattr(f._dispatch, "tuned_call", lambda *a: calls.append(a))
     f(x, w)
     assert not calls
 

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import hlofuse
 from hlofuse.core import compat
 from hlofuse.runtime import program as runtime
+from hlofuse.runtime.program import Program
 from hlofuse.runtime.testing import assert_same
 from hlofuse.runtime import module_cache as mc
 
@@ -231,15 +232,15 @@ def test_a_stand_in_that_fails_raises_and_is_retried(monkeypatch):
     is not left 'building' with nothing building it."""
     args = _args(seed=8)
     f = hlofuse.jit(model, tiered=True, autotune=False)
-    real = f._plain_jit()
+    real = Program.traced_fun
     calls = []
 
-    def failing(*a, **k):
+    def failing(self, *a, **k):   # XLA's code for the call: the traced jaxpr inlined
         calls.append(1)
         if len(calls) == 1:
             raise RuntimeError("planted stand-in failure")
-        return real(*a, **k)
-    monkeypatch.setattr(f, "_plain", failing)
+        return real(self, *a, **k)
+    monkeypatch.setattr(Program, "traced_fun", failing)
     with pytest.raises(RuntimeError, match="planted stand-in failure"):
         f(*args)
     assert f.tier_status(*args)["state"] is None
@@ -250,10 +251,10 @@ def test_a_stand_in_that_fails_raises_and_is_retried(monkeypatch):
 
 
 def test_calls_after_the_switch_take_jaxs_cpp_dispatch(monkeypatch):
-    """The first call's trace leaves jax.jit's C++ dispatch by an exception, which marks that
-    signature "fall back to Python" for good; the tiered call drops the mark, so after the
-    switch a call costs what a jax.jit call costs (no Python dispatch: ~0.1 ms per call
-    otherwise)."""
+    """After the switch a call costs what a jax.jit call costs: no Python dispatch (~0.1 ms
+    per call otherwise). (The first call's trace once left jax.jit's C++ dispatch by an
+    exception, which marks that signature "fall back to Python" for good; now the trace runs
+    XLA's code and says so in the call's CallInfo.)"""
     pjit = compat.python_dispatch()
     python_calls = []
     orig = pjit._run_python_pjit

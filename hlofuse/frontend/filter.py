@@ -23,7 +23,8 @@ import numpy as np
 import jax
 from jax import tree_util
 
-from hlofuse.frontend.jit import Wrapper, _arg_path, jit
+from hlofuse.frontend.jit import Wrapper, jit
+from hlofuse.frontend.tracing import arg_path
 
 __all__ = ["filter_jit", "FilterFunction"]
 
@@ -52,7 +53,7 @@ class _Static:
                 hashes.append(hash(leaf))
             except TypeError:
                 raise TypeError(
-                    f"hlofuse.filter_jit: {_arg_path(path)} is a {type(leaf).__name__}, neither "
+                    f"hlofuse.filter_jit: {arg_path(path)} is a {type(leaf).__name__}, neither "
                     "an array (traced) nor hashable "
                     "(a compile-time constant): pass it as an array, make it hashable, or close "
                     "over it") from None

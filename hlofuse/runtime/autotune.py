@@ -796,18 +796,7 @@ def measure(make: Callable, args: Sequence, variants: dict[str, dict], *,
     say = progress or (lambda msg: None)
     t_start = time.perf_counter()
     base = make({})
-    if default_s is None:
-        time_calls(base, args, 1, kwargs)          # compile (or hit the cache) + warm up
-        t_def = time_calls(base, args, 1, kwargs)
-    else:
-        t_def = default_s
-        # one warm call is a noisy sample: a fresh executable's first runs pay for allocations
-        # and thread start-up (a zoo BERT: 2.5 ms on its 2nd call, then 0.2 ms), so a short
-        # program was tuned for 5s. Up to 5 more calls (< 0.25 s) confirm a short one.
-        for _ in range(5 if t_def < CONFIRM_BELOW_S else 0):
-            t_def = min(t_def, time_calls(base, args, 1, kwargs))
-            if t_def < MIN_CALL_S:
-                break
+    t_def = _default_time(base, args, kwargs, default_s)
     reps = max(1, min(50, int(0.05 / max(t_def, 1e-6))))  # >= ~50 ms per measurement
     min_call_s = MIN_CALL_S if min_call_s is None else min_call_s
     if t_def < min_call_s:
@@ -826,13 +815,85 @@ def measure(make: Callable, args: Sequence, variants: dict[str, dict], *,
         say(f"budget: {len(unmeasured)} variants not measured")
     if announce is not None:
         announce()
+    def rounds_s(n_fns: int) -> float:   # MIN_ROUNDS rounds of n_fns programs, warm-ups too
+        return t_def * (reps * MIN_ROUNDS + 1) * n_fns
+
+    fns, temps, dup = _compile_variants(make, base, variants, args, kwargs, t_start, budget_s,
+                                        rounds_s, unmeasured, say)
+    if len(fns) < 2:
+        return Measurement({"default": 1.0}, [], t_def, 0, dup,
+                           "every variant compiles to the same program", unmeasured=unmeasured)
+    spent = time.perf_counter() - t_start
+    while len(fns) > 2 and spent + rounds_s(len(fns)) > budget_s:
+        # a slow compile left too little for every compiled program's rounds: the last
+        # compiled (lowest priority) ones are left out, not the whole measurement
+        dropped = list(fns)[-1]
+        del fns[dropped]
+        unmeasured.append(dropped)
+        say(f"budget: {dropped} compiled but not timed")
+    if spent + rounds_s(len(fns)) > budget_s:
+        # a compile is not interruptible, but the rounds are: never run them past the budget
+        # (a training step's variant took 21s to compile, then 3 rounds ran anyway: 31s)
+        return Measurement({"default": 1.0}, [], t_def, 0, dup,
+                           f"compiling the variants took {spent:.1f}s: {MIN_ROUNDS} rounds "
+                           f"no longer fit the {budget_s:.0f}s budget", unmeasured=unmeasured)
+    # an XLA option may change numerics (a library dot sums in another order): its results on
+    # these arguments must agree with the default program's within the tolerance table's
+    # 'reassociate' category, or it is no candidate (a zoo CNN's logits moved by 80 of 3e5 under
+    # one library-dot option). Region variants run the program's own ops instead of a kernel
+    # that hlofuse already verified, so they are not held to it. The call doubles as warm-up.
+    differs = _drop_differing(fns, variants, base, args, kwargs, default_s, say)
+    if len(fns) < 2:
+        return Measurement({"default": 1.0}, [], t_def, 0, dup,
+                           "no variant computes the default's results within tolerance",
+                           unmeasured=unmeasured, differs=differs)
+    # only what is still a candidate: a variant dropped above (budget, differing results) keeps
+    # its temporaries in ``temps`` but has no program to time any more
+    heavy = [n for n in _heavy(temps) if n in fns]
+    names = [n for n in fns if n not in heavy]
+    probe = ForeignLoad().__enter__()
+    try:
+        n_rounds, times, pairs = _rounds(fns, names, heavy, base, args, kwargs, reps, rounds,
+                                         t_def, t_start, budget_s, unmeasured, say)
+    finally:
+        probe.__exit__(None, None, None)
+    ratios = {n: statistics.median(a / d for a, d in p) for n, p in pairs.items()}
+    wins = {n: sum(a < d for a, d in p) for n, p in pairs.items()}
+    # a variant must also win most rounds to count (guards against a few lucky rounds)
+    eligible = [n for n, p in pairs.items() if n != "default" and wins[n] >= MIN_WIN_SHARE * len(p)]
+    return Measurement(ratios, eligible, statistics.median(times["default"]), n_rounds, dup,
+                       foreign_load=round(probe.foreign, 3), unmeasured=unmeasured,
+                       differs=differs,
+                       round_ratios={n: [a / d for a, d in p] for n, p in pairs.items()})
+
+
+def _default_time(base, args, kwargs, default_s: float | None) -> float:
+    """One warm call of the default program, in seconds (``default_s``: the caller's)."""
+    if default_s is None:
+        time_calls(base, args, 1, kwargs)          # compile (or hit the cache) + warm up
+        return time_calls(base, args, 1, kwargs)
+    t_def = default_s
+    # one warm call is a noisy sample: a fresh executable's first runs pay for allocations
+    # and thread start-up (a zoo BERT: 2.5 ms on its 2nd call, then 0.2 ms), so a short
+    # program was tuned for 5s. Up to 5 more calls (< 0.25 s) confirm a short one.
+    for _ in range(5 if t_def < CONFIRM_BELOW_S else 0):
+        t_def = min(t_def, time_calls(base, args, 1, kwargs))
+        if t_def < MIN_CALL_S:
+            break
+    return t_def
+
+
+def _compile_variants(make, base, variants: dict, args, kwargs, t_start: float,
+                      budget_s: float, rounds_s: Callable[[int], float], unmeasured: list,
+                      say) -> tuple[dict, dict, list]:
+    """:func:`measure`'s compiles, in priority order, within the budget: ``(fns, temps,
+    dup)``: each compiled variant's callable and its temporaries' bytes, and the variants that
+    compiled to a program already compiled. A variant not compiled for the budget goes to
+    ``unmeasured``; one that does not compile is no candidate (the default must compile)."""
     fns: dict[str, Callable] = {}
     temps: dict[str, int | None] = {}
     seen: dict[str, str] = {}
     dup: list[str] = []
-    def rounds_s(n_fns: int) -> float:   # MIN_ROUNDS rounds of n_fns programs, warm-ups too
-        return t_def * (reps * MIN_ROUNDS + 1) * n_fns
-
     for name, opts in variants.items():
         spent = time.perf_counter() - t_start
         # compiles stop at half the budget, or when one more program's rounds would not fit
@@ -859,28 +920,13 @@ def measure(make: Callable, args: Sequence, variants: dict[str, dict], *,
         fns[name] = fn
         temps[name] = _temp_bytes(compiled)
         say(f"compiled {name} ({time.perf_counter() - t_start:.1f}s)")
-    if len(fns) < 2:
-        return Measurement({"default": 1.0}, [], t_def, 0, dup,
-                           "every variant compiles to the same program", unmeasured=unmeasured)
-    spent = time.perf_counter() - t_start
-    while len(fns) > 2 and spent + rounds_s(len(fns)) > budget_s:
-        # a slow compile left too little for every compiled program's rounds: the last
-        # compiled (lowest priority) ones are left out, not the whole measurement
-        dropped = list(fns)[-1]
-        del fns[dropped]
-        unmeasured.append(dropped)
-        say(f"budget: {dropped} compiled but not timed")
-    if spent + rounds_s(len(fns)) > budget_s:
-        # a compile is not interruptible, but the rounds are: never run them past the budget
-        # (a training step's variant took 21s to compile, then 3 rounds ran anyway: 31s)
-        return Measurement({"default": 1.0}, [], t_def, 0, dup,
-                           f"compiling the variants took {spent:.1f}s: {MIN_ROUNDS} rounds "
-                           f"no longer fit the {budget_s:.0f}s budget", unmeasured=unmeasured)
-    # an XLA option may change numerics (a library dot sums in another order): its results on
-    # these arguments must agree with the default program's within the tolerance table's
-    # 'reassociate' category, or it is no candidate (a zoo CNN's logits moved by 80 of 3e5 under
-    # one library-dot option). Region variants run the program's own ops instead of a kernel
-    # that hlofuse already verified, so they are not held to it. The call doubles as warm-up.
+    return fns, temps, dup
+
+
+def _drop_differing(fns: dict, variants: dict, base, args, kwargs, default_s, say) -> dict:
+    """Drop from ``fns`` every option variant whose results on these arguments differ from
+    the default's beyond the tolerance table's 'reassociate' category; warm up the others.
+    Returns why each dropped one differs."""
     reference = None
     differs: dict[str, str] = {}
     for n, f in list(fns.items()):
@@ -894,28 +940,7 @@ def measure(make: Callable, args: Sequence, variants: dict[str, dict], *,
                 say(f"{n}: results differ from the default beyond 'reassociate', not a candidate")
         elif n != "default" or default_s is not None:
             time_calls(f, args, 1, kwargs)         # warm up
-    if len(fns) < 2:
-        return Measurement({"default": 1.0}, [], t_def, 0, dup,
-                           "no variant computes the default's results within tolerance",
-                           unmeasured=unmeasured, differs=differs)
-    # only what is still a candidate: a variant dropped above (budget, differing results) keeps
-    # its temporaries in ``temps`` but has no program to time any more
-    heavy = [n for n in _heavy(temps) if n in fns]
-    names = [n for n in fns if n not in heavy]
-    probe = ForeignLoad().__enter__()
-    try:
-        n_rounds, times, pairs = _rounds(fns, names, heavy, base, args, kwargs, reps, rounds,
-                                         t_def, t_start, budget_s, unmeasured, say)
-    finally:
-        probe.__exit__(None, None, None)
-    ratios = {n: statistics.median(a / d for a, d in p) for n, p in pairs.items()}
-    wins = {n: sum(a < d for a, d in p) for n, p in pairs.items()}
-    # a variant must also win most rounds to count (guards against a few lucky rounds)
-    eligible = [n for n, p in pairs.items() if n != "default" and wins[n] >= MIN_WIN_SHARE * len(p)]
-    return Measurement(ratios, eligible, statistics.median(times["default"]), n_rounds, dup,
-                       foreign_load=round(probe.foreign, 3), unmeasured=unmeasured,
-                       differs=differs,
-                       round_ratios={n: [a / d for a, d in p] for n, p in pairs.items()})
+    return differs
 
 
 def _rounds(fns, names, heavy, base, args, kwargs, reps, rounds, t_def, t_start, budget_s,
@@ -1100,17 +1125,7 @@ def _tune(make, args, kwargs, variants, *, name, key, default_s, budget_s, regio
                         f"one call takes {m.default_s * 1e3:.2f} ms (< {floor * 1e3:.0f} ms): "
                         "too short for library choices to matter")
     best, reason = decide(m)
-    if m.duplicates:
-        dups = [n for n in m.duplicates if not n.startswith(REGION_PREFIX)]
-        if dups:
-            reason += f"; same HLO as another variant: {', '.join(dups)}"
-    if m.differs:
-        reason += ("; not candidates, their results differ from the default's beyond "
-                   "'reassociate': " + ", ".join(sorted(m.differs)))
-    busy = m.foreign_load > BUSY_SHARE
-    if busy:
-        reason += (f"; machine busy while measuring (other processes used "
-                   f"{m.foreign_load:.0%} of the CPUs): not cached on disk")
+    reason, busy = _explained(m, reason)
     chosen = decide_regions(m, {n: r["hash"] for n, r in regions.items()})
     left = budget_s - (time.perf_counter() - t0)
     best, reason = _confirm_combination(
@@ -1138,10 +1153,7 @@ def _tune(make, args, kwargs, variants, *, name, key, default_s, budget_s, regio
         best, reason, module_timed = _decide_module_measured(
             make, args, kwargs, module_v, variants, regions, m, best, reason, chosen,
             min(budget_s - (time.perf_counter() - t0), SHORT_MODULE_BUDGET_S), 0.0, progress)
-    for n, r in regions.items():
-        if r["hash"] in chosen and r.get("predicted") is not None:
-            chosen[r["hash"]]["predicted"] = round(float(r["predicted"]), 4)
-            chosen[r["hash"]]["reason"] += f" (cost model predicted {float(r['predicted']):.2f}x)"
+    _with_predictions(chosen, regions)
     best_v = Variant.of(variants[best]) if best in variants else Variant()
     d = Decision(best, best_v.options_dict,
                  {k: round(v, 4) for k, v in m.ratios.items()},
@@ -1154,22 +1166,52 @@ def _tune(make, args, kwargs, variants, *, name, key, default_s, budget_s, regio
     if key is not None:
         cache().put(key, d, persist=not (small or busy or module_untimed))
     if chosen:
-        dev = device_key()
-        recs = []
-        # a disturbed measurement decides this program's regions (in memory) but never
-        # teaches the cost model, which would carry it to every later program of the process
-        for n, r in (regions.items() if not busy else ()):
-            c = chosen.get(r["hash"])
-            if c is not None and n not in m.duplicates and c["ratio"] > 0:
-                recs.append(dict(r.get("features", {}), ratio=c["ratio"], device=dev,
-                                 rule=record_rule(), created=round(time.time())))
-        cache().put_regions({region_key(h, dev): dict(c, created=time.time())
-                             for h, c in chosen.items()}, recs, persist=not busy)
+        _store_regions(chosen, regions, m, busy)
     kept_xla = sorted(d.xla_regions)
     log.log(logging.INFO if m.rounds else logging.DEBUG, "autotuning %s: chose %s%s in %.1fs (%s)",
             name, best, f", XLA for {len(kept_xla)} region(s)" if kept_xla else "", d.tune_s,
             reason)
     return d
+
+
+def _with_predictions(chosen: dict, regions: dict) -> None:
+    """Each measured region's decision with the learned cost model's prediction beside it."""
+    for r in regions.values():
+        if r["hash"] in chosen and r.get("predicted") is not None:
+            chosen[r["hash"]]["predicted"] = round(float(r["predicted"]), 4)
+            chosen[r["hash"]]["reason"] += f" (cost model predicted {float(r['predicted']):.2f}x)"
+
+
+def _explained(m: Measurement, reason: str) -> tuple[str, bool]:
+    """The decision's reason with what the measurement left out (duplicates, differing
+    results, a busy machine), and whether the machine was busy (then nothing is persisted)."""
+    if m.duplicates:
+        dups = [n for n in m.duplicates if not n.startswith(REGION_PREFIX)]
+        if dups:
+            reason += f"; same HLO as another variant: {', '.join(dups)}"
+    if m.differs:
+        reason += ("; not candidates, their results differ from the default's beyond "
+                   "'reassociate': " + ", ".join(sorted(m.differs)))
+    busy = m.foreign_load > BUSY_SHARE
+    if busy:
+        reason += (f"; machine busy while measuring (other processes used "
+                   f"{m.foreign_load:.0%} of the CPUs): not cached on disk")
+    return reason, busy
+
+
+def _store_regions(chosen: dict, regions: dict, m: Measurement, busy: bool) -> None:
+    """Cache the region decisions, and their features and ratios for the learned cost model.
+    A disturbed measurement decides this program's regions (in memory) but never teaches the
+    cost model, which would carry it to every later program of the process."""
+    dev = device_key()
+    recs = []
+    for n, r in (regions.items() if not busy else ()):
+        c = chosen.get(r["hash"])
+        if c is not None and n not in m.duplicates and c["ratio"] > 0:
+            recs.append(dict(r.get("features", {}), ratio=c["ratio"], device=dev,
+                             rule=record_rule(), created=round(time.time())))
+    cache().put_regions({region_key(h, dev): dict(c, created=time.time())
+                         for h, c in chosen.items()}, recs, persist=not busy)
 
 
 def _confirm_combination(make, args, kwargs, variants, regions, m, best, reason, chosen,

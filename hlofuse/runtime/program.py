@@ -279,14 +279,7 @@ def export_optimized(fun: Callable, sig: Signature, opts: Options, *, name: str 
     traced = module_cache.load_traced(tkey) if tkey else None
     if traced is not None:
         exp, module, report = traced
-        opt = Optimized(module, report)
-        if decisions:
-            opt = apply_cached_decisions(opt)
-            if hold:
-                opt = hold_back_unmeasured(opt)
-            if opt.module is not module:
-                exp = dataclasses.replace(exp, mlir_module_serialized=hir.to_bytecode(opt.module))
-        return exp, opt, ()
+        return (*_decided(exp, Optimized(module, report), decisions, hold), ())
     jitted = jax.jit(fun) if shardings is None else jax.jit(fun, in_shardings=shardings)
     slots = host_callbacks.Slots()
     exp0 = jexport.export(
@@ -296,32 +289,13 @@ def export_optimized(fun: Callable, sig: Signature, opts: Options, *, name: str 
         disabled_checks=[jexport.DisabledSafetyCheck.custom_call("ALL")],
     )(*sds_of(sig, shardings))
     ckey = _module_cache_key(exp0, opts, target, name, donated, learned, pass_options)
-    hit = module_cache.load(ckey) if ckey else None
-    optimized = False
     try:  # an optimization never makes a program fail (options={'strict': True} re-raises)
-        if hit is not None:
-            opt = Optimized(*hit)
-        else:
-            with cost_model.learned_model(target.kind, learned):
-                opt = optimize(exp0.mlir_module(), target=target, pipeline=opts.pipeline,
-                               disable=opts.disable, dump_dir=opts.dump_dir,
-                               options=pass_options, source=name, donated_args=donated)
-            if blind:
-                opt.report.note(
-                    f"kernels not built: this program runs inside an SPMD program over "
-                    f"{spmd_devices} devices with input shardings hlofuse does not know, and XLA "
-                    f"cannot partition a {target.kind} kernel (it would gather its operands); "
-                    f"pass in_shardings= to hlofuse.jit, or call it with sharded arrays, for "
-                    f"per-shard kernels")
-            if opts.check:
-                with trace("verify", function=name):
-                    opt = verify_regions(exp0, opt, dataclasses.replace(opts, target=target),
-                                         name=name)
-            if ckey:
-                module_cache.store(ckey, opt.module, opt.report)
+        opt = _optimized(exp0, ckey, opts, target, name, donated, learned, pass_options,
+                         blind=blind and spmd_devices)
         optimized = True
     except Exception as e:
         opt = unoptimized(exp0, dataclasses.replace(opts, target=target), name=name, error=e)
+        optimized = False
     checks = tuple(exp0.disabled_safety_checks)
     if target.is_gpu:
         checks += (jexport.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton"),)
@@ -332,19 +306,54 @@ def export_optimized(fun: Callable, sig: Signature, opts: Options, *, name: str 
             module_cache.store_traced(tkey, exp.serialize(), opt.report)
         except Exception:  # noqa: BLE001 - an Exported jax cannot serialize is simply not cached
             pass
-    if decisions:
-        before = opt.module
-        opt = apply_cached_decisions(opt)
-        if hold:
-            opt = hold_back_unmeasured(opt)
-        if opt.module is not before:
-            exp = dataclasses.replace(exp, mlir_module_serialized=hir.to_bytecode(opt.module))
+    exp, opt = _decided(exp, opt, decisions, hold)
     if slots:
         opt.report.note(
             f"host callbacks: {len(slots)} call(s) back into Python "
             f"({', '.join(sorted({str(x.primitive) for x in slots}))}) stay where they are, "
             f"with XLA; the code around them is optimized")
     return exp, opt, tuple(slots)
+
+
+def _optimized(exp0, ckey, opts: Options, target: Target, name: str, donated, learned,
+               pass_options: dict, *, blind: int) -> Optimized:
+    """The exported module optimized: from the module cache (``ckey``), else through the
+    pipeline (and verified with ``check=True``), then stored there. ``blind``: the number
+    of SPMD devices when kernels were not built for want of input shardings (0: they were)."""
+    hit = module_cache.load(ckey) if ckey else None
+    if hit is not None:
+        return Optimized(*hit)
+    with cost_model.learned_model(target.kind, learned):
+        opt = optimize(exp0.mlir_module(), target=target, pipeline=opts.pipeline,
+                       disable=opts.disable, dump_dir=opts.dump_dir, options=pass_options,
+                       source=name, donated_args=donated)
+    if blind:
+        opt.report.note(
+            f"kernels not built: this program runs inside an SPMD program over {blind} "
+            f"devices with input shardings hlofuse does not know, and XLA cannot partition a "
+            f"{target.kind} kernel (it would gather its operands); pass in_shardings= to "
+            f"hlofuse.jit, or call it with sharded arrays, for per-shard kernels")
+    if opts.check:
+        with trace("verify", function=name):
+            opt = verify_regions(exp0, opt, dataclasses.replace(opts, target=target), name=name)
+    if ckey:
+        module_cache.store(ckey, opt.module, opt.report)
+    return opt
+
+
+def _decided(exp, opt: Optimized, decisions: bool, hold: bool):
+    """``(exp, opt)`` with the cached measured decisions applied (regions measured slower
+    as kernels run as XLA's code) and, on gpu/tpu before measuring, unmeasured kernels held
+    back; ``exp`` carries the module that results."""
+    if not decisions:
+        return exp, opt
+    before = opt.module
+    opt = apply_cached_decisions(opt)
+    if hold:
+        opt = hold_back_unmeasured(opt)
+    if opt.module is not before:
+        exp = dataclasses.replace(exp, mlir_module_serialized=hir.to_bytecode(opt.module))
+    return exp, opt
 
 
 def _export_plan(sig: Signature, opts: Options, target: Target, name: str, donated,
@@ -601,7 +610,148 @@ def apply_cached_decisions(opt: Optimized) -> Optimized:
                                  for h, d in found.items()})
 
 
-class Program:
+class _Derived:
+    """The programs a :class:`Program` derives for JAX's transformations (the forward with
+    residuals, tangent and transpose under ``jax.grad``, Taylor series under ``jet``, batched
+    under ``vmap``, lifted closed-over tracers), each optimized like any program and cached
+    in ``derived``. A base of :class:`Program` (which provides ``fun``, ``opts``, ``name``,
+    ``linear``, ``donated``, ``shardings``, ``jaxpr``, ``traced_fun`` and ``build_notes``)."""
+
+    def lifted(self, sig: Signature) -> "Program":
+        """``(closed-over tracers..., x...) -> outputs``: the traced function with the tracers
+        of an enclosing transformation it closes over turned into inputs."""
+        def make():
+            closed = self.jaxpr(sig)
+            is_tracer = [isinstance(c, compat.Tracer) for c in closed.consts]
+            fixed = [None if t else c for c, t in zip(closed.consts, is_tracer)]
+            jaxpr = compat.convert_constvars_jaxpr(compat.jaxpr_body(closed))
+            k = sum(is_tracer)
+
+            def fun(*args):
+                it = iter(args)
+                consts = [next(it) if t else c for c, t in zip(fixed, is_tracer)]
+                return tuple(compat.eval_jaxpr(jaxpr, [], *consts, *it))
+            return Program(fun, self.opts, name=self.name, linear=(),
+                           donated=[d + k for d in self.donated])
+        return self._derive(("lifted", sig), make)
+
+    def _derive(self, key: tuple, make: Callable[[], "Program"]) -> "Program":
+        with self._lock:
+            p = self.derived.get(key)
+            if p is None:
+                p = self.derived[key] = make()
+            return p
+
+    def linearize_program(self, nonzero: tuple) -> "Program":
+        """``(x...) -> (outputs..., residuals...)``: the forward that also returns what the
+        tangent (and so the backward) program needs, from ``jax.linearize`` with respect to
+        the inputs whose tangents are ``nonzero``. ``res_trees[sig]`` holds the structure of
+        the linearized function the residuals rebuild."""
+        n = len(nonzero)
+        nz_idx = [i for i in range(n) if nonzero[i]]
+
+        def make():
+            prim = self.traced_fun
+            res_trees: dict = {}
+
+            def forward(*xs):
+                def restricted(*v):
+                    full = list(xs)
+                    for i, vi in zip(nz_idx, v):
+                        full[i] = vi
+                    return prim(*full)
+                sig = signature_of([jax.typeof(x) for x in xs])
+                att = _attention_dots(self.jaxpr(sig))
+                if att and config.get("HLOFUSE_GRAD_REMAT"):
+                    restricted = jax.checkpoint(restricted, policy=_attention_remat_policy(att))
+                    p.build_notes[sig] = [GRAD_REMAT_NOTE]
+                out, f_jvp = jax.linearize(restricted, *[xs[i] for i in nz_idx])
+                res, tree = jax.tree_util.tree_flatten(f_jvp)
+                res_trees[sig] = tree
+                return (*out, *res)
+            p = Program(forward, self.opts, name=f"fwd({self.name})",
+                        shardings=self.shardings)  # the same inputs as the primal
+            p.res_trees = res_trees
+            return p
+        return self._derive(("linearize", nonzero), make)
+
+    def tangent_program(self, nonzero: tuple, sig: Signature) -> "Program":
+        """``(residuals..., t_nz...) -> tangent outputs of inexact dtype``, linear in
+        ``t_nz``; its transpose is the backward, which reuses the residuals (no forward
+        recomputation)."""
+        fwd = self.linearize_program(nonzero)
+
+        def make():
+            fwd.jaxpr(sig)                      # traces the forward: records res_trees[sig]
+            tree = fwd.res_trees[sig]
+            n_res = tree.num_leaves
+            out_avals = self.jaxpr(sig).out_avals
+
+            def tangent(*args):
+                f_jvp = jax.tree_util.tree_unflatten(tree, args[:n_res])
+                t_out = f_jvp(*args[n_res:])
+                return tuple(t for t, a in zip(t_out, out_avals) if _inexact(a.dtype))
+            return Program(tangent, self.opts, name=f"jvp({self.name})",
+                           linear=range(n_res, n_res + sum(nonzero)))
+        return self._derive(("tangent", nonzero, sig), make)
+
+    def transpose_program(self, n_in: int, lin: tuple, linear_avals: tuple,
+                          ct_nonzero: tuple) -> "Program":
+        """``(non-linear inputs..., nonzero cotangents...) -> cotangents of the linear inputs``
+        (positions ``lin``), by ``jax.linear_transpose`` over the program's trace, as
+        ``jax.grad`` transposes a linearized function: a tangent program's ``custom_lin`` (what
+        a ``jax.custom_vjp`` linearizes to) has a transpose rule and no derivative. A user's
+        function (``jax.linear_transpose`` of it, the matvec of a ``custom_linear_solve`` under
+        ``jax.grad``) fails as for ``jax.jit`` when it is not linear."""
+        n_nonlin = n_in - len(lin)
+
+        def make():
+            fn = self.traced_fun
+
+            def transposed(*args):
+                nonlin, cts = args[:n_nonlin], iter(args[n_nonlin:])
+
+                def restricted(*lv):
+                    nl, li = iter(nonlin), iter(lv)
+                    return fn(*[next(li) if i in lin else next(nl) for i in range(n_in)])
+                zeros = [jnp.zeros(s, d, out_sharding=sh) for s, d, sh in linear_avals]
+                outs = jax.eval_shape(restricted, *zeros)
+                pull = jax.linear_transpose(restricted, *zeros)
+                full = [next(cts) if nz else jnp.zeros_like(o) for o, nz in zip(outs, ct_nonzero)]
+                return tuple(pull(tuple(full)))
+            return Program(transposed, self.opts, name=f"T({self.name})",
+                           linear=range(n_nonlin, n_nonlin + sum(ct_nonzero)))
+        return self._derive(("T", n_in, lin, linear_avals, ct_nonzero), make)
+
+    def jet_program(self, order: int) -> "Program":
+        """``(primals..., series...) -> (primal outputs..., output series...)``: the Taylor
+        propagation of ``jax.experimental.jet`` to ``order``, each input's and output's
+        ``order`` terms flattened in a row, optimized like any program."""
+        def make():
+            from jax.experimental.jet import jet
+            fn = self.traced_fun
+
+            def jetted(*xs):
+                n = len(xs) // (order + 1)
+                series = tuple(list(xs[n + i * order:n + (i + 1) * order]) for i in range(n))
+                p_out, s_out = jet(lambda *a: tuple(fn(*a)), tuple(xs[:n]), series,
+                                   factorial_scaled=False)   # as jet's rules take them
+                return (*p_out, *[t for s in s_out for t in s])
+            return Program(jetted, self.opts, name=f"jet({self.name})")
+        return self._derive(("jet", order), make)
+
+    def batched_program(self, in_batched: tuple) -> "Program":
+        axes = tuple(0 if b else None for b in in_batched)
+
+        def make():
+            fn = self.traced_fun
+            return Program(lambda *xs: tuple(jax.vmap(fn, in_axes=axes)(*xs)), self.opts,
+                           name=f"vmap({self.name})", linear=self.linear)
+        return self._derive(("vmap", in_batched), make)
+
+
+
+class Program(_Derived):
     """A flat function hlofuse optimizes: ``fun(*arrays) -> tuple of arrays``.
 
     Args:
@@ -833,139 +983,6 @@ class Program:
             report.note(note)
         return Entry(None, Optimized(module, report), tuple(self.jaxpr(sig).out_avals),
                      tuple(sds(sig)), target)
-
-    # -- derived programs ------------------------------------------------------------------
-    def lifted(self, sig: Signature) -> "Program":
-        """``(closed-over tracers..., x...) -> outputs``: the traced function with the tracers
-        of an enclosing transformation it closes over turned into inputs."""
-        def make():
-            closed = self.jaxpr(sig)
-            is_tracer = [isinstance(c, compat.Tracer) for c in closed.consts]
-            fixed = [None if t else c for c, t in zip(closed.consts, is_tracer)]
-            jaxpr = compat.convert_constvars_jaxpr(compat.jaxpr_body(closed))
-            k = sum(is_tracer)
-
-            def fun(*args):
-                it = iter(args)
-                consts = [next(it) if t else c for c, t in zip(fixed, is_tracer)]
-                return tuple(compat.eval_jaxpr(jaxpr, [], *consts, *it))
-            return Program(fun, self.opts, name=self.name, linear=(),
-                           donated=[d + k for d in self.donated])
-        return self._derive(("lifted", sig), make)
-
-    def _derive(self, key: tuple, make: Callable[[], "Program"]) -> "Program":
-        with self._lock:
-            p = self.derived.get(key)
-            if p is None:
-                p = self.derived[key] = make()
-            return p
-
-    def linearize_program(self, nonzero: tuple) -> "Program":
-        """``(x...) -> (outputs..., residuals...)``: the forward that also returns what the
-        tangent (and so the backward) program needs, from ``jax.linearize`` with respect to
-        the inputs whose tangents are ``nonzero``. ``res_trees[sig]`` holds the structure of
-        the linearized function the residuals rebuild."""
-        n = len(nonzero)
-        nz_idx = [i for i in range(n) if nonzero[i]]
-
-        def make():
-            prim = self.traced_fun
-            res_trees: dict = {}
-
-            def forward(*xs):
-                def restricted(*v):
-                    full = list(xs)
-                    for i, vi in zip(nz_idx, v):
-                        full[i] = vi
-                    return prim(*full)
-                sig = signature_of([jax.typeof(x) for x in xs])
-                att = _attention_dots(self.jaxpr(sig))
-                if att and config.get("HLOFUSE_GRAD_REMAT"):
-                    restricted = jax.checkpoint(restricted, policy=_attention_remat_policy(att))
-                    p.build_notes[sig] = [GRAD_REMAT_NOTE]
-                out, f_jvp = jax.linearize(restricted, *[xs[i] for i in nz_idx])
-                res, tree = jax.tree_util.tree_flatten(f_jvp)
-                res_trees[sig] = tree
-                return (*out, *res)
-            p = Program(forward, self.opts, name=f"fwd({self.name})",
-                        shardings=self.shardings)  # the same inputs as the primal
-            p.res_trees = res_trees
-            return p
-        return self._derive(("linearize", nonzero), make)
-
-    def tangent_program(self, nonzero: tuple, sig: Signature) -> "Program":
-        """``(residuals..., t_nz...) -> tangent outputs of inexact dtype``, linear in
-        ``t_nz``; its transpose is the backward, which reuses the residuals (no forward
-        recomputation)."""
-        fwd = self.linearize_program(nonzero)
-
-        def make():
-            fwd.jaxpr(sig)                      # traces the forward: records res_trees[sig]
-            tree = fwd.res_trees[sig]
-            n_res = tree.num_leaves
-            out_avals = self.jaxpr(sig).out_avals
-
-            def tangent(*args):
-                f_jvp = jax.tree_util.tree_unflatten(tree, args[:n_res])
-                t_out = f_jvp(*args[n_res:])
-                return tuple(t for t, a in zip(t_out, out_avals) if _inexact(a.dtype))
-            return Program(tangent, self.opts, name=f"jvp({self.name})",
-                           linear=range(n_res, n_res + sum(nonzero)))
-        return self._derive(("tangent", nonzero, sig), make)
-
-    def transpose_program(self, n_in: int, lin: tuple, linear_avals: tuple,
-                          ct_nonzero: tuple) -> "Program":
-        """``(non-linear inputs..., nonzero cotangents...) -> cotangents of the linear inputs``
-        (positions ``lin``), by ``jax.linear_transpose`` over the program's trace, as
-        ``jax.grad`` transposes a linearized function: a tangent program's ``custom_lin`` (what
-        a ``jax.custom_vjp`` linearizes to) has a transpose rule and no derivative. A user's
-        function (``jax.linear_transpose`` of it, the matvec of a ``custom_linear_solve`` under
-        ``jax.grad``) fails as for ``jax.jit`` when it is not linear."""
-        n_nonlin = n_in - len(lin)
-
-        def make():
-            fn = self.traced_fun
-
-            def transposed(*args):
-                nonlin, cts = args[:n_nonlin], iter(args[n_nonlin:])
-
-                def restricted(*lv):
-                    nl, li = iter(nonlin), iter(lv)
-                    return fn(*[next(li) if i in lin else next(nl) for i in range(n_in)])
-                zeros = [jnp.zeros(s, d, out_sharding=sh) for s, d, sh in linear_avals]
-                outs = jax.eval_shape(restricted, *zeros)
-                pull = jax.linear_transpose(restricted, *zeros)
-                full = [next(cts) if nz else jnp.zeros_like(o) for o, nz in zip(outs, ct_nonzero)]
-                return tuple(pull(tuple(full)))
-            return Program(transposed, self.opts, name=f"T({self.name})",
-                           linear=range(n_nonlin, n_nonlin + sum(ct_nonzero)))
-        return self._derive(("T", n_in, lin, linear_avals, ct_nonzero), make)
-
-    def jet_program(self, order: int) -> "Program":
-        """``(primals..., series...) -> (primal outputs..., output series...)``: the Taylor
-        propagation of ``jax.experimental.jet`` to ``order``, each input's and output's
-        ``order`` terms flattened in a row, optimized like any program."""
-        def make():
-            from jax.experimental.jet import jet
-            fn = self.traced_fun
-
-            def jetted(*xs):
-                n = len(xs) // (order + 1)
-                series = tuple(list(xs[n + i * order:n + (i + 1) * order]) for i in range(n))
-                p_out, s_out = jet(lambda *a: tuple(fn(*a)), tuple(xs[:n]), series,
-                                   factorial_scaled=False)   # as jet's rules take them
-                return (*p_out, *[t for s in s_out for t in s])
-            return Program(jetted, self.opts, name=f"jet({self.name})")
-        return self._derive(("jet", order), make)
-
-    def batched_program(self, in_batched: tuple) -> "Program":
-        axes = tuple(0 if b else None for b in in_batched)
-
-        def make():
-            fn = self.traced_fun
-            return Program(lambda *xs: tuple(jax.vmap(fn, in_axes=axes)(*xs)), self.opts,
-                           name=f"vmap({self.name})", linear=self.linear)
-        return self._derive(("vmap", in_batched), make)
 
     # -- calling -----------------------------------------------------------------------------
     def __call__(self, *xs):

@@ -1,0 +1,322 @@
+"""Measured decisions for one signature: which executable its calls run.
+
+:class:`Tuning` is the dispatcher's half that decides (:class:`hlofuse.frontend.dispatch.Dispatcher`
+runs what it decided): on a signature's first call it looks for a cached decision; on the
+second it measures XLA compiler-option variants and each kernelized region against XLA's own
+code (:mod:`hlofuse.runtime.autotune`), and keeps the winner. Whether a region runs as a
+kernel or as XLA's code under a decision is :meth:`Tuning.xla_to_apply`, and nowhere else in the
+call path. Every step runs through :meth:`Tuning.guarded`: tuning never fails the call it tunes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any
+
+import jax
+
+from hlofuse.frontend.signature import CallInfo
+from hlofuse.runtime import autotune as at
+from hlofuse.runtime.program import find_calls, machinery_failed
+
+__all__ = ["SignatureState", "Exe", "Tuning", "report_decision", "EFFECTS_NOT_TIMED"]
+
+log = logging.getLogger("hlofuse")
+
+#: why a function with side effects is never measured (its report says so)
+EFFECTS_NOT_TIMED = (
+    "autotune: not measured: the function has side effects (jax.debug.print, "
+    "jax.debug.callback, io_callback) that timing its variants would run again")
+
+
+@dataclasses.dataclass(frozen=True)
+class Exe:
+    """One executable choice of a signature: a ``jax.jit`` object of the traced function
+    (with its compiler options, donation and regions left to XLA) and whether its calls trace
+    XLA's own module for the function (``plain``: what ``jax.jit`` runs)."""
+    jitted: Any
+    plain: bool = False
+
+    def run(self, info: CallInfo, args, kwargs):
+        info.plain = self.plain
+        return self.jitted(info, *args, **kwargs)
+
+    def __call__(self, *args, **kwargs):
+        info = CallInfo((args, kwargs), plain=self.plain)
+        try:
+            return self.jitted(info, *args, **kwargs)
+        finally:
+            info.leave()
+
+    def lower(self, *args, **kwargs):
+        info = CallInfo((args, kwargs), plain=self.plain)
+        try:
+            return self.jitted.lower(info, *args, **kwargs)
+        finally:
+            info.leave()
+
+    def trace(self, *args, **kwargs):
+        info = CallInfo((args, kwargs), plain=self.plain)
+        try:
+            return self.jitted.trace(info, *args, **kwargs)
+        finally:
+            info.leave()
+
+
+@dataclasses.dataclass
+class SignatureState:
+    """What the dispatcher knows of one call signature."""
+    calls: int = 0
+    decision: at.Decision | None = None
+    fn: Exe | None = None             # the executable of a non-default decision
+    key: str | None = None            # decision-cache key (None: nothing to tune)
+    entry: Any = None
+    cached: bool = False              # the decision came from the cache
+    # tiered first call: None (built synchronously), "building" (calls run XLA's code),
+    # "ready" (hlofuse's executable compiled), "failed" (XLA's code for good, error says why)
+    tier: str | None = None
+    tier_thread: Any = None
+    tier_started: float = 0.0
+    tier_s: float | None = None       # seconds from the first call to hlofuse's code ready
+    tier_error: str | None = None
+    # memory_limit: the report's sentence once planned, and whether XLA's own module is over
+    # the limit (tuning must then not choose it)
+    memory: str | None = None
+    plain_over_limit: bool = False
+
+
+class Tuning:
+    """The deciding half of :class:`hlofuse.frontend.dispatch.Dispatcher` (which provides
+    ``name``, ``opts``, ``sig``, ``default``, ``states``, ``lock``, ``mode()``,
+    ``variant()`` and ``maybe_fast()``)."""
+
+    def guarded(self, st: SignatureState, where: str, step, *a) -> tuple[bool, object]:
+        """The boundary of tuning and measured decisions: ``(True, step(*a))``, or, when the
+        step raised, ``(False, None)`` with this signature decided for XLA's own program (what
+        ``jax.jit`` runs) in this process only, the failure in its report, warned and logged
+        once (:func:`hlofuse.runtime.program.machinery_failed`). Tuning is an optimization: it
+        never fails the call it was tuning. ``options={'strict': True}`` raises instead."""
+        try:
+            return True, step(*a)
+        except Exception as e:
+            if self.opts.pass_options.get("strict"):
+                raise
+            note = machinery_failed(where, e, self.name,
+                                    "this signature runs XLA's program (jax.jit's) in this process")
+            self.decide(st, at.Decision(at.XLA_MODULE, {}, {}, reason=note), cached=False,
+                        record=False)
+            entry = st.entry
+            if entry is None:
+                try:
+                    _, entry = self.entry_of(*a[1:])
+                except Exception:  # noqa: BLE001 - no report to write it to: warned and logged
+                    entry = None
+            if entry is not None:
+                entry.report.note(note)
+            return False, None
+
+    def entry_of(self, args, kwargs, platform=None):
+        """(jax Traced, hlofuse Entry or None) for concrete arguments."""
+        traced = self.default.trace(*args, **kwargs)
+        calls = find_calls(traced.jaxpr)
+        if not calls:
+            return traced, None
+        program, sig = calls[0]
+        platform = platform or jax.default_backend()
+        return traced, program.entry(sig, program.target_for(platform))
+
+    def first_sight(self, st: SignatureState, args, kwargs):
+        """After the first call of a signature: find its program and a cached decision."""
+        mode = self.mode()
+        traced, entry = self.entry_of(args, kwargs)
+        if entry is not None and mode != "off" and _not_timed(traced, entry):
+            self.decide(st, at.Decision("default", {}, {}, reason=EFFECTS_NOT_TIMED),
+                        cached=False, record=False)
+            return
+        # the optimized module's text, printed once for both (a first call pays for it)
+        text = entry.optimized.text if entry is not None else None
+        variants = candidates(entry, text) if entry is not None else {}
+        if entry is None or len(variants) < 2 or mode == "off":
+            self.decide(st, at.Decision("default", {}, {}, reason="nothing to tune"),
+                        cached=False, record=False)
+            return
+        st.entry = entry
+        st.key = decision_key(entry, text)
+        cached = at.cache().get(st.key)
+        if cached is not None:
+            self.decide(st, cached, cached=True)
+        elif mode == "cached":
+            self.decide(st, at.Decision("default", {}, {}, reason="autotune=cached: no cached "
+                                        "decision for this program"), cached=False)
+
+    def _region_info(self, entry, variants: dict) -> dict:
+        """Features, hash and the learned cost model's prediction per region variant."""
+        from hlofuse.passes.fusion import cost as cost_model
+        from hlofuse.runtime.program import learned_for
+        info = {}
+        by_hash = {r.extra.get("region_hash"): r for r in _measured_form(entry).report.kernels}
+        with cost_model.learned_model(entry.target.kind, learned_for(entry.target)):
+            for n, v in variants.items():
+                if not n.startswith(at.REGION_PREFIX):
+                    continue
+                (h,) = v.xla
+                feats = at.record_of(by_hash[h], entry.target.kind)
+                info[n] = {"hash": h, "features": feats,
+                           "predicted": cost_model.predicted_ratio(feats, entry.target)}
+        return info
+
+    def tune(self, st: SignatureState, info: CallInfo | None, args, kwargs, **tune_kw):
+        """Second call of an undecided signature: measure the variants (compiler options and
+        each region's kernel against XLA's code), then run the call (``info``: the call's;
+        None for offline tuning, which does not run it)."""
+        variants = candidates(st.entry)
+        regions = self._region_info(st.entry, variants)
+        # with kernels held back unmeasured, every variant (``default`` too) starts from the
+        # module with all kernels built, so each held-back kernel is timed against XLA's code
+        full = st.entry.optimized.full is not None
+
+        def make(spec):
+            v = at.Variant.of(spec)
+            return self.variant(v.options_dict, donate=False, xla=v.xla, plain=v.plain,
+                                full=full and not v.plain)
+
+        if info is None:  # offline tuning (HlofuseFunction.tune): the call itself is not needed
+            d = at.tune(make, args, kwargs, variants, name=self.name, key=st.key,
+                        regions=regions, **tune_kw)
+            self.decide(st, d, cached=False)
+            return None
+        out, t = None, None
+        if not self.sig.donating:  # this call runs anyway: time it warm, so a module too slow
+            t0 = time.perf_counter()   # to tune costs nothing
+            out = jax.block_until_ready(self.default.run(info, args, kwargs))
+            t = time.perf_counter() - t0
+            if t < 10 * at.MIN_CALL_S:  # short: one preempted call must not decide alone
+                for _ in range(2):
+                    t0 = time.perf_counter()
+                    jax.block_until_ready(self.default(*args, **kwargs))
+                    t = min(t, time.perf_counter() - t0)
+        d = at.tune(make, args, kwargs, variants, name=self.name, key=st.key, default_s=t,
+                    regions=regions)
+        self.decide(st, d, cached=False)
+        if out is None:
+            out = (st.fn or self.default).run(info, args, kwargs)
+        return out
+
+    def decide(self, st: SignatureState, d: at.Decision, *, cached: bool, record: bool = True):
+        if d.xla_module and st.plain_over_limit:
+            d = dataclasses.replace(d, variant="default", reason=(
+                f"{d.reason}; not XLA's own module: {st.memory}"))
+        if d.xla_module:   # hlofuse's program was not measurably faster than jax.jit's
+            st.fn = self.variant({}, donate=True, plain=True)
+        else:
+            options = at.options_of(d)
+            xla, full = xla_to_apply(st.entry, d)
+            if options or xla or full:
+                st.fn = self.variant(options, donate=True, xla=xla, full=full)
+        st.decision = d
+        st.cached = cached
+        if record and st.entry is not None:
+            report_decision(st.entry.report, d, cached)
+        self.maybe_fast()
+
+    def decided_options(self, entry) -> dict:
+        for st in list(self.states.values()):
+            if st.entry is entry and st.decision is not None:
+                return at.options_of(st.decision)
+        if self.mode() == "off":
+            return {}
+        d = at.cache().get(decision_key(entry))
+        return at.options_of(d) if d is not None else {}
+
+    def tune_now(self, key, args, kwargs, budget_s: float | None):
+        """:meth:`hlofuse.frontend.jit.HlofuseFunction.tune`: measure now, short calls included."""
+        traced, entry = self.entry_of(args, kwargs)
+        if entry is not None and _not_timed(traced, entry):
+            return None
+        jax.block_until_ready(self.default(*args, **kwargs))
+        variants = candidates(entry) if entry is not None else {}
+        if entry is None or len(variants) < 2:
+            return None
+        with self.lock:
+            st = self.states.setdefault(key, SignatureState())
+            st.calls = max(st.calls, 1)
+            st.entry, st.key, st.decision, st.fn = entry, decision_key(entry), None, None
+            self.fast = False
+            self.tune(st, None, args, kwargs, min_call_s=0.0,
+                      budget_s=at.budget() if budget_s is None else budget_s)
+        return st.decision
+
+
+def decision_key(entry, text: str | None = None) -> str:
+    """Module decisions are keyed by the module as the passes made it (before cached region
+    decisions changed it), so a later process finds them. ``text``: the optimized module's
+    text when the caller has it."""
+    opt = entry.optimized
+    return at.cache_key(opt.base_hash or at.module_hash(text if text is not None else opt.text),
+                        at.device_key())
+
+
+def candidates(entry, text: str | None = None) -> dict:
+    """What tuning times against the program as optimized: XLA-option variants, then one
+    variant per distinct kernelized region with that region left to XLA."""
+    opts = at.applicable_variants(jax.default_backend(),
+                                  text if text is not None else entry.optimized.text)
+    out = {"default": at.Variant()}
+    # second: when the budget allows few variants, this comparison is the one kept
+    out[at.XLA_MODULE] = at.Variant(plain=True)
+    out.update((n, at.Variant.of(o)) for n, o in opts.items() if n != "default")
+    # regions held back unmeasured (gpu/tpu) are timed too: from the module with every
+    # kernel (``default`` is then that module; see Tuning.tune)
+    out.update(at.region_variants(_measured_form(entry).report.kernels))
+    return out
+
+
+def xla_to_apply(entry, d: at.Decision) -> tuple[frozenset, bool]:
+    """``(hashes, full)``: the regions that run as XLA's code under decision ``d``, and
+    whether they are counted from the module with every kernel built (``full``: some kernel
+    held back unmeasured was measured to win and runs). Without ``full``: the decision's XLA
+    regions that still have a kernel in ``entry``'s module. The call path's one answer to
+    "kernel or XLA" for a region once measured."""
+    if entry is None or d is None or not d.regions:
+        return frozenset(), False
+    opt = entry.optimized
+    present = {r.extra.get("region_hash") for r in _measured_form(entry).report.kernels}
+    xla = frozenset(d.xla_regions & present)
+    won = {h for h, c in d.regions.items() if c.get("choice") == "kernel"} & opt.unmeasured
+    if not won:   # every held-back kernel stays held back: the module as built, minus xla
+        return xla - opt.unmeasured, False
+    return xla | (opt.unmeasured - won), True
+
+
+def _not_timed(traced, entry) -> bool:
+    """Whether autotune must not time this function: running it has side effects (host
+    callbacks other than ``pure_callback``, which jax may run any number of times). Its report
+    says so."""
+    if not traced.jaxpr.effects:
+        return False
+    entry.report.note(EFFECTS_NOT_TIMED)
+    return True
+
+
+def _measured_form(entry):
+    """The optimized module tuning measures: with every kernel built (``Optimized.full``)
+    where unmeasured ones are held back, else the module as built."""
+    return entry.optimized.full or entry.optimized
+
+
+def report_decision(report, d: at.Decision, cached: bool) -> None:
+    """Put a measured decision into a report: the options note, and per region the outcome
+    with the measured kernel/XLA ratio (and the cost model's prediction) in
+    ``region.extra['measured']``. (The report of what runs, ``f.report(...)``, is the decided
+    variant's: there the regions kept as XLA's code say so as their reason.)"""
+    report.note(d.note(cached))
+    for r in report.regions:
+        c = d.regions.get(r.extra.get("region_hash"))
+        if c is None:
+            continue
+        text = c.get("reason", "") + (" (cached decision)" if cached else "")
+        r.extra["measured"] = text
+        if c.get("choice") == "xla" and not r.kernel and "merged_into" not in r.extra:
+            r.reason = text
