@@ -146,6 +146,20 @@ class Report:
     def to_json(self, **kw) -> str:
         return json.dumps(self.to_dict(), indent=kw.pop("indent", 2), default=str, **kw)
 
+    def to_model_explorer(self, directory: str, *, after, before=None) -> dict[str, str]:
+        """Write this optimization as graphs for Google's Model Explorer into ``directory``:
+        ``after.mlir`` (and ``before.mlir``) with node-data overlays per op (kernel or XLA,
+        region id, why a region was refused, bytes saved, measured time ratio). Needs
+        ``pip install hlofuse[explorer]``.
+
+        A report does not hold modules: give the optimized module ``after`` (text or
+        ``ir.Module``; the one this report describes) and optionally the input ``before``.
+        ``hlofuse.optimize(...).to_model_explorer(directory, before=...)`` passes ``after``
+        for you. Returns name -> path of the files written; see
+        :mod:`hlofuse.core.model_explorer`."""
+        from hlofuse.core import model_explorer
+        return model_explorer.write(directory, self, after=after, before=before)
+
     def to_markdown(self) -> str:
         lines = [f"# hlofuse report ({self.source}, target {self.target})", "",
                  f"- kernels: {len(self.kernels)}; regions left to XLA: {len(self.left_to_xla)}"

@@ -46,6 +46,17 @@ class Optimized:
     def portable_artifact(self, target_version: str | None = None) -> bytes:
         return hir.to_portable_artifact(self.module, target_version)
 
+    def to_model_explorer(self, directory: str, before=None) -> dict[str, str]:
+        """Write the optimized module and its overlays for Google's Model Explorer into
+        ``directory`` (:meth:`hlofuse.Report.to_model_explorer`, with ``after`` this module);
+        ``before``: the module given to :func:`optimize` (anything it takes: text, bytecode,
+        an artifact, an ``ir.Module``), written as ``before.mlir``. Returns name -> path of
+        the files written; ``pip install hlofuse[explorer]``."""
+        if before is not None and not isinstance(before, str):
+            before = hir.to_text(hir.parse(before, source="before"), debug_info=True)
+        return self.report.to_model_explorer(directory, after=self.text_with_locations(),
+                                             before=before)
+
 
 KERNEL_PREFIX = "hlofuse_k"
 
