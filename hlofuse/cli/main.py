@@ -4,7 +4,7 @@
 
     hlofuse optimize IN -o OUT [--target cpu|gpu|tpu] [--pipeline NAMES] [--disable-pass NAME]
                      [--report FILE.json|.md|.html] [--dump-dir DIR] [--verify] [--format F]
-                     [--target-version X.Y.Z] [--shapes TYPES] [--in-place]
+                     [--target-version X.Y.Z] [--shapes TYPES] [--in-place] [--graph DIR]
     hlofuse run FILE [--inputs in.npz] [--outputs out.npz] [--seed N] [--shapes TYPES]
     hlofuse check ORIGINAL OPTIMIZED [--inputs in.npz] [--seed N] [--category kernel]
     hlofuse report FILE [--target T] [--report FILE.json|.md|.html]
@@ -139,6 +139,11 @@ def _define_optimize(fv):
                       "convolution or attention kernel sums in another order: 'reassociate').",
                       flag_values=fv)
     flags.DEFINE_integer("seed", 0, "Seed of the random inputs of --verify.", flag_values=fv)
+    flags.DEFINE_string("graph", None, "Also write the module before and after optimization, with "
+                        "node-data overlays (kernel or XLA, region, why refused, bytes saved, "
+                        "measured time ratio), into DIR for Google's Model Explorer; needs `pip "
+                        "install hlofuse[explorer]`. See hlofuse.core.model_explorer.",
+                        flag_values=fv)
     _common(fv)
 
 
@@ -438,6 +443,9 @@ def cmd_optimize(fv, pos) -> int:
         formats.check_target_version(fv["target-version"].value)
     _check_outputs([("-o", out), ("--report", fv["report"].value)], inputs=[inp],
                    in_place=in_place, dump_dir=fv["dump-dir"].value)
+    graph = fv["graph"].value
+    if graph is not None:
+        _check_graph_dir(graph, [inp, out, fv["report"].value])
     loaded = _load(inp)
     fmt = fv["format"].value or loaded.fmt
     if fmt == "exported" and loaded.exported is None:
@@ -456,16 +464,23 @@ def cmd_optimize(fv, pos) -> int:
         status = _verify(fv, loaded, original, data, fmt, out, res.report)
         if status:
             return status
+    graph_texts = _graph_texts(res, original) if graph else None   # fails before any write
     _commit(out, lambda: formats.atomic_write(out, data, inputs=[inp], in_place=in_place))
     if fv["report"].value:
         rep = fv["report"].value
         _commit(rep, lambda: formats.write_report(res.report, rep, inputs=[inp, out]))
+    written = (_write_graph(graph, graph_texts, keep=[inp, out, fv["report"].value])
+               if graph else None)
     r = res.report
     what = (f"{len(r.kernels)} kernel(s), {len(r.left_to_xla)} region(s) left to XLA, main ops "
             f"{r.ops_before} -> {r.ops_after}" if res.changed else "unchanged")
     kind = _describe_file(loaded) if fmt == loaded.fmt else formats.FORMAT_NAMES[fmt]
     print(f"{PROG}: {inp} -> {out} ({kind}, {len(data)} bytes, target "
           f"{res.target}): {what}")
+    if written:
+        from hlofuse.core.model_explorer import open_command
+        print(f"{PROG}: --graph: {len(written)} files in {graph}; open them with: "
+              f"{open_command(written)}")
     for n in r.notes:
         _note("optimize", n)
     return EXIT_OK
@@ -563,6 +578,54 @@ def _check_dump_dir(dump_dir: str, files) -> None:
         if os.path.dirname(os.path.realpath(f)) == real and \
                 re.fullmatch(r"\d{3}_.+\.mlir|failed_before_.+\.mlirbc", os.path.basename(f)):
             raise UsageError(f"--dump-dir: {dump_dir}: would overwrite {f} with a dump file")
+
+
+def _check_graph_dir(graph: str, files) -> None:
+    """--graph DIR: Model Explorer is installed; DIR is a directory or can be made; none of the
+    command's inputs and outputs is one of the files written there. Before any work."""
+    from hlofuse.core import model_explorer as mex
+    try:
+        mex.require()
+    except ImportError as e:
+        raise UsageError(f"--graph: {e}") from None
+    if os.path.exists(graph) and not os.path.isdir(graph):
+        raise UsageError(f"--graph: {graph}: exists and is not a directory")
+    existing = os.path.abspath(graph)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"--graph: {graph}: directory {existing} is not writable")
+    ours = mex.paths(graph).values()
+    for f in (f for f in files if f):
+        for p in ours:
+            if formats.same_file(f, p):
+                raise UsageError(f"--graph: {graph}: would overwrite {f} with {os.path.basename(p)}")
+
+
+def _graph_texts(res, original) -> dict[str, str]:
+    """--graph: the files' contents (:func:`hlofuse.core.model_explorer.contents`): the module
+    before (``original``) and after, and the overlays."""
+    from hlofuse.core import model_explorer as mex
+    _stage(f"building the Model Explorer graph of {res.report.source}")
+    return mex.contents(res.report, after=hir.to_text(res.module, debug_info=True),
+                        before=hir.to_text(original, debug_info=True))
+
+
+def _write_graph(graph: str, texts: dict[str, str], *, keep) -> dict[str, str]:
+    """--graph DIR: write ``texts`` there, each file atomically, never over an input or another
+    output (``keep``). Returns name -> path of the files written."""
+    from hlofuse.core import model_explorer as mex
+    try:
+        os.makedirs(graph, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"--graph: {graph}: cannot create the directory: {e.strerror or e}") from None
+    where = mex.paths(graph)
+    written = {}
+    for name, text in texts.items():
+        path = where[name]
+        _commit(path, lambda: formats.atomic_write(path, text, inputs=[k for k in keep if k]))
+        written[name] = path
+    return written
 
 
 def cmd_run(fv, pos) -> int:
