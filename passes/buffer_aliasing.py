@@ -319,9 +319,8 @@ class BufferAliasing(Pass):
             t = gu.info(outs[j])
             nbytes = t.nbytes if t else 0
             rows.append({"output": j, "argument": i, "bytes": nbytes,
-                         "type": f"{t.dtype}[{','.join(map(str, t.shape))}]" if t else ""})
-            report.note(f"buffer-aliasing: output {j} aliases {arg_name(args[i], i)} "
-                        f"({nbytes} bytes)")
+                         "type": f"{t.dtype}[{','.join(map(str, t.shape))}]" if t else "",
+                         "name": arg_name(args[i], i)})
         memory = {"peak_live_bytes_before": before.peak_bytes,
                   "peak_live_bytes_after": after.peak_bytes, "peak_at": after.peak_at,
                   "argument_bytes": after.argument_bytes, "output_bytes": after.output_bytes,

@@ -47,7 +47,7 @@ equal operand types and fails to compile the mixed dot,
 Preconditions: after ``kernelize`` (a cpu kernel's int8 product is a ``dot_general`` in its
 function by then) and ``symbol-dce`` (the region functions kernels replaced are gone). The
 regions' original functions kernelize keeps for verification and rollback
-(``report.xla_funcs``) are rewritten too (not counted), so a region rolled back to XLA runs
+(kept in the module, :mod:`hlofuse.passes.kernel_table`) are rewritten too (not counted), so a region rolled back to XLA runs
 the same fast dot. Invariant: the module verifies; results bit-identical (integer
 arithmetic, tolerance category ``exact``). Idempotent: the dots it makes have a ``ui8`` lhs
 or a padded vector operand that is no longer a vector.
@@ -71,6 +71,7 @@ from hlofuse.core import ir as hir
 from hlofuse.core.pipeline import Pass
 from hlofuse.core.report import Refusals
 from hlofuse.passes import graph_util as gu
+from hlofuse.passes import kernel_table
 from hlofuse.passes.op_forms import form_reason, padded_dot, precision_kw, vector_side
 
 SHIFT = 128   # a + 128 maps int8 [-128, 127] onto uint8 [0, 255]
@@ -212,16 +213,18 @@ class Int8DotUnsigned(Pass):
         rows = hostcpu.rows_option(self.options.int8_gemv_rows)
         refused = Refusals(self.name, outcome="left signed x signed")
         n, padded, kept = self._rewrite_all(module, refused, shift, rows)
-        # kernelize kept each kernelized region's original function (report.xla_funcs) for
-        # verification and rollback: rewrite those too (not counted), so a region rolled back
-        # to XLA (a failed check, a measured decision) runs what this pipeline makes of it
-        for rid, text in list(ctx.report.xla_funcs.items()):
-            if "xi8>" not in text:
+        # kernelize kept each kernelized region's original function in the module
+        # (hlofuse.passes.kernel_table) for verification and rollback: rewrite those too (not
+        # counted), so a region rolled back to XLA (a failed check, a measured decision) runs
+        # what this pipeline makes of it
+        for rid, k in kernel_table.kernel_funcs(module).items():
+            if k.original is None or "xi8>" not in k.original:
                 continue
-            m = hir.parse(text, module.context, source=f"kept region {rid}")
+            m = hir.parse(k.original, module.context, source=f"kept region {rid}")
             self._rewrite_all(m, Refusals(self.name), shift, rows)
             (fn,) = hir.funcs(m)
-            ctx.report.xla_funcs[rid] = fn.operation.get_asm(enable_debug_info=True, assume_verified=True)
+            kernel_table.set_original(module, rid, fn.operation.get_asm(
+                enable_debug_info=True, assume_verified=True))
         refused.flush(ctx)
         if kept and self.options.shift == "auto":
             ctx.report.note(f"{self.name}: {kept} int8 x int8 dot(s) kept signed x signed: this "

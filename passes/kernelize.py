@@ -45,9 +45,12 @@ from hlofuse.kernels.tiling import native_tile, padding_waste
 from hlofuse.passes.fusion.outline import KERNEL_PREFIX, KIND_ATTR, REGION_ATTR, XLA_ATTR, program_blocks
 from hlofuse.core.report import HlofuseWarning
 from hlofuse.passes import sharding as shd
+from hlofuse.passes.kernel_table import KERNEL_INFO_ATTR, ORIGINAL_ATTR
 
 _CACHE: dict[tuple, tuple[str, str, str]] = {}
-KERNEL_INFO_ATTR = "hlofuse.kernel"   # on a kernel's entry function: "kind|region|name|blocks"
+# KERNEL_INFO_ATTR on a kernel's entry function: "kind|region|name|blocks"; ORIGINAL_ATTR beside
+# it: the region's original function (hlofuse.runtime.verify checks the kernel against it and
+# rolls back to it)
 _CACHE_LOCK = threading.Lock()
 
 
@@ -309,10 +312,10 @@ class Kernelize(Pass):
                     kfn = ir.SymbolTable(module.operation)[mapping["main"]]
                     kfn.attributes[KERNEL_INFO_ATTR] = ir.StringAttr.get(
                         f"{kind}|{rid}|{kname}|{blocks}")
+                    # the module keeps what it replaced (hlofuse.passes.kernel_table)
+                    kfn.attributes[ORIGINAL_ATTR] = ir.StringAttr.get(original)
                 region.kernel = kname
                 region.block = blocks
-                region.extra["kernel_func"] = mapping["main"]
-                ctx.report.xla_funcs[rid] = original  # for hlofuse.runtime.verify (check and rollback)
                 n_kernels += 1
             except Exception as e:  # leave the region to XLA, say why
                 region.reason = f"kernel build failed ({_short(e)})"

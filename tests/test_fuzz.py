@@ -33,6 +33,7 @@ from jax import lax
 
 import hlofuse
 from hlofuse.core import ir as hir
+from hlofuse.passes.kernel_table import kernel_funcs
 from hlofuse.runtime.testing import GraphSpec, Node, stablehlo_graphs
 from hlofuse.runtime.verify import check_graph
 
@@ -169,7 +170,7 @@ def test_regression_outlining_and_kernels_never_reuse_a_symbol():
     names = {hir.func_name(f) for f in hir.funcs(opt.module)}
     assert {"hlofuse_region_0", "hlofuse_k0_main", "hlofuse_k0_1_main"} <= names
     (region,) = opt.report.regions
-    assert region.kernel and region.extra["kernel_func"] == "hlofuse_k0_1_main"
+    assert region.kernel and kernel_funcs(opt.module)[region.id].symbol == "hlofuse_k0_1_main"
     inputs = random_inputs([jax.ShapeDtypeStruct((8, 128), np.float32)] * 2, 0)
     assert_same(run_module(opt.module, inputs), run_module(EARLIER, inputs))
     assert hlofuse.optimize(opt.text).text == opt.text

@@ -74,7 +74,7 @@ def _directives(text: str) -> dict:
 # Kernel payloads: Mosaic's ``backend_config = "..."`` and Triton's ``ir = "..."`` (inside
 # ``mhlo.backend_config``) are serialized compiler modules; they embed the absolute paths of the
 # kernel sources (so they differ per checkout) and change with every jax release.
-_BLOB = re.compile(r'\b(backend_config|ir) = "(?:[^"\\]|\\.)*"')
+_BLOB = re.compile(r'\b(backend_config|ir|hlofuse\.xla_original) = "(?:[^"\\]|\\.)*"')
 
 
 def canonical(text: str) -> str:

@@ -415,7 +415,8 @@ def test_report_aliases_are_the_compiled_executables():
     assert want == {0: 0}
     assert {r["output"]: r["argument"] for r in rep.aliases} == want
     assert rep.memory["aliases_from"] == "compiled executable"
-    assert not any("output 1 aliases" in n for n in rep.notes)
+    assert not any("output 1 aliases" in n for n in rep.alias_notes() + rep.notes)
+    assert "output 0 aliases argument 0" in str(rep)
     assert f.lower(x, y).compile().aliases() == want
 
 

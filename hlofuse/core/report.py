@@ -62,11 +62,10 @@ class Report:
     ops_after: int = 0
     notes: list[str] = dataclasses.field(default_factory=list)  # warnings for the user
     source: str = "<module>"
-    # region id -> text of its outlined function before kernelize replaced it (kept for
-    # hlofuse.runtime.verify's check and rollback; in-memory only, not part of to_dict/JSON)
-    xla_funcs: dict[int, str] = dataclasses.field(default_factory=dict, repr=False)
     # buffer-aliasing: which outputs alias which (donated) arguments, and the memory plan
-    # ({'output': j, 'argument': i, 'bytes': n, 'type': 'f32[...]'} rows; peak live bytes)
+    # ({'output': j, 'argument': i, 'bytes': n, 'type': 'f32[...]', 'name': "argument i ..."}
+    # rows, 'source': 'compiled executable' when read back from XLA's; peak live bytes). The
+    # text views show them as notes (:meth:`alias_notes`)
     aliases: list[dict] = dataclasses.field(default_factory=list)
     memory: dict = dataclasses.field(default_factory=dict)
     # kernelize: one row per matmul and convolution (GEMM view): shape, the target's native
@@ -160,6 +159,17 @@ class Report:
         from hlofuse.core import model_explorer
         return model_explorer.write(directory, self, after=after, before=before)
 
+    def alias_notes(self) -> list[str]:
+        """One sentence per aliased output (from :attr:`aliases`), as the text views show it."""
+        out = []
+        for r in self.aliases:
+            arg = r.get("name") or f"argument {r['argument']}"
+            src = "; read back from the compiled executable" \
+                if r.get("source") == "compiled executable" else ""
+            out.append(f"buffer-aliasing: output {r['output']} aliases {arg} "
+                       f"({r['bytes']} bytes{src})")
+        return out
+
     def to_markdown(self) -> str:
         lines = [f"# hlofuse report ({self.source}, target {self.target})", "",
                  f"- kernels: {len(self.kernels)}; regions left to XLA: {len(self.left_to_xla)}"
@@ -174,8 +184,9 @@ class Report:
                          f"{outcome(r)} | "
                          f"{fmt_bytes(r.bytes_unfused)} → {fmt_bytes(r.bytes_fused if r.kernel else r.bytes_unfused)} | "
                          f"{', '.join(r.locations[:3])} |")
-        if self.notes:
-            lines += ["", "## Notes", *[f"- {n}" for n in self.notes]]
+        notes = self.alias_notes() + self.notes
+        if notes:
+            lines += ["", "## Notes", *[f"- {n}" for n in notes]]
         if self.tiling:
             lines += ["", "## Tiling", "", *[f"- {t}" for t in tiling_lines(self.tiling)]]
         lines += ["", "## Passes", "", "| pass | ms | stats |", "|---|---|---|"]
@@ -201,7 +212,7 @@ class Report:
         if len(rows) > 1:
             for row in rows:
                 out.append("  " + "  ".join(c[:w].ljust(w) for c, w in zip(row, widths)).rstrip())
-        for n in self.notes:
+        for n in self.alias_notes() + self.notes:
             out.append(f"  note: {n}")
         for t in tiling_lines(self.tiling):
             out.append(f"  tiling: {t}")

@@ -408,7 +408,8 @@ class HlofuseFunction:
 
 
 def _report_compiled_aliases(report, entry, aliases: dict[int, int]) -> None:
-    """Replace the report's aliases and memory plan with what the executable does."""
+    """Replace the report's aliases and memory plan with what the executable does (the
+    outer ``jax.jit``'s donation decides them; the report's text shows the rows)."""
     module = entry.optimized.module
     with module.context:
         func = hir.main_func(module)
@@ -429,11 +430,6 @@ def _report_compiled_aliases(report, entry, aliases: dict[int, int]) -> None:
         report.note(f"buffer-aliasing: the compiled executable aliases "
                     f"{', '.join(f'output {j} <- argument {i}' for j, i in sorted(aliases.items())) or 'nothing'}"
                     f" (the module asked for {claimed}; the outer jax.jit's donation decides)")
-    report.notes[:] = [n for n in report.notes
-                       if not re.match(r"buffer-aliasing: output \d+ aliases ", n)]
-    for r in rows:
-        report.note(f"buffer-aliasing: output {r['output']} aliases argument {r['argument']} "
-                    f"({r['bytes']} bytes; read back from the compiled executable)")
     report.aliases = rows
     report.memory = dict(before, peak_live_bytes_after=plan.peak_bytes, peak_at=plan.peak_at,
                          alias_bytes=plan.alias_bytes, aliases_from="compiled executable")

@@ -54,7 +54,7 @@ from hlofuse.core import compat
 from hlofuse.core import config
 from hlofuse.core import ir as hir
 from hlofuse.runtime.api import Optimized, optimize
-from hlofuse.passes.kernelize import KERNEL_INFO_ATTR
+from hlofuse.passes.kernel_table import KERNEL_INFO_ATTR, kernel_funcs
 from hlofuse.runtime import formats
 from hlofuse.runtime.verify import rollback
 
@@ -985,7 +985,7 @@ def optimize_many(items: Sequence[tuple[str, object]], chip: str, *, pipeline=No
             if k.region is None or k.region >= len(opt.report.regions):
                 continue
             region = opt.report.region(k.region)
-            if "kernel_func" in region.extra:
+            if region.id in kernel_funcs(opt.module):
                 rollback(opt, region, f"does not compile for {c.name}: {k.error}")
         redo.append((i, bad))
     if redo:   # the programs as they will run on this chip

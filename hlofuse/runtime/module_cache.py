@@ -55,7 +55,9 @@ from hlofuse.core import ir as hir
 from hlofuse.core.report import PassRecord, Region, Report
 
 ENV = "HLOFUSE_MODULE_CACHE"
-FORMAT = 1
+# 2: kernels keep their regions' originals in the module (hlofuse.passes.kernel_table), no
+# longer beside it in the entry; an entry of format 1 is a miss
+FORMAT = 2
 #: modules larger than this (frozen weights inlined as constants) are not cached: the entry
 #: would cost more disk than the passes cost time. Entries are never evicted otherwise (delete
 #: the directory to reclaim the space).
@@ -122,7 +124,7 @@ def _traced_path(k: str) -> str:
 def _report_from_dict(d: dict) -> Report:
     names = {f.name for f in dataclasses.fields(Report)}
     rep = Report(**{k: v for k, v in d.items()
-                    if k in names and k not in ("regions", "passes", "xla_funcs")})
+                    if k in names and k not in ("regions", "passes")})
     rfields = {f.name for f in dataclasses.fields(Region)}
     rep.regions = [Region(**{k: v for k, v in r.items() if k in rfields}) for r in d["regions"]]
     pfields = {f.name for f in dataclasses.fields(PassRecord)}
@@ -148,7 +150,6 @@ def load(k: str, ctx=None):
         if hashlib.sha256(data).hexdigest() != raw["module_sha256"]:
             raise ValueError("module checksum mismatch")
         rep = _report_from_dict(raw["report"])
-        rep.xla_funcs = {int(i): str(t) for i, t in raw.get("xla_funcs", {}).items()}
         # the checksum matches what this cache wrote from a live module: no subprocess probe
         module = hir.parse(data, ctx or hir.new_context(), source=f"module cache {k}", probe=False)
     except Exception as e:  # noqa: BLE001 - any damage is a miss
@@ -175,8 +176,7 @@ def store(k: str, module, report: Report) -> None:
     payload = {"format": FORMAT, "key": k,
                "module": base64.b64encode(data).decode(),
                "module_sha256": hashlib.sha256(data).hexdigest(),
-               "report": report.to_dict(),
-               "xla_funcs": {str(i): t for i, t in report.xla_funcs.items()}}
+               "report": report.to_dict()}
     try:
         os.makedirs(directory(), exist_ok=True)
         formats.atomic_write(_path(k), json.dumps(payload, default=str))
@@ -210,7 +210,6 @@ def load_traced(k: str, ctx=None):
         from jax import export as jexport
         exp = jexport.deserialize(bytearray(data))
         rep = _report_from_dict(raw["report"])
-        rep.xla_funcs = {int(i): str(t) for i, t in raw.get("xla_funcs", {}).items()}
         module = hir.parse(exp.mlir_module_serialized, ctx or hir.new_context(),
                            source=f"module cache {k}", probe=False)
     except Exception as e:  # noqa: BLE001 - any damage is a miss
@@ -229,8 +228,7 @@ def store_traced(k: str, exported_bytes: bytes, report: Report) -> None:
     payload = {"format": FORMAT, "key": k,
                "exported": base64.b64encode(data).decode(),
                "exported_sha256": hashlib.sha256(data).hexdigest(),
-               "report": report.to_dict(),
-               "xla_funcs": {str(i): t for i, t in report.xla_funcs.items()}}
+               "report": report.to_dict()}
     try:
         os.makedirs(traced_directory(), exist_ok=True)
         formats.atomic_write(_traced_path(k), json.dumps(payload, default=str))

@@ -79,6 +79,7 @@ from hlofuse.core.report import HlofuseWarning, Report
 from hlofuse.core.target import CPU, Target
 from hlofuse.passes import kernelize
 from hlofuse.passes.fusion import cost as cost_model
+from hlofuse.passes.kernel_table import kernel_funcs
 from hlofuse.runtime import autotune as at
 from hlofuse.runtime import module_cache
 from hlofuse.runtime.verify import rollback, unoptimized, verify_regions
@@ -584,9 +585,10 @@ def without_kernels(opt: Optimized, reasons: dict[str, str]) -> Optimized:
     report = copy.deepcopy(opt.report)
     module = hir.clone_module(opt.module)
     out = Optimized(module, report, base_hash=opt.base_hash or at.module_hash(opt.text))
+    kept = {rid for rid, k in kernel_funcs(module).items() if k.original is not None}
     for r in list(report.kernels):
         h = r.extra.get("region_hash")
-        if h in reasons and r.id in report.xla_funcs and r.extra.get("kernel_func"):
+        if h in reasons and r.id in kept:
             rollback(out, r, reasons[h])
             r.extra["decision"] = reasons[h]
     from hlofuse.runtime.api import count_main_ops

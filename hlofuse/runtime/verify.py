@@ -5,7 +5,8 @@ after the pipeline. For every kernelized region (``report.kernels``) it
 
 1. builds one test module whose ``@main`` calls, side by side, the region's kernel function
    (``hlofuse_k<id>_main`` and its helpers, exactly as spliced) and the region's original
-   outlined function (its text, kept by ``kernelize`` in ``report.xla_funcs``);
+   outlined function (its text, kept by ``kernelize`` in the module:
+   :mod:`hlofuse.passes.kernel_table`);
 2. compiles it with XLA for the target and runs it on seeded random inputs in the region's
    dtypes, then on inputs salted with edge values (±inf, NaN, -0, subnormals, huge values,
    integer extremes), kept inside the domain where the region's ops agree across backends
@@ -60,6 +61,7 @@ from hlofuse.runtime.api import Optimized, count_main_ops, optimize
 from hlofuse.runtime.execute import backend_for, run_module
 from hlofuse.kernels import FAMILIES, lowering
 from hlofuse.passes.fusion.outline import XLA_ATTR
+from hlofuse.passes.kernel_table import kernel_funcs
 from hlofuse.core.pipeline import PassFailure, is_config_error
 from hlofuse.core.report import HlofuseWarning, Region, Report
 from hlofuse.core.target import Target
@@ -112,7 +114,8 @@ def _parse_func(text: str, ctx: ir.Context):
     return m, fs[0]
 
 
-def _side_by_side(optimized_module: ir.Module, regions: list[Region], originals: dict[int, str]):
+def _side_by_side(optimized_module: ir.Module, regions: list[Region], originals: dict[int, str],
+                  symbols: dict[int, str]):
     """A module whose @main runs each region's kernel and its original on separate inputs.
 
     Returns (module, [(region, n_inputs, n_outputs, in_types)]).
@@ -130,7 +133,7 @@ def _side_by_side(optimized_module: ir.Module, regions: list[Region], originals:
         table = ir.SymbolTable(test.operation)
         in_types, out_types = [], []
         for r in regions:
-            ft = hir.function_type(table[r.extra["kernel_func"]])
+            ft = hir.function_type(table[symbols[r.id]])
             layout.append((r, len(ft.inputs), len(ft.results), list(ft.inputs)))
             in_types += list(ft.inputs)
             out_types += list(ft.results) * 2
@@ -142,8 +145,8 @@ def _side_by_side(optimized_module: ir.Module, regions: list[Region], originals:
             for r, n_in, n_out, _ in layout:
                 args = list(entry.arguments)[pos:pos + n_in]
                 pos += n_in
-                ft = hir.function_type(table[r.extra["kernel_func"]])
-                k = func_d.CallOp(list(ft.results), ir.FlatSymbolRefAttr.get(r.extra["kernel_func"]), args)
+                ft = hir.function_type(table[symbols[r.id]])
+                k = func_d.CallOp(list(ft.results), ir.FlatSymbolRefAttr.get(symbols[r.id]), args)
                 x = func_d.CallOp(list(ft.results), ir.FlatSymbolRefAttr.get(f"{XLA_PREFIX}{r.id}"), args)
                 outs += list(k.results) + list(x.results)
             func_d.ReturnOp(outs)
@@ -326,7 +329,8 @@ def _check_on_device(module: ir.Module, regions: list[Region], originals: dict, 
     verdicts: dict[int, RegionCheck] = {}
 
     def run_group(group: list[Region]) -> None:
-        test, layout = _side_by_side(module, group, originals)
+        test, layout = _side_by_side(module, group, originals,
+                                     {r: k.symbol for r, k in kernel_funcs(module).items()})
         checks = {r.id: _Trials(r, _category(r, category)) for r in group}
         for t, trial in enumerate(trials):
             per_region = [_inputs(types, trial, seed + 7919 * t + r.id, r)
@@ -408,10 +412,11 @@ def _original_as_main(text: str, ctx: ir.Context) -> ir.Module:
 
 def rollback(optimized, region: Region, reason: str) -> None:
     """Point the region's call(s) back at its original function and drop the kernel."""
-    module, report = optimized.module, optimized.report
+    module = optimized.module
     ctx = module.context
-    kernel_func = region.extra["kernel_func"]
-    _, fn = _parse_func(report.xla_funcs[region.id], ctx)
+    k = kernel_funcs(module)[region.id]
+    kernel_func = k.symbol
+    _, fn = _parse_func(k.original, ctx)
     with ctx, ir.Location.unknown():
         table = ir.SymbolTable(module.operation)
         base = name = hir.func_name(fn)
@@ -430,7 +435,6 @@ def rollback(optimized, region: Region, reason: str) -> None:
     region.reason = reason
     region.kernel = None
     region.block = None
-    region.extra.pop("kernel_func", None)
 
 
 def verify_module(optimized, *, target: Target | str | None = None, seed: int = 0,
@@ -440,8 +444,8 @@ def verify_module(optimized, *, target: Target | str | None = None, seed: int = 
     its original subgraph and roll back the ones that disagree. Mutates and returns it.
 
     Works from the optimized module and its report alone (no ``Exported`` needed), in the
-    process that ran :func:`hlofuse.optimize`: the original subgraphs are kept in memory by
-    ``kernelize`` (``report.xla_funcs``).
+    process that ran :func:`hlofuse.optimize`: ``kernelize`` keeps the original subgraphs in
+    the module (:mod:`hlofuse.passes.kernel_table`).
 
     Args:
       optimized: the result of ``hlofuse.optimize``.
@@ -459,18 +463,21 @@ def verify_module(optimized, *, target: Target | str | None = None, seed: int = 
     """
     report = optimized.report
     target = Target.of(target or report.target)
-    regions = [r for r in report.kernels if r.extra.get("kernel_func")]
-    checkable = [r for r in regions if r.id in report.xla_funcs]
+    table = kernel_funcs(optimized.module)
+    regions = [r for r in report.kernels if r.id in table]
+    originals = {r.id: table[r.id].original for r in regions
+                 if table[r.id].original is not None}
+    checkable = [r for r in regions if r.id in originals]
     for r in regions:
-        if r.id not in report.xla_funcs:
+        if r.id not in originals:
             r.extra["verify"] = "not verified: original subgraph not kept"
     if not checkable:
         return optimized
     if backend_for(target) is not None:
-        verdicts = _check_on_device(optimized.module, checkable, report.xla_funcs, target, seed,
+        verdicts = _check_on_device(optimized.module, checkable, originals, target, seed,
                                     trials, category)
     else:
-        verdicts = _check_interpret(checkable, report.xla_funcs, target, seed, trials, category,
+        verdicts = _check_interpret(checkable, originals, target, seed, trials, category,
                                     optimized.module.context)
     for r in checkable:
         v = verdicts[r.id]

@@ -5,6 +5,7 @@ import pytest
 
 import hlofuse
 from hlofuse.core import ir as hir
+from hlofuse.passes.kernel_table import kernel_funcs
 from hlofuse.kernels import FAMILIES
 from hlofuse.runtime.testing import assert_same
 from hlofuse.runtime.testing import ALL_KERNELS
@@ -29,7 +30,11 @@ def test_region_becomes_a_kernel_and_keeps_results():
     opt = hlofuse.optimize(CHAIN, pipeline=PIPE)
     (r,) = opt.report.regions
     assert r.kernel and r.kernel.startswith("hlofuse_elementwise_") and r.reason is None
-    assert "call @hlofuse_k0_main" in opt.text and "hlofuse_region_0" not in opt.text
+    assert "call @hlofuse_k0_main" in opt.text
+    funcs = {hir.func_name(f) for f in hir.funcs(opt.module)}
+    assert "hlofuse_region_0" not in funcs      # replaced: kept only as the kernel's original
+    (k,) = kernel_funcs(opt.module).values()
+    assert k.symbol == "hlofuse_k0_main" and "@hlofuse_region_0" in k.original
     # cpu: the Pallas interpret-mode kernel body, plain StableHLO (one grid step: no loop)
     assert "custom_call" not in opt.text and opt.text.count("stablehlo.add") >= 1
     x = _inputs()
