@@ -252,11 +252,15 @@ DRIVER = textwrap.dedent(r'''
                 cmd = head.rstrip() + " --quick" + (sep + comment if sep else "")
             env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep
                        + os.environ.get("PATH", ""))
-            p = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, env=env,
-                               timeout=300)
-            out.write(p.stdout)
-            if p.returncode != 0:
-                error = f"exit {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+            try:
+                p = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, env=env,
+                                   timeout=300)
+            except subprocess.TimeoutExpired:
+                error = "timed out after 300 s: mark it '# takes minutes' if it must be long"
+            else:
+                out.write(p.stdout)
+                if p.returncode != 0:
+                    error = f"exit {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
         print(json.dumps({"n": n, "stdout": out.getvalue(), "error": error,
                           "seconds": round(time.monotonic() - t0, 2)}), flush=True)
         if error:

@@ -55,10 +55,25 @@ def markdown_doc(doc: str) -> str:
     for i in range(0, len(parts), 2):   # outside inline code
         parts[i] = parts[i].replace("<", "&lt;").replace(">", "&gt;")
     doc = "`".join(parts)
-    # reST literal blocks ("::" then an indented block): a fenced block
+    # reST literal blocks ("::" then an indented block): a fenced block; Google-style
+    # sections ("Args:" then "  name: text" items): a bullet list
     out, lines, i = [], doc.splitlines(), 0
     while i < len(lines):
         line = lines[i]
+        if re.fullmatch(r"(Args|Arguments|Returns|Raises|Attributes|Yields):\s*", line):
+            out += ["", f"**{line.strip()}**", ""]
+            i += 1
+            while i < len(lines) and lines[i].startswith("  "):
+                item = re.match(r"  (\*{0,2}[\w.,* ]+?):\s(.*)", lines[i])
+                if item and not lines[i].startswith("   "):
+                    out.append(f"- `{item.group(1)}`: {item.group(2)}")
+                elif not lines[i].startswith("   ") and not out[-1].startswith("- "):
+                    out.append(f"- {lines[i].strip()}")
+                else:
+                    out.append(f"  {lines[i].strip()}")
+                i += 1
+            out.append("")
+            continue
         if line.rstrip().endswith("::") and i + 1 < len(lines):
             out.append(line.rstrip()[:-1])
             j = i + 1
