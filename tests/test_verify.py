@@ -281,8 +281,12 @@ def test_failing_pass_falls_back_to_unoptimized(monkeypatch, xy):
 
 
 def test_unknown_pass_name_is_still_an_error(xy):
+    """Raised by hlofuse.jit itself, before any call (a tiered first call would otherwise
+    meet it only in its background build)."""
     with pytest.raises(KeyError, match="unknown pass"):
-        jit(f2, disable=["no-such-pass"])(*xy)
+        jit(f2, disable=["no-such-pass"])
+    with pytest.raises(KeyError, match="unknown pass 'no-such-pass'"):
+        jit(f2, pipeline="cse,no-such-pass", tiered=True)
 
 
 def test_check_inside_grad_and_vmap_traces(xy):

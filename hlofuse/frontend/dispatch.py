@@ -70,23 +70,16 @@ class Dispatcher(Tuning):
         return tiered_mode(self.tiered)
 
     # -- calls -------------------------------------------------------------------------------
-    def call(self, info: CallInfo, args, kwargs):
-        """One call (``info.args`` are its arguments)."""
-        if self.fast:
-            fn = self.fast_fn
-            # a decided variant is for top-level calls: under a transformation (tracers)
-            # hlofuse's program runs, as in tuned_call (and options can't nest)
-            if fn is None or not compat.at_top_level():
-                fn = self.default
-            out = fn.run(info, args, kwargs)
-            if info.tier is not None:   # a new signature: XLA's code ran, the build starts
-                self._start_tier(info, args, kwargs, out)
-            elif info.traced:           # a new signature: its first call for tuning
-                self.traced_new(info)
-                if not self.fast:
-                    self.tuned_call(info, args, kwargs, out)
-            return out
-        return self.tuned_call(info, args, kwargs)
+    def first_call(self, info: CallInfo, args, kwargs, out) -> None:
+        """A call on the fast path (:meth:`hlofuse.frontend.jit.HlofuseFunction.__call__`:
+        one executable for every signature, straight to jax's C++ dispatch) traced a new
+        signature (``out``: its outputs)."""
+        if info.tier is not None:   # XLA's code ran for it: hlofuse's module in the background
+            self._start_tier(info, args, kwargs, out)
+            return
+        self.traced_new(info)       # its first call, for tuning
+        if not self.fast:
+            self.tuned_call(info, args, kwargs, out)
 
     def traced_new(self, info: CallInfo) -> None:
         """A trace of a new signature ran (a call, ``lower``, a transformation): calls leave

@@ -44,7 +44,9 @@ from typing import Callable, Sequence
 import jax
 from jax import tree_util
 
+from hlofuse.core import compat
 from hlofuse.core import ir as hir
+from hlofuse.core.pipeline import OptionError, PassManager, UnknownPassError
 from hlofuse.core.report import Report
 from hlofuse.core.target import Target
 from hlofuse.frontend.dispatch import Dispatcher
@@ -193,6 +195,7 @@ class HlofuseFunction:
                              pass_options=dict(options or {}), dump_dir=dump_dir, check=check,
                              autotune=autotune)
         self._name = getattr(fun, "__name__", "fun")
+        _check_pass_names(pipeline, disable)
         self._sig = CallSignature(fun, self._name, freeze_argnums, jit_kwargs)
         if memory_limit is not None:   # checked now: a typo fails here, not at the first call
             memory.resolve_limit(memory_limit, self._target or Target.of(None))
@@ -260,11 +263,24 @@ class HlofuseFunction:
             return self._fun(*args, **kwargs)
         if self._sig.freeze:
             args = self._sig.wrap_frozen(args)
-        info = CallInfo((args, kwargs), may_tier=True)
+        d = self._dispatch
+        if d.fast:   # one executable for every signature: jax's C++ dispatch, no per-call key
+            fn = d.fast_fn
+            if fn is None or not compat.at_top_level():
+                fn = d.default
+            info = CallInfo((args, kwargs), True, fn.plain)
+            try:
+                out = fn.jitted(info, *args, **kwargs)
+                if info.traced:
+                    d.first_call(info, args, kwargs, out)
+                return out
+            finally:
+                info.leave()
+        info = CallInfo((args, kwargs), True)
         try:
             if self._memory_limit is not None:
-                self._dispatch.plan_memory(args, kwargs, self.lower)
-            return self._dispatch.call(info, args, kwargs)
+                d.plan_memory(args, kwargs, self.lower)
+            return d.tuned_call(info, args, kwargs)
         finally:
             info.leave()
 
@@ -405,6 +421,18 @@ class HlofuseFunction:
         if obj is None:
             return self
         return functools.partial(self, obj)
+
+
+def _check_pass_names(pipeline, disable) -> None:
+    """An unknown pass name is the user's error, raised here (a tiered first call would only
+    meet it in a background build, and run XLA's code with a warning). A bad pass option is
+    reported where the module is built: that build falls back to XLA's program and warns."""
+    try:
+        PassManager(pipeline, disable=disable)
+    except UnknownPassError:
+        raise
+    except (OptionError, ValueError, TypeError):
+        pass
 
 
 def _report_compiled_aliases(report, entry, aliases: dict[int, int]) -> None:

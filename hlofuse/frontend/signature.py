@@ -81,7 +81,7 @@ class CallInfo:
 
     __slots__ = ("args", "may_tier", "plain", "traced", "tier", "_xla_cache")
 
-    def __init__(self, args=None, *, may_tier: bool = False, plain: bool = False):
+    def __init__(self, args=None, may_tier: bool = False, plain: bool = False):
         self.args = args
         self.may_tier = may_tier
         self.plain = plain
@@ -115,8 +115,8 @@ class CallInfo:
         """The call is over: drop its arguments (jax's caches keep this object as a key) and
         leave the compilation-cache context its trace entered."""
         self.args = None
-        ctx, self._xla_cache = self._xla_cache, None
-        if ctx is not None:
+        if self._xla_cache is not None:
+            ctx, self._xla_cache = self._xla_cache, None
             ctx.__exit__(None, None, None)
 
 
