@@ -488,3 +488,19 @@ def test_updates_assigned_inside_arguments_are_reported():
         return x + 1
     with pytest.warns(hlofuse.HlofuseWarning, match="changed the structure of its arguments"):
         hlofuse.jit(grow)([jnp.ones(2)], jnp.ones(2))
+
+
+def test_donation_with_an_unused_argument_jax_drops():
+    """jax drops an unused argument from the module (keep_unused=False): donation is by the
+    module's own positions, so buffer-aliasing neither warns nor reports a mismatch, and the
+    compiled executable aliases the donated argument as jax.jit's does."""
+    import warnings
+    fn = lambda a, b: jnp.tanh(b) * 2  # noqa: E731
+    f = hlofuse.jit(fn, donate_argnums=1, tiered=False)
+    a, b = jnp.ones(4), jnp.ones(4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rep = f.report(a, b)
+    assert [(r["output"], r["argument"]) for r in rep.aliases] == [(0, 1)]
+    assert not any("buffer-aliasing" in n for n in rep.notes), rep.notes
+    assert_same(f(a, jnp.ones(4)), jax.jit(fn)(a, jnp.ones(4)), "exact")

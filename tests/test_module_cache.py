@@ -331,3 +331,12 @@ def test_hlofuse_compiles_enter_its_own_xla_cache_however_short(tmp_path):
     assert int(after_call) >= 1                 # hlofuse's compile is in jax's cache
     assert int(after_eager) == int(after_call)  # the eager op after it is not
     assert float(restored) == mc.XLA_MIN_COMPILE_S
+
+
+def test_the_code_fingerprint_covers_every_layer():
+    """Every source file of the package is part of the key's code fingerprint: a change in
+    the runtime or the front end (not only the core) makes a new key."""
+    names = {n for n, _ in mc.source_files()}
+    for want in ("hlofuse/core/ir.py", "hlofuse/runtime/program.py", "hlofuse/frontend/jit.py",
+                 "hlofuse.passes/kernelize.py", "hlofuse.kernels/common.py"):
+        assert want in names, want

@@ -451,10 +451,13 @@ def _report_compiled_aliases(report, entry, aliases: dict[int, int]) -> None:
                          "source": "compiled executable"})
         before = dict(report.memory)
         plan = memory_plan(func, {j: i for j, i in aliases.items() if j < len(outs)})
-    if [(r["output"], r["argument"]) for r in report.aliases
-            if r.get("source") != "compiled executable"] not in ([], sorted(aliases.items())):
-        claimed = ", ".join(f"output {r['output']} <- argument {r['argument']}"
-                            for r in report.aliases) or "none"
+    # the module's arguments are those jax kept (an unused one is dropped): in the call's terms
+    kept = sorted(entry.exported.module_kept_var_idx) if entry.exported is not None else None
+    arg = (lambda i: kept[i] if kept is not None and i < len(kept) else i)  # noqa: E731
+    asked = [(r["output"], arg(r["argument"])) for r in report.aliases
+             if r.get("source") != "compiled executable"]
+    if asked not in ([], sorted(aliases.items())):
+        claimed = ", ".join(f"output {j} <- argument {i}" for j, i in asked) or "none"
         report.note(f"buffer-aliasing: the compiled executable aliases "
                     f"{', '.join(f'output {j} <- argument {i}' for j, i in sorted(aliases.items())) or 'nothing'}"
                     f" (the module asked for {claimed}; the outer jax.jit's donation decides)")

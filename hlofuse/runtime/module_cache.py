@@ -79,20 +79,30 @@ def code_fingerprint() -> str:
     """Versions the optimized module depends on: jax, jaxlib and hlofuse's source files."""
     import jax
     import jaxlib
-    from hlofuse import kernels, passes
     h = hashlib.sha256(f"jax-{jax.__version__}|jaxlib-{jaxlib.__version__}".encode())
-    roots = [("hlofuse", os.path.dirname(os.path.abspath(hir.__file__))),
+    for name, path in source_files():
+        st = os.stat(path)
+        h.update(f"{name}:{st.st_size}:{st.st_mtime_ns}|".encode())
+    return h.hexdigest()[:24]
+
+
+def source_files() -> list[tuple[str, str]]:
+    """(name, path) of every Python file of hlofuse, hlofuse.passes and hlofuse.kernels."""
+    from hlofuse import kernels, passes
+    # the whole package (hlofuse/core/ir.py is two levels down): since the layers became
+    # folders this was hlofuse/core alone, and a change to hlofuse/runtime kept old entries
+    roots = [("hlofuse", os.path.dirname(os.path.dirname(os.path.abspath(hir.__file__)))),
              ("hlofuse.passes", os.path.dirname(os.path.abspath(passes.__file__))),
              ("hlofuse.kernels", os.path.dirname(os.path.abspath(kernels.__file__)))]
+    out = []
     for name, root in roots:
         for dirpath, dirnames, files in sorted(os.walk(root)):
             dirnames.sort()
             for f in sorted(files):
                 if f.endswith(".py"):
-                    st = os.stat(os.path.join(dirpath, f))
-                    rel = os.path.relpath(os.path.join(dirpath, f), root)
-                    h.update(f"{name}/{rel}:{st.st_size}:{st.st_mtime_ns}|".encode())
-    return h.hexdigest()[:24]
+                    path = os.path.join(dirpath, f)
+                    out.append((f"{name}/{os.path.relpath(path, root)}", path))
+    return out
 
 
 def key(module_bytes: bytes, options: dict) -> str | None:

@@ -289,6 +289,10 @@ def export_optimized(fun: Callable, sig: Signature, opts: Options, *, name: str 
         # runs the same targets (LAPACK's ormqr has no compatibility guarantee, say)
         disabled_checks=[jexport.DisabledSafetyCheck.custom_call("ALL")],
     )(*sds_of(sig, shardings))
+    # the module's arguments are the ones jax kept (an unused one is dropped): donation by
+    # the module's own positions
+    kept = sorted(exp0.module_kept_var_idx)
+    donated = [kept.index(i) for i in donated if i in kept]
     ckey = _module_cache_key(exp0, opts, target, name, donated, learned, pass_options)
     try:  # an optimization never makes a program fail (options={'strict': True} re-raises)
         opt = _optimized(exp0, ckey, opts, target, name, donated, learned, pass_options,
