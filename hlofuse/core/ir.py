@@ -366,6 +366,24 @@ def location_str(loc) -> str:
     return source_location(str(loc))
 
 
+# a file frame of a location's text: "path":line (a FileLineColLoc or FileLineColRange)
+_FILE_FRAME = re.compile(r'"([^"]+)":(\d+)')
+
+
+def user_frame(loc) -> tuple[str, int] | None:
+    """``(path, line)`` of the innermost frame of ``loc`` (an MLIR location or its text) in
+    the user's own code: not jax's, not a model library's, not hlofuse's own files
+    (:func:`hlofuse.core.report.is_library_path`). None when it names no such frame: no file
+    at all (``loc(unknown)``, a bare name), only library frames, or only ``"-"`` (the name the
+    parser gives text that came without locations). JAX's locations are call-site stacks,
+    innermost first, so this is the line of the user's model that made the op."""
+    from hlofuse.core.report import is_library_path
+    for path, line in _FILE_FRAME.findall(loc if isinstance(loc, str) else str(loc)):
+        if path != "-" and not is_library_path(path):
+            return path, int(line)
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class TensorInfo:
     shape: tuple
