@@ -32,6 +32,7 @@ from jax import lax
 from hlofuse.core import ir as hir
 from hlofuse.core.ops import EmitError
 from hlofuse.core.target import Target
+from hlofuse.kernels.naming import named_kernel
 
 __all__ = ["ConvSpec", "spec_from_func", "build_conv_winograd", "conv_winograd_reference",
            "winograd_f2x2_3x3"]
@@ -178,7 +179,7 @@ def build_conv_winograd(spec: ConvSpec, target: Target | str, **_):
         y = winograd_f2x2_3x3(x, w, spec.padding)
         return (jnp.transpose(y, spec.out_perm),)
 
-    fn.kernel_name = f"hlofuse_conv_winograd_{spec.digest}"
+    fn = named_kernel(fn, f"hlofuse_conv_winograd_{spec.digest}")
     fn.blocks = "winograd F(2x2,3x3)"
     return fn
 

@@ -64,6 +64,7 @@ from hlofuse.kernels.attention.online_softmax import (logit_grad, needs_own_stat
 from hlofuse.kernels.attention.reference import attention_reference
 from hlofuse.kernels.attention.skip import skip_table_cached
 from hlofuse.kernels.attention.spec import AttentionSpec
+from hlofuse.kernels.naming import named_kernel
 
 __all__ = ["FWD_LSE_ATTR", "BWD_ATTR", "FwdLseSpec", "BwdSpec", "fwd_lse_spec_from_func",
            "bwd_spec_from_func", "build_fwd_lse", "build_bwd", "fwd_lse_reference", "bwd_reference",
@@ -209,11 +210,11 @@ def build_fwd_lse(fs: FwdLseSpec, target, *, interpret=None, blocks=None, name=N
     inner = build_cpu(fs.fwd, blocks, with_lse=True)
 
     def fn(*inputs):
-        o, lse_c = inner(*inputs)
+        o, lse_c = inner.unscoped(*inputs)   # under this kernel's name, not the forward's
         res = [None, None]
         res[fs.o_index], res[1 - fs.o_index] = o, _lse_out(fs, lse_c)
         return tuple(res)
-    fn.kernel_name = inner.kernel_name.replace("attention_cpu", "attention_fwd_lse_cpu")
+    fn = named_kernel(fn, inner.kernel_name.replace("attention_cpu", "attention_fwd_lse_cpu"))
     fn.blocks = inner.blocks
     return fn
 
@@ -538,7 +539,7 @@ def build_cpu_bwd(bs: BwdSpec, blocks: AttentionBlocks | None = None, *,
         dkt, dvt = lax.optimization_barrier((dkt, dvt))
         return dq, dkt, dvt, dsd
 
-    fn.kernel_name = f"hlofuse_attention_bwd_cpu_{spec.digest}"
+    fn = named_kernel(fn, f"hlofuse_attention_bwd_cpu_{spec.digest}")
     fn.blocks = (f"cpu loops {blocks}" + (f" x{len(bounds)}" if len(bounds) > 1 else "")
                  + (" +skip" if table is not None else ""))
     return fn

@@ -37,6 +37,7 @@ from hlofuse.kernels.attention.logits import F32, eval_logits, prescale
 from hlofuse.kernels.attention.online_softmax import online_finish, online_init, online_update
 from hlofuse.kernels.attention.skip import skip_table_cached
 from hlofuse.kernels.attention.spec import AttentionSpec
+from hlofuse.kernels.naming import named_kernel
 
 __all__ = ["CPU_K_TRANSPOSED", "CPU_PARTS", "build_cpu", "cpu_parts", "cpu_split", "split_parts"]
 
@@ -204,7 +205,7 @@ def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
         return jax.tree.map(
             lambda a: a.reshape(a.shape[:sq_ax] + (nq * bq,) + a.shape[sq_ax + 2:]), res)
 
-    fn.kernel_name = f"hlofuse_attention_cpu_{spec.digest}"
+    fn = named_kernel(fn, f"hlofuse_attention_cpu_{spec.digest}")
     fn.blocks = (f"cpu loops {blocks}" + (f" x{len(bounds)}" if len(bounds) > 1 else "")
                  + (" +skip" if table is not None else ""))
     return fn

@@ -31,6 +31,7 @@ from hlofuse.kernels.attention.layout import canonical_inputs, output
 from hlofuse.kernels.attention.logits import F32, eval_logits, prescale
 from hlofuse.kernels.attention.skip import skip_info
 from hlofuse.kernels.attention.spec import AttentionSpec
+from hlofuse.kernels.naming import named_kernel
 
 __all__ = ["CPU_SHORT_MAX_ELEMS", "CPU_SHORT_MAX_K", "short_fits", "build_cpu_short"]
 
@@ -89,6 +90,6 @@ def build_cpu_short(spec: AttentionSpec):
                             preferred_element_type=F32, precision=pv_prec)
         return (output(spec, (o / l).astype(out_dtype)),)
 
-    fn.kernel_name = f"hlofuse_attention_cpu_{spec.digest}"
+    fn = named_kernel(fn, f"hlofuse_attention_cpu_{spec.digest}")
     fn.blocks = f"cpu whole rows bq={sq} bk={sk} (no loop)"
     return fn
