@@ -8,6 +8,16 @@ the plain outlined function, which XLA inlines — and the report says why; fail
 ``NotImplementedError`` (unsupported-but-legal) also warn, naming the region and its source line.
 Region functions left to XLA are marked ``hlofuse.xla`` and kernel functions are named
 ``hlofuse_k<id>_*``, so running the pipeline again over its output changes nothing.
+Kernel names: each kernel is named after its region's kind and the user's source line, from
+its ops' locations (:func:`kernel_name`: ``hlofuse_attention_model_py_42``,
+``hlofuse_reduction_softmax_model_py_43``; a second such kernel on that line ``..._py_42_1``;
+``..._region<id>`` without a location). Kernels are built once per region body
+(:func:`lower_region`'s cache, under the build's own name ``hlofuse_<family>_<digest>``) and
+renamed per region in the lowered text before it is imported
+(:func:`hlofuse.kernels.naming.rename`): in the kernel ops' name stacks (XLA's ``op_name``
+metadata), Triton's kernel function and Mosaic's ``kernel_name`` (what GPU and TPU profiles
+show), the ``hlofuse.kernel`` attribute, the report's ``region.kernel`` and the ``kernel``
+argument of the ``hlofuse/kernel <kind>`` trace event.
 It also records the tiling report (``Report.tiling``): per matmul and convolution, its GEMM
 shape against the target's native tile (:func:`~hlofuse.kernels.tiling.native_tile`), the
 padding waste in percent and the blocks of the kernel that computes it.
@@ -28,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import re
 import threading
 import warnings
@@ -39,13 +50,14 @@ from hlofuse.core.pipeline import Pass, trace
 from hlofuse.kernels import FAMILIES
 from hlofuse.kernels.common import func_avals
 from hlofuse.kernels import lowering
+from hlofuse.kernels import naming
 from hlofuse.core.target import Target
 from hlofuse.kernels.support import matmul_dims
 from hlofuse.kernels.tiling import native_tile, padding_waste
 from hlofuse.passes.fusion.outline import KERNEL_PREFIX, KIND_ATTR, REGION_ATTR, XLA_ATTR, program_blocks
 from hlofuse.core.report import HlofuseWarning
 from hlofuse.passes import sharding as shd
-from hlofuse.passes.kernel_table import KERNEL_INFO_ATTR, ORIGINAL_ATTR
+from hlofuse.passes.kernel_table import KERNEL_INFO_ATTR, ORIGINAL_ATTR, kernel_funcs
 
 _CACHE: dict[tuple, tuple[str, str, str]] = {}
 # KERNEL_INFO_ATTR on a kernel's entry function: "kind|region|name|blocks"; ORIGINAL_ATTR beside
@@ -174,6 +186,44 @@ def _unique_prefix(module, rid: int) -> str:
     return prefix
 
 
+# the spec digest that ends a kernel family's build name (hlofuse_reduction_softmax_<digest>)
+_BUILD_DIGEST = re.compile(r"_[0-9a-f]{10}$")
+
+
+def kernel_name(kind: str, fn_op, rid: int, built: str = "", taken=()) -> str:
+    """The name of the kernel for region ``rid`` (outlined function ``fn_op``), built as
+    ``built``: the build's name without its digest (``hlofuse_<kind>`` and the family's
+    variant: ``hlofuse_attention_cpu``, ``hlofuse_reduction_softmax``), then the user's file
+    and line, from the first of the region's ops whose location has a frame in the user's code
+    (:func:`hlofuse.core.ir.user_frame`), sanitised to ``[A-Za-z0-9_]``:
+    ``hlofuse_reduction_softmax_model_py_42``; ``..._region<rid>`` when none has. A name in
+    ``taken`` (another such kernel on that line) gets ``_1``, ``_2``, ..."""
+    prefix = f"hlofuse_{kind}"
+    if built.startswith(prefix) and _BUILD_DIGEST.search(built):
+        prefix = _BUILD_DIGEST.sub("", built)
+    base = f"{prefix}_region{rid}"
+    for op in hir.all_ops(fn_op):
+        frame = hir.user_frame(op.location)
+        if frame is not None:
+            file = re.sub(r"[^A-Za-z0-9]+", "_", os.path.basename(frame[0])).strip("_")[-64:]
+            base = f"{prefix}_{file or 'line'}_{frame[1]}"
+            break
+    name, k = base, 0
+    while name in taken:
+        k += 1
+        name = f"{base}_{k}"
+    return name
+
+
+def _renamed(text: str, built: str, name: str) -> tuple[str, str]:
+    """(kernel module text, kernel name): the lowered kernel renamed from its build's name to
+    the region's; the build's name where it cannot be renamed everywhere."""
+    try:
+        return naming.rename(text, built, name), name
+    except naming.RenameError:
+        return text, built
+
+
 def _short(e: Exception) -> str:
     msg = str(e).strip().splitlines()
     return f"{type(e).__name__}: {msg[0][:200] if msg else ''}"
@@ -234,6 +284,8 @@ class Kernelize(Pass):
         mesh = shd.mesh_of(module) if shd.is_propagated(module) else None
         if mesh is not None:
             shd.annotate_calls(module, calls, table)
+        # kernel names in use (a module optimized before keeps its kernels' names)
+        names = {k.kernel for k in kernel_funcs(module).values()}
         for call in calls:
             callee = ir.FlatSymbolRefAttr(call.attributes["callee"]).value
             fn_op = table[callee]
@@ -283,13 +335,18 @@ class Kernelize(Pass):
                     continue
             try:
                 with trace(f"kernel {kind}", region=rid, at=", ".join(region.locations[:2]),
-                           target=ctx.target.kind):
+                           target=ctx.target.kind) as event:
                     if per_shard is not None:
                         local_mod = per_shard[0]
                         text, kname, blocks = lower_region(hir.funcs(local_mod)[0], kind,
                                                            ctx.target)
                     else:
                         text, kname, blocks = lower_region(fn_op, kind, ctx.target, body)
+                    # cached per body: renamed for this region before it is parsed
+                    text, kname = _renamed(text, kname,
+                                           kernel_name(kind, fn_op, rid, kname, names))
+                    if hasattr(event, "set_metadata"):   # jax.profiler.TraceAnnotation
+                        event.set_metadata(kernel=kname)
                 kmod = hir.parse(text, module.context, source=f"kernel for region {rid}")
                 # the cleanups later runs apply to the whole module, applied now (idempotence)
                 hir.run_upstream_passes(kmod, "builtin.module(canonicalize,cse,canonicalize)")
@@ -315,6 +372,7 @@ class Kernelize(Pass):
                     # the module keeps what it replaced (hlofuse.passes.kernel_table)
                     kfn.attributes[ORIGINAL_ATTR] = ir.StringAttr.get(original)
                 region.kernel = kname
+                names.add(kname)
                 region.block = blocks
                 n_kernels += 1
             except Exception as e:  # leave the region to XLA, say why

@@ -9,7 +9,7 @@ module {
     %2 = stablehlo.add %1, %arg0 : tensor<8x16xf32>
     return %2 : tensor<8x16xf32>
   }
-  func.func private @hlofuse_k0_main(%arg0: tensor<8x16xf32>, %arg1: tensor<8x16xf32>) -> tensor<8x16xf32> attributes {hlofuse.kernel = "elementwise|0|hlofuse_elementwise_45ede2e728|8x16 blocks, grid 1x1", hlofuse.xla_original = "<kernel payload>"} {
+  func.func private @hlofuse_k0_main(%arg0: tensor<8x16xf32>, %arg1: tensor<8x16xf32>) -> tensor<8x16xf32> attributes {hlofuse.kernel = "elementwise|0|hlofuse_elementwise_region0|8x16 blocks, grid 1x1", hlofuse.xla_original = "<kernel payload>"} {
     %0 = stablehlo.multiply %arg0, %arg1 : tensor<8x16xf32>
     %1 = stablehlo.tanh %0 : tensor<8x16xf32>
     %2 = stablehlo.add %1, %arg0 : tensor<8x16xf32>
