@@ -522,6 +522,16 @@ def tpu_vmem_bytes(bm: int, bn: int, bk: int, members: int, itemsize: int, extra
     return 2 * (tiles + members * bm * bn * 4 + extra_bytes) + members * bm * bn * 4
 
 
+# f32 accumulator values per thread a gpu matmul program may hold (all members' ``bm x bn``
+# tiles over ``num_warps`` warps): a horizontal kernel holds one accumulator per member dot.
+# Q/K/V (3 members) in 64x64 tiles at 4 warps held 96 per thread and spilled (ptxas, deviceless
+# compile, hlofuse.runtime.aot: BERT/GPT-2 layers with biases 255 registers/thread, 96 B on H100
+# and 56-96 B on A100); the rule halves ``bn`` to 64x32 tiles (48 per thread): no spills, and the
+# occupancy bound rose or stayed on every case of .ci/aot_matrix.py (H100 f32 BERT 0.06 -> 0.12,
+# bf16 0.12 -> 0.19, int8 GPT-2 0.12 -> 0.25; A100 0.12 -> 0.12-0.19). Two members (64x64) fit.
+GPU_MAX_ACC_PER_THREAD = 64
+
+
 def _gpu_bk(k: int) -> int:
     for b in (64, 32, 16):
         if k % b == 0:
@@ -553,6 +563,11 @@ def matmul_blocks(batch: int, m: int, n: int, k: int, *, target: Target | str, i
             bm = min(64, max(16, next_pow2(m)))
             bn = min(64 if members > 1 else 128, max(16, next_pow2(n)))
             bk = _gpu_bk(k)
+            # one f32 accumulator tile per member within the threads' registers
+            warps = 4 if bm * bn <= 4096 else 8
+            while (members > 1 and bn > 16
+                   and members * bm * bn > GPU_MAX_ACC_PER_THREAD * c.warp_size * warps):
+                bn //= 2
         stages = 3 if math.ceil(k / bk) > 2 else 2
         while stages > 1 and gpu_smem_bytes(bm, bn, bk, stages, members, itemsize) > c.smem_per_block:
             stages -= 1
