@@ -46,10 +46,6 @@ KNOWN = [
 # spill fails the matrix. Fix the kernel's blocks/warps and drop its line.
 # (chip, case substring, kernel kind, figures)
 KNOWN_SPILLS = [
-    ("h100", "attention/f32/", "attention",
-     "f32 flash forward, head dim 64, bq=128 bk=64 at 4 warps: 255 registers/thread, 32-48 B"),
-    ("h100", "model/f32/", "attention", "the same f32 flash forward (BERT, GPT-2): 32-44 B"),
-    ("h100", "qblock_gpt2", "attention", "the same f32 flash forward (int8 GPT-2 block): 32 B"),
     ("h100", "train_attention_bwd_s8192_d64_padmask", "attention_bwd",
      "dK/dV 255 registers/thread, 788+774 B; dQ 16+8 B"),
     ("h100", "train_attention_bwd_s8192_d128_padmask", "attention_bwd", "dK/dV 160+160 B"),
