@@ -501,11 +501,10 @@ def _real_size_programs() -> dict:
         "attention S=8192 causal d128 bf16": (lambda q, k, v: W.attention(q, k, v, causal=True),
                                               [S((1, 8192, 8, 128), BF)] * 3),
         "attention training S=8192 causal d128 bf16": (grad3(_att_loss), [S((1, 8192, 8, 128), BF)] * 3),
-        # spilled before the f32 forward's blocks were chosen per dtype (gpu_fwd_blocks)
+        # spilled before their blocks were chosen per chip and dtype (KNOWN_SPILLS' history)
         "attention BERT S=512 padding mask f32": (
             lambda q, k, v, m: W.attention(q, k, v, mask=m),
             [S((2, 512, 12, 64), F32)] * 3 + [S((2, 1, 1, 512), F32)]),
-        # spills today (KNOWN_SPILLS): must still spill, or leave that list
         "attention training S=8192 padding mask d64 bf16": (
             jax.value_and_grad(_att_loss, argnums=(0, 1, 2)),
             [S((1, 8192, 8, 64), BF)] * 3 + [S((1, 1, 1, 8192), F32)]),
@@ -514,14 +513,13 @@ def _real_size_programs() -> dict:
 
 
 # Kernels that spill registers on H100 today (ptxas -v of the compile above), with the figures
-# measured when this list was written; kernel code is not changed by the figures' issue. Each
-# must still spill (else: drop it here and in .ci/aot_matrix.py's KNOWN_SPILLS).
-KNOWN_SPILLS = {
-    # flash backward with a padding mask, head dim 64 (bq=128 bk=64, 4 warps): the dK/dV kernel
-    # 255 registers/thread, 788+774 B; the dQ kernel 255 registers/thread, 16+8 B
-    ("attention training S=8192 padding mask d64 bf16", "_dkv"),
-    ("attention training S=8192 padding mask d64 bf16", "_dq"),
-}
+# measured when listed. Each must still spill (else: drop it here and in .ci/aot_matrix.py's
+# KNOWN_SPILLS). None left: the f32 flash forward at head dim 64 (255 registers/thread, 48+48 B
+# at bq=128) takes 64-row query blocks (kernels/attention/triton.py, gpu_fwd_blocks: 170
+# registers, no spills), the flash backward with a padding mask (dK/dV 788+774 B, dQ 16+8 B at
+# bq=128) takes the per-chip backward blocks (kernels/attention/backward.py, gpu_bwd_blocks:
+# 64x64 at 4 warps on H100, dK/dV 255 and dQ 167 registers, no spills).
+KNOWN_SPILLS: set[tuple[str, str]] = set()
 
 
 @needs("h100")

@@ -308,18 +308,63 @@ def build_bwd(bs: BwdSpec, target, *, interpret=None, blocks=None, name=None):
     return build_pallas_bwd(bs, target, interpret=interpret, blocks=blocks, name=name)
 
 
+def gpu_bwd_blocks(spec: AttentionSpec, chip=None) -> AttentionBlocks:
+    """The Triton backward's blocks (dK/dV and dQ kernels alike) per chip and operand width,
+    chosen so that neither kernel spills registers (ptxas in the deviceless compile,
+    hlofuse.runtime.aot; .ci/aot_matrix.py's bf16 training steps at S=8192 / GQA S=4096, f32
+    ones at BERT S=512 and S=4096).
+
+    The forward's blocks (bq=128 at head dim 64) spilled: bf16 with a padding mask, the dK/dV
+    kernel 788+774 B on H100, 14672+14788 B on A100.
+
+    * H100 (sm_90): every dot keeps M >= 64 rows where it can (wgmma takes 64 rows per
+      warpgroup; a 32-row operand falls back to mma.sync, seen in the PTX). Head dim 64: 64x64,
+      4 warps for 16-bit operands (dK/dV 205-255 registers, occupancy bound 0.12; dQ 128-167,
+      0.19-0.25), 8 for f32. Head dim 128: 64x64 at 8 warps without side inputs; with a mask
+      64-row blocks spill at 1 or 2 stages (12+8 B, 160+160 B), so bq=32 (dK/dV 255
+      registers, dQ 96, 0.12 -> 0.25), as JAX's own Pallas flash backward (32x32 blocks).
+    * A100 (sm_80, mma.sync only): head dim 64: 64x32 at 4 warps for 16-bit operands (dK/dV
+      128-182 registers, 0.12-0.25; 64x64 still spills 228+220 B with a mask), 32x32 for f32;
+      head dim 128: 32x64 at 8 warps (dK/dV 128-208, dQ 96-99, 0.12-0.25).
+    * f32 operands: head dim 64, 64x64 at 8 warps on H100, 32x32 at 4 on A100 (no spills;
+      bq=128 spilled 744-1720 B / 18-20 KB). Head dim 128 still spills at every block tried
+      (one stage: H100 464-1200 B per kernel, A100 88-104 B; two: up to 764+752 B and
+      11400+11408 B): it takes one stage.
+
+    Larger head dims keep :func:`~.blocks.gpu_blocks`."""
+    from hlofuse.kernels.attention.blocks import gpu_blocks
+    from hlofuse.kernels.tiling import next_pow2
+    c = Target.of("gpu", chip).chip
+    d = max(next_pow2(spec.head_dim), next_pow2(spec.v_head_dim))
+    wgmma = tuple(c.compute_capability) >= (9, 0)
+    f32 = np.dtype(spec.in_dtypes[spec.q_arg] if spec.in_dtypes else np.float32).itemsize >= 4
+    stages = 2
+    if d <= 64 and f32:
+        bq, bk, warps = (64, 64, 8) if wgmma else (32, 32, 4)
+    elif d <= 64:
+        bq, bk, warps = 64, (64 if wgmma else 32), 4
+    elif d <= 128:
+        bq, bk, warps = (64 if wgmma and not spec.n_sides else 32), 64, 8
+        stages = 1 if f32 else 2
+    else:
+        return gpu_blocks(spec)
+    bq = min(bq, max(16, next_pow2(spec.seq_q)))
+    bk = min(bk, max(16, next_pow2(spec.seq_k)))
+    return AttentionBlocks("gpu", bq, bk, num_warps=warps, num_stages=stages)
+
+
 def build_pallas_bwd(bs: BwdSpec, target, *, interpret=None, blocks=None, name=None):
     """The flash backward as Pallas kernels (:mod:`.pallas_bwd`): Triton (gpu) or Mosaic (tpu);
     ``interpret``: True (gpu) or a ``pltpu.InterpretParams`` (tpu) runs them on CPU."""
-    from hlofuse.kernels.attention.blocks import gpu_blocks, tpu_blocks
+    from hlofuse.kernels.attention.blocks import tpu_blocks
     from hlofuse.kernels.attention.pallas_bwd import build_gpu_bwd, build_tpu_bwd, bwd_finish
     target = Target.of(target)
     spec = bs.fwd
     _pallas_target_check(spec, target)
     name = name or f"hlofuse_attention_bwd_{spec.digest}"
     if target.is_gpu:
-        kern = build_gpu_bwd(spec, bs.learned, blocks or gpu_blocks(spec), interpret=interpret,
-                             name=name)
+        kern = build_gpu_bwd(spec, bs.learned, blocks or gpu_bwd_blocks(spec, target.chip),
+                             interpret=interpret, name=name)
     elif target.is_tpu:
         kern = build_tpu_bwd(spec, bs.learned, blocks or tpu_blocks(spec), interpret=interpret,
                              name=name)
