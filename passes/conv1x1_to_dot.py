@@ -1,6 +1,6 @@
 """``conv1x1-to-dot``: a 1x1 convolution is a matmul over channels; rewrite it to one.
 
-Rewrites (cpu and tpu; gpu with ``on_gpu=true``, see ``Options``): a 1x1, stride-1, unpadded, ungrouped NHWC/HWIO convolution *is* a
+Rewrites (cpu; gpu and tpu with ``on_gpu=true`` / ``on_tpu=true``, see ``Options``): a 1x1, stride-1, unpadded, ungrouped NHWC/HWIO convolution *is* a
 matmul over the channel dim; it is rewritten to ``reshape(kernel)`` + ``dot_general`` (same
 sums) so its BatchNorm scale/shift, activation and residual fuse as the dot's epilogue. Other
 convolutions stay with XLA (its conv emitters / cuDNN); their elementwise epilogue is left to
@@ -83,16 +83,23 @@ class Conv1x1ToDot(Pass):
 
     @dataclasses.dataclass(frozen=True)
     class Options:
-        conv1x1_as_dot: bool = True  # on cpu too (always on tpu; on gpu see on_gpu)
+        conv1x1_as_dot: bool = True  # on cpu (on gpu and tpu see on_gpu, on_tpu)
         # gpu: off unless asked. Compiled for H100 and A100 (bench --memory), the ResNet-50
         # stage's training step (batch 64) needed 2599 / 2980 MiB with its 1x1 convolutions
         # as dots and 2477 / 2526 without (jax.jit 2477 / 2526): XLA:GPU's convolutions keep
-        # less live. On v5e the dots need less (2563 vs 2612 MiB), so tpu keeps them.
+        # less live.
         on_gpu: bool = False
+        # tpu: off unless asked. The same step on v5e needed 2564 MiB with the dots and 2416
+        # without (jax.jit 2416); v6e 2565 with, 2613 without (jax.jit 2614). (An earlier
+        # figure, 2563 vs 2612 on v5e, was taken while cse merged BatchNorm's x - mean, which
+        # cost the 196 MiB on its own; see passes/cse.py.) Off: never above jax.jit on either.
+        on_tpu: bool = False
 
     def run(self, module, ctx):
         if ctx.target.is_gpu and not self.options.on_gpu:
             return {"conv1x1_as_dot": 0, "skipped": "gpu (on_gpu=true rewrites there)"}
+        if ctx.target.kind == "tpu" and not self.options.on_tpu:
+            return {"conv1x1_as_dot": 0, "skipped": "tpu (on_tpu=true rewrites there)"}
         left = LeftToXla(self.name)
         n = sum(handle_convolutions(ctx, block, left, self.options.conv1x1_as_dot)
                 for block in program_blocks(module))

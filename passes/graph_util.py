@@ -378,3 +378,69 @@ def compose_transpose(op):
     if inner is not None:
         return make_transpose(x, perm, before=op)
     return None
+
+
+# -- common-subexpression elimination that leaves large recomputable ops alone ------------------
+#: attribute that keeps an op out of the upstream CSE (removed before :func:`cse` returns)
+CSE_KEEP_ATTR = "hlofuse.cse_keep"
+#: :func:`cse`'s ``recompute_bytes`` when left at -1, per target kind (see passes/cse.py)
+CSE_RECOMPUTE_BYTES = {"tpu": 1 << 20}
+
+
+def _recomputable(op) -> bool:
+    if op.name == "stablehlo.broadcast_in_dim":
+        return True
+    try:
+        return rule_for(op.name).cls is OpClass.ELEMENTWISE
+    except KeyError:
+        return False
+
+
+def _operand_key(v) -> tuple:
+    owner = v.owner
+    if isinstance(owner, ir.Block):   # a block argument: its block's parent op and position
+        return ("arg", as_op(owner.owner), ir.BlockArgument(v).arg_number)
+    return ("res", as_op(owner), ir.OpResult(v).result_number)
+
+
+def cse(module, target_kind: str, recompute_bytes: int = -1, pipeline: str = "cse") -> int:
+    """Run the upstream ``pipeline`` (``cse``, or e.g. ``canonicalize,cse``) over ``module``,
+    except that elementwise ops and broadcasts with results of at least ``recompute_bytes``
+    are not merged (-1: :data:`CSE_RECOMPUTE_BYTES` of ``target_kind``, else 0 = merge
+    everything): XLA recomputes such an op in each consumer's fusion, and merged it can be one
+    more live buffer (``hlofuse.passes.cse`` has the measurement). They are tagged with a
+    unique attribute (MLIR's CSE compares attributes), untagged afterwards. Returns how many
+    tagged ops had an identical twin left unmerged."""
+    if recompute_bytes < 0:
+        recompute_bytes = CSE_RECOMPUTE_BYTES.get(target_kind, 0)
+    tagged = 0
+    if recompute_bytes > 0:
+        with module.context:
+            for op in hir.all_ops(module):
+                if len(op.results) != 1 or not _recomputable(op):
+                    continue
+                t = info(op.result)
+                if t is not None and t.nbytes >= recompute_bytes:
+                    op.attributes[CSE_KEEP_ATTR] = ir.IntegerAttr.get(
+                        ir.IntegerType.get_signless(64), tagged)
+                    tagged += 1
+    hir.run_upstream_passes(module, f"builtin.module({pipeline})")
+    if not tagged:
+        return 0
+    # twins: same op, type and attributes on the same operands, where an operand that is
+    # itself a twin counts as its first (what the upstream pass would have merged)
+    kept, seen, first = 0, {}, {}
+    with module.context:
+        for op in hir.all_ops(module):
+            if CSE_KEEP_ATTR in op.attributes:
+                del op.attributes[CSE_KEEP_ATTR]
+                key = (op.name, str(op.result.type),
+                       tuple(sorted((n, str(op.attributes[n])) for n in op.attributes)),
+                       tuple(first.get(k, k) for k in map(_operand_key, op.operands)))
+                me = _operand_key(op.result)
+                if key in seen:
+                    kept += 1
+                    first[me] = seen[key]
+                else:
+                    seen[key] = me
+    return kept

@@ -351,6 +351,7 @@ class RowGatherScatter(Pass):
         if any(counts.values()):
             # the replaced gathers/scatters/reduces hold regions, which graph_util leaves to the
             # upstream canonicalizer; cse merges the iotas and splats the rewrites built
-            hir.run_upstream_passes(module, "builtin.module(canonicalize,cse)")
+            # (as the cse pass: large recomputable ops stay unmerged on tpu)
+            gu.cse(module, ctx.target.kind, pipeline="canonicalize,cse")
         refused.flush(ctx)
         return {**counts, **refused.stats()}

@@ -47,3 +47,36 @@ def test_cleanup_pipeline_keeps_results_exact():
     (before,) = hir.eval_module(MODULE, [x])
     (after,) = hir.eval_module(opt.text, [x])
     np.testing.assert_array_equal(before, after)
+
+
+BN_DUP = """
+func.func @main(%x: tensor<64x64x64xf32>, %m: tensor<64xf32>) -> (tensor<64x64x64xf32>, tensor<64x64x64xf32>) {
+  %b = stablehlo.broadcast_in_dim %m, dims = [2] : (tensor<64xf32>) -> tensor<64x64x64xf32>
+  %b2 = stablehlo.broadcast_in_dim %m, dims = [2] : (tensor<64xf32>) -> tensor<64x64x64xf32>
+  %d1 = stablehlo.subtract %x, %b : tensor<64x64x64xf32>
+  %d2 = stablehlo.subtract %x, %b2 : tensor<64x64x64xf32>
+  %sq = stablehlo.multiply %d1, %d1 : tensor<64x64x64xf32>
+  %n = stablehlo.tanh %d2 : tensor<64x64x64xf32>
+  func.return %sq, %n : tensor<64x64x64xf32>, tensor<64x64x64xf32>
+}
+"""
+
+
+def test_cse_leaves_large_elementwise_twins_on_tpu():
+    """BatchNorm's x - mean computed twice (1 MiB each): on tpu the twins stay (XLA:TPU fuses
+    each into its consumer; merged, one more live buffer), elsewhere they merge; the results
+    are the module's either way, and no tag is left behind."""
+    x = np.random.default_rng(0).standard_normal((64, 64, 64)).astype(np.float32)
+    m = np.random.default_rng(1).standard_normal(64).astype(np.float32)
+    want = hir.eval_module(BN_DUP, [x, m])
+    for target, subtracts in (("tpu", 2), ("cpu", 1), ("gpu", 1)):
+        opt = hlofuse.optimize(BN_DUP, target=target, pipeline=["cse"])
+        assert _count(opt.text, "stablehlo.subtract") == subtracts, target
+        assert _count(opt.text, "stablehlo.broadcast_in_dim") == subtracts, target
+        assert "hlofuse.cse_keep" not in opt.text
+        stats = opt.report.passes[0].stats
+        assert stats.get("large_elementwise_kept", 0) == (2 if target == "tpu" else 0), stats
+        np.testing.assert_array_equal(hir.eval_module(opt.text, [x, m])[0], want[0])
+    small = hlofuse.optimize(BN_DUP, target="tpu",
+                             options={"cse": {"recompute_bytes": 0}}, pipeline=["cse"])
+    assert _count(small.text, "stablehlo.subtract") == 1

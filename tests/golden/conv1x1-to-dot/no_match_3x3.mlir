@@ -1,4 +1,4 @@
-// golden: target=tpu
+// golden: target=cpu
 // golden: unchanged
 // golden: reason=3x3 kernel (only 1x1 convolutions are matmuls)
 // a 3x3 convolution is not a matmul: it stays with XLA and the report says why.
