@@ -18,7 +18,8 @@ from jaxlib.mlir import ir
 
 from hlofuse.core import ir as hir
 
-__all__ = ["KERNEL_INFO_ATTR", "ORIGINAL_ATTR", "KernelFunc", "kernel_funcs", "set_original"]
+__all__ = ["KERNEL_INFO_ATTR", "ORIGINAL_ATTR", "KernelFunc", "kernel_funcs", "set_original",
+           "text_without_originals"]
 
 KERNEL_INFO_ATTR = "hlofuse.kernel"       # on a kernel's entry function: "kind|region|name|blocks"
 ORIGINAL_ATTR = "hlofuse.xla_original"    # beside it: the region's original function, as text
@@ -73,3 +74,17 @@ def set_original(module: ir.Module, region: int, text: str) -> None:
                 return
     raise KeyError(f"no kernel of region {region} in the module")
 
+
+
+def text_without_originals(module: ir.Module, *, debug_info: bool = False) -> str:
+    """``module`` printed with the kept originals left out (what ``Lowered.as_text()`` shows:
+    the program that runs, without hlofuse's bookkeeping). The module itself keeps them."""
+    kernels = kernel_funcs(module)
+    if not any(k.original is not None for k in kernels.values()):
+        return hir.to_text(module, debug_info=debug_info)
+    copy = hir.clone_module(module)
+    with copy.context:
+        for fn in hir.funcs(copy):
+            if ORIGINAL_ATTR in fn.operation.attributes:
+                del fn.operation.attributes[ORIGINAL_ATTR]
+    return hir.to_text(copy, debug_info=debug_info)

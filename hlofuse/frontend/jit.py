@@ -55,6 +55,7 @@ from hlofuse.frontend.tracing import TracedFunction
 from hlofuse.frontend.tuning import decision_key, report_decision, xla_to_apply
 from hlofuse.passes import graph_util as gu
 from hlofuse.passes.buffer_aliasing import memory_plan
+from hlofuse.passes.kernel_table import text_without_originals
 from hlofuse.runtime import memory
 from hlofuse.runtime import module_cache
 from hlofuse.runtime.program import (TRACED_NOTE, Options, Program, find_calls,
@@ -119,8 +120,8 @@ class Lowered:
         """The optimized StableHLO (for any target, including gpu/tpu from a CPU machine)."""
         if self._entry is None:
             return self._lowered.as_text(debug_info=debug_info)
-        opt = self._entry.optimized
-        return opt.text_with_locations() if debug_info else opt.text
+        # the program that runs: the originals kept for rollback are hlofuse's bookkeeping
+        return text_without_originals(self._entry.optimized.module, debug_info=debug_info)
 
     @property
     def report(self):
