@@ -43,7 +43,7 @@ def test_parse_pipeline_steps_and_options():
     ("constant-fold{max_bytes=lots}", "option 'max_bytes' of pass 'constant-fold': expected int"),
     ("constant-fold{max_byte=16}", r"unknown option\(s\) 'max_byte' for pass 'constant-fold'; "
                                    r"known: max_bytes \(int, default 1048576\)"),
-    ("cse{x=1}", r"unknown option\(s\) 'x' for pass 'cse'; known: none"),
+    ("symbol-dce{x=1}", r"unknown option\(s\) 'x' for pass 'symbol-dce'; known: none"),
 ])
 def test_bad_pipeline_text_is_an_error_naming_the_step(text, match):
     with pytest.raises(OptionError, match=match):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 
-from tests.test_docs import ROOT, page_steps
+from tests.doc_pages import ROOT, page_steps
 
 README = os.path.join(ROOT, "README.md")
 MAX_LINES = 200

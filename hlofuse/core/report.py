@@ -207,7 +207,10 @@ class Report:
             rows.append((str(r.id), r.kind, _ops_summary(r.ops, 38), outcome(r),
                          f"{fmt_bytes(r.bytes_unfused)}->{fmt_bytes(r.bytes_fused if r.kernel else r.bytes_unfused)}",
                          ", ".join(r.locations[:2])))
-        widths = [min(60, max(len(row[i]) for row in rows)) for i in range(len(rows[0]))]
+        # the kernel / reason column gets more room: a kernel's name (kind, file and line)
+        # must not push its 'unmeasured: ...' reason out of the table
+        caps = (60, 60, 60, 110, 60, 60)
+        widths = [min(caps[i], max(len(row[i]) for row in rows)) for i in range(len(rows[0]))]
         out = [head]
         if len(rows) > 1:
             for row in rows:
