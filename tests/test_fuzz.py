@@ -9,11 +9,13 @@ it changes nothing. Every third CPU example also runs the per-region verifier (n
 happen on a correct pipeline). gpu/tpu examples lower only (no device here) and verify their
 kernels in Pallas interpret mode.
 
-CI runs a fixed, derandomized budget. The long run:
+The default ``python -m pytest`` runs a small fixed, derandomized budget (30 cpu examples, 8 per
+accelerator target); the ``long`` cases (deselected by default, run by CI's ``newest: long
+tests`` step with ``-m long``) run 400 cpu examples and 40 per accelerator. A longer run:
 
     HLOFUSE_FUZZ_EXAMPLES=10000 python -m pytest tests/test_fuzz.py -x -q
 
-(gpu and tpu get a tenth of the budget each). A failing example prints its program
+(the quick cases at that budget; gpu and tpu get a tenth of it each). A failing example prints its program
 (``spec.source()``); each bug found keeps a regression test at the end of this file. To collect
 every failure of a long run instead of stopping at the first:
 
@@ -37,29 +39,37 @@ from hlofuse.passes.kernel_table import kernel_funcs
 from hlofuse.runtime.testing import GraphSpec, Node, stablehlo_graphs
 from hlofuse.runtime.verify import check_graph
 
-EXAMPLES = int(os.environ.get("HLOFUSE_FUZZ_EXAMPLES", "100"))
+EXAMPLES = int(os.environ.get("HLOFUSE_FUZZ_EXAMPLES", "30"))
+LONG_EXAMPLES = max(EXAMPLES, 400)
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                        HealthCheck.filter_too_much])
-LOWER_ONLY = settings(FUZZ, max_examples=max(20, EXAMPLES // 10))
+#: (budget, pytest marks): the default run's and the long step's
+BUDGETS = [pytest.param(EXAMPLES, id="quick"),
+           pytest.param(LONG_EXAMPLES, id="long", marks=pytest.mark.long)]
 
 
 def _report(spec, e):
     return f"{e}\n--- program ---\n{spec.source()}"
 
 
-@FUZZ
-@given(stablehlo_graphs())
-def test_random_graphs_cpu(spec):
-    try:
-        check_graph(spec, target="cpu", verify=spec.seed % 3 == 0)
-    except AssertionError as e:
-        raise AssertionError(_report(spec, e)) from None
+@pytest.mark.parametrize("examples", BUDGETS)
+def test_random_graphs_cpu(examples):
+    @settings(FUZZ, max_examples=examples)
+    @given(stablehlo_graphs())
+    def run(spec):
+        try:
+            check_graph(spec, target="cpu", verify=spec.seed % 3 == 0)
+        except AssertionError as e:
+            raise AssertionError(_report(spec, e)) from None
+
+    run()
 
 
+@pytest.mark.parametrize("examples", BUDGETS)
 @pytest.mark.parametrize("target", ["gpu", "tpu"])
-def test_random_graphs_lower_for_accelerators(target):
-    @LOWER_ONLY
+def test_random_graphs_lower_for_accelerators(target, examples):
+    @settings(FUZZ, max_examples=max(8, examples // 10))
     @given(stablehlo_graphs())
     def run(spec):
         try:
