@@ -7,6 +7,7 @@ it with ``shift="always"``, so they run the same on every CPU)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -103,12 +104,19 @@ UNSUPPORTED = [((16, 16, 8), (16, 16, 16), (((1,), (0,)), ((0,), (2,)))),
                ((3, 16, 2), (3, 33, 16, 33), (((1,), (2,)), ((0,), (0,))))]
 
 
-def test_every_dot_form_gives_the_same_integers():
+# the seeded sweep of 60 forms: the default run takes the first 20, the `long` step the other 40
+SWEEP = [pytest.param(0, 20, id="first20"),
+         pytest.param(20, 60, id="rest40", marks=pytest.mark.long)]
+
+
+@pytest.mark.parametrize("start,stop", SWEEP)
+def test_every_dot_form_gives_the_same_integers(start, stop):
     """Batch, free and contracting dims in any order (the correction's broadcast must land each
     output channel on its own column): a seeded sweep, each form compiled by XLA:CPU and
     bit-identical; the forms known to fail are left as they were."""
     n = 0
-    cases = [(a, b, d, "known") for a, b, d in UNSUPPORTED] + list(dot_forms(5, 60))
+    forms = list(itertools.islice(dot_forms(5, 60), start, stop))
+    cases = [(a, b, d, "known") for a, b, d in UNSUPPORTED] * (start == 0) + forms
     for sa, sb, dims, form in cases:
         fn = lambda a, b, dims=dims: idot(a, b, dims)  # noqa: E731
         args = (_i8(*sa), _i8(*sb))
@@ -118,7 +126,7 @@ def test_every_dot_form_gives_the_same_integers():
             assert stats["rewritten"] == 0 and any("lead" in k or "transposed" in k for k in stats), stats
             assert any("left signed x signed" in n for n in opt.report.notes), opt.report.notes
         n += _stats(opt.report)["rewritten"]
-    assert n >= 50, n
+    assert n >= len(forms) * 5 // 6, n     # (17 of the first 20, 35 of the rest)
 
 
 def test_matrix_vector_dot_with_a_vector_lhs_becomes_a_two_row_product():
