@@ -45,10 +45,14 @@ CHILD = textwrap.dedent('''
             err = agreement(yj, yh)["err"]
             lowered = hf.lower(*args)
             rep = lowered.report
+            # under the mesh the calls ran with: the executables they compiled (outside it
+            # each program was compiled again)
+            jax_hlo = jj.lower(*args).compile().as_text()
+            hlofuse_hlo = lowered.compile().as_text()
         out[name] = {
             "err": err,
-            "jax": collectives(jj.lower(*args).compile().as_text()),
-            "hlofuse": collectives(lowered.compile().as_text()),
+            "jax": collectives(jax_hlo),
+            "hlofuse": collectives(hlofuse_hlo),
             "per_shard": sorted(r.kind for r in rep.regions if "per_shard" in r.extra),
             "specs": [r.extra["per_shard"] for r in rep.regions if "per_shard" in r.extra],
             "kernels": len(rep.kernels),
