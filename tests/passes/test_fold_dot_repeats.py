@@ -12,6 +12,7 @@ import jax.numpy as jnp
 
 import hlofuse
 from hlofuse.core import ir as hir
+from hlofuse.runtime.execute import run_module
 from hlofuse.runtime.testing import assert_same
 
 B, S, H, KV, D = 2, 64, 8, 2, 16
@@ -76,8 +77,11 @@ def test_gqa_products_read_kv_unrepeated(rep, sq, dropout):
                                            "fold-dot-repeats"])
     assert _folded(opt.report) == 2
     assert _repeated_dot_operands(opt.text) == 0
-    assert_same(hir.eval_module(opt.text, list(args)), hir.eval_module(text, list(args)),
-                "reassociate")
+    # the same numbers as the unrewritten module: by the StableHLO reference interpreter (an
+    # oracle independent of XLA) for the first case; the others by XLA (the interpreter takes
+    # 2 s on these programs, 5 s on the dropout programs' random bits)
+    run = hir.eval_module if (rep, sq) == (_repeat, 1) else run_module
+    assert_same(run(opt.text, list(args)), run(text, list(args)), "reassociate")
     # rerunning changes nothing
     again = hlofuse.optimize(opt.text, pipeline=["fold-dot-repeats"])
     assert _folded(again.report) == 0 and again.text == opt.text
