@@ -104,6 +104,49 @@ def check_kernel_everywhere(fn_op, family, *, category: str, gpu_blocks=None, tp
     return used
 
 
+_EVAL_CHILD = """
+import sys, numpy as np
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import stablehlo
+from hlofuse.core import ir as hir
+ctx = hir.new_context()
+z = np.load(sys.argv[1]); ins = [z[f"arr_{i}"] for i in range(len(z.files))]
+for i, path in enumerate(sys.argv[3:]):
+    m = hir.parse(open(path).read(), ctx)
+    with ctx:
+        outs = stablehlo.eval_module(m, [ir.DenseElementsAttr.get(a) for a in ins])
+        np.savez(f"{sys.argv[2]}/out{i}.npz", *[np.array(o) for o in outs])
+"""
+
+
+def eval_modules(texts, inputs, *, timeout: float = 300) -> list[list[np.ndarray]]:
+    """:func:`hlofuse.core.ir.eval_module` (the StableHLO reference interpreter, in a child
+    process: it aborts on unsupported ops) for each module of ``texts`` on the same ``inputs``,
+    all in one child: its start (~1 s of imports) is most of a small module's time. One list
+    of results per module."""
+    import os
+    import subprocess
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        paths = []
+        for i, text in enumerate(texts):
+            paths.append(os.path.join(d, f"m{i}.mlir"))
+            with open(paths[-1], "w") as fh:
+                fh.write(text)
+        np.savez(os.path.join(d, "in.npz"), *inputs)
+        argv, env = hir.python_command()
+        p = subprocess.run(argv + ["-c", _EVAL_CHILD, os.path.join(d, "in.npz"), d, *paths],
+                           capture_output=True, text=True, timeout=timeout, env=env)
+        if p.returncode != 0:
+            raise hir.IRError("reference interpreter failed: "
+                              + (p.stderr.strip().splitlines() or ["(no output)"])[-1])
+        outs = []
+        for i in range(len(paths)):
+            with np.load(os.path.join(d, f"out{i}.npz")) as z:
+                outs.append([z[f"arr_{j}"] for j in range(len(z.files))])
+        return outs
+
+
 def run_region(text, ins):
     """The outlined region compiled by XLA on its own: the ground truth."""
     from jax.extend import backend

@@ -8,6 +8,7 @@ import pytest
 import hlofuse
 from hlofuse.core import ir as hir
 from hlofuse.runtime.testing import assert_same
+from tests.fusion_util import eval_modules
 
 FUSE = ["fuse-elementwise"]
 
@@ -89,10 +90,6 @@ def _calls(text):
     return text.count("call @hlofuse_region")
 
 
-def _run(text, inputs):
-    return hir.eval_module(text, inputs)
-
-
 def test_chain_becomes_one_region_bit_exact():
     opt = hlofuse.optimize(CHAIN, pipeline=FUSE)
     assert _calls(opt.text) == 1
@@ -102,7 +99,7 @@ def test_chain_becomes_one_region_bit_exact():
     assert sorted(r.inputs) == ["f32[16]", "f32[8,16]"] and r.outputs == ["f32[8,16]"]
     assert r.bytes_fused < r.bytes_unfused
     x = _inputs(CHAIN)
-    assert_same(_run(opt.text, x), _run(CHAIN, x), "exact")
+    assert_same(*eval_modules([opt.text, CHAIN], x), "exact")
 
 
 def test_cycle_is_never_created():
@@ -111,7 +108,7 @@ def test_cycle_is_never_created():
     for r in opt.report.regions:  # no region contains both the exp and the tanh
         assert not ({"stablehlo.exponential", "stablehlo.tanh"} <= set(r.ops))
     x = _inputs(CYCLE)
-    assert_same(_run(opt.text, x), _run(CYCLE, x), "exact")
+    assert_same(*eval_modules([opt.text, CYCLE], x), "exact")
 
 
 def test_no_match_leaves_module_alone():
@@ -128,7 +125,7 @@ def test_multi_output_region():
     (r,) = opt.report.regions
     assert len(r.outputs) == 2  # sine (used by the reduce) and exponential
     x = _inputs(MULTI_OUT)
-    assert_same(_run(opt.text, x), _run(MULTI_OUT, x), "exact")
+    assert_same(*eval_modules([opt.text, MULTI_OUT], x), "exact")
 
 
 def test_fuses_loop_bodies_but_not_reducer_bodies():
@@ -136,7 +133,7 @@ def test_fuses_loop_bodies_but_not_reducer_bodies():
     assert _calls(opt.text) == 1
     assert opt.report.regions[0].ops == ["stablehlo.tanh", "stablehlo.multiply"]
     x = _inputs(IN_WHILE)
-    assert_same(_run(opt.text, x), _run(IN_WHILE, x), "exact")
+    assert_same(*eval_modules([opt.text, IN_WHILE], x), "exact")
     opt2 = hlofuse.optimize(MULTI_OUT, pipeline=FUSE)
     assert "hlofuse_region" not in opt2.text.split("applies")[0].split("reduce")[-1]
 
@@ -196,4 +193,4 @@ def test_cpu_leaves_elementwise_loops_to_xla_and_says_why(monkeypatch):
     assert len(hlofuse.optimize(CHAIN, pipeline=full).report.kernels) == 1
     x = _inputs(CHAIN)
     for opt in (cpu, forced):
-        assert_same(_run(opt.text, x), _run(CHAIN, x), "exact")
+        assert_same(*eval_modules([opt.text, CHAIN], x), "exact")

@@ -3,7 +3,7 @@
 import numpy as np
 
 import hlofuse
-from hlofuse.core import ir as hir
+from tests.fusion_util import eval_modules
 
 NESTED = """
 func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> {
@@ -35,7 +35,8 @@ def test_inlines_nested_calls_and_drops_callees():
     assert "call" not in opt.text and "@inner" not in opt.text and "@outer" not in opt.text
     assert opt.report.passes[0].stats == {"calls_inlined": 3}
     x = np.linspace(-2, 2, 8, dtype=np.float32)
-    np.testing.assert_array_equal(hir.eval_module(opt.text, [x])[0], hir.eval_module(NESTED, [x])[0])
+    got, want = eval_modules([opt.text, NESTED], [x])
+    np.testing.assert_array_equal(got[0], want[0])
 
 
 def test_no_calls_is_a_no_op_and_rerun_is_idempotent():

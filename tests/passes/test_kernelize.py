@@ -9,6 +9,7 @@ from hlofuse.passes.kernel_table import kernel_funcs
 from hlofuse.kernels import FAMILIES
 from hlofuse.runtime.testing import assert_same
 from hlofuse.runtime.testing import ALL_KERNELS
+from tests.fusion_util import eval_modules
 
 CHAIN = """
 func.func @main(%x: tensor<8x16xf32>, %y: tensor<8x16xf32>) -> tensor<8x16xf32> {
@@ -38,7 +39,7 @@ def test_region_becomes_a_kernel_and_keeps_results():
     # cpu: the Pallas interpret-mode kernel body, plain StableHLO (one grid step: no loop)
     assert "custom_call" not in opt.text and opt.text.count("stablehlo.add") >= 1
     x = _inputs()
-    assert_same(hir.eval_module(opt.text, x), hir.eval_module(CHAIN, x), "kernel")
+    assert_same(*eval_modules([opt.text, CHAIN], x), "kernel")
 
 
 @pytest.mark.parametrize("target,marker", [("gpu", "__gpu$xla.gpu.triton"), ("tpu", "tpu_custom_call")])
@@ -61,7 +62,7 @@ def test_build_failure_leaves_region_to_xla_with_reason(monkeypatch):
     assert r.kernel is None and "not supported" in r.reason
     assert "call @hlofuse_region_0" in opt.text  # left to XLA: the plain outlined function
     x = _inputs()
-    assert_same(hir.eval_module(opt.text, x), hir.eval_module(CHAIN, x), "exact")
+    assert_same(*eval_modules([opt.text, CHAIN], x), "exact")
 
 
 def test_no_kernels_option():

@@ -12,8 +12,8 @@ import jax
 import jax.numpy as jnp
 
 import hlofuse
-from hlofuse.core import ir as hir
 from hlofuse.runtime.testing import assert_same, tolerance
+from tests.fusion_util import eval_modules
 
 B, S, H, D = 2, 32, 4, 8
 W = H * D
@@ -134,7 +134,7 @@ def test_the_rewrite_alone_computes_the_same_values_exactly():
     before = _exported(step, args)
     opt = hlofuse.optimize(before, pipeline=["remat-loop-attention"])
     assert opt.report.passes[0].stats == {"recomputed": 4, "regions": 1}
-    for want, got in zip(hir.eval_module(before, args), hir.eval_module(opt.text, args)):
+    for want, got in zip(*eval_modules([before, opt.text], args)):
         np.testing.assert_array_equal(got, want)
     # rerunning changes nothing: the forward loop's intermediates stay in the attention now
     again = hlofuse.optimize(opt.text, pipeline=["remat-loop-attention"])

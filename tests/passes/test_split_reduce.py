@@ -15,6 +15,7 @@ import hlofuse
 from hlofuse.core import ir as hir
 from hlofuse.passes.split_reduce import plan, runs
 from hlofuse.runtime.testing import assert_same
+from tests.fusion_util import eval_modules
 
 PIPE = ["inline-calls", "canonicalize", "cse", "split-reduce"]
 B, H, W, C, G = 2, 16, 16, 64, 16            # 32K elements: at the default min_split_elements
@@ -75,7 +76,7 @@ def test_group_norm_stats_split_with_jax_jit_numbers():
     assert _stats(opt.report) == {"split": 2, "split_float": 2}
     assert _non_adjacent(opt.text) == 0
     assert ([B, H * W, C], [1]) in _reduce_dims(opt.text)
-    assert_same(hir.eval_module(opt.text, list(args)), hir.eval_module(text, list(args)), "reassociate")
+    assert_same(*eval_modules([opt.text, text], list(args)), "reassociate")
     again = hlofuse.optimize(opt.text, pipeline="split-reduce")     # idempotent
     assert _stats(again.report)["split"] == 0
 
@@ -105,7 +106,7 @@ def test_every_reducer_keeps_its_numbers(dtype, reduce, category):
     assert stats["split"] == 1
     assert stats["split_float"] == (category == "reassociate")
     assert _non_adjacent(opt.text) == 0
-    assert_same(hir.eval_module(opt.text, [x]), hir.eval_module(text, [x]), category)
+    assert_same(*eval_modules([opt.text, text], [x]), category)
 
 
 def _left_alone(f, *args, target="cpu", options=None, disable=()):

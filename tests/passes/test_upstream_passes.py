@@ -3,7 +3,7 @@
 import numpy as np
 
 import hlofuse
-from hlofuse.core import ir as hir
+from tests.fusion_util import eval_modules
 
 MODULE = """
 func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> {
@@ -44,8 +44,7 @@ def test_symbol_dce_removes_unused_private_functions():
 def test_cleanup_pipeline_keeps_results_exact():
     x = np.array([-1.0, -0.0, 0.5, 3.0], np.float32)
     opt = hlofuse.optimize(MODULE, pipeline="cleanup")
-    (before,) = hir.eval_module(MODULE, [x])
-    (after,) = hir.eval_module(opt.text, [x])
+    (before,), (after,) = eval_modules([MODULE, opt.text], [x])
     np.testing.assert_array_equal(before, after)
 
 
@@ -71,13 +70,7 @@ def test_cse_leaves_large_elementwise_twins_on_tpu():
     tiny = BN_DUP.replace("64x64x64", "4x8x16").replace("tensor<64xf32>", "tensor<16xf32>")
     x = np.random.default_rng(0).standard_normal((4, 8, 16)).astype(np.float32)
     m = np.random.default_rng(1).standard_normal(16).astype(np.float32)
-    runs = {}   # module text -> its results (cpu and gpu merge the twins alike: one run)
-
-    def run(text):
-        if text not in runs:
-            runs[text] = hir.eval_module(text, [x, m])
-        return runs[text]
-    want = run(tiny)
+    rewritten = []
     for target, subtracts in (("tpu", 2), ("cpu", 1), ("gpu", 1)):
         opt = hlofuse.optimize(BN_DUP, target=target, pipeline=["cse"])
         assert _count(opt.text, "stablehlo.subtract") == subtracts, target
@@ -89,8 +82,11 @@ def test_cse_leaves_large_elementwise_twins_on_tpu():
                                options={"cse": {"recompute_bytes": 1024}} if target == "tpu" else None)
         assert _count(opt.text, "stablehlo.subtract") == subtracts, target
         assert "hlofuse.cse_keep" not in opt.text
-        for got, w in zip(run(opt.text), want, strict=True):
-            np.testing.assert_array_equal(got, w)
+        rewritten.append(opt.text)
+    want, *results = eval_modules([tiny, *rewritten], [x, m])    # (one interpreter process)
+    for got in results:
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_array_equal(g, w)
     small = hlofuse.optimize(BN_DUP, target="tpu",
                              options={"cse": {"recompute_bytes": 0}}, pipeline=["cse"])
     assert _count(small.text, "stablehlo.subtract") == 1
