@@ -5,6 +5,7 @@ the outlined region functions, build kernels for every target, and compare."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -147,12 +148,18 @@ def eval_modules(texts, inputs, *, timeout: float = 300) -> list[list[np.ndarray
         return outs
 
 
-def run_region(text, ins):
-    """The outlined region compiled by XLA on its own: the ground truth."""
+@functools.lru_cache(maxsize=128)
+def _region_executable(text):
+    """(tests compare several kernels, targets and inputs against the same region)"""
     from jax.extend import backend
     be = backend.get_backend()
-    exe = be.compile_and_load(text, jax.devices()[:1],
-                              backend.get_compile_options(num_replicas=1, num_partitions=1))
+    return be.compile_and_load(text, jax.devices()[:1],
+                               backend.get_compile_options(num_replicas=1, num_partitions=1))
+
+
+def run_region(text, ins):
+    """The outlined region compiled by XLA on its own: the ground truth."""
+    exe = _region_executable(text)
     return tuple(np.asarray(o) for o in exe.execute([jax.numpy.asarray(a) for a in ins]))
 
 
