@@ -204,7 +204,7 @@ def test_report_prints_the_plan_and_writes_nothing_else(files):
     assert "<table>" in (d / "plan.html").read_text()
 
 
-def test_gpu_and_tpu_exports_keep_their_kernels(files):
+def test_gpu_and_tpu_exports_keep_their_kernels(files, capsys):
     d = files["dir"]
     for target, marker, plat in (("gpu", "__gpu$xla.gpu.triton", "cuda"),
                                  ("tpu", "tpu_custom_call", "tpu")):
@@ -226,8 +226,9 @@ def test_gpu_and_tpu_exports_keep_their_kernels(files):
         avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in exp.in_avals]
         text = jax.jit(exp.call).trace(*avals).lower(lowering_platforms=(plat,)).as_text()
         assert marker in text
-    p = hlofuse("optimize", "gpu.exported", "-o", "x.exported", "--options", '{"kernelize": 3}',
-                cwd=d)
+    # usage errors (no kernel is built): in this process, as in test_usage_errors
+    p = hlofuse_inprocess(capsys, "optimize", "gpu.exported", "-o", "x.exported", "--options",
+                          '{"kernelize": 3}', cwd=d)
     assert p.returncode != 0 and "--options" in p.stderr
     # --chip: the tiling's chip, as options={'chip': ...}; the report names it
     p = hlofuse("optimize", "gpu.exported", "-o", "a100.exported", "--chip", "a100",
@@ -235,7 +236,8 @@ def test_gpu_and_tpu_exports_keep_their_kernels(files):
                 cwd=d)
     assert p.returncode == 0, p.stderr
     assert json.loads((d / "a100.json").read_text())["chip"] == "a100"
-    p = hlofuse("optimize", "gpu.exported", "-o", "x.exported", "--chip", "z80", cwd=d)
+    p = hlofuse_inprocess(capsys, "optimize", "gpu.exported", "-o", "x.exported", "--chip", "z80",
+                          cwd=d)
     assert p.returncode == 2 and "--chip: unknown chip 'z80'" in p.stderr, p.stderr
 
 
@@ -323,7 +325,7 @@ def test_a_truncated_jax_export_artifact_is_named_so(files, tmp_path, capsys):
 # Errors: one line on stderr, exit code 2, no traceback
 # ---------------------------------------------------------------------------------------------
 
-def test_bad_inputs_give_one_clear_line(files, tmp_path):
+def test_bad_inputs_give_one_clear_line(files, tmp_path, capsys):
     d = tmp_path
     bc = files["paths"]["bytecode"].read_bytes()
     (d / "random.bin").write_bytes(np.random.default_rng(0).bytes(4000))
@@ -332,8 +334,10 @@ def test_bad_inputs_give_one_clear_line(files, tmp_path):
                                     "    %0 = foo.bar %a : tensor<4xf32>\n    return %0 : tensor<4xf32>\n  }\n}\n")
     (d / "nomain.mlir").write_text("module {\n  func.func @f(%a: tensor<4xf32>) -> tensor<4xf32> {\n"
                                    "    return %a : tensor<4xf32>\n  }\n}\n")
+    # a missing file fails before anything is read: in this process
+    p = hlofuse_inprocess(capsys, "optimize", "missing.mlir", "-o", "out.mlir", cwd=d)
+    one_error_line(p, "missing.mlir", "no such file")
     cases = [
-        (["missing.mlir"], ["missing.mlir", "no such file"]),
         (["random.bin"], ["random.bin", "not StableHLO"]),
         (["truncated.mlirbc"], ["truncated.mlirbc", "cannot parse"]),
         (["unknown.mlir"], ["unknown.mlir", "foo.bar"]),
