@@ -361,6 +361,8 @@ def test_cli_graph_writes_atomically(ndb, tmp_path, monkeypatch, capsys):
 # ---------------------------------------------------------------------------------------------
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
+#: CI (``.ci/run``) installs Debian's chromium and sets this to 1: there the browser test must run
+REQUIRE_CHROMIUM = "HLOFUSE_REQUIRE_CHROMIUM"
 
 SERVER = textwrap.dedent("""
     import sys
@@ -489,6 +491,8 @@ def test_model_explorer_shows_the_graph_and_the_overlay_in_chromium(ndb, block, 
     import base64
     browser = next((shutil.which(b) for b in BROWSERS if shutil.which(b)), None)
     if browser is None:
+        if os.environ.get(REQUIRE_CHROMIUM) == "1":   # CI installed it: its absence is a failure
+            pytest.fail(f"{REQUIRE_CHROMIUM}=1 but no Chromium ({', '.join(BROWSERS)}) on PATH")
         pytest.skip(f"no Chromium ({', '.join(BROWSERS)} not on PATH): install the Debian package "
                     f"chromium to open Model Explorer's web app headless")
     opt, _, written = block
