@@ -31,9 +31,11 @@ import io
 import math
 import os
 import re
+import struct
 import subprocess
 import sys
 import tempfile
+import tokenize
 from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -50,10 +52,26 @@ __all__ = [
     "to_portable_artifact", "clone_module", "main_func", "funcs", "walk", "block_ops",
     "users", "has_uses", "safe_erase", "import_funcs", "run_upstream_passes",
     "inline_all_calls", "tensor_type_info", "check_no_host_callbacks", "op_location",
-    "portable_target_default", "MAGIC_BYTECODE",
+    "portable_target_default", "MAGIC_BYTECODE", "EXPORTED_ERRORS", "PARSE_ERRORS",
 ]
 
 MAGIC_BYTECODE = b"ML\xefR"
+
+#: What ``jax.export.deserialize`` raises on bytes that are not a whole, valid artifact
+#: (measured on thousands of truncated and bit-flipped artifacts, tests/test_excepts.py): the
+#: flatbuffer reader's ``struct.error``, ``IndexError``, ``TypeError`` (a negative uint32),
+#: ``AttributeError`` (an absent table), ``AssertionError`` and ``StopIteration``; the pytree,
+#: dtype and effect tables' ``ValueError``/``KeyError``/``NotImplementedError``; a damaged
+#: name's ``UnicodeDecodeError``; the symbolic-shape parser's ``ValueError`` and
+#: ``tokenize.TokenError``; a self-referencing table's ``RecursionError``.
+EXPORTED_ERRORS: tuple[type[BaseException], ...] = (
+    struct.error, ValueError, TypeError, LookupError, AttributeError, AssertionError,
+    StopIteration, NotImplementedError, RecursionError, ArithmeticError, tokenize.TokenError)
+
+#: What parsing serialized StableHLO raises: the MLIR parser's ``ir.MLIRError``, a portable
+#: artifact's ``ValueError`` ("failed to deserialize module"), text that does not encode
+#: (``UnicodeEncodeError``), and :data:`EXPORTED_ERRORS` for a ``jax.export`` artifact.
+PARSE_ERRORS: tuple[type[BaseException], ...] = (ir.MLIRError,) + EXPORTED_ERRORS
 
 _STABLEHLO_PASSES_REGISTERED = False
 
@@ -109,8 +127,8 @@ def detect_format(data: str | bytes | bytearray) -> str:
         from jax import export as jexport
         jexport.deserialize(bytearray(data))
         return "exported"
-    except Exception:
-        pass
+    except EXPORTED_ERRORS:
+        pass   # not a jax.export artifact
     try:
         data.decode("utf-8")
         return "text"
@@ -161,7 +179,7 @@ def parse(data, ctx: ir.Context | None = None, *, source: str = "<input>",
             mod = ir.Module.parse(data if isinstance(data, str) else bytes(data))
     except IRError:
         raise
-    except Exception as e:  # MLIRError carries the diagnostics; keep them, name the source
+    except PARSE_ERRORS as e:  # MLIRError carries the diagnostics; keep them, name the source
         msg = str(e).strip().splitlines()
         if '"quant"' in str(e):  # !quant.uniform types: uniform_quantize/uniform_dequantize
             raise IRError(f"{source}: cannot parse StableHLO: quantized types (!quant.uniform, "

@@ -39,6 +39,9 @@ import os
 import re
 import sys
 import tempfile
+import tokenize
+import zipfile
+import zlib
 from typing import Sequence
 
 import numpy as np
@@ -146,7 +149,7 @@ def load_bytes(data: bytes, *, source: str = "<input>", probe: bool = True,
         from jax import export as jexport
         try:
             exported = jexport.deserialize(bytearray(data))
-        except Exception as e:  # detect_format succeeded, so this is unexpected; keep it clear
+        except hir.EXPORTED_ERRORS as e:  # detect_format succeeded: unexpected; keep it clear
             raise FileError(f"{source}: cannot read jax.export artifact: {first_line(e)}") from None
         payload = bytes(exported.mlir_module_serialized)
     ctx = hir.new_context()
@@ -179,7 +182,9 @@ def _parse_text_file(path: str, data: bytes, ctx: ir.Context, source: str) -> ir
     try:
         with ctx:
             module = ir.Module.parseFile(path)
-    except Exception:
+    except (ir.MLIRError, TypeError, ValueError):  # hir.parse of the bytes read says why
+        # MLIRError: a parse error, or a file it cannot open; TypeError: a file name that is
+        # not UTF-8 (surrogate escapes; the binding takes only encodable str)
         return None
     if any(op.operation.name.startswith("vhlo.") for op in module.body.operations):
         return None
@@ -220,7 +225,7 @@ def _exported_error(data: bytes) -> str:
     from jax import export as jexport
     try:
         jexport.deserialize(bytearray(data))
-    except Exception as e:
+    except hir.EXPORTED_ERRORS as e:
         return first_line(e)[:200]
     return "it does not deserialize"
 
@@ -263,7 +268,7 @@ def serialize(module: ir.Module, fmt: str, *, target_version: str | None = None,
     version = check_target_version(target_version or hir.portable_target_default())
     try:
         artifact = hir.to_portable_artifact(module, version)
-    except Exception as e:
+    except (RuntimeError, ValueError, ir.MLIRError) as e:  # JaxRuntimeError: "Failed to serialize"
         raise FileError(f"{source}: cannot write a StableHLO {version} portable artifact: "
                         f"{first_line(e)}") from None
     if fmt == "portable":
@@ -281,7 +286,8 @@ def serialize(module: ir.Module, fmt: str, *, target_version: str | None = None,
                               disabled_safety_checks=checks)
     try:
         return bytes(exp.serialize(vjp_order=_vjp_order(exported)))
-    except Exception as e:
+    except hir.EXPORTED_ERRORS as e:  # the serializer's ValueError/TypeError/NotImplementedError,
+        # and the stored VJPs' deserialization
         raise FileError(f"{source}: cannot serialize the jax.export artifact: {first_line(e)}") from None
 
 
@@ -291,7 +297,7 @@ def _vjp_order(exp, limit: int = 8) -> int:
     while n < limit and getattr(exp, "_get_vjp", None) is not None:
         try:
             exp = exp.vjp()
-        except Exception:
+        except hir.EXPORTED_ERRORS:  # "No VJP is available", or a stored VJP that does not read
             break
         n += 1
     return n
@@ -344,7 +350,7 @@ def atomic_write(path: str, data: bytes | str, *, inputs: Sequence[str] = (),
             mode = 0o666 & ~umask
         os.chmod(tmp, mode)
         os.replace(tmp, target)
-    except BaseException as e:  # KeyboardInterrupt included: never leave the temporary behind
+    except BaseException as e:  # noqa: BLE001 - re-raised: never leave the temporary behind
         try:
             os.unlink(tmp)
         except OSError:
@@ -359,6 +365,17 @@ def atomic_write(path: str, data: bytes | str, *, inputs: Sequence[str] = (),
 # Arrays (.npz)
 # ---------------------------------------------------------------------------------------------
 
+#: What ``np.load`` of a file that is not a whole ``.npz`` raises (measured on truncated and
+#: bit-flipped archives): ``OSError``, ``EOFError``; ``ValueError`` (pickled data, a bad header);
+#: ``TypeError`` (a plain ``.npy``: an array, not an archive); ``zipfile.BadZipFile``,
+#: ``zlib.error``; ``RuntimeError`` (an encrypted member, ``NotImplementedError`` for a zip
+#: version); ``tokenize.TokenError`` from the header's literal; ``MemoryError`` for a header
+#: that claims a huge array; ``KeyError`` for a missing member.
+NPZ_ERRORS: tuple[type[BaseException], ...] = (
+    OSError, EOFError, ValueError, TypeError, KeyError, RuntimeError, MemoryError,
+    zipfile.BadZipFile, zlib.error, tokenize.TokenError)
+
+
 def load_inputs(path: str, specs: Sequence | None = None) -> list[np.ndarray]:
     """Arrays of an ``.npz`` file, in ``arr_0, arr_1, ...`` order when so named, else file order."""
     try:
@@ -369,7 +386,7 @@ def load_inputs(path: str, specs: Sequence | None = None) -> list[np.ndarray]:
             arrays = [np.asarray(z[n]) for n in names]
     except FileNotFoundError:
         raise FileError(f"{path}: no such file") from None
-    except Exception as e:
+    except NPZ_ERRORS as e:
         raise FileError(f"{path}: not a readable .npz file: {first_line(e)}") from None
     return arrays
 
