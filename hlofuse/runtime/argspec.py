@@ -206,7 +206,9 @@ def refine_shapes(loaded: Loaded, specs: Sequence[ArgSpec]) -> None:
             refined = jem.refine_polymorphic_shapes(hir.to_bytecode(loaded.module),
                                                     enable_shape_assertions=True,
                                                     validate_static_shapes=True)
-    except Exception as e:
+    except (ir.MLIRError, ValueError, RuntimeError) as e:
+        # MLIRError: the refinement pass fails (its diagnostics); ValueError: a pipeline that
+        # does not parse; JaxRuntimeError (a RuntimeError): jax's refinement refuses the module
         raise FileError(f"{src}: cannot refine shapes to {', '.join(map(str, specs))}: "
                         f"{mlir_cause(e, native.lines, src)}") from None
     # produced by jax's serializer from our own module: no subprocess probe needed
@@ -266,15 +268,18 @@ def execute(loaded: Loaded, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
             args, kwargs = jax.tree_util.tree_unflatten(exp.in_tree, list(inputs))
             outs = exp.call(*args, **kwargs)
             return [np.asarray(o) for o in jax.tree_util.tree_leaves(outs)]
-        except Exception as e:
+        except (ValueError, TypeError, RuntimeError) as e:
+            # Exported.call's shape, dtype and pytree checks (ValueError, TypeError; jax's
+            # concretization errors are TypeErrors), XLA's compile and run (JaxRuntimeError),
+            # an effect it does not implement (NotImplementedError)
             raise FileError(f"{src}: running the jax.export artifact failed: {first_line(e)}") from None
     backend = jex.backend.get_backend()
     try:
         exe, device = compile_module(loaded.module, backend, source=src)
-    except Exception as e:
+    except (RuntimeError, ValueError) as e:  # JaxRuntimeError; IRError (host callbacks)
         raise FileError(f"{src}: XLA ({backend.platform}) cannot compile the module: "
                         f"{xla_error_line(e)}") from None
     try:
         return run_compiled(exe, device, inputs)
-    except Exception as e:
+    except (RuntimeError, ValueError, TypeError) as e:  # JaxRuntimeError; device_put's checks
         raise FileError(f"{src}: XLA execution failed: {xla_error_line(e)}") from None
