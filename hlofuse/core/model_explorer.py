@@ -109,7 +109,8 @@ def _parse(text: str) -> ir.Module:
     try:
         with ctx:
             return ir.Module.parse(text)
-    except Exception as e:  # MLIRError: name the module, keep the first diagnostics
+    except (ir.MLIRError, TypeError) as e:  # name the module, keep the first diagnostics
+        # (TypeError: a str the binding cannot encode, e.g. lone surrogates)
         msg = " | ".join(line.strip() for line in str(e).strip().splitlines()[:4])
         raise ValueError(f"Model Explorer graph: cannot parse the module text: {msg}") from None
 
@@ -296,7 +297,7 @@ def _atomic_write(path: str, text: str) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - re-raised: never leave the temporary behind
         try:
             os.unlink(tmp)
         except OSError:

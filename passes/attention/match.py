@@ -219,7 +219,7 @@ class Attention:
 def _same_block(op, block) -> bool:
     try:
         return op.block == block
-    except Exception:
+    except (ValueError, AttributeError):  # a detached op ("no parent"), or no op at all
         return False
 
 
