@@ -742,7 +742,7 @@ def cmd_export(fv, pos) -> int:
             args.append(jax.ShapeDtypeStruct(shape, s.np_dtype))
         jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
         exp = jexport.export(jitted, platforms=[platform])(*args)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - the user's function runs here: one line naming what it raised
         raise formats.FileError(f"{spec}: jax.export failed for ({', '.join(map(str, specs))}): "
                                f"{formats.first_line(e)}") from None
     _stage(f"serializing {out}")
@@ -821,7 +821,7 @@ def _import_function(spec: str) -> Callable:
             mod = importlib.import_module(modname)
     except formats.FileError:
         raise
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - the user's module runs here: one line naming what it raised
         raise formats.FileError(f"{modname}: cannot import: {type(e).__name__}: "
                                f"{formats.first_line(e)}") from None
     obj = mod
@@ -1014,7 +1014,7 @@ def _run_command(name: str, cmd: Command, fv, pos, verbose: bool) -> int:
         _error(name, _one_line(e) if not isinstance(e, PassFailure) else
                f"{pos[0]}: {_one_line(e)}")
         return EXIT_ERROR
-    except Exception as e:  # an hlofuse bug or an unexpected library error: still one line
+    except Exception as e:  # noqa: BLE001 - CLI top level: an hlofuse bug or a library error is one line
         if verbose:
             traceback.print_exc()
         where = pos[0] if pos else name
@@ -1047,7 +1047,7 @@ class _Worker:
             self.proc = subprocess.Popen(argv, stderr=subprocess.PIPE, pass_fds=(stage_w,),
                                          env=dict(env, **{STAGE_FD_ENV: str(stage_w),
                                                           PARENT_ENV: str(os.getpid())}))
-        except BaseException:
+        except BaseException:  # noqa: BLE001 - re-raised: closes the pipe, restores the handlers
             os.close(stage_r)
             self._restore()
             raise

@@ -15,6 +15,7 @@ error that names its path.
 from __future__ import annotations
 
 import functools
+import logging
 import warnings
 from typing import Any, Callable
 
@@ -25,6 +26,8 @@ from jax import tree_util
 
 from hlofuse.frontend.jit import Wrapper, jit
 from hlofuse.frontend.tracing import arg_path
+
+log = logging.getLogger("hlofuse.frontend.filter")
 
 __all__ = ["filter_jit", "FilterFunction"]
 
@@ -74,7 +77,9 @@ class _Static:
             try:
                 if not bool(a == b):
                     return False
-            except Exception:      # noqa: BLE001 - an __eq__ that cannot answer: not equal
+            except Exception as e:  # noqa: BLE001 - the user's __eq__ runs here: no answer, not equal
+                log.debug("static argument %s == %s raised %s: not equal", type(a).__name__,
+                          type(b).__name__, type(e).__name__)
                 return False
         return True
 

@@ -471,7 +471,7 @@ class _PtxasProbe:
         self.seen: dict[str, dict] = {}     # entry -> figures, for a compile XLA served from a cache
         try:
             self._make()
-        except Exception as e:  # noqa: BLE001 -- no figures, compiles go on as before
+        except Exception as e:  # noqa: BLE001 - no figures (in .unavailable), compiles go on
             self.unavailable = f"{type(e).__name__}: {e}" if not isinstance(e, LookupError) else str(e)
 
     def _make(self):
@@ -554,7 +554,7 @@ def _tpu_figures(executable) -> dict:
         entries: dict[str, dict] = {}
         for hm in executable.hlo_modules():
             entries.update(parse_mosaic_vmem(hm.to_string()))
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - figures never fail a compile: recorded as unavailable
         return {"unavailable": f"could not read the compiled HLO: {type(e).__name__}: {e}"}
     return {"entries": entries}
 
@@ -883,7 +883,7 @@ def _worker(chip_name: str, jobs_path: str, progress_path: str) -> int:
     def figures(executable) -> dict:
         try:
             return probe.collect() if probe is not None else _tpu_figures(executable)
-        except Exception as e:  # noqa: BLE001 -- figures never fail a compile
+        except Exception as e:  # noqa: BLE001 - figures never fail a compile: recorded as unavailable
             return {"unavailable": f"{type(e).__name__}: {e}"}
 
     def compile_one(path: str) -> tuple[bool, str | None, float, dict | None]:
@@ -902,7 +902,7 @@ def _worker(chip_name: str, jobs_path: str, progress_path: str) -> int:
                 executable = client.compile(module, devices, options)
                 secs = time.perf_counter() - t0
                 return True, None, secs, figures(executable)
-            except Exception as e:  # the compiler's verdict
+            except Exception as e:  # noqa: BLE001 - the compiler's verdict on this kernel: recorded
                 secs = time.perf_counter() - t0
                 os.dup2(saved, 2)
                 cap.seek(0)

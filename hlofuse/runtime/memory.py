@@ -18,6 +18,7 @@ physical memory).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import re
 
@@ -25,6 +26,8 @@ from hlofuse.core import ir as hir
 from hlofuse.passes.buffer_aliasing import memory_plan
 from hlofuse.core.report import fmt_bytes
 from hlofuse.core.target import Target
+
+log = logging.getLogger("hlofuse.runtime.memory")
 
 __all__ = ["MemoryLimitError", "Figures", "figures", "resolve_limit", "choose"]
 
@@ -141,7 +144,8 @@ def _live_at_peak(module, top: int = 6) -> list[str]:
         return []
     try:
         plan = memory_plan(hir.main_func(module), {}, top=top)
-    except Exception:  # noqa: BLE001 - the message keeps its figures without the list
+    except Exception as e:  # noqa: BLE001 - hlofuse's own estimate only adds to a message; logged
+        log.debug("no live-at-peak list: %s: %s", type(e).__name__, e)
         return []
     if not plan.live_at_peak:
         return []

@@ -162,7 +162,7 @@ def load(k: str, ctx=None):
         rep = _report_from_dict(raw["report"])
         # the checksum matches what this cache wrote from a live module: no subprocess probe
         module = hir.parse(data, ctx or hir.new_context(), source=f"module cache {k}", probe=False)
-    except Exception as e:  # noqa: BLE001 - any damage is a miss
+    except Exception as e:  # noqa: BLE001 - cache boundary: any damage is a miss, warned by _damaged
         return _damaged(path, e)
     STATS["hits"] += 1
     return module, rep
@@ -222,7 +222,7 @@ def load_traced(k: str, ctx=None):
         rep = _report_from_dict(raw["report"])
         module = hir.parse(exp.mlir_module_serialized, ctx or hir.new_context(),
                            source=f"module cache {k}", probe=False)
-    except Exception as e:  # noqa: BLE001 - any damage is a miss
+    except Exception as e:  # noqa: BLE001 - cache boundary: any damage is a miss, warned by _damaged
         return _damaged(path, e, miss=False)
     STATS["hits"] += 1
     STATS["traced_hits"] += 1
