@@ -24,7 +24,7 @@ def _versions() -> dict:
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
                                capture_output=True, text=True, timeout=5).stdout.strip()
         v["git_dirty"] = bool(dirty)
-    except Exception:  # noqa: BLE001
+    except (OSError, subprocess.SubprocessError):  # no git here, or it hangs: no commit recorded
         pass
     return v
 
