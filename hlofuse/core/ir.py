@@ -52,7 +52,7 @@ __all__ = [
     "to_portable_artifact", "clone_module", "main_func", "funcs", "walk", "block_ops",
     "users", "has_uses", "safe_erase", "import_funcs", "run_upstream_passes",
     "inline_all_calls", "tensor_type_info", "check_no_host_callbacks", "op_location",
-    "portable_target_default", "MAGIC_BYTECODE", "EXPORTED_ERRORS", "PARSE_ERRORS",
+    "portable_target_default", "MAGIC_BYTECODE",
 ]
 
 MAGIC_BYTECODE = b"ML\xefR"
