@@ -29,15 +29,6 @@ FOLDERS = ("hlofuse", "passes", "kernels", "bench")
 BROAD = {"Exception", "BaseException"}
 REASON = re.compile(r"#\s*noqa:\s*BLE001\s+--?\s+\S")   # "# noqa: BLE001 - <why>" ("--" too)
 
-#: broad excepts in files being edited elsewhere that still lack a reason: path -> how many.
-#: Add the comment there, then lower (or drop) the entry; the test fails while an entry
-#: overstates what it finds, so the list only shrinks.
-KNOWN_UNEXPLAINED: dict[str, int] = {
-    "hlofuse/runtime/program.py": 3,
-    "hlofuse/runtime/autotune.py": 1,
-    "hlofuse/frontend/tuning.py": 1,
-    "hlofuse/core/pipeline.py": 1,
-}
 
 
 def _is_broad(handler: ast.ExceptHandler) -> bool:
@@ -93,19 +84,11 @@ def test_the_scan_sees_every_spelling():
 def test_every_broad_except_says_why_it_is_a_boundary():
     found = broad_excepts()
     assert found, "the scan found no broad except at all: is it reading the right folders?"
-    unexplained: dict[str, list[str]] = {}
-    for rel, line, text in found:
-        if not _has_reason(text):
-            unexplained.setdefault(rel, []).append(f"{rel}:{line}: {text.strip()}")
-    new = [l for rel, ls in unexplained.items() if len(ls) > KNOWN_UNEXPLAINED.get(rel, 0)
-           for l in ls]
+    new = [f"{rel}:{line}: {text.strip()}" for rel, line, text in found if not _has_reason(text)]
     assert not new, (
         "a broad except without `# noqa: BLE001 - <why this is a boundary>`: name the "
         "exceptions the guarded code raises instead, or say why it is a fallback boundary "
         "(and record the exception):\n" + "\n".join(new))
-    stale = {rel: n for rel, n in KNOWN_UNEXPLAINED.items() if len(unexplained.get(rel, [])) < n}
-    assert not stale, (f"KNOWN_UNEXPLAINED overstates these files (now "
-                       f"{ {rel: len(unexplained.get(rel, [])) for rel in stale} }): lower it")
 
 
 # ---------------------------------------------------------------------------------------------

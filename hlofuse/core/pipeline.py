@@ -543,7 +543,7 @@ class PassManager:
                     hir.verify(module)
             except PassFailure:
                 raise
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - re-raised as PassFailure naming pass, op, dump
                 dump = self._dump_failure(before, name)
                 msg = str(e).strip() or type(e).__name__
                 opname, loc = getattr(e, "op", None), getattr(e, "location", None)

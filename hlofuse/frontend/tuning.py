@@ -100,7 +100,7 @@ class Tuning:
         never fails the call it was tuning. ``options={'strict': True}`` raises instead."""
         try:
             return True, step(*a)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - the boundary: tuning never fails the call (report, log)
             if self.opts.pass_options.get("strict"):
                 raise
             note = machinery_failed(where, e, self.name,

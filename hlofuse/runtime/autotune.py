@@ -572,7 +572,7 @@ class DecisionCache:
                     fh.flush()
                     os.fsync(fh.fileno())
                 os.replace(tmp, path)
-            except BaseException:
+            except BaseException:  # noqa: BLE001 - clean-up of the temporary file, re-raised
                 try:
                     os.unlink(tmp)
                 except OSError:
