@@ -1,15 +1,22 @@
-"""A/B of the cpu attention loops' split (one independent loop per core, or one loop).
+"""A/B of the cpu attention loops' settings: the split (one independent loop per core, or one
+loop) or the step budgets (the size of one step's logits block).
 
     python -m bench.attention_parts                       # attn_s4096, 12 interleaved rounds
     python -m bench.attention_parts --models attn_s2048,bert_s512 --rounds 20
+    python -m bench.attention_parts --budgets 512K,1M,2M,4M --models attn_s4096,attn_s2048
+    python -m bench.attention_parts --models attn_train_s2048 --budgets 1M/256K,2M/512K
 
-Per bench workload (``bench/workloads.py``), three functions interleaved in one process:
-``jax.jit``, ``hlofuse.jit`` with the attention loops split into ``--parts`` (default 2) and
-with one loop (``hlofuse.kernels.attention.cpu.CPU_PARTS``, set before each build; the module
-cache and the XLA-option autotune are off and kernelize's in-process kernel cache is cleared, so
-each build is fresh and nothing else differs; the kernels' block descriptions are printed).
-Prints each hlofuse variant's median per-round time ratio to jax.jit and the median per-round
-ratio split / one loop.
+Per bench workload (``bench/workloads.py``, or a training step of ``bench/train_cpu.py``),
+``jax.jit`` and one ``hlofuse.jit`` per setting,
+interleaved in one process. The settings: with ``--budgets`` (``FWD[/BWD]`` element counts, K
+and M suffixes; the backward's default is this host's) one build per budget
+(:data:`hlofuse.kernels.attention.blocks.CPU_BUDGETS`), else the loops split into
+``--parts`` (default 2) and one loop (:data:`hlofuse.kernels.attention.cpu.CPU_PARTS`). Each
+is set before its build; the module cache and the XLA-option autotune are off and kernelize's
+in-process kernel cache is cleared, so each build is fresh and nothing else differs; the
+kernels' block descriptions are printed. Prints each setting's median per-round time ratio to
+jax.jit, and each one's median per-round ratio to the first setting. The header names the CPU
+and its L2 (``hlofuse.core.hostcpu``), which the default budgets derive from.
 """
 
 from __future__ import annotations
@@ -19,8 +26,40 @@ import os
 import statistics
 import sys
 
-os.environ["HLOFUSE_MODULE_CACHE"] = "0"   # the cache does not key on the split
+os.environ["HLOFUSE_MODULE_CACHE"] = "0"   # each setting is built afresh
 os.environ.setdefault("HLOFUSE_AUTOTUNE", "0")
+
+
+def _count(text: str) -> int:
+    text = text.strip().upper()
+    mult = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
+    return int(text.rstrip("KM")) * mult
+
+
+def _settings(a) -> list:
+    """``[(label, parts, budgets or None)]`` in build order."""
+    if not a.budgets:
+        return [(f"{a.parts} loops", a.parts, None), ("one loop", 1, None)]
+    from hlofuse.kernels.attention import blocks
+    host_bwd = blocks.cpu_budgets(blocks.hostcpu.l2_per_core())[1]
+    out = []
+    for b in a.budgets.split(","):
+        fwd, _, bwd = b.partition("/")
+        out.append((f"budget {b}", 1, (_count(fwd), _count(bwd) if bwd else host_bwd)))
+    return out
+
+
+def _workload(name: str):
+    """``(function, arguments)`` of a bench workload or a ``bench.train_cpu`` training step."""
+    import numpy as np
+    from bench.workloads import WORKLOADS
+    if name in WORKLOADS:
+        return WORKLOADS[name].fn, WORKLOADS[name].make_args(np.random.default_rng(0))
+    from bench import train_cpu
+    step, make = train_cpu.WORKLOADS[name]
+    if step is None:
+        raise SystemExit(f"{name}: not a step this A/B can build (hlofuse.jit inside the step)")
+    return step, make()
 
 
 def main(argv=None) -> int:
@@ -28,26 +67,34 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default="attn_s4096")
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--parts", type=int, default=2)
+    ap.add_argument("--budgets", default="", help="FWD[/BWD],... step budgets to compare")
     a = ap.parse_args(argv)
-    import numpy as np
     import jax
     import hlofuse
+    from hlofuse.core import hostcpu
+    from hlofuse.kernels.attention import blocks as B
     from hlofuse.kernels.attention import cpu as C
     from hlofuse.passes import kernelize
     from bench.runner import timed_calls
-    from bench.workloads import WORKLOADS
+    settings = _settings(a)
+    print(f"host: {hostcpu.model()}, {hostcpu.profile()}; host budgets "
+          f"{B.cpu_budgets(hostcpu.l2_per_core())}", flush=True)
     for name in a.models.split(","):
-        w = WORKLOADS[name]
-        args = jax.tree.map(jax.device_put, w.make_args(np.random.default_rng(0)))
-        fns = {"jax": jax.jit(w.fn)}
-        for label, parts in (("split", a.parts), ("one", 1)):
-            C.CPU_PARTS = parts
-            kernelize._CACHE.clear()           # lowered kernels are cached in-process too
-            f = hlofuse.jit(w.fn, tiered=False, autotune=False)
-            jax.block_until_ready(f(*args))                    # builds with this split
-            blocks = [r.block for r in f.report(*args).regions if "attention" in r.kind]
-            print(f"{name}: {label}: attention kernels {blocks}", flush=True)
-            fns[label] = f
+        fn, args = _workload(name)
+        args = jax.tree.map(jax.device_put, args)
+        fns = {"jax": jax.jit(fn)}
+        try:
+            for label, parts, budgets in settings:
+                C.CPU_PARTS, B.CPU_BUDGETS = parts, budgets
+                kernelize._CACHE.clear()           # lowered kernels are cached in-process too
+                f = hlofuse.jit(fn, tiered=False, autotune=False)
+                jax.block_until_ready(f(*args))                    # builds with this setting
+                rep = f.report(*args)
+                blocks = [r.block for r in rep.regions if "attention" in r.kind]
+                print(f"{name}: {label}: attention kernels {blocks}", flush=True)
+                fns[label] = f
+        finally:
+            C.CPU_PARTS, B.CPU_BUDGETS = None, None
         for f in fns.values():
             jax.block_until_ready(f(*args))
         t = {n: [] for n in fns}
@@ -57,10 +104,11 @@ def main(argv=None) -> int:
 
         def med(x, y):
             return statistics.median(p / q for p, q in zip(t[x], t[y]))
+        first = settings[0][0]
+        parts = [f"{lb} {med(lb, 'jax'):.3f} ({med(lb, first):.3f} of {first})"
+                 for lb, _, _ in settings]
         print(f"{name}: jax {statistics.median(t['jax']) * 1e3:.1f} ms; ratio to jax.jit: "
-              f"{a.parts} loops {med('split', 'jax'):.3f}, one loop {med('one', 'jax'):.3f}; "
-              f"{a.parts} loops / one loop {med('split', 'one'):.3f} (load "
-              f"{os.getloadavg()[0]:.1f})", flush=True)
+              f"{'; '.join(parts)} (load {os.getloadavg()[0]:.1f})", flush=True)
     return 0
 
 

@@ -17,6 +17,15 @@ runs faster depends on the CPU. Two cpu choices read it from here:
   4096x4096 int8: 15.8 ms as a vector, 4.9 ms as 2 rows, 1.9 ms as 8; bf16 1x1024 @ 1024x32000:
   29.9, 9.6, 6.7 ms), elsewhere 2 rows (measured on Zen 4). :func:`gemv_rows`.
 
+* **cache sizes** (:func:`l2_per_core`, :func:`caches`): the cpu attention kernels size their
+  per-step logits blocks from the L2 cache of one core (``kernels/attention/blocks.py``): a
+  block that is a few times the L2 streams through it five times per step, and a larger one
+  spills to L3 (and to DRAM when other processes share it). Read from Linux's
+  ``/sys/devices/system/cpu/cpu0/cache``; where that is absent, :data:`DEFAULT_L2` (the
+  reference host's 2 MiB).
+* **vector width** (:func:`vector_bits`): 512 with AVX-512F, 256 with AVX2, 128 otherwise
+  (SSE, NEON): reported and in the cache key, for the choices that depend on it.
+
 The features come from ``/proc/cpuinfo`` (Linux; elsewhere only the architecture is known,
 and the choices are those of a CPU without the features above), read once per process; so
 does the model name that keys autotune's measured decisions (:func:`model`).
@@ -27,10 +36,11 @@ cache key: a cache shared between machines never hands one CPU's choice to anoth
 from __future__ import annotations
 
 import functools
+import os
 import platform as _platform
 
 __all__ = ["arch", "flags", "model", "int8_signed_native", "gemv_rows", "check_rows", "rows_option",
-           "profile"]
+           "caches", "l2_per_core", "vector_bits", "profile", "DEFAULT_L2"]
 
 #: flags whose presence changes a choice above (also what :func:`profile` shows)
 RELEVANT = ("amx_int8", "amx_bf16", "amx_tile", "avx_vnni_int8", "avx512_vnni", "avx_vnni",
@@ -104,6 +114,62 @@ def rows_option(value: int) -> int:
     return value or gemv_rows()
 
 
+#: the L2 bytes per core assumed where the caches cannot be read: the reference host's
+#: (the 2-core Sapphire Rapids on which the cpu attention budgets were first measured)
+DEFAULT_L2 = 2 << 20
+CACHE_DIR = "/sys/devices/system/cpu/cpu0/cache"
+
+
+def _size(text: str) -> int | None:
+    """``32K`` / ``1024K`` / ``32M`` / ``65536`` (sysfs's cache sizes) in bytes, None if not one."""
+    text = text.strip().upper()
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    digits = text[:-1] if text[-1:] in "KMG" else text
+    return int(digits) * mult if digits.isdigit() else None
+
+
+@functools.cache
+def caches() -> dict:
+    """``{(level, type): bytes}`` of the caches of CPU 0 (``(1, "Data")``, ``(2, "Unified")``,
+    ``(3, "Unified")``...), from sysfs; empty where it cannot be read."""
+    out = {}
+    try:
+        entries = sorted(e for e in os.listdir(CACHE_DIR) if e.startswith("index"))
+    except OSError:
+        return out
+    for e in entries:
+        try:
+            with open(os.path.join(CACHE_DIR, e, "level")) as fh:
+                level = int(fh.read())
+            with open(os.path.join(CACHE_DIR, e, "type")) as fh:
+                kind = fh.read().strip()
+            with open(os.path.join(CACHE_DIR, e, "size")) as fh:
+                size = _size(fh.read())
+        except (OSError, ValueError):
+            continue
+        if size:
+            out[(level, kind)] = size
+    return out
+
+
+def l2_per_core() -> int:
+    """Bytes of the L2 cache of one core (a private L2 on current x86 and Arm server cores),
+    :data:`DEFAULT_L2` when unknown."""
+    c = caches()
+    return c.get((2, "Unified")) or c.get((2, "Data")) or DEFAULT_L2
+
+
+def vector_bits() -> int:
+    """The widest vector registers: 512 (AVX-512F), 256 (AVX2), else 128 (SSE, NEON...)."""
+    if "avx512f" in flags():
+        return 512
+    if "avx2" in flags():
+        return 256
+    return 128
+
+
 def profile() -> str:
-    """``<arch> <relevant flags...>``: what the cpu choices of this module depend on."""
-    return " ".join([arch(), *sorted(f for f in RELEVANT if f in flags())])
+    """``<arch> l2=<KiB>k v<bits> <relevant flags...>``: what the cpu choices of this module and
+    of the kernels that read it depend on (part of the optimized-module cache key)."""
+    return " ".join([arch(), f"l2={l2_per_core() >> 10}k", f"v{vector_bits()}",
+                     *sorted(f for f in RELEVANT if f in flags())])

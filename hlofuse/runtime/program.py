@@ -72,6 +72,7 @@ from hlofuse.core.compat import ad, batching
 from hlofuse.core import ir as hir
 from hlofuse.runtime import host_callbacks
 from hlofuse.runtime.api import Optimized, optimize
+from hlofuse.kernels.attention import blocks as attention_blocks
 from hlofuse.kernels.attention import cpu as attention_cpu
 from hlofuse.kernels.lowering import isolated
 from hlofuse.core.pipeline import is_config_error, trace
@@ -298,7 +299,7 @@ def export_optimized(fun: Callable, sig: Signature, opts: Options, *, name: str 
         opt = _optimized(exp0, ckey, opts, target, name, donated, learned, pass_options,
                          blind=blind and spmd_devices)
         optimized = True
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - the boundary: the program runs unoptimized, the report says why
         opt = unoptimized(exp0, dataclasses.replace(opts, target=target), name=name, error=e)
         optimized = False
     checks = tuple(exp0.disabled_safety_checks)
@@ -457,9 +458,11 @@ def _optimization_key(opts: Options, target: Target, name: str, donated, learned
         "options": pass_options, "check": opts.check, "donated": list(donated), "name": name,
         "learned": dataclasses.asdict(learned) if learned is not None else None,
         # the environment's settings that change a program (hlofuse.core.config), the cpu
-        # attention split as in effect (a harness may set it in the kernels' module)
+        # attention split and step budgets as in effect (a harness may set them in the
+        # kernels' modules; the host's L2 they derive from is in the key through hostcpu)
         "settings": dict(config.program_key(),
-                         HLOFUSE_CPU_ATTENTION_PARTS=attention_cpu.cpu_parts())}
+                         HLOFUSE_CPU_ATTENTION_PARTS=attention_cpu.cpu_parts()),
+        "cpu_attention_budgets": list(attention_blocks.cpu_budgets())}
 
 
 def _context_text() -> str:
@@ -956,7 +959,7 @@ class Program(_Derived):
             # its lowering rule. From now on this signature runs as traced.
             self._as_traced[sig] = True   # under the lock of :meth:`entry`
             return self.plain_entry(sig, target)
-        except Exception as e:  # the boundary: hlofuse's build never fails a user's call
+        except Exception as e:  # noqa: BLE001 - the boundary: hlofuse's build never fails a user's call
             return self._failed_build(sig, target, e)
         for msg in self.build_notes.get(sig, ()):
             opt.report.note(msg)
@@ -971,7 +974,7 @@ class Program(_Derived):
             raise e
         try:
             plain = self.plain_entry(sig, target, note=None)
-        except Exception:
+        except Exception:  # noqa: BLE001 - XLA's program fails too: the user's error, raised
             raise e from None   # not hlofuse's machinery: the function itself does not lower
         plain.report.note(machinery_failed(
             "program build", e, self.name, "this signature runs XLA's program for the function"))

@@ -25,6 +25,7 @@ from hlofuse.kernels.attention.blocks import (CPU_MAX_BLOCK_K as CPU_MAX_BLOCK_K
                                               CPU_FWD_STEP_BUDGET as CPU_FWD_STEP_BUDGET,
                                               CPU_FWD_MIN_BLOCK_Q as CPU_FWD_MIN_BLOCK_Q,
                                               AttentionBlocks as AttentionBlocks,
+                                              cpu_budgets as cpu_budgets,
                                               cpu_plan as cpu_plan, gpu_blocks as gpu_blocks,
                                               tpu_blocks as tpu_blocks)
 from hlofuse.kernels.attention.cpu import build_cpu as build_cpu

@@ -6,6 +6,7 @@ import dataclasses
 
 import numpy as np
 
+from hlofuse.core import hostcpu
 from hlofuse.core.target import Target
 from hlofuse.kernels.attention.skip import skip_info
 from hlofuse.kernels.attention.spec import AttentionSpec
@@ -13,7 +14,7 @@ from hlofuse.kernels.tiling import Tile, check_block, next_pow2
 
 __all__ = ["AttentionBlocks", "cpu_plan", "cpu_bwd_plan", "gpu_blocks", "tpu_blocks",
            "CPU_STEP_BUDGET", "CPU_FWD_STEP_BUDGET", "CPU_FWD_MIN_BLOCK_Q", "CPU_MAX_BLOCK_K", "CPU_SKIP_BLOCK",
-           "CPU_BWD_STEP_BUDGET", "CPU_BWD_MAX_BLOCK_K"]
+           "CPU_BWD_STEP_BUDGET", "CPU_BWD_MAX_BLOCK_K", "CPU_BWD_MIN_BLOCK_Q", "CPU_REF_L2", "CPU_BUDGETS", "cpu_budgets"]
 
 # cpu cost model: elements of the per-step logits block ([batch.., rows chunk, key block]);
 # 2M f32 = 8 MiB keeps the step's temporaries (logits, probabilities) near the cache and the
@@ -71,6 +72,45 @@ CPU_SKIP_BLOCK = 256          # blocks when a position mask lets whole blocks be
 #   share the cache, larger ones when the dots run on both cores).
 CPU_BWD_STEP_BUDGET = 512 * 1024
 CPU_BWD_MAX_BLOCK_K = 256
+# ...and, as the forward, at least 256-row query chunks (up to Sq): with many heads the budget
+# alone gave 16..64-row chunks, whose block dots ran far below the library's speed. Measured on
+# a 2-core AMD EPYC (Zen 4), the attention training step of bench/train_cpu at B=2 H=12
+# S=2048 (`python -m bench.attention_parts`, and a copy of it varying this minimum; 7-9
+# interleaved rounds with jax.jit, median of per-round ratios, load 1-3): 0.94 (32-row chunks,
+# no minimum) -> 0.78 (64) -> 0.77 (128) -> 0.72 (256) of jax.jit's time; at B=1 H=8 (128-
+# and 256-row chunks) 0.59-0.61 either way. Run memory: 24 x 256 x 256 f32 = 6 MiB per
+# block-sized temporary at B=2 H=12.
+CPU_BWD_MIN_BLOCK_Q = 256
+
+# The budgets above were measured on a host with a 2 MiB L2 per core (CPU_REF_L2, the 2-core
+# Sapphire Rapids Xeon): the forward's 8 MiB step block is 4x its L2. On other hosts both
+# scale with the L2 of one core (hlofuse.core.hostcpu.l2_per_core; a power of two, from a
+# quarter to twice the reference budget), so the block keeps its size relative to the cache it
+# streams through five times per step. Measured on a 2-core AMD EPYC (Zen 4, 1 MiB L2 per core,
+# 32 MiB L3), see CPU_HOST_NOTE.
+CPU_REF_L2 = 2 << 20
+CPU_HOST_NOTE = ""
+#: ``(forward, backward)`` step budgets in effect when set (an A/B harness:
+#: ``python -m bench.attention_parts --budgets``); None: from the host (:func:`cpu_budgets`)
+CPU_BUDGETS: tuple | None = None
+
+
+def _host_scaled(ref: int, l2: int) -> int:
+    b = ref * l2 // CPU_REF_L2
+    b = 1 << max(0, b.bit_length() - 1)            # a power of two at or below
+    return max(ref // 4, min(2 * ref, b))
+
+
+def cpu_budgets(l2: int | None = None) -> tuple:
+    """``(forward, backward)`` step budgets (elements of one step's logits block) on this host:
+    :data:`CPU_BUDGETS` when set, else :data:`CPU_FWD_STEP_BUDGET` and
+    :data:`CPU_BWD_STEP_BUDGET` scaled by the L2 of one core (``l2`` bytes, default
+    :func:`hlofuse.core.hostcpu.l2_per_core`) against :data:`CPU_REF_L2`. Part of both
+    module-cache keys (the host's L2 through ``hostcpu.profile``, an override as in effect)."""
+    if CPU_BUDGETS is not None and l2 is None:
+        return tuple(CPU_BUDGETS)
+    l2 = hostcpu.l2_per_core() if l2 is None else l2
+    return _host_scaled(CPU_FWD_STEP_BUDGET, l2), _host_scaled(CPU_BWD_STEP_BUDGET, l2)
 
 
 def _dot_operands(b: Tile) -> str | None:
@@ -138,11 +178,12 @@ def cpu_plan(spec: AttentionSpec, *, budget: int | None = None,
 
 
 def cpu_bwd_plan(spec: AttentionSpec, *, parts: int = 1) -> AttentionBlocks:
-    """:func:`cpu_plan` with the backward's smaller step block (:data:`CPU_BWD_STEP_BUDGET`
-    elements, key blocks up to :data:`CPU_BWD_MAX_BLOCK_K`): the flash backward keeps more
-    block-sized temporaries live per step than the forward (measured, see the constants)."""
-    return cpu_plan(spec, budget=CPU_BWD_STEP_BUDGET, max_block_k=CPU_BWD_MAX_BLOCK_K,
-                    parts=parts)
+    """:func:`cpu_plan` with the backward's smaller step block (:func:`cpu_budgets`' second,
+    key blocks up to :data:`CPU_BWD_MAX_BLOCK_K`): the flash backward keeps more
+    block-sized temporaries live per step than the forward (measured, see the constants);
+    query chunks of at least :data:`CPU_BWD_MIN_BLOCK_Q` rows (up to Sq)."""
+    return cpu_plan(spec, budget=cpu_budgets()[1], max_block_k=CPU_BWD_MAX_BLOCK_K,
+                    parts=parts, min_block_q=CPU_BWD_MIN_BLOCK_Q)
 
 
 def gpu_blocks(spec: AttentionSpec) -> AttentionBlocks:

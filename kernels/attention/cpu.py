@@ -3,7 +3,7 @@
 ``lax.map`` over query chunks, ``lax.fori_loop`` over key blocks: only the current logits block
 ``[batch.., rows.., bq, bk]`` is live, never the ``[.., Sq, Sk]`` logits nor whole-array carries.
 Chunk sizes come from :func:`~hlofuse.kernels.attention.blocks.cpu_plan` with the forward's
-step budget ``CPU_FWD_STEP_BUDGET``.
+step budget for this host (:func:`~hlofuse.kernels.attention.blocks.cpu_budgets`).
 
 Splitting (opt-in): the loops can be split along a batch axis (heads, batch) into
 :data:`CPU_PARTS` independent loops (:func:`cpu_split`), meant as one per core: XLA's thunk
@@ -30,8 +30,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from hlofuse.core import ir as hir
-from hlofuse.kernels.attention.blocks import (CPU_FWD_MIN_BLOCK_Q, CPU_FWD_STEP_BUDGET,
-                                              AttentionBlocks, cpu_plan)
+from hlofuse.kernels.attention.blocks import (CPU_FWD_MIN_BLOCK_Q, AttentionBlocks, cpu_budgets,
+                                              cpu_plan)
 from hlofuse.kernels.attention.layout import canonical_inputs, output, pad_axis, pad_to
 from hlofuse.kernels.attention.logits import F32, eval_logits, prescale
 from hlofuse.kernels.attention.online_softmax import online_finish, online_init, online_update
@@ -118,7 +118,7 @@ def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
     (default :data:`CPU_PARTS`, see :func:`cpu_split`).
     """
     ax, bounds = cpu_split(spec, parts)
-    blocks = blocks or cpu_plan(spec, budget=CPU_FWD_STEP_BUDGET, parts=len(bounds),
+    blocks = blocks or cpu_plan(spec, budget=cpu_budgets()[0], parts=len(bounds),
                                 min_block_q=CPU_FWD_MIN_BLOCK_Q)
     pre = prescale(spec) if fold_scale else None
     bq, bk = blocks.bq, blocks.bk

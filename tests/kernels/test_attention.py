@@ -20,6 +20,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jaxlib.mlir import ir
 
 import hlofuse
+from hlofuse.core import hostcpu
 from hlofuse.core import ir as hir
 from hlofuse.kernels import attention as A
 from hlofuse.kernels.attention.cpu import block_index, cpu_split
@@ -168,21 +169,40 @@ def test_cpu_plan_keeps_the_step_block_within_budget():
 
 def test_cpu_forward_plans_with_its_own_step_budget():
     spec = _bench_spec(4096)
-    fwd = A.cpu_plan(spec, budget=A.CPU_FWD_STEP_BUDGET)
-    assert spec.n_batch * fwd.bq * fwd.bk <= A.CPU_FWD_STEP_BUDGET
+    budget = A.cpu_budgets()[0]                                # this host's forward budget
+    fwd = A.cpu_plan(spec, budget=budget)
+    assert spec.n_batch * fwd.bq * fwd.bk <= budget
     assert fwd.bk == A.CPU_MAX_BLOCK_K and fwd.bq < 4096       # several chunks and key blocks
     assert A.build_cpu(spec, parts=1).blocks == f"cpu loops {fwd}"  # the forward uses it
     # split over the 8 heads into 2 loops: the budget is per loop (4 heads)
-    two = A.cpu_plan(spec, budget=A.CPU_FWD_STEP_BUDGET, parts=2)
-    assert spec.n_batch // 2 * two.bq * two.bk <= A.CPU_FWD_STEP_BUDGET and two.bq == 2 * fwd.bq
+    two = A.cpu_plan(spec, budget=budget, parts=2)
+    assert spec.n_batch // 2 * two.bq * two.bk <= budget and two.bq == 2 * fwd.bq
     assert A.build_cpu(spec, parts=2).blocks == f"cpu loops {two} x2"
+
+
+@pytest.mark.parametrize("l2,fwd,bwd", [
+    (2 << 20, 2 << 20, 512 << 10),     # the reference host (2 MiB L2): the measured budgets
+    (1 << 20, 1 << 20, 256 << 10),     # Zen 4 (1 MiB): half
+    (1280 << 10, 1 << 20, 256 << 10),  # Ice Lake server (1.25 MiB): the power of two below
+    (256 << 10, 512 << 10, 128 << 10), # a small L2: at most a quarter of the reference's
+    (32 << 20, 4 << 20, 1 << 20),      # a huge one: at most twice
+])
+def test_cpu_budgets_scale_with_the_hosts_l2(monkeypatch, l2, fwd, bwd):
+    assert A.cpu_budgets(l2) == (fwd, bwd)
+    monkeypatch.setattr(hostcpu, "l2_per_core", lambda: l2)
+    assert A.cpu_budgets() == (fwd, bwd)
+    spec = _bench_spec(4096)
+    plan = A.cpu_plan(spec, budget=fwd, min_block_q=A.CPU_FWD_MIN_BLOCK_Q)
+    assert A.build_cpu(spec, parts=1).blocks == f"cpu loops {plan}"
+    monkeypatch.setattr(A.blocks, "CPU_BUDGETS", (123, 45))   # an A/B harness's setting wins
+    assert A.cpu_budgets() == (123, 45)
 
 
 def test_cpu_forward_keeps_query_chunks_long_with_many_heads():
     """B=4 H=16: the step budget alone would give 64-row chunks (2M / (64 x 512)); the forward
     keeps them at :data:`CPU_FWD_MIN_BLOCK_Q` rows (measured 0.55x the time, blocks.py)."""
     spec = _bench_spec(1024, b=4, h=16)
-    assert A.CPU_FWD_STEP_BUDGET // (spec.n_batch * A.CPU_MAX_BLOCK_K) < A.CPU_FWD_MIN_BLOCK_Q
+    assert A.cpu_budgets()[0] // (spec.n_batch * A.CPU_MAX_BLOCK_K) < A.CPU_FWD_MIN_BLOCK_Q
     fwd = A.build_cpu(spec, parts=1).blocks
     assert fwd == f"cpu loops bq={A.CPU_FWD_MIN_BLOCK_Q} bk={A.CPU_MAX_BLOCK_K}", fwd
     assert A.cpu_plan(spec).bq < A.CPU_FWD_MIN_BLOCK_Q       # no minimum by default

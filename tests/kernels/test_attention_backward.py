@@ -6,6 +6,8 @@ reference (``jax.vjp`` of the forward reference)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -291,21 +293,28 @@ def test_f16_on_tpu_is_refused():
 
 
 def test_cpu_backward_plans_a_smaller_step_block_than_the_forward():
-    """The backward's own cost-model rule (``cpu_bwd_plan``, :data:`CPU_BWD_STEP_BUDGET`): at
-    S=512 the forward plan is one 512-key block, the backward's step block fits its smaller
-    budget, takes several key blocks, and is the plan ``build_cpu_bwd`` uses by default; the
-    gradients match the program's with it."""
+    """The backward's own cost-model rule (``cpu_bwd_plan``): at S=1024 the forward plan is
+    512-key blocks, the backward's key blocks are :data:`CPU_BWD_MAX_BLOCK_K` and its step
+    block is smaller than the forward's; its query chunks are at least
+    :data:`CPU_BWD_MIN_BLOCK_Q` rows however many heads share a step; it is the plan
+    ``build_cpu_bwd`` uses by default; the gradients match the program's with it."""
     from hlofuse.kernels.attention import blocks as B
-    ffn, bfn = _regions("bshd", "none", np.float32, 512, 512)
+    ffn, bfn = _regions("bshd", "none", np.float32, 1024, 1024)
     bs = FAMILIES["attention_bwd"].spec_from_func(bfn)
-    fwd, bwd = B.cpu_plan(bs.fwd, budget=B.CPU_FWD_STEP_BUDGET), B.cpu_bwd_plan(bs.fwd)
+    fwd_budget, bwd_budget = B.cpu_budgets()
+    fwd, bwd = B.cpu_plan(bs.fwd, budget=fwd_budget), B.cpu_bwd_plan(bs.fwd)
     per_row = bs.fwd.n_batch * bs.fwd.n_group
-    assert per_row * bwd.bq * bwd.bk <= B.CPU_BWD_STEP_BUDGET < per_row * fwd.bq * fwd.bk
-    assert bwd.bk == B.CPU_BWD_MAX_BLOCK_K < 512
+    assert per_row * bwd.bq * bwd.bk < per_row * fwd.bq * fwd.bk
+    assert per_row * bwd.bq * bwd.bk <= max(bwd_budget, per_row * B.CPU_BWD_MIN_BLOCK_Q * bwd.bk)
+    assert bwd.bk == B.CPU_BWD_MAX_BLOCK_K < fwd.bk == 512
+    assert bwd.bq >= min(B.CPU_BWD_MIN_BLOCK_Q, 1024)
+    many = dataclasses.replace(bs.fwd, label_sizes=tuple(
+        (lb, 64 if lb in bs.fwd.batch else n) for lb, n in bs.fwd.label_sizes))
+    assert B.cpu_bwd_plan(many).bq == B.CPU_BWD_MIN_BLOCK_Q      # the budget alone: 1..4 rows
     kernel = build_cpu_bwd(bs, parts=1)
     assert kernel.blocks == f"cpu loops {bwd}"
     two = B.cpu_bwd_plan(bs.fwd, parts=2)          # 2 loops over 2 of the 4 heads: per loop
-    assert per_row // 2 * two.bq * two.bk <= B.CPU_BWD_STEP_BUDGET
+    assert two.bq >= bwd.bq
     assert build_cpu_bwd(bs, parts=2).blocks == f"cpu loops {two} x2"
     fs, fwd_in, extra, _ = _inputs(ffn, bfn)
     ins = list(fwd_in) + extra
