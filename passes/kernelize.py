@@ -85,9 +85,12 @@ def region_hash(fn_op, kind: str, target: Target, body: str | None = None) -> st
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def lower_region(fn_op, kind: str, target: Target, body: str | None = None) -> tuple[str, str, str]:
-    """(kernel module text, kernel name, block description), cached by region body + target.
-    ``body``: :func:`body_text` of ``fn_op`` when the caller has it."""
+def lower_region(fn_op, kind: str, target: Target, body: str | None = None,
+                 settings: tuple = ()) -> tuple[str, str, str]:
+    """(kernel module text, kernel name, block description), cached by region body + target
+    + ``settings`` (``(name, value)`` pairs passed to the family's build, e.g.
+    ``budget_scale``: :func:`build_settings`). ``body``: :func:`body_text` of ``fn_op``
+    when the caller has it."""
     target = Target.of(target)
     family = FAMILIES.get(kind)
     if family is None:
@@ -95,17 +98,26 @@ def lower_region(fn_op, kind: str, target: Target, body: str | None = None) -> t
     body = body_text(fn_op) if body is None else body
     sig = str(fn_op.attributes["function_type"])
     # tiles are per chip: the key holds the target's chip
-    key = (target.kind, target.chip_name, kind, hashlib.sha1((sig + body).encode()).hexdigest())
+    key = (target.kind, target.chip_name, kind, hashlib.sha1((sig + body).encode()).hexdigest(),
+           tuple(settings))
     with _CACHE_LOCK:
         if key in _CACHE:
             return _CACHE[key]
     spec = family.spec_from_func(fn_op)
-    fn = family.build(spec, target)
+    fn = family.build(spec, target, **dict(settings))
     text = lowering.lower_to_text(fn, func_avals(fn_op), target)
     result = (text, fn.kernel_name, str(fn.blocks))
     with _CACHE_LOCK:
         _CACHE[key] = result
     return result
+
+
+def build_settings(kind: str, target: Target, budget_scale: float) -> tuple:
+    """What a family's build gets beyond the spec and target, from kernelize's options: the cpu
+    attention loops' step-budget scale (``cpu_attention_budget_scale``) where it is not 1."""
+    if budget_scale != 1 and target.is_cpu and kind in _ATTENTION_KINDS:
+        return (("budget_scale", float(budget_scale)),)
+    return ()
 
 
 #: the reason of a region left to XLA on gpu/tpu because nothing measured its kernel there
@@ -267,11 +279,18 @@ class Kernelize(Pass):
         # XLA cannot match, see unmeasured_reasons; cpu: every region), "xla" (that rule
         # on every target), "kernel" (every region the cost model picks: what is measured)
         unmeasured: str = "auto"
+        # cpu attention loops: their step budgets (kernels/attention/blocks.py: cpu_budgets,
+        # from the host's L2) times this; autotune measures 2 against 1 where the two block
+        # sizes ran close (hlofuse.runtime.autotune.KERNEL_VARIANTS)
+        cpu_attention_budget_scale: float = 1.0
 
         def __post_init__(self):
             if self.unmeasured not in UNMEASURED_POLICIES:
                 raise ValueError(f"unmeasured={self.unmeasured!r}: expected one of "
                                  f"{', '.join(UNMEASURED_POLICIES)}")
+            if not 1 / 16 <= self.cpu_attention_budget_scale <= 16:
+                raise ValueError(f"cpu_attention_budget_scale={self.cpu_attention_budget_scale!r}"
+                                 f": expected a factor from 1/16 to 16")
 
     def run(self, module, ctx):
         table = ir.SymbolTable(module.operation)
@@ -338,10 +357,13 @@ class Kernelize(Pass):
                            target=ctx.target.kind) as event:
                     if per_shard is not None:
                         local_mod = per_shard[0]
-                        text, kname, blocks = lower_region(hir.funcs(local_mod)[0], kind,
-                                                           ctx.target)
+                        text, kname, blocks = lower_region(
+                            hir.funcs(local_mod)[0], kind, ctx.target, None, build_settings(
+                                kind, ctx.target, self.options.cpu_attention_budget_scale))
                     else:
-                        text, kname, blocks = lower_region(fn_op, kind, ctx.target, body)
+                        text, kname, blocks = lower_region(
+                            fn_op, kind, ctx.target, body, build_settings(
+                                kind, ctx.target, self.options.cpu_attention_budget_scale))
                     # cached per body: renamed for this region before it is parsed
                     text, kname = _renamed(text, kname,
                                            kernel_name(kind, fn_op, rid, kname, names))

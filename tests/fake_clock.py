@@ -18,18 +18,29 @@ def fake_clock(monkeypatch, kernel_s: float, xla_s: float, xla_module_s: float |
     than both, so region decisions are what the test sees). Returns the list of
     (has_kernel) per timed measurement of hlofuse's programs."""
     seen = []
-    texts = {}
     if xla_module_s is None:
         xla_module_s = 2 * max(kernel_s, xla_s)
+
+    def cost(text: str) -> float:
+        if is_xla_module(text):
+            return xla_module_s
+        has_kernel = "hlofuse_k" in text
+        seen.append(has_kernel)
+        return kernel_s if has_kernel else xla_s
+
+    clock_by_text(monkeypatch, cost)
+    return seen
+
+
+def clock_by_text(monkeypatch, cost) -> None:
+    """Replace the harness's clock: a call of a program takes ``cost(its lowered text)``
+    seconds (each program is lowered once), and no other process loads the machine."""
+    texts = {}
 
     def time_once(fn, args, reps, kwargs=None):
         if id(fn) not in texts:   # fn is kept alive with its text: its id is never reused
             texts[id(fn)] = (fn, fn.lower(*args, **(kwargs or {})).as_text())
-        if is_xla_module(texts[id(fn)][1]):
-            return xla_module_s
-        has_kernel = "hlofuse_k" in texts[id(fn)][1]
-        seen.append(has_kernel)
-        return kernel_s if has_kernel else xla_s
+        return cost(texts[id(fn)][1])
 
     class Idle(at.ForeignLoad):  # the machine's real load must not decide what is persisted
         def __exit__(self, *exc):
@@ -39,4 +50,3 @@ def fake_clock(monkeypatch, kernel_s: float, xla_s: float, xla_module_s: float |
 
     monkeypatch.setattr(at, "time_calls", time_once)
     monkeypatch.setattr(at, "ForeignLoad", Idle)
-    return seen

@@ -139,16 +139,19 @@ class Dispatcher(Tuning):
             self.fast = True
 
     def variant(self, options: dict, donate: bool, xla: frozenset = frozenset(),
-                plain: bool = False, full: bool = False) -> Exe:
+                plain: bool = False, full: bool = False, settings: tuple = ()) -> Exe:
         """The executable of this function with extra compiler ``options`` and the regions
         ``xla`` (hashes) run without their kernels (one ``jax.jit`` object per variant, so the
         executables compiled while measuring are the ones calls reuse). ``donate=False``:
         without the donation (measurements must not consume arguments). ``plain``: XLA's own
-        module for the function (what ``jax.jit`` runs; the tiered first call's executable)."""
-        if not options and not xla and not full and (donate or not self.sig.donating):
+        module for the function (what ``jax.jit`` runs; the tiered first call's executable).
+        ``settings``: pass options of a kernel variant (``(pass, option, value)`` triples)."""
+        settings = () if plain else tuple(settings)
+        if not options and not xla and not full and not settings and \
+                (donate or not self.sig.donating):
             return Exe(self.default.jitted, plain)
         key = (tuple(sorted(options.items())), donate and self.sig.donating,
-               frozenset() if plain else frozenset(xla), full and not plain)
+               frozenset() if plain else frozenset(xla), full and not plain, settings)
         jitted = self.variants.get(key)
         if jitted is None:
             kw = dict(self.sig.jit_kwargs)
@@ -157,7 +160,8 @@ class Dispatcher(Tuning):
                 kw.pop("donate_argnames", None)
             if options:
                 kw["compiler_options"] = dict(kw.get("compiler_options") or {}, **options)
-            fn = self.traced.fn() if plain else self.traced.fn(frozenset(xla), full=full)
+            fn = self.traced.fn() if plain else self.traced.fn(frozenset(xla), full=full,
+                                                               settings=settings)
             jitted = self.variants.setdefault(key, jax.jit(fn, **kw))
         return Exe(jitted, plain)
 

@@ -46,12 +46,14 @@ class TracedFunction:
         self._lock = threading.RLock()
         self._tiering = tiering   # whether tiered first calls are on (hlofuse.jit(tiered=))
 
-    def fn(self, xla: frozenset = frozenset(), full: bool = False) -> Callable:
+    def fn(self, xla: frozenset = frozenset(), full: bool = False,
+           settings: tuple = ()) -> Callable:
         """A plain function with the user's name and signature (after the :class:`CallInfo`)
         that runs :meth:`trace` (``xla``: region hashes run without their kernels; ``full``:
-        from the module with every kernel built, :meth:`Program.with_xla`)."""
+        from the module with every kernel built, :meth:`Program.with_xla`; ``settings``: pass
+        options of a kernel variant, :meth:`Program.with_settings`)."""
         def traced(info, *args, **kwargs):
-            return self.trace(info, args, kwargs, xla, full)
+            return self.trace(info, args, kwargs, xla, full, settings)
         try:
             traced = functools.wraps(self.fun)(traced)
         except (AttributeError, TypeError):  # odd callables without __name__ etc.
@@ -61,7 +63,8 @@ class TracedFunction:
             traced.__signature__ = signature
         return traced
 
-    def trace(self, info: CallInfo, args, kwargs, xla: frozenset, full: bool):
+    def trace(self, info: CallInfo, args, kwargs, xla: frozenset, full: bool,
+              settings: tuple = ()):
         """One trace of the inner ``jax.jit``: the program of this trace key, bound."""
         tk = self.sig.trace_key(args, kwargs, info, context_mesh)
         self.last_sig = (tk.in_tree, [
@@ -75,7 +78,7 @@ class TracedFunction:
         info.traced = True
         if info.may_tier:
             info.may_tier = False   # asked once per call: nested and later traces build in place
-            if not xla and not full and tk.shardings is None and \
+            if not xla and not full and not settings and tk.shardings is None and \
                     self._should_tier(program, sig, info):
                 key = self.sig.call_key(*info.args, top_level=False)
                 specs = self.sig.specs(*info.args)   # before the call may donate them
@@ -90,7 +93,7 @@ class TracedFunction:
         info.cache_every_compile()
         if tk.shardings is None and xs and info.concrete() is not None:
             xs = _on_inner_mesh(program, xs)   # a top-level call with uncommitted inputs
-        out = call(program.with_xla(xla, full), xs)
+        out = call(program.with_settings(settings).with_xla(xla, full), xs)
         return program.unflatten_out(sig, out)
 
     def _program(self, tk) -> Program:

@@ -180,7 +180,7 @@ class Tuning:
         def make(spec):
             v = at.Variant.of(spec)
             return self.variant(v.options_dict, donate=False, xla=v.xla, plain=v.plain,
-                                full=full and not v.plain)
+                                full=full and not v.plain, settings=v.settings)
 
         if info is None:  # offline tuning (HlofuseFunction.tune): the call itself is not needed
             d = at.tune(make, args, kwargs, variants, name=self.name, key=st.key,
@@ -211,10 +211,10 @@ class Tuning:
         if d.xla_module:   # hlofuse's program was not measurably faster than jax.jit's
             st.fn = self.variant({}, donate=True, plain=True)
         else:
-            options = at.options_of(d)
+            options, settings = at.options_of(d), at.settings_of(d)
             xla, full = xla_to_apply(st.entry, d)
-            if options or xla or full:
-                st.fn = self.variant(options, donate=True, xla=xla, full=full)
+            if options or xla or full or settings:
+                st.fn = self.variant(options, donate=True, xla=xla, full=full, settings=settings)
         st.decision = d
         st.cached = cached
         if record and st.entry is not None:
@@ -259,14 +259,17 @@ def decision_key(entry, text: str | None = None) -> str:
 
 
 def candidates(entry, text: str | None = None) -> dict:
-    """What tuning times against the program as optimized: XLA-option variants, then one
-    variant per distinct kernelized region with that region left to XLA."""
-    opts = at.applicable_variants(jax.default_backend(),
-                                  text if text is not None else entry.optimized.text)
+    """What tuning times against the program as optimized: XLA-option variants, kernel
+    variants (hlofuse's own settings, :data:`hlofuse.runtime.autotune.KERNEL_VARIANTS`), then
+    one variant per distinct kernelized region with that region left to XLA."""
+    text = text if text is not None else entry.optimized.text
+    opts = at.applicable_variants(jax.default_backend(), text)
     out = {"default": at.Variant()}
     # second: when the budget allows few variants, this comparison is the one kept
     out[at.XLA_MODULE] = at.Variant(plain=True)
     out.update((n, at.Variant.of(o)) for n, o in opts.items() if n != "default")
+    out.update((n, at.Variant(settings=s)) for n, s in
+               at.applicable_kernel_variants(jax.default_backend(), text).items())
     # regions held back unmeasured (gpu/tpu) are timed too: from the module with every
     # kernel (``default`` is then that module; see Tuning.tune)
     out.update(at.region_variants(_measured_form(entry).report.kernels))

@@ -79,7 +79,8 @@ from hlofuse.core import hostcpu
 from hlofuse.core.pipeline import trace
 from hlofuse.runtime.testing import compare
 
-__all__ = ["VARIANTS", "applicable_variants", "Measurement", "measure", "decide", "Decision",
+__all__ = ["VARIANTS", "KERNEL_VARIANTS", "applicable_variants", "applicable_kernel_variants",
+           "settings_of", "Measurement", "measure", "decide", "Decision",
            "DecisionCache", "mode", "enabled_by_default", "device_key", "module_hash",
            "cache_key", "cache", "cached_options", "options_of", "tune", "ForeignLoad",
            "BUSY_SHARE", "TUNE_AT_CALL", "MARGIN", "Variant", "region_key", "region_variants",
@@ -129,7 +130,19 @@ VARIANTS: dict[str, dict[str, dict]] = {
         "ynn-individual-conv": {YNN: "LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"},
     },
 }
-VARIANTS_VERSION = 3  # bump when VARIANTS or the decision rule changes
+#: Kernel variants per platform, name -> pass options (``(pass, option, value)`` triples): the
+#: program optimized with another setting of hlofuse's own kernels, where two choices measured
+#: close on some host and the better one depends on it. ``attn-budget-x2``: the cpu attention
+#: loops with twice the step budget derived from the host's L2 (kernels/attention/blocks.py:
+#: on a 2-core Zen 4, 1 MiB L2, the host's 1M-element blocks and 2M ran within 1% of each
+#: other, 4M 9-17% slower; on the 2 MiB-L2 Xeon, 2M beat 1M by 11% and 4M ran within 2% of 2M).
+#: Only tried when the module has a cpu attention kernel with loops (:data:`VARIANT_NEEDS`).
+KERNEL_VARIANTS: dict[str, dict[str, tuple]] = {
+    "cpu": {
+        "attn-budget-x2": (("kernelize", "cpu_attention_budget_scale", 2.0),),
+    },
+}
+VARIANTS_VERSION = 4  # bump when VARIANTS, KERNEL_VARIANTS or the decision rule changes
 
 #: the variant "XLA's own module": the traced function compiled by plain ``jax.jit``, none of
 #: hlofuse's rewrites. hlofuse's program (its best options and region choices) is kept only
@@ -147,12 +160,22 @@ KEEP_MARGIN = 0.02
 VARIANT_NEEDS: dict[str, tuple[str, ...]] = {
     "ynn-individual-dot": ("stablehlo.dot_general", "stablehlo.dot "),
     "ynn-individual-conv": ("stablehlo.convolution",),
+    # the kernel's info attribute (passes/kernel_table.py) names its blocks: "cpu loops ..."
+    "attn-budget-x2": ("|cpu loops ",),
 }
 
 
 def applicable_variants(platform: str, module_text: str | None = None) -> dict[str, dict]:
     """The candidate variants for ``platform``, filtered by the ops the module contains."""
-    table = VARIANTS.get(platform, {"default": {}})
+    return _applicable(VARIANTS.get(platform, {"default": {}}), module_text)
+
+
+def applicable_kernel_variants(platform: str, module_text: str | None = None) -> dict[str, tuple]:
+    """The :data:`KERNEL_VARIANTS` for ``platform`` that apply to the module."""
+    return _applicable(KERNEL_VARIANTS.get(platform, {}), module_text)
+
+
+def _applicable(table: dict, module_text: str | None) -> dict:
     if module_text is None:
         return dict(table)
     return {n: o for n, o in table.items()
@@ -270,11 +293,13 @@ MAX_REGION_VARIANTS = 8
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
-    """One candidate program: compiler options (from :data:`VARIANTS`) and the regions (by
-    hash) run as XLA's own code instead of their kernels. Falsy: the program as optimized."""
+    """One candidate program: compiler options (from :data:`VARIANTS`), the regions (by
+    hash) run as XLA's own code instead of their kernels, and pass options of a kernel
+    variant (:data:`KERNEL_VARIANTS`). Falsy: the program as optimized."""
     options: tuple = ()                 # sorted (name, value) items
     xla: frozenset = frozenset()
     plain: bool = False                 # XLA's own module (plain jax.jit), no hlofuse rewrite
+    settings: tuple = ()                # (pass, option, value) triples
 
     @classmethod
     def of(cls, spec) -> "Variant":
@@ -287,7 +312,7 @@ class Variant:
         return dict(self.options)
 
     def __bool__(self) -> bool:
-        return bool(self.options or self.xla or self.plain)
+        return bool(self.options or self.xla or self.plain or self.settings)
 
 
 def region_variants(regions: Sequence) -> dict[str, Variant]:
@@ -606,7 +631,10 @@ def options_of(decision: Decision | None, platform: str | None = None) -> dict:
     could fill with anything, e.g. ``xla_dump_to``). Unknown variants: {} and one warning."""
     if decision is None or decision.xla_module:
         return {}
-    table = VARIANTS.get(platform or jax.default_backend(), {"default": {}})
+    platform = platform or jax.default_backend()
+    table = VARIANTS.get(platform, {"default": {}})
+    if decision.variant in KERNEL_VARIANTS.get(platform, {}):
+        return {}     # hlofuse's own settings, not XLA's: settings_of
     if decision.variant not in table:
         _warn_once(f"hlofuse: ignoring the autotune decision {decision.variant!r}: not a "
                    f"variant of this hlofuse version ({', '.join(table)})")
@@ -616,6 +644,15 @@ def options_of(decision: Decision | None, platform: str | None = None) -> dict:
         _warn_once(f"hlofuse: ignoring compiler options {sorted(decision.options)} recorded in "
                    f"the autotune cache for {decision.variant!r}; using the variant table's")
     return opts
+
+
+def settings_of(decision: Decision | None, platform: str | None = None) -> tuple:
+    """The pass options (``(pass, option, value)`` triples) of a decision for a kernel
+    variant, from :data:`KERNEL_VARIANTS` by name; () for any other decision."""
+    if decision is None or decision.xla_module:
+        return ()
+    return tuple(KERNEL_VARIANTS.get(platform or jax.default_backend(), {}).get(
+        decision.variant, ()))
 
 
 def cached_options(module_text: str, platform: str | None = None) -> dict:
@@ -924,13 +961,14 @@ def _compile_variants(make, base, variants: dict, args, kwargs, t_start: float,
 
 
 def _drop_differing(fns: dict, variants: dict, base, args, kwargs, default_s, say) -> dict:
-    """Drop from ``fns`` every option variant whose results on these arguments differ from
-    the default's beyond the tolerance table's 'reassociate' category; warm up the others.
-    Returns why each dropped one differs."""
+    """Drop from ``fns`` every option or kernel variant whose results on these arguments
+    differ from the default's beyond the tolerance table's 'reassociate' category; warm up the
+    others. Returns why each dropped one differs."""
     reference = None
     differs: dict[str, str] = {}
     for n, f in list(fns.items()):
-        if n != "default" and Variant.of(variants[n]).options:
+        v = Variant.of(variants[n]) if n != "default" else Variant()
+        if v.options or v.settings:
             if reference is None:
                 reference = jax.device_get(base(*args, **kwargs))
             problems = compare(jax.device_get(f(*args, **kwargs)), reference, "reassociate")
@@ -1302,9 +1340,10 @@ def _rounds_won(m: Measurement, program: str) -> tuple[int, int] | None:
 def _decided_variant(variants, regions, best, chosen) -> Variant:
     """The program the choices make: ``best``'s compiler options, and the regions ``chosen``
     to run as XLA's code."""
-    opts = Variant.of(variants[best]).options if best in variants and best != "default" else ()
-    return Variant(opts, frozenset(r["hash"] for r in regions.values()
-                                   if chosen.get(r["hash"], {}).get("choice") == "xla"))
+    best_v = Variant.of(variants[best]) if best in variants and best != "default" else Variant()
+    return Variant(best_v.options, frozenset(r["hash"] for r in regions.values()
+                                             if chosen.get(r["hash"], {}).get("choice") == "xla"),
+                   settings=best_v.settings)
 
 
 def _decide_module_measured(make, args, kwargs, module_v, variants, regions, m, best, reason,

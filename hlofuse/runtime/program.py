@@ -808,6 +808,20 @@ class Program(_Derived):
                 p = self.variants[(hashes, full)] = _XlaVariant(self, hashes, full)
             return p
 
+    def with_settings(self, settings: tuple) -> "Program":
+        """This program optimized with some pass options set (``settings``: sorted
+        ``(pass, option, value)`` triples, autotune's kernel variants such as a cpu attention
+        step budget, :data:`hlofuse.runtime.autotune.KERNEL_VARIANTS`): the same traced
+        function and jaxprs, entries of its own (the module cache keys on the options)."""
+        settings = tuple(settings)
+        if not settings:
+            return self
+        with self._lock:
+            p = self.variants.get(("settings", settings))
+            if p is None:
+                p = self.variants[("settings", settings)] = _SettingsVariant(self, settings)
+            return p
+
     def typed(self, avals) -> "Program":
         """This program for inputs whose types carry ``Explicit`` shardings (a derived
         program called under ``jax.grad`` on such a mesh): traced and built with them."""
@@ -1033,6 +1047,26 @@ class _XlaVariant(Program):
         opt = without_kernels(src, reasons)
         exp = dataclasses.replace(base.exported, mlir_module_serialized=opt.bytecode)
         return Entry(exp, opt, base.out_avals, base.in_avals, target, base.callbacks)
+
+
+class _SettingsVariant(Program):
+    """:meth:`Program.with_settings`: the parent's traced function and jaxprs, optimized with
+    the parent's options plus ``settings`` (no second trace)."""
+
+    def __init__(self, parent: Program, settings: tuple):
+        pass_options = {k: dict(v) for k, v in parent.opts.pass_options.items()}
+        for pass_name, option, value in settings:
+            pass_options.setdefault(pass_name, {})[option] = value
+        super().__init__(parent.fun, dataclasses.replace(parent.opts, pass_options=pass_options),
+                         name=parent.name, linear=parent.linear, donated=parent.donated,
+                         shardings=parent.shardings)
+        self.parent = parent
+        self.settings = settings
+        self._jaxprs = parent._jaxprs
+        self.out_trees = parent.out_trees
+
+    def jaxpr(self, sig: Signature) -> compat.ClosedJaxpr:
+        return self.parent.jaxpr(sig)
 
 
 def run_jaxpr(closed: compat.ClosedJaxpr, xs: Sequence) -> tuple:

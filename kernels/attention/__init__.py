@@ -46,13 +46,15 @@ from hlofuse.core.target import Target
 
 
 def build_attention(spec: AttentionSpec, target: Target | str, *, interpret=None,
-                    blocks: AttentionBlocks | None = None, name: str | None = None):
+                    blocks: AttentionBlocks | None = None, name: str | None = None,
+                    budget_scale: float = 1.0):
     """The region as a JAX function ``f(*inputs) -> (output,)``.
 
     cpu: the loop implementation (:func:`build_cpu`), or for short sequences without given
     ``blocks`` the loop-free one (:func:`build_cpu_short`). gpu / tpu: the Pallas kernel for that
     target; with ``interpret=True`` (gpu) or a ``pltpu.InterpretParams`` (tpu) it runs on CPU
-    in Pallas interpret mode for verification.
+    in Pallas interpret mode for verification. ``budget_scale``: cpu loops' step budget
+    times this (the short path and gpu/tpu blocks do not depend on it).
     """
     target = Target.of(target)
     if target.is_cpu:
@@ -60,7 +62,7 @@ def build_attention(spec: AttentionSpec, target: Target | str, *, interpret=None
             raise ValueError("the cpu attention path is plain JAX; interpret the gpu/tpu kernels")
         if blocks is None and short_fits(spec):
             return build_cpu_short(spec)   # short sequences: no loops (kernels/attention/short.py)
-        return build_cpu(spec, blocks)
+        return build_cpu(spec, blocks, budget_scale=budget_scale)
     if target.is_gpu:
         return build_gpu(spec, blocks, interpret=interpret, name=name)
     if target.is_tpu:

@@ -188,7 +188,8 @@ def _pallas_target_check(spec, target):
         raise EmitError("f16 is not supported by the TPU kernel")
 
 
-def build_fwd_lse(fs: FwdLseSpec, target, *, interpret=None, blocks=None, name=None):
+def build_fwd_lse(fs: FwdLseSpec, target, *, interpret=None, blocks=None, name=None,
+                  budget_scale: float = 1.0):
     target = Target.of(target)
     if not target.is_cpu:
         from hlofuse.kernels.attention.pallas_bwd import pallas_stats
@@ -207,7 +208,7 @@ def build_fwd_lse(fs: FwdLseSpec, target, *, interpret=None, blocks=None, name=N
         pfn.kernel_name = name
         pfn.blocks = kern.blocks
         return pfn
-    inner = build_cpu(fs.fwd, blocks, with_lse=True)
+    inner = build_cpu(fs.fwd, blocks, with_lse=True, budget_scale=budget_scale)
 
     def fn(*inputs):
         o, lse_c = inner.unscoped(*inputs)   # under this kernel's name, not the forward's
@@ -301,10 +302,11 @@ def _canonical_o_do_stats(bs: BwdSpec, inputs):
     return o, do, stats
 
 
-def build_bwd(bs: BwdSpec, target, *, interpret=None, blocks=None, name=None):
+def build_bwd(bs: BwdSpec, target, *, interpret=None, blocks=None, name=None,
+               budget_scale: float = 1.0):
     target = Target.of(target)
     if target.is_cpu:
-        return build_cpu_bwd(bs, blocks)
+        return build_cpu_bwd(bs, blocks, budget_scale=budget_scale)
     return build_pallas_bwd(bs, target, interpret=interpret, blocks=blocks, name=name)
 
 
@@ -412,7 +414,7 @@ def _do_in_out_layout(bs: BwdSpec, inputs):
 
 
 def build_cpu_bwd(bs: BwdSpec, blocks: AttentionBlocks | None = None, *,
-                  parts: int | None = None):
+                  parts: int | None = None, budget_scale: float = 1.0):
     """The flash backward as XLA loops: a loop over query chunks (carrying dK, dV and the
     learned side gradients, O(S·D)), inside it a loop over key blocks (carrying the chunk's dQ).
     Position-mask skipping (causal) visits the same key blocks as the forward. Like the
@@ -421,7 +423,7 @@ def build_cpu_bwd(bs: BwdSpec, blocks: AttentionBlocks | None = None, *,
     broadcasts along that axis gets the sum of the parts' gradients."""
     spec = bs.fwd
     ax, bounds = cpu_split(spec, parts)
-    blocks = blocks or cpu_bwd_plan(spec, parts=len(bounds))
+    blocks = blocks or cpu_bwd_plan(spec, parts=len(bounds), scale=budget_scale)
     bq, bk = blocks.bq, blocks.bk
     sq, sk = spec.seq_q, spec.seq_k
     nq, nk = -(-sq // bq), -(-sk // bk)

@@ -101,16 +101,22 @@ def _host_scaled(ref: int, l2: int) -> int:
     return max(ref // 4, min(2 * ref, b))
 
 
-def cpu_budgets(l2: int | None = None) -> tuple:
+def cpu_budgets(l2: int | None = None, scale: float = 1.0) -> tuple:
     """``(forward, backward)`` step budgets (elements of one step's logits block) on this host:
     :data:`CPU_BUDGETS` when set, else :data:`CPU_FWD_STEP_BUDGET` and
     :data:`CPU_BWD_STEP_BUDGET` scaled by the L2 of one core (``l2`` bytes, default
     :func:`hlofuse.core.hostcpu.l2_per_core`) against :data:`CPU_REF_L2`. Part of both
-    module-cache keys (the host's L2 through ``hostcpu.profile``, an override as in effect)."""
+    module-cache keys (the host's L2 through ``hostcpu.profile``, an override as in effect).
+    ``scale``: both times this (kernelize's ``cpu_attention_budget_scale``: the alternative
+    autotune measures where two block sizes ran close, ``hlofuse.runtime.autotune``)."""
     if CPU_BUDGETS is not None and l2 is None:
-        return tuple(CPU_BUDGETS)
-    l2 = hostcpu.l2_per_core() if l2 is None else l2
-    return _host_scaled(CPU_FWD_STEP_BUDGET, l2), _host_scaled(CPU_BWD_STEP_BUDGET, l2)
+        fwd, bwd = CPU_BUDGETS
+    else:
+        l2 = hostcpu.l2_per_core() if l2 is None else l2
+        fwd, bwd = _host_scaled(CPU_FWD_STEP_BUDGET, l2), _host_scaled(CPU_BWD_STEP_BUDGET, l2)
+    if scale == 1:
+        return fwd, bwd
+    return max(1, int(fwd * scale)), max(1, int(bwd * scale))
 
 
 def _dot_operands(b: Tile) -> str | None:
@@ -177,12 +183,12 @@ def cpu_plan(spec: AttentionSpec, *, budget: int | None = None,
     return AttentionBlocks("cpu", bq, bk)
 
 
-def cpu_bwd_plan(spec: AttentionSpec, *, parts: int = 1) -> AttentionBlocks:
+def cpu_bwd_plan(spec: AttentionSpec, *, parts: int = 1, scale: float = 1.0) -> AttentionBlocks:
     """:func:`cpu_plan` with the backward's smaller step block (:func:`cpu_budgets`' second,
     key blocks up to :data:`CPU_BWD_MAX_BLOCK_K`): the flash backward keeps more
     block-sized temporaries live per step than the forward (measured, see the constants);
     query chunks of at least :data:`CPU_BWD_MIN_BLOCK_Q` rows (up to Sq)."""
-    return cpu_plan(spec, budget=cpu_budgets()[1], max_block_k=CPU_BWD_MAX_BLOCK_K,
+    return cpu_plan(spec, budget=cpu_budgets(scale=scale)[1], max_block_k=CPU_BWD_MAX_BLOCK_K,
                     parts=parts, min_block_q=CPU_BWD_MIN_BLOCK_Q)
 
 

@@ -105,7 +105,7 @@ def lax_precision(p: str):
 
 def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
               fold_scale: bool = True, k_transposed: bool = CPU_K_TRANSPOSED,
-              with_lse: bool = False, parts: int | None = None):
+              with_lse: bool = False, parts: int | None = None, budget_scale: float = 1.0):
     """The region as ``f(*inputs) -> (output,)`` made of XLA loops.
 
     ``with_lse``: return ``(output, stats)``, the row statistics ``[m, l]`` (max and sum, f32)
@@ -115,10 +115,11 @@ def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
     :func:`~hlofuse.kernels.attention.logits.prescale`). ``k_transposed``: keep K as
     ``[.., D, Sk]`` (built by one transpose of the input, :func:`canonical_inputs`) so QKᵀ
     is a plain (NN) matmul per block. ``parts``: independent loops
-    (default :data:`CPU_PARTS`, see :func:`cpu_split`).
+    (default :data:`CPU_PARTS`, see :func:`cpu_split`). ``budget_scale``: the step budget
+    times this (:func:`~hlofuse.kernels.attention.blocks.cpu_budgets`; without ``blocks``).
     """
     ax, bounds = cpu_split(spec, parts)
-    blocks = blocks or cpu_plan(spec, budget=cpu_budgets()[0], parts=len(bounds),
+    blocks = blocks or cpu_plan(spec, budget=cpu_budgets(scale=budget_scale)[0], parts=len(bounds),
                                 min_block_q=CPU_FWD_MIN_BLOCK_Q)
     pre = prescale(spec) if fold_scale else None
     bq, bk = blocks.bq, blocks.bk
