@@ -102,10 +102,32 @@ def _numel(v) -> int:
     return int(np.prod(_shape(v)))
 
 
+def _merges_dims(op) -> bool:
+    """A reshape that merges dims (fewer non-unit dims out than in): after a broadcast, a
+    repeat along an existing axis (``jnp.repeat`` of K/V over the query heads of a group)."""
+    if op.name != "stablehlo.reshape":
+        return False
+    return sum(d != 1 for d in _shape(op.operands[0])) > sum(d != 1 for d in _shape(op.results[0]))
+
+
+def _pure_generator(op, depth: int = 0) -> bool:
+    """``op`` is made of constants and iotas alone (generator ops, no data leaf)."""
+    if depth > 16 or op.name not in _GEN_OPS or len(op.regions):
+        return False
+    return all(p is not None and _pure_generator(p, depth + 1)
+               for p in map(hir.defining_op, op.operands))
+
+
 def _cheap_tree(op, root_numel: int, depth: int = 0) -> bool:
     """``op`` computes a mask or bias by broadcasting small values: generator ops only, whose
-    leaves are constants, iotas or values at most a quarter of the result's size."""
+    leaves are constants, iotas or values at most a quarter of the result's size. Not a
+    repeat of data along an existing axis (a merging reshape over anything but constants and
+    iotas): GQA's K/V repeated over the heads of a group of 4 or more is a quarter of the
+    result's size, but it is the attention's operand, not a mask (Llama-3 and Mistral: 32
+    query heads over 8 K/V heads)."""
     if depth > 16 or op.name not in _GEN_OPS or len(op.results) != 1 or len(op.regions):
+        return False
+    if _merges_dims(op) and not _pure_generator(op):
         return False
     for a in op.operands:
         p = hir.defining_op(a)
@@ -119,6 +141,12 @@ def _cheap_tree(op, root_numel: int, depth: int = 0) -> bool:
     return True
 
 
+def _product_operand(v) -> bool:
+    """``v`` is read by a ``dot_general``: an operand of the attention's products (K or V
+    broadcast over the query heads, MQA's single K/V head among them), not a mask or bias."""
+    return any(u.name == "stablehlo.dot_general" for u in _users(v))
+
+
 def unshare_generator_trees(block) -> int:
     """Give every user of a shared mask or bias broadcast from small values (a causal mask from
     iotas, a ``[B, 1, 1, Sk]`` padding mask broadcast to the logits) its own copy of the
@@ -129,7 +157,8 @@ def unshare_generator_trees(block) -> int:
         if op.name == "stablehlo.constant" or len(op.results) != 1:
             continue
         uses = list(op.results[0].uses)
-        if len(uses) < 2 or not _cheap_tree(op, _numel(op.results[0])):
+        if len(uses) < 2 or not _cheap_tree(op, _numel(op.results[0])) or \
+                _product_operand(op.results[0]):
             continue
         for u in uses[1:]:
             owner = hir.as_op(u.owner)
@@ -456,7 +485,7 @@ def _match_training(att, block, index: dict, boundary) -> Training:
                 continue
             if p is not None and p.name == "stablehlo.constant":
                 continue                   # cloned into the backward function
-            if p is not None and _cheap_tree(p, _numel(a)) and all(
+            if p is not None and _cheap_tree(p, _numel(a)) and not _product_operand(a) and all(
                     u in bset for u in _users(a)):
                 _absorb_tree(p, bset)      # a mask or bias broadcast from small values
                 continue

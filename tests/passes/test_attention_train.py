@@ -98,6 +98,46 @@ def test_training_step_gets_flash_forward_and_backward(name):
     assert_same(np.asarray(val).astype(dt), np.asarray(val0).astype(dt), "grad")
 
 
+def _rotary(x, cos, sin):
+    x1, x2 = jnp.split(x, 2, axis=-1)
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    return jnp.concatenate([x1 * c - x2 * s, x1 * s + x2 * c], axis=-1)
+
+
+@pytest.mark.parametrize("heads,kv", [(8, 2), (8, 1), (4, 2)])
+def test_gqa_with_projections_gets_flash_forward_and_backward(heads, kv):
+    """A Llama/Mistral-style layer under ``jax.grad`` of its weights: Q/K/V projected in the
+    step, rotary, K/V repeated over groups of 4 query heads (Llama-3, Mistral: 32 over 8), of
+    8 (MQA: one K/V head) and of 2. The repeated K/V is a quarter of the logits' operand size
+    or less, like a mask broadcast from small values, but it is a product's operand: it stays
+    the attention's K/V, not a tree the backward copies down to the projection (before, groups
+    of 4 and more were refused: the backward read the projection's result)."""
+    s, dh, d = 32, 8, heads * 8
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, s, d)).astype(np.float32)
+    w = [(rng.standard_normal((d, n * dh)) / np.sqrt(d)).astype(np.float32)
+         for n in (heads, kv, kv)]
+    ang = np.arange(s, dtype=np.float32)[:, None] * (0.5 ** np.arange(dh // 2, dtype=np.float32))
+    cos, sin = np.cos(ang), np.sin(ang)
+
+    def loss(wq, wk, wv):
+        q = _rotary((x @ wq).reshape(2, s, heads, dh), cos, sin)
+        k = _rotary((x @ wk).reshape(2, s, kv, dh), cos, sin)
+        v = (x @ wv).reshape(2, s, kv, dh)
+        k, v = jnp.repeat(k, heads // kv, axis=2), jnp.repeat(v, heads // kv, axis=2)
+        logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(dh)
+        logits = jnp.where(jnp.tril(jnp.ones((s, s), bool)), logits, -1e30)
+        o = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(logits, -1), v)
+        return jnp.sum(o ** 2)
+    step = jax.value_and_grad(loss, argnums=(0, 1, 2))
+    g = hlofuse.jit(step, autotune=False)
+    report = g.report(*w)
+    assert train_kernels(report) == ["attention_bwd", "attention_fwd_lse"], report
+    (val, grads), (val0, grads0) = g(*w), jax.jit(step)(*w)
+    assert_same(grads, grads0, "grad")
+    assert_same(val, val0, "grad")
+
+
 def test_weights_in_the_loss_are_not_the_attention_backward():
     """The probabilities also feed the loss: their users are not the attention's gradient.
     Nothing is replaced and the report says which part did not match."""
