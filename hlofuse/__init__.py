@@ -4,25 +4,51 @@ Export StableHLO from a jitted function, rewrite it with Python passes (fusion, 
 aliasing, cleanups), turn fused regions into Pallas kernels, and run the result through XLA.
 """
 
+import os as _os
+
+# The public names, loaded on first use (PEP 562): ``import hlofuse`` alone imports no jax, so
+# light users of the package (the ``hlofuse`` command's supervisor, hlofuse.cli.launch) start
+# fast. Name -> the module that defines it; the order is the API reference's (docs/api.md).
+_API = {
+    "optimize": "hlofuse.runtime.api",
+    "Optimized": "hlofuse.runtime.api",
+    "jit": "hlofuse.frontend.jit",
+    "filter_jit": "hlofuse.frontend.filter",
+    "nnx_jit": "hlofuse.frontend.nnx",
+    "Lowered": "hlofuse.frontend.jit",
+    "PassManager": "hlofuse.core.pipeline",
+    "PIPELINES": "hlofuse.core.pipeline",
+    "PassFailure": "hlofuse.core.pipeline",
+    "Report": "hlofuse.core.report",
+    "IRError": "hlofuse.core.ir",
+    "HlofuseWarning": "hlofuse.core.report",
+    "MemoryLimitError": "hlofuse.runtime.memory",
+}
+__all__ = list(_API)
+
 # jax first, before anything imports jaxlib (jaxlib.mlir): ``import jax`` sets the C++ log
 # level default (TF_CPP_MIN_LOG_LEVEL=1, only if the user has not set it) before jaxlib's native
 # libraries read it. Importing jaxlib.mlir first leaves it at INFO, and the first backend
-# initialization then prints two "I... pjrt_client.cc" lines to stderr.
-import jax as _jax  # noqa: F401  (import order matters; see above)
+# initialization then prints two "I... pjrt_client.cc" lines to stderr. The package no longer
+# imports jax itself, yet a submodule may be imported first (``import hlofuse.core.ir``, the
+# CLI's worker), so it sets the same default here, as ``import jax`` does (jax/__init__.py).
+_os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
-from hlofuse.runtime.api import optimize as optimize
-from hlofuse.runtime.api import Optimized as Optimized
-from hlofuse.frontend.jit import jit as jit
-from hlofuse.frontend.filter import filter_jit as filter_jit
-from hlofuse.frontend.nnx import nnx_jit as nnx_jit
-from hlofuse.frontend.jit import Lowered as Lowered
-from hlofuse.core.pipeline import PassManager as PassManager
-from hlofuse.core.pipeline import PIPELINES as PIPELINES
-from hlofuse.core.pipeline import PassFailure as PassFailure
-from hlofuse.core.report import Report as Report
-from hlofuse.core.ir import IRError as IRError
-from hlofuse.core.report import HlofuseWarning as HlofuseWarning
-from hlofuse.runtime.memory import MemoryLimitError as MemoryLimitError
+
+def __getattr__(name: str):
+    module = _API.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+    importlib.import_module("jax")  # before jaxlib.mlir: see above
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # once: later lookups do not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 __version__ = "0.1.0"
 
@@ -74,7 +100,13 @@ class _MovedModules:
     def find_spec(name, path=None, target=None):
         if name not in _MOVED:
             return None
+        import importlib.machinery
         import importlib.util
+        # a real module of that name wins (hlofuse.runtime, once a module, is the runtime layer
+        # now): the public names load lazily, so this finder can see such a name first
+        here = importlib.machinery.PathFinder.find_spec(name, path)
+        if here is not None and here.has_location:
+            return None
         real = importlib.util.find_spec(_MOVED[name])
         # the moved file's origin: ``python -m OLD.PATH`` runs it with its own __file__
         return importlib.util.spec_from_loader(name, _MovedModules, origin=real.origin)

@@ -1,5 +1,5 @@
 """``python -m hlofuse.cli.apidoc [OUT]``: write ``docs/api.md`` (or OUT), the API reference,
-from the docstrings of the public names: the names ``hlofuse/__init__.py`` imports, and the
+from the docstrings of the public names: the ``__all__`` of the ``hlofuse`` package, and the
 ``__all__`` of each module in :data:`PUBLIC_MODULES`. ``--check`` exits 1 when the file
 differs from what would be written (``tests/test_docs.py`` checks it is current).
 
@@ -42,9 +42,9 @@ def public_modules() -> list[str]:
 
 
 def package_names() -> list[str]:
-    """The public names of the ``hlofuse`` package: what its ``__init__`` imports, in order."""
-    return [n for n, v in vars(hlofuse).items()
-            if not n.startswith("_") and not inspect.ismodule(v)]
+    """The public names of the ``hlofuse`` package, in order: its ``__all__`` (they load lazily,
+    so ``vars(hlofuse)`` holds only those used so far)."""
+    return list(hlofuse.__all__)
 
 
 def markdown_doc(doc: str) -> str:
