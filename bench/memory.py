@@ -3,6 +3,7 @@
     python -m bench --memory                      # every step at real size: h100, a100, v5e, v6e
     python -m bench --memory --quick              # small sizes, h100 and v5e (CI)
     python -m bench.memory --chips h100 --steps mlp bert --json out.json --plot out.png
+    python -m bench --memory --largest-batch --chips h100 --steps gpt2 llama   # batch that fits
 
 Each training step is written as users write one in plain JAX: a model's loss,
 ``jax.value_and_grad``, an ``optax.adamw`` update, parameters and optimizer state donated
@@ -15,6 +16,12 @@ allocate: peak = arguments + outputs + temporaries - aliased (donated). ``cost_a
 gives flops and bytes where the compiler reports them (deviceless XLA:GPU reports none;
 XLA:TPU does not count a Mosaic kernel's flops, so the kernels' flops are added from their
 regions). The table is of ratios hlofuse / jax.jit, one row per step and chip.
+
+``--largest-batch``: per step and chip, the largest batch whose peak fits the chip's memory (the
+chip table's HBM capacity) under ``jax.jit`` and under ``hlofuse.jit``: peaks compiled at the
+step's batch and twice it give the bytes per example, the predicted largest batch is compiled,
+and the search narrows by secant steps between the largest batch that fit and the smallest
+that did not, until they are neighbours (a handful of compiles per program).
 
 Deterministic figures only: nothing here is timed.
 """
@@ -31,7 +38,8 @@ from typing import Callable
 
 import numpy as np
 
-__all__ = ["STEPS", "CHIPS", "QUICK_CHIPS", "main", "measure_chip", "run_chip", "table"]
+__all__ = ["STEPS", "CHIPS", "QUICK_CHIPS", "main", "measure_chip", "run_chip", "table",
+           "largest_batch_chip", "largest_batch", "batch_table"]
 
 CHIPS = ["h100", "a100", "v5e", "v6e"]
 QUICK_CHIPS = ["h100", "v5e"]
@@ -186,45 +194,68 @@ def train_step(loss: Callable):
 # ----------------------------------------------------------------------------------------------
 # One chip (a worker process): compile both programs, read XLA's figures
 # ----------------------------------------------------------------------------------------------
+def _setup(chip_name: str):
+    """``(chip, mesh, replicated sharding)`` for compiling on ``chip_name`` in this process."""
+    import jax  # noqa: F401
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from hlofuse.core import chips as _chips
+    from hlofuse.runtime.aot import _device
+    chip = _chips.get(chip_name)
+    mesh = Mesh(np.array([_device(chip)]), ("x",))
+    return chip, mesh, NamedSharding(mesh, P())
+
+
+def _step_args(params, opt, batch, rep, batch_size: int | None = None, base: int | None = None):
+    """The step's argument specs (params, optimizer state, batch), replicated; with
+    ``batch_size``, every batch array whose leading dim is the step's ``base`` batch gets it."""
+    import jax
+
+    def spec(a, lead=False):
+        shape = np.shape(a)
+        if lead and batch_size is not None and shape and shape[0] == base:
+            shape = (batch_size,) + tuple(shape[1:])
+        return jax.ShapeDtypeStruct(shape, np.asarray(a).dtype, sharding=rep)
+    p_spec = jax.tree_util.tree_map(spec, params)
+    o_spec = jax.tree_util.tree_map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype,
+                                                                   sharding=rep),
+                                    jax.eval_shape(opt.init, p_spec))
+    return (p_spec, o_spec, *[spec(b, lead=True) for b in batch])
+
+
+def _compile(step, args, chip, mesh, program: str, options: dict | None = None):
+    """``program`` ("jax" or "hlofuse") of ``step`` compiled for ``chip``: (compiled, lowered
+    hlofuse program or None)."""
+    import jax
+    import hlofuse
+    from hlofuse.core import chips as _chips
+    with jax.set_mesh(mesh):
+        if program == "jax":
+            return jax.jit(step, donate_argnums=(0, 1)).trace(*args).lower().compile(), None
+        f = hlofuse.jit(step, target=chip.target, donate_argnums=(0, 1), options=options)
+        with _chips.use(chip):
+            lowered = f.lower(*args)
+            return lowered.jax_lowered.compile(), lowered
+
+
 def measure_chip(chip_name: str, steps: list[str], quick: bool,
                  options: dict | None = None) -> list[dict]:
     """In this process (the chip's compiler loaded): each step under jax.jit and hlofuse.jit
     (with pass ``options``), compiled for the chip; one row per step."""
-    import jax
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-
-    import hlofuse
-    from hlofuse.core import chips as _chips
     from hlofuse.runtime import memory
-    from hlofuse.runtime.aot import _device
-    chip = _chips.get(chip_name)
-    mesh = Mesh(np.array([_device(chip)]), ("x",))
+    chip, mesh, rep = _setup(chip_name)
     rows = []
     for name in steps:
         loss, params, batch, desc = STEPS[name](quick)
         step, opt = train_step(loss)
-        rep = NamedSharding(mesh, P())
-
-        def spec(a):
-            return jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype, sharding=rep)
-        p_spec = jax.tree_util.tree_map(spec, params)
-        o_spec = jax.tree_util.tree_map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype,
-                                                                       sharding=rep),
-                                        jax.eval_shape(opt.init, p_spec))
-        args = (p_spec, o_spec, *[spec(b) for b in batch])
+        args = _step_args(params, opt, batch, rep)
         row = {"step": name, "chip": chip.name, "target": chip.target, "what": desc}
         try:
-            with jax.set_mesh(mesh):
-                t0 = time.perf_counter()
-                cj = jax.jit(step, donate_argnums=(0, 1)).trace(*args).lower().compile()
-                row["jax_compile_s"] = round(time.perf_counter() - t0, 1)
-                f = hlofuse.jit(step, target=chip.target, donate_argnums=(0, 1),
-                                options=options)
-                t0 = time.perf_counter()
-                with _chips.use(chip):
-                    lowered = f.lower(*args)
-                    ch = lowered.jax_lowered.compile()
-                row["hlofuse_compile_s"] = round(time.perf_counter() - t0, 1)
+            t0 = time.perf_counter()
+            cj, _ = _compile(step, args, chip, mesh, "jax")
+            row["jax_compile_s"] = round(time.perf_counter() - t0, 1)
+            t0 = time.perf_counter()
+            ch, lowered = _compile(step, args, chip, mesh, "hlofuse", options)
+            row["hlofuse_compile_s"] = round(time.perf_counter() - t0, 1)
             report = lowered.report
             row["jax"] = memory.figures(cj).to_dict()
             row["hlofuse"] = memory.figures(ch).to_dict()
@@ -240,20 +271,100 @@ def measure_chip(chip_name: str, steps: list[str], quick: bool,
     return rows
 
 
+def largest_batch(peak: Callable[[int], int], base: int, capacity: int,
+                  max_compiles: int = 12) -> tuple[int, list, bool]:
+    """The largest batch ``b`` with ``peak(b) <= capacity`` (``peak``: bytes of one compile),
+    searched from ``base`` and ``2 * base``: ``(b, [(batch, peak), ...], exact)``, ``exact``
+    False when ``max_compiles`` ran out before ``b + 1`` was seen not to fit. The bytes grow
+    about linearly with the batch: extrapolated from the two largest that fit until one does
+    not, then interpolated between the largest batch that fit and the smallest that did not,
+    each hit followed by a probe of its neighbour (a near-linear peak ends there), bisecting
+    when probes keep fitting. 0 when even the base batch does not fit."""
+    seen: dict[int, int] = {}
+
+    def at(b):
+        if b not in seen:
+            seen[b] = peak(b)
+        return seen[b]
+    lo, hi = 0, None                       # largest known to fit, smallest known not to
+    for b in (base, 2 * base):
+        if at(b) <= capacity:
+            lo = max(lo, b)
+        else:
+            hi = b if hi is None else min(hi, b)
+            break
+    if lo == 0:
+        return 0, sorted(seen.items()), True
+    moves: list = []                       # (how, side) of each step since both bounds exist
+    while (hi is None or hi - lo > 1) and len(seen) < max_compiles:
+        if hi is None:                     # extrapolate from the two largest batches that fit
+            (b1, p1), (b2, p2) = sorted(seen.items())[-2:]
+            slope = (p2 - p1) / (b2 - b1) if p2 > p1 else 0
+            guess, how = max(lo + 1, int(b2 + (capacity - p2) // slope) if slope else 2 * lo), "x"
+        elif len(moves) >= 3 and len({side for _, side in moves[-3:]}) == 1:
+            guess, how = (lo + hi) // 2, "b"   # one bound stuck (a curved peak): bisect
+        elif moves and moves[-1][0] == "i":    # an interpolation hit: probe its neighbour
+            guess, how = (lo + 1 if moves[-1][1] == "lo" else hi - 1), "p"
+        else:                              # interpolate between the bounds
+            p_lo, p_hi = seen[lo], seen[hi]
+            guess, how = lo + int((capacity - p_lo) * (hi - lo) // max(1, p_hi - p_lo)), "i"
+        if hi is not None:
+            guess = min(max(guess, lo + 1), hi - 1)
+        if at(guess) <= capacity:
+            lo, side = guess, "lo"
+        else:
+            hi, side = guess, "hi"
+        if how != "x":
+            moves.append((how, side))
+    return lo, sorted(seen.items()), hi is not None and hi == lo + 1
+
+
+def largest_batch_chip(chip_name: str, steps: list[str], quick: bool,
+                       options: dict | None = None) -> list[dict]:
+    """In this process: per step, the largest batch that fits ``chip_name``'s memory under
+    jax.jit and under hlofuse.jit (:func:`largest_batch`); one row per step."""
+    from hlofuse.runtime import memory
+    chip, mesh, rep = _setup(chip_name)
+    capacity = chip.hbm_capacity_bytes
+    rows = []
+    for name in steps:
+        loss, params, batch, desc = STEPS[name](quick)
+        step, opt = train_step(loss)
+        base = int(np.shape(batch[0])[0])
+        row = {"step": name, "chip": chip.name, "mode": "largest_batch", "what": desc,
+               "capacity": capacity, "base_batch": base}
+        try:
+            for program in ("jax", "hlofuse"):
+                def peak(b, program=program):
+                    args = _step_args(params, opt, batch, rep, b, base)
+                    compiled, _ = _compile(step, args, chip, mesh, program, options)
+                    return memory.figures(compiled).peak
+                t0 = time.perf_counter()
+                best, tried, exact = largest_batch(peak, base, capacity)
+                row[program] = {"batch": best, "tried": tried, "exact": exact,
+                                "seconds": round(time.perf_counter() - t0, 1)}
+        except Exception as e:  # noqa: BLE001 - the row says what failed; the others still run
+            row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
 def _worker_main(argv) -> int:
-    chip, quick, steps = argv[0], argv[1] == "quick", argv[2].split(",")
-    measure_chip(chip, steps, quick, json.loads(argv[3]) if len(argv) > 3 else None)
+    mode, chip, quick, steps = argv[0], argv[1], argv[2] == "quick", argv[3].split(",")
+    work = largest_batch_chip if mode == "largest-batch" else measure_chip
+    work(chip, steps, quick, json.loads(argv[4]) if len(argv) > 4 else None)
     return 0
 
 
 def run_chip(chip: str, steps: list[str], quick: bool, timeout: float = 3600,
-             options: dict | None = None) -> list[dict]:
+             options: dict | None = None, mode: str = "peaks") -> list[dict]:
     """:func:`measure_chip` in a process of its own (the chip's compiler, ``$HLOFUSE_AOT_PYTHON``
     or this Python); a step the process did not get to has a row with ``error``."""
     from hlofuse.runtime import aot
     env = dict(os.environ, **aot._WORKER_ENV)
     env.setdefault("HLOFUSE_MODULE_CACHE", "0")
-    cmd = [aot._python(), "-m", "bench.memory", "--worker", chip,
+    cmd = [aot._python(), "-m", "bench.memory", "--worker", mode, chip,
            "quick" if quick else "full", ",".join(steps), json.dumps(options or {})]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
@@ -313,6 +424,24 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def batch_table(rows: list[dict]) -> str:
+    """The largest batches that fit (``--largest-batch``); ``>=`` where the search ran out of
+    compiles before the next batch was seen not to fit."""
+    head = ("| step | chip | memory GiB | jax.jit largest batch | hlofuse largest batch | ratio "
+            "| compiles |")
+    lines = [head, "|" + "---|" * 7]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['step']} | {r['chip']} | error: {r['error']} |||||")
+            continue
+        j, h = r["jax"], r["hlofuse"]
+        shown = [("" if x["exact"] else ">=") + str(x["batch"]) for x in (j, h)]
+        ratio = f"{h['batch'] / j['batch']:.2f}" if j["batch"] else "-"
+        lines.append(f"| {r['step']} | {r['chip']} | {r['capacity'] / (1 << 30):.1f} | {shown[0]} "
+                     f"| {shown[1]} | {ratio} | {len(j['tried'])} + {len(h['tried'])} |")
+    return "\n".join(lines)
+
+
 def _plot(rows: list[dict], path: str) -> None:
     from bench import png
     ok = [r for r in rows if "error" not in r]
@@ -336,6 +465,8 @@ def main(argv=None) -> int:
     ap.add_argument("--markdown", default=None)
     ap.add_argument("--plot", default=None, help="write a PNG bar chart of the peak ratios")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds per chip")
+    ap.add_argument("--largest-batch", action="store_true",
+                    help="instead: the largest batch that fits each chip's memory, per program")
     a = ap.parse_args(argv)
     from hlofuse.runtime import aot
     chips = aot.parse_chips(a.chips or ",".join(QUICK_CHIPS if a.quick else CHIPS))
@@ -346,13 +477,13 @@ def main(argv=None) -> int:
         print(f"bench --memory: {missing[0]}", file=sys.stderr)
         return 2
     rows = []
+    mode = "largest-batch" if a.largest_batch else "peaks"
     for c in chips:
         t0 = time.perf_counter()
-        got = run_chip(c, steps, a.quick, a.timeout)
-        print(f"# {c}: {len(got)} steps compiled twice in {time.perf_counter() - t0:.0f}s",
-              flush=True)
+        got = run_chip(c, steps, a.quick, a.timeout, mode=mode)
+        print(f"# {c}: {len(got)} steps ({mode}) in {time.perf_counter() - t0:.0f}s", flush=True)
         rows += got
-    text = table(rows)
+    text = batch_table(rows) if a.largest_batch else table(rows)
     print(text)
     if a.json:
         with open(a.json, "w") as fh:
@@ -360,7 +491,7 @@ def main(argv=None) -> int:
     if a.markdown:
         with open(a.markdown, "w") as fh:
             fh.write(text + "\n")
-    if a.plot:
+    if a.plot and not a.largest_batch:
         _plot(rows, a.plot)
     return 1 if any("error" in r for r in rows) else 0
 

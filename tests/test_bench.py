@@ -183,3 +183,25 @@ def test_legs_flags_a_worse_ratio_and_a_model_correct_in_one_run_only(tmp_path, 
     assert flagged == 2 and "jax 0.10.2" in text and "jax 0.12.0.1" in text
     assert legs.main([old, new]) == 0 and legs.main([old, new, "--strict"]) == 1
     capsys.readouterr()
+
+
+@pytest.mark.parametrize("peak,capacity,base", [
+    (lambda b: 100 + 10 * b, 1000, 4),                       # linear: 90
+    (lambda b: 100 + 10 * (-(-b // 8) * 8), 1000, 4),        # padded to multiples of 8: 88
+    (lambda b: 1000 + 10 * b + b * b // 20, 5000, 8),        # growing faster than linear: 204
+    (lambda b: 100 + 10 * b, 1000, 200),                     # the base batch does not fit: 0
+    (lambda b: 100 + 10 * b, 1000, 50),                      # twice the base does not fit: 90
+])
+def test_largest_batch_search_finds_the_boundary(peak, capacity, base):
+    """``bench --memory --largest-batch``'s search (each peak is a compile there): the largest
+    batch whose peak fits, found in a handful of evaluations."""
+    from bench.memory import largest_batch
+    calls = []
+    best, tried, exact = largest_batch(lambda b: calls.append(b) or peak(b), base, capacity)
+    assert exact
+    want = max([b for b in range(1, 1000) if peak(b) <= capacity], default=0)
+    want = want if peak(base) <= capacity else 0
+    assert best == want, (best, tried)
+    assert len(calls) == len(set(calls)) <= 12 and [b for b, _ in tried] == sorted(set(calls))
+    if best:
+        assert peak(best) <= capacity < peak(best + 1) and (best + 1) in calls
