@@ -9,6 +9,9 @@ import os as _os
 # The public names, loaded on first use (PEP 562): ``import hlofuse`` alone imports no jax, so
 # light users of the package (the ``hlofuse`` command's supervisor, hlofuse.cli.launch) start
 # fast. Name -> the module that defines it; the order is the API reference's (docs/api.md).
+# The first use of any of them imports all these modules, as ``import hlofuse`` did before:
+# their imports register the built-in passes (hlofuse.passes), which hlofuse.optimize, a
+# PassManager and the rest need.
 _API = {
     "optimize": "hlofuse.runtime.api",
     "Optimized": "hlofuse.runtime.api",
@@ -36,14 +39,13 @@ _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 
 def __getattr__(name: str):
-    module = _API.get(name)
-    if module is None:
+    if name not in _API:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import importlib
     importlib.import_module("jax")  # before jaxlib.mlir: see above
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # once: later lookups do not come here
-    return value
+    for n, module in _API.items():  # all of them, once: later lookups do not come here
+        globals()[n] = getattr(importlib.import_module(module), n)
+    return globals()[name]
 
 
 def __dir__() -> list[str]:
