@@ -33,7 +33,6 @@ import os
 import re
 import struct
 import subprocess
-import sys
 import tempfile
 import tokenize
 from typing import Callable, Iterable, Iterator, Sequence
@@ -46,6 +45,7 @@ from jaxlib.mlir.dialects import func as func_d
 from jaxlib.mlir.dialects import stablehlo
 
 from hlofuse.core import compat
+from hlofuse.core.child import python_command  # noqa: F401  (hlofuse.core.ir.python_command)
 
 __all__ = [
     "IRError", "ops_text", "new_context", "parse", "detect_format", "to_text", "to_bytecode",
@@ -622,24 +622,6 @@ def eval_module(module_text: str, inputs: Sequence[np.ndarray], *, timeout: floa
             raise IRError("reference interpreter failed: " + (p.stderr.strip().splitlines() or ["(no output)"])[-1])
         z = np.load(opath)
         return [z[f"arr_{i}"] for i in range(len(z.files))]
-
-
-def python_command() -> tuple[list[str], dict]:
-    """``(argv prefix, environment)`` for a child Python interpreter that runs hlofuse code.
-
-    The child runs with ``-P`` (safe path, Python >= 3.11, which jax 0.10.2 requires): neither
-    ``python -m`` nor ``python -c`` puts the current directory first on ``sys.path``, so an
-    ``absl.py`` or ``ml_dtypes.py`` lying in the user's working directory is never executed.
-    Unlike ``-I`` it keeps ``PYTHONPATH`` and the user site, so the child sees the parent's
-    packages. Only when the parent itself found its modules in the current directory (a source
-    checkout run in place with ``python -m``) is that directory passed on, explicitly.
-    """
-    env = dict(os.environ)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    first = sys.path[0] if sys.path else None
-    if first is not None and os.path.realpath(first or os.curdir) == os.path.realpath(root):
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    return [sys.executable, "-P"], env
 
 
 def guard_parse(data, fmt: str, *, source: str = "<input>", probe: bool = True) -> None:
