@@ -25,9 +25,11 @@ them. Exit codes: 0 success, 1 ``check``/``--verify`` found a numerical mismatch
 Crash safety: MLIR and XLA can abort the process on corrupt input (a bad bytecode stream, an XLA
 CHECK failure). ``run_main`` therefore runs the subcommand in a child process (``python -P -m
 hlofuse.cli.main`` with ``HLOFUSE_CLI_CHILD=1``; ``-P`` so that modules in the current directory
-are never imported, see :func:`hlofuse.core.ir.python_command`) and turns a child killed by a signal
-into the same one-line error and exit code 2, naming the stage (file and step) it died in. Set
-``HLOFUSE_CLI_INPROCESS=1`` to run in-process (debugging).
+are never imported, see :func:`hlofuse.core.child.python_command`) and turns a child killed by
+a signal into the same one-line error and exit code 2, naming the stage (file and step) it died
+in. Set ``HLOFUSE_CLI_INPROCESS=1`` to run in-process (debugging). The supervisor
+(:mod:`hlofuse.cli.supervisor`, run by the console script :func:`hlofuse.cli.launch.run_main`)
+imports no jax and no MLIR: only the worker and help import this module.
 
 Stopping: SIGINT (Ctrl-C), SIGTERM and SIGHUP sent to ``hlofuse`` are forwarded to the worker,
 which stops at the next Python step (an output being written is completed first, none is started
@@ -40,11 +42,18 @@ pipes, so an interruption leaves no temporary file or folder behind.
 
 from __future__ import annotations
 
+if __name__ == "__main__":
+    # ``python -m hlofuse.cli.main`` as the supervisor: supervise the worker without the heavy
+    # imports below (the supervisor exits here). Help and the worker itself go on.
+    import sys as _sys
+    from hlofuse.cli import supervisor as _supervisor
+    if not _supervisor.runs_here(_sys.argv):
+        _supervisor.run(_sys.argv, None)
+
 import dataclasses
 import json
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 import traceback
@@ -67,17 +76,15 @@ from hlofuse.runtime.testing import compare
 from hlofuse.runtime import argspec
 
 from hlofuse.runtime import formats
-PROG = "hlofuse"
-CHILD_ENV = "HLOFUSE_CLI_CHILD"
-INPROCESS_ENV = "HLOFUSE_CLI_INPROCESS"
-STAGE_FD_ENV = "HLOFUSE_CLI_STAGE_FD"    # the worker reports its stage through this pipe
-PARENT_ENV = "HLOFUSE_CLI_PARENT"        # the supervisor's pid, for the worker's death signal
-PAUSE_ENV = "HLOFUSE_CLI_TEST_PAUSE"     # tests: "STAGE-PREFIX=SECONDS[!]" pauses the worker
+# the supervisor (light: hlofuse.cli.supervisor) and what it shares with the worker: constants,
+# messages; imported here too, so that hlofuse.cli.main._supervise, STOP_SIGNALS, ... resolve
+from hlofuse.cli import supervisor
+from hlofuse.cli.supervisor import (  # noqa: F401  (re-exported)
+    CHILD_ENV, COMMAND_NAMES, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_MISMATCH, EXIT_OK, INPROCESS_ENV,
+    PARENT_ENV, PROG, STAGE_FD_ENV, STOP_GRACE_S, STOP_SIGNALS, _crash_detail, _error,
+    _interrupted_message, _own_lines, _supervise, _wants_help, _Worker)
 
-EXIT_OK, EXIT_MISMATCH, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
-# signals that stop a command: forwarded to the worker, exit code 128 + signal number
-STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
-STOP_GRACE_S = 5.0  # how long the worker gets to stop cleanly before it is killed
+PAUSE_ENV = "HLOFUSE_CLI_TEST_PAUSE"     # tests: "STAGE-PREFIX=SECONDS[!]" pauses the worker
 
 
 class UsageError(Exception):
@@ -295,13 +302,6 @@ def _commit(path: str, write: Callable[[], object]) -> None:
         pending, _COMMIT["pending"] = _COMMIT["pending"], None
         if not _COMMIT["depth"] and pending is not None:
             raise Interrupted(pending)
-
-
-def _interrupted_message(signum: int, written) -> str:
-    name = signal.Signals(signum).name
-    if not written:
-        return f"interrupted by {name}; no output written"
-    return f"interrupted by {name}; already written: {', '.join(written)}"
 
 
 def _die_with_parent() -> None:
@@ -892,6 +892,9 @@ COMMANDS: dict[str, Command] = {
         _define_tune, cmd_tune, 1),
 }
 
+# the supervisor names the subcommands without importing this module
+assert tuple(COMMANDS) == COMMAND_NAMES, "update hlofuse.cli.supervisor.COMMAND_NAMES"
+
 
 # ---------------------------------------------------------------------------------------------
 # Help, parsing, error reporting
@@ -919,20 +922,6 @@ def _command_help(name: str, fv: flags.FlagValues) -> str:
         lines.append(f"  {names}")
         lines += textwrap.wrap(text, 96, initial_indent="      ", subsequent_indent="      ")
     return "\n".join(lines)
-
-
-def _wants_help(args: list[str]) -> bool:
-    for a in args:
-        if a == "--":
-            return False
-        if a in ("-h", "--help", "-help", "--helpfull", "--helpshort"):
-            return True
-    return False
-
-
-def _error(cmd: str | None, msg: str) -> None:
-    prefix = f"{PROG} {cmd}" if cmd else PROG
-    print(f"{prefix}: error: {msg}", file=sys.stderr)
 
 
 def _one_line(e: BaseException) -> str:
@@ -1023,188 +1012,11 @@ def _run_command(name: str, cmd: Command, fv, pos, verbose: bool) -> int:
         return EXIT_ERROR
 
 
-# ---------------------------------------------------------------------------------------------
-# Supervisor: run the command in a child process and report crashes as errors
-# ---------------------------------------------------------------------------------------------
-
-class _Worker:
-    """The worker process and the supervisor's side of its pipes and of stop signals.
-
-    Stop signals (SIGINT, SIGTERM, SIGHUP) that reach the supervisor are forwarded to the worker
-    once; if it has not exited ``STOP_GRACE_S`` later (stuck in native code), or on a second
-    signal, it is killed. Stage reports and stderr come through pipes, so no temporary file or
-    folder exists that an interruption could leave behind.
-    """
-
-    def __init__(self, argv: list[str], env: dict):
-        import threading
-        self.signum: int | None = None
-        self.stages: list[tuple[str, str]] = []
-        self.stderr = b""
-        self._saved = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
-        stage_r, stage_w = os.pipe()
-        try:
-            self.proc = subprocess.Popen(argv, stderr=subprocess.PIPE, pass_fds=(stage_w,),
-                                         env=dict(env, **{STAGE_FD_ENV: str(stage_w),
-                                                          PARENT_ENV: str(os.getpid())}))
-        except BaseException:  # noqa: BLE001 - re-raised: closes the pipe, restores the handlers
-            os.close(stage_r)
-            self._restore()
-            raise
-        finally:
-            os.close(stage_w)
-        self._readers = [threading.Thread(target=self._read_stages, args=(stage_r,), daemon=True),
-                         threading.Thread(target=self._read_stderr, daemon=True)]
-        for t in self._readers:
-            t.start()
-        if self.signum is not None:  # arrived while starting it
-            self._send(self.signum)
-
-    def _on_signal(self, signum, frame) -> None:
-        import threading
-        if self.signum is not None:  # a second stop signal: do not wait any longer
-            self._send(signal.SIGKILL)
-            return
-        self.signum = signum
-        if getattr(self, "proc", None) is not None:
-            self._send(signum)
-        timer = threading.Timer(STOP_GRACE_S, self._send, args=(signal.SIGKILL,))
-        timer.daemon = True
-        timer.start()
-
-    def _send(self, signum) -> None:
-        proc = getattr(self, "proc", None)
-        if proc is not None and proc.returncode is None:
-            try:
-                proc.send_signal(signum)
-            except OSError:
-                pass
-
-    def _read_stages(self, fd: int) -> None:
-        with os.fdopen(fd, "rb") as fh:
-            for line in fh:
-                kind, _, text = line.decode("utf-8", "replace").rstrip("\n").partition("\t")
-                self.stages.append((kind, text))
-
-    def _read_stderr(self) -> None:
-        self.stderr = self.proc.stderr.read()
-
-    def wait(self) -> int:
-        """Wait for the worker (killing it if the supervisor itself fails) and its pipes."""
-        try:
-            rc = self.proc.wait()
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
-            for t in self._readers:
-                t.join(timeout=10)
-            self.proc.stderr.close()
-            self._restore()
-        return rc
-
-    def _restore(self) -> None:
-        for s, h in self._saved.items():
-            signal.signal(s, h)
-
-    @property
-    def stage(self) -> str:
-        return next((t for k, t in reversed(self.stages) if k == "stage"), "")
-
-    @property
-    def written(self) -> list[str]:
-        return [t for k, t in self.stages if k == "wrote"]
-
-
-def _supervise(argv: list[str]) -> int:
-    cmd = argv[1] if len(argv) > 1 and argv[1] in COMMANDS else None
-    verbose = "--verbose" in argv[1:]
-    # python -P -m hlofuse.cli.main: -P keeps the current directory off the worker's sys.path,
-    # so a file named absl.py or ml_dtypes.py in the user's working directory is never executed
-    python, env = hir.python_command()
-    env[CHILD_ENV] = "1"
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-    worker = _Worker(python + ["-m", "hlofuse.cli.main"] + argv[1:], env)
-    rc = worker.wait()
-    child_err = worker.stderr.decode("utf-8", "replace")
-    prefix = f"{PROG} {cmd}" if cmd else PROG
-    handled = rc in [128 + int(s) for s in STOP_SIGNALS]  # the worker reported its interruption
-    if rc >= 0 and (worker.signum is None or handled):
-        sys.stderr.write(child_err if rc == 0 or verbose else _own_lines(child_err))
-        sys.stderr.flush()
-        return rc
-    if verbose:
-        sys.stderr.write(child_err)
-    signum = worker.signum or (-rc if -rc in [int(s) for s in STOP_SIGNALS] else None)
-    if signum is not None:  # stopped: killed after the grace period, or finished regardless
-        if rc >= 0:  # it finished before the signal took effect
-            sys.stderr.write(child_err if rc == 0 else _own_lines(child_err))
-        print(f"{prefix}: {_interrupted_message(signum, worker.written)}", file=sys.stderr)
-        return 128 + int(signum)
-    sig = -rc
-    try:
-        signame = signal.Signals(sig).name
-    except ValueError:
-        signame = f"signal {sig}"
-    stage = worker.stage
-    detail = _crash_detail(child_err)
-    if stage.startswith("reading "):
-        what = (f"{stage[8:]}: corrupt input: the MLIR parser aborted the process while reading "
-                f"it ({signame})")
-    elif sig == signal.SIGKILL:
-        what = f"killed ({signame}, out of memory?) while {stage or 'starting'}"
-    else:
-        what = f"the process crashed ({signame}) while {stage or 'starting'}"
-    _error(cmd, what + (f": {detail}" if detail else "")
-           + ("" if verbose else " (--verbose for the native diagnostics)"))
-    return EXIT_ERROR
-
-
-def _own_lines(err: str) -> str:
-    """On failure keep only hlofuse's own messages (and their indented continuation lines), not
-    native diagnostics MLIR/XLA print directly to stderr; everything when there are none."""
-    kept, keep = [], False
-    for line in err.splitlines():
-        keep = line.startswith(PROG) or (keep and line.startswith("  "))
-        if keep:
-            kept.append(line)
-    return "\n".join(kept) + "\n" if kept else err
-
-
-def _crash_detail(err: str) -> str:
-    lines = [l.strip() for l in err.splitlines() if l.strip()]
-    for key in ("Check failed", "LLVM ERROR", "what():", "error:"):
-        for l in lines:
-            if key in l:
-                return l[:300]
-    return ""
-
-
 def run_main(argv: list[str] | None = None) -> int:
-    """Console-script entry point (``hlofuse``); returns through ``sys.exit``."""
-    argv = list(sys.argv if argv is None else argv)
-    help_only = len(argv) < 2 or argv[1] in ("-h", "--help", "-help", "help", "--version") or \
-        _wants_help(argv[2:])
-    try:
-        if help_only:
-            code = _dispatch(argv)  # help needs no MLIR/XLA work: no child process
-        elif config.get(CHILD_ENV) or config.get(INPROCESS_ENV):
-            _become_worker()
-            if _WORKER["child"]:
-                _die_with_parent()
-            _install_stop_handlers()
-            code = _dispatch(argv)
-        else:
-            code = _supervise(argv)
-        sys.stdout.flush()
-    except KeyboardInterrupt as e:  # outside a command (starting, parsing flags)
-        signum = getattr(e, "signum", signal.SIGINT)
-        print(f"{PROG}: {_interrupted_message(signum, _WRITTEN)}", file=sys.stderr)
-        code = 128 + int(signum)
-    except BrokenPipeError:  # `hlofuse ... | head`: the reader left; not an error of ours
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        code = EXIT_OK
-    sys.exit(code)
+    """Entry point of ``python -m hlofuse.cli.main`` (the worker's command line too): the
+    ``hlofuse`` command, as the console script (:func:`hlofuse.cli.launch.run_main`) runs it;
+    returns through ``sys.exit``."""
+    supervisor.run(argv, lambda: sys.modules[__name__])
 
 
 if __name__ == "__main__":
