@@ -13,7 +13,7 @@ the rewrite differs; compiler options are held fixed):
 * ``-<pass>``         — the pipeline with one pass disabled (for every pass whose absence
                         changes the module);
 * ``rollback <id>``   — the full result with one kernelized region rolled back to XLA
-                        (:func:`hlofuse.runtime.verify.rollback`), for every kernel.
+                        (:func:`hlofuse.runtime.kernel_choice.rollback`), for every kernel.
 
 A region whose rollback brings the ratio down is what costs time; the table names its kernel,
 kind, ops and source lines.
@@ -48,7 +48,7 @@ def build_variants(fn, args, *, max_regions: int = 40) -> tuple[list, dict]:
     import hlofuse
     from hlofuse.core import ir as hir
     from hlofuse.core.pipeline import PIPELINES
-    from hlofuse.runtime.verify import rollback
+    from hlofuse.runtime.kernel_choice import rollback
 
     flat_fn, leaves = _flat(fn, args)
     sds = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in leaves]

@@ -19,7 +19,7 @@ from jaxlib.mlir import ir
 from hlofuse.core import ir as hir
 
 __all__ = ["KERNEL_INFO_ATTR", "ORIGINAL_ATTR", "KernelFunc", "kernel_funcs", "set_original",
-           "text_without_originals"]
+           "original_func", "text_without_originals"]
 
 KERNEL_INFO_ATTR = "hlofuse.kernel"       # on a kernel's entry function: "kind|region|name|blocks"
 ORIGINAL_ATTR = "hlofuse.xla_original"    # beside it: the region's original function, as text
@@ -74,6 +74,15 @@ def set_original(module: ir.Module, region: int, text: str) -> None:
                 return
     raise KeyError(f"no kernel of region {region} in the module")
 
+
+def original_func(text: str, ctx: ir.Context):
+    """``(module, func)``: the single ``func.func`` of a kept original (an outlined region's
+    text) parsed in ``ctx``."""
+    m = hir.parse(text, ctx, source="original region")
+    fs = hir.funcs(m)
+    if len(fs) != 1:
+        raise hir.IRError(f"expected one function in the kept region text, found {len(fs)}")
+    return m, fs[0]
 
 
 def text_without_originals(module: ir.Module, *, debug_info: bool = False) -> str:

@@ -52,7 +52,8 @@ from hlofuse.core.target import Target
 from hlofuse.frontend.dispatch import Dispatcher
 from hlofuse.frontend.signature import CallInfo, CallSignature
 from hlofuse.frontend.tracing import TracedFunction
-from hlofuse.frontend.tuning import decision_key, report_decision, xla_to_apply
+from hlofuse.frontend.tuning import decision_key, report_decision
+from hlofuse.runtime.kernel_choice import xla_to_apply
 from hlofuse.passes import graph_util as gu
 from hlofuse.passes.buffer_aliasing import memory_plan
 from hlofuse.passes.kernel_table import text_without_originals

@@ -4,8 +4,8 @@
 runs what it decided): on a signature's first call it looks for a cached decision; on the
 second it measures XLA compiler-option variants and each kernelized region against XLA's own
 code (:mod:`hlofuse.runtime.autotune`), and keeps the winner. Whether a region runs as a
-kernel or as XLA's code under a decision is :meth:`Tuning.xla_to_apply`, and nowhere else in the
-call path. Every step runs through :meth:`Tuning.guarded`: tuning never fails the call it tunes.
+kernel or as XLA's code under a decision is :func:`hlofuse.runtime.kernel_choice.xla_to_apply`,
+with the module's other kernel-or-XLA rules. Every step runs through :meth:`Tuning.guarded`: tuning never fails the call it tunes.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import jax
 
 from hlofuse.frontend.signature import CallInfo
 from hlofuse.runtime import autotune as at
+from hlofuse.runtime.kernel_choice import measured_form, xla_to_apply
 from hlofuse.runtime.program import find_calls, machinery_failed
 
 __all__ = ["SignatureState", "Exe", "Tuning", "report_decision", "EFFECTS_NOT_TIMED"]
@@ -156,7 +157,7 @@ class Tuning:
         from hlofuse.passes.fusion import cost as cost_model
         from hlofuse.runtime.program import learned_for
         info = {}
-        by_hash = {r.extra.get("region_hash"): r for r in _measured_form(entry).report.kernels}
+        by_hash = {r.extra.get("region_hash"): r for r in measured_form(entry.optimized).report.kernels}
         with cost_model.learned_model(entry.target.kind, learned_for(entry.target)):
             for n, v in variants.items():
                 if not n.startswith(at.REGION_PREFIX):
@@ -272,25 +273,8 @@ def candidates(entry, text: str | None = None) -> dict:
                at.applicable_kernel_variants(jax.default_backend(), text).items())
     # regions held back unmeasured (gpu/tpu) are timed too: from the module with every
     # kernel (``default`` is then that module; see Tuning.tune)
-    out.update(at.region_variants(_measured_form(entry).report.kernels))
+    out.update(at.region_variants(measured_form(entry.optimized).report.kernels))
     return out
-
-
-def xla_to_apply(entry, d: at.Decision) -> tuple[frozenset, bool]:
-    """``(hashes, full)``: the regions that run as XLA's code under decision ``d``, and
-    whether they are counted from the module with every kernel built (``full``: some kernel
-    held back unmeasured was measured to win and runs). Without ``full``: the decision's XLA
-    regions that still have a kernel in ``entry``'s module. The call path's one answer to
-    "kernel or XLA" for a region once measured."""
-    if entry is None or d is None or not d.regions:
-        return frozenset(), False
-    opt = entry.optimized
-    present = {r.extra.get("region_hash") for r in _measured_form(entry).report.kernels}
-    xla = frozenset(d.xla_regions & present)
-    won = {h for h, c in d.regions.items() if c.get("choice") == "kernel"} & opt.unmeasured
-    if not won:   # every held-back kernel stays held back: the module as built, minus xla
-        return xla - opt.unmeasured, False
-    return xla | (opt.unmeasured - won), True
 
 
 def _not_timed(traced, entry) -> bool:
@@ -301,12 +285,6 @@ def _not_timed(traced, entry) -> bool:
         return False
     entry.report.note(EFFECTS_NOT_TIMED)
     return True
-
-
-def _measured_form(entry):
-    """The optimized module tuning measures: with every kernel built (``Optimized.full``)
-    where unmeasured ones are held back, else the module as built."""
-    return entry.optimized.full or entry.optimized
 
 
 def report_decision(report, d: at.Decision, cached: bool) -> None:

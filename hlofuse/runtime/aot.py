@@ -56,7 +56,7 @@ from hlofuse.core import ir as hir
 from hlofuse.runtime.api import Optimized, optimize
 from hlofuse.passes.kernel_table import KERNEL_INFO_ATTR, kernel_funcs
 from hlofuse.runtime import formats
-from hlofuse.runtime.verify import rollback
+from hlofuse.runtime.kernel_choice import rollback
 
 __all__ = ["KernelResult", "ChipResult", "compile_for", "optimize_for", "optimize_many", "check_modules",
            "missing_packages", "INSTALL", "parse_chips", "gpu_occupancy", "kernel_resources",

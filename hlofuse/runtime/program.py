@@ -49,7 +49,6 @@ Building an entry is serialized per program by a lock, so concurrent first calls
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import functools
 import logging
@@ -80,10 +79,11 @@ from hlofuse.core.report import HlofuseWarning, Report
 from hlofuse.core.target import CPU, Target
 from hlofuse.passes import kernelize
 from hlofuse.passes.fusion import cost as cost_model
-from hlofuse.passes.kernel_table import kernel_funcs
 from hlofuse.runtime import autotune as at
 from hlofuse.runtime import module_cache
-from hlofuse.runtime.verify import rollback, unoptimized, verify_regions
+from hlofuse.runtime.kernel_choice import (apply_cached_decisions, hold_back_unmeasured,
+                                           measuring_options, without_kernels)
+from hlofuse.runtime.verify import unoptimized, verify_regions
 
 log = logging.getLogger("hlofuse")
 
@@ -392,43 +392,6 @@ def measurable(target: Target) -> bool:
     return here is not None and here.kind == target.kind
 
 
-def measuring_options(pass_options: dict, target: Target) -> dict:
-    """``pass_options`` for a program whose kernels this process will measure: where the
-    ``unmeasured`` policy holds regions back with XLA (gpu/tpu), kernelize builds them all
-    (``unmeasured="kernel"``) and :func:`hold_back_unmeasured` sends the ones no measurement
-    decided back to XLA, so tuning can time each against XLA's code."""
-    k = dict(pass_options.get("kernelize", {}))
-    if kernelize.unmeasured_policy(k.get("unmeasured", "auto"), target) != "xla":
-        return pass_options
-    k["unmeasured"] = "kernel"
-    return dict(pass_options, kernelize=k)
-
-
-def hold_back_unmeasured(opt: Optimized) -> Optimized:
-    """``opt`` with its unmeasured kernels that XLA fuses itself (kernelize's
-    ``region.extra['xla_fuses']``) run as XLA's code, except those whose cached measured
-    decision on this device is the kernel. The result remembers ``opt`` (``.full``) and the
-    regions held back (``.unmeasured``, hashes): tuning times them from ``.full``."""
-    cand = {r.extra["region_hash"] for r in opt.report.kernels
-            if r.extra.get("xla_fuses") and r.extra.get("region_hash")}
-    if not cand:
-        return opt
-    try:
-        decided = at.cached_kernel_regions(cand)
-    except Exception:  # noqa: BLE001 - a decision cache never breaks a compile
-        decided = {}
-    for r in opt.report.kernels:
-        d = decided.get(r.extra.get("region_hash"))
-        if d is not None:
-            r.extra["measured"] = f"{d.get('reason', 'kept kernel, measured')} (cached decision)"
-    held = frozenset(cand - set(decided))
-    if not held:
-        return opt
-    out = without_kernels(opt, {h: kernelize.XLA_FUSES for h in held})
-    out.full, out.unmeasured = opt, held
-    return out
-
-
 def _traced_cache_key(closed, sig: Signature, opts: Options, target: Target, name: str,
                       donated, learned, pass_options: dict, shardings, spmd_devices: int):
     """The module cache's traced key (:func:`module_cache.load_traced`): everything the
@@ -583,40 +546,6 @@ def learned_for(target: Target):
     if key not in _FITS:
         _FITS[key] = cost_model.fit(recs) if recs else None
     return _FITS[key]
-
-
-def without_kernels(opt: Optimized, reasons: dict[str, str]) -> Optimized:
-    """A copy of ``opt`` whose regions with a hash in ``reasons`` (region hash -> why) run as
-    their own ops (XLA's code) instead of their kernels; the report says why per region. The
-    region's original function is the one kernelize replaced, so results are unchanged."""
-    report = copy.deepcopy(opt.report)
-    module = hir.clone_module(opt.module)
-    out = Optimized(module, report, base_hash=opt.base_hash or at.module_hash(opt.text))
-    kept = {rid for rid, k in kernel_funcs(module).items() if k.original is not None}
-    for r in list(report.kernels):
-        h = r.extra.get("region_hash")
-        if h in reasons and r.id in kept:
-            rollback(out, r, reasons[h])
-            r.extra["decision"] = reasons[h]
-    from hlofuse.runtime.api import count_main_ops
-    report.ops_after = count_main_ops(module)
-    return out
-
-
-def apply_cached_decisions(opt: Optimized) -> Optimized:
-    """``opt`` with the regions whose cached measured decision on this device is XLA run
-    without their kernels (:func:`without_kernels`); unchanged when there is none."""
-    hashes = [r.extra["region_hash"] for r in opt.report.kernels if r.extra.get("region_hash")]
-    if not hashes:
-        return opt
-    try:
-        found = at.cached_xla_regions(hashes)
-    except Exception:  # noqa: BLE001 - a decision cache never breaks a compile
-        return opt
-    if not found:
-        return opt
-    return without_kernels(opt, {h: f"{d.get('reason', 'kept XLA, measured')} (cached decision)"
-                                 for h, d in found.items()})
 
 
 class _Derived:

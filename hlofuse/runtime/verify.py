@@ -60,8 +60,8 @@ from hlofuse.core import ir as hir
 from hlofuse.runtime.api import Optimized, count_main_ops, optimize
 from hlofuse.runtime.execute import backend_for, run_module
 from hlofuse.kernels import FAMILIES, lowering
-from hlofuse.passes.fusion.outline import XLA_ATTR
-from hlofuse.passes.kernel_table import kernel_funcs
+from hlofuse.passes.kernel_table import kernel_funcs, original_func
+from hlofuse.runtime.kernel_choice import rollback
 from hlofuse.core.pipeline import PassFailure, is_config_error
 from hlofuse.core.report import HlofuseWarning, Region, Report
 from hlofuse.core.target import Target
@@ -105,15 +105,6 @@ def _avals(types) -> list:
     return out
 
 
-def _parse_func(text: str, ctx: ir.Context):
-    """The single ``func.func`` of ``text`` (an outlined region) as a detached clone in ``ctx``."""
-    m = hir.parse(text, ctx, source="original region")
-    fs = hir.funcs(m)
-    if len(fs) != 1:
-        raise hir.IRError(f"expected one function in the kept region text, found {len(fs)}")
-    return m, fs[0]
-
-
 def _side_by_side(optimized_module: ir.Module, regions: list[Region], originals: dict[int, str],
                   symbols: dict[int, str]):
     """A module whose @main runs each region's kernel and its original on separate inputs.
@@ -126,7 +117,7 @@ def _side_by_side(optimized_module: ir.Module, regions: list[Region], originals:
     with ctx, ir.Location.unknown():
         hir.safe_erase(hir.main_func(test))
         for r in regions:
-            _, fn = _parse_func(originals[r.id], ctx)
+            _, fn = original_func(originals[r.id], ctx)
             new = fn.operation.clone(ip=ir.InsertionPoint(test.body))
             ir.SymbolTable.set_symbol_name(new, f"{XLA_PREFIX}{r.id}")
             ir.SymbolTable.set_visibility(new, "private")
@@ -367,7 +358,7 @@ def _check_interpret(regions: list[Region], originals: dict, target: str, seed: 
     for r in regions:
         family = FAMILIES.get(r.kind)
         try:
-            _, fn = _parse_func(originals[r.id], ctx)
+            _, fn = original_func(originals[r.id], ctx)
             spec = family.spec_from_func(fn)
             kernel = family.build(spec, target, interpret=True)
         except Exception as e:  # noqa: BLE001 - verification boundary: not verified, verdict says why
@@ -401,7 +392,7 @@ def _check_interpret(regions: list[Region], originals: dict, target: str, seed: 
 
 
 def _original_as_main(text: str, ctx: ir.Context) -> ir.Module:
-    m, fn = _parse_func(text, ctx)
+    m, fn = original_func(text, ctx)
     with ctx:
         ir.SymbolTable.set_symbol_name(fn.operation, "main")
         ir.SymbolTable.set_visibility(fn.operation, "public")
@@ -411,33 +402,6 @@ def _original_as_main(text: str, ctx: ir.Context) -> ir.Module:
 # ---------------------------------------------------------------------------------------------
 # Rollback
 # ---------------------------------------------------------------------------------------------
-
-def rollback(optimized, region: Region, reason: str) -> None:
-    """Point the region's call(s) back at its original function and drop the kernel."""
-    module = optimized.module
-    ctx = module.context
-    k = kernel_funcs(module)[region.id]
-    kernel_func = k.symbol
-    _, fn = _parse_func(k.original, ctx)
-    with ctx, ir.Location.unknown():
-        table = ir.SymbolTable(module.operation)
-        base = name = hir.func_name(fn)
-        k = 0
-        while name in table:
-            k += 1
-            name = f"{base}_{k}"
-        new = fn.operation.clone(ip=ir.InsertionPoint(module.body))
-        ir.SymbolTable.set_symbol_name(new, name)
-        new.attributes[XLA_ATTR] = ir.StringAttr.get(reason)
-        for op in hir.all_ops(module):
-            if op.name == "func.call" and ir.FlatSymbolRefAttr(op.attributes["callee"]).value == kernel_func:
-                op.attributes["callee"] = ir.FlatSymbolRefAttr.get(name)
-    hir.run_upstream_passes(module, "builtin.module(symbol-dce)")
-    hir.verify(module)
-    region.reason = reason
-    region.kernel = None
-    region.block = None
-
 
 def verify_module(optimized, *, target: Target | str | None = None, seed: int = 0,
                   trials: Sequence[str] = TRIALS, category: str | None = None,
