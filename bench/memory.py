@@ -4,6 +4,7 @@
     python -m bench --memory --quick              # small sizes, h100 and v5e (CI)
     python -m bench.memory --chips h100 --steps mlp bert --json out.json --plot out.png
     python -m bench --memory --largest-batch --chips h100 --steps gpt2 llama   # batch that fits
+    python -m bench --memory --chips h100,v5e --steps gpt2_fsdp llama_fsdp      # sharded rows
 
 Each training step is written as users write one in plain JAX: a model's loss,
 ``jax.value_and_grad``, an ``optax.adamw`` update, parameters and optimizer state donated
@@ -16,6 +17,12 @@ allocate: peak = arguments + outputs + temporaries - aliased (donated). ``cost_a
 gives flops and bytes where the compiler reports them (deviceless XLA:GPU reports none;
 XLA:TPU does not count a Mosaic kernel's flops, so the kernels' flops are added from their
 regions). The table is of ratios hlofuse / jax.jit, one row per step and chip.
+
+Sharded rows (``*_fsdp`` steps): the same step on several devices of the chip, compiled by
+XLA's SPMD partitioner: 8 GPUs (H100/A100 ``1x1x8``) or a TPU ``2x2`` slice (4 chips); FSDP:
+every parameter and optimizer-state array sharded along its first dim the device count
+divides, the batch along its batch dim, with each device's batch the single-chip row's. The
+figures are per device.
 
 ``--largest-batch``: per step and chip, the largest batch whose peak fits the chip's memory (the
 chip table's HBM capacity) under ``jax.jit`` and under ``hlofuse.jit``: peaks compiled at the
@@ -38,7 +45,7 @@ from typing import Callable
 
 import numpy as np
 
-__all__ = ["STEPS", "CHIPS", "QUICK_CHIPS", "main", "measure_chip", "run_chip", "table",
+__all__ = ["STEPS", "FSDP_STEPS", "CHIPS", "QUICK_CHIPS", "main", "measure_chip", "run_chip", "table",
            "largest_batch_chip", "largest_batch", "batch_table"]
 
 CHIPS = ["h100", "a100", "v5e", "v6e"]
@@ -194,31 +201,68 @@ def train_step(loss: Callable):
 # ----------------------------------------------------------------------------------------------
 # One chip (a worker process): compile both programs, read XLA's figures
 # ----------------------------------------------------------------------------------------------
-def _setup(chip_name: str):
-    """``(chip, mesh, replicated sharding)`` for compiling on ``chip_name`` in this process."""
+#: sharded rows: step name -> the single-chip step it shards (FSDP over the chip's slice)
+FSDP_STEPS = {"gpt2_fsdp": "gpt2", "llama_fsdp": "llama"}
+
+
+def _slice_devices(chip) -> list:
+    """The devices of a multi-device slice of ``chip``: 8 GPUs, or a TPU 2x2 (4 chips)."""
+    from jax.experimental import topologies
+    if chip.target == "tpu":
+        name = chip.topology.split(":")[0]
+        topo = topologies.get_topology_desc(f"{name}:2x2", platform="tpu",
+                                            chips_per_host_bounds=(2, 2, 1))
+    else:
+        topo = topologies.get_topology_desc(platform="cuda", topology="1x1x8",
+                                            target_config=chip.target_config)
+    return list(topo.devices)
+
+
+def _setup(chip_name: str, sharded: bool = False):
+    """``(chip, mesh, replicated sharding)`` for compiling on ``chip_name`` in this process
+    (``sharded``: on a multi-device slice of it, :func:`_slice_devices`)."""
     import jax  # noqa: F401
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     from hlofuse.core import chips as _chips
     from hlofuse.runtime.aot import _device
     chip = _chips.get(chip_name)
-    mesh = Mesh(np.array([_device(chip)]), ("x",))
+    devices = _slice_devices(chip) if sharded else [_device(chip)]
+    mesh = Mesh(np.array(devices), ("x",))
     return chip, mesh, NamedSharding(mesh, P())
 
 
-def _step_args(params, opt, batch, rep, batch_size: int | None = None, base: int | None = None):
+def _fsdp(mesh, shape, batch: bool = False):
+    """FSDP's sharding of one array: its batch dim (``batch``) or its first dim the mesh's
+    device count divides, along the mesh axis; replicated when none does."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    n = mesh.devices.size
+    dims = [0] if batch else range(len(shape))
+    for d in dims:
+        if len(shape) > d and shape[d] % n == 0 and shape[d] >= n:
+            return NamedSharding(mesh, P(*([None] * d + ["x"])))
+    return NamedSharding(mesh, P())
+
+
+def _step_args(params, opt, batch, rep, batch_size: int | None = None, base: int | None = None,
+               fsdp: bool = False):
     """The step's argument specs (params, optimizer state, batch), replicated; with
-    ``batch_size``, every batch array whose leading dim is the step's ``base`` batch gets it."""
+    ``batch_size``, every batch array whose leading dim is the step's ``base`` batch gets it;
+    ``fsdp``: sharded as FSDP shards them over ``rep``'s mesh (:func:`_fsdp`)."""
     import jax
+    mesh = rep.mesh
 
     def spec(a, lead=False):
-        shape = np.shape(a)
-        if lead and batch_size is not None and shape and shape[0] == base:
-            shape = (batch_size,) + tuple(shape[1:])
-        return jax.ShapeDtypeStruct(shape, np.asarray(a).dtype, sharding=rep)
+        shape = tuple(np.shape(a))
+        is_batch = lead and base is not None and shape[:1] == (base,)
+        if is_batch and batch_size is not None:
+            shape = (batch_size,) + shape[1:]
+        sharding = _fsdp(mesh, shape, batch=is_batch) if fsdp else rep
+        return jax.ShapeDtypeStruct(shape, np.asarray(a).dtype, sharding=sharding)
     p_spec = jax.tree_util.tree_map(spec, params)
-    o_spec = jax.tree_util.tree_map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype,
-                                                                   sharding=rep),
-                                    jax.eval_shape(opt.init, p_spec))
+    o_spec = jax.tree_util.tree_map(
+        lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype,
+                                       sharding=_fsdp(mesh, s.shape) if fsdp else rep),
+        jax.eval_shape(opt.init, p_spec))
     return (p_spec, o_spec, *[spec(b, lead=True) for b in batch])
 
 
@@ -242,13 +286,21 @@ def measure_chip(chip_name: str, steps: list[str], quick: bool,
     """In this process (the chip's compiler loaded): each step under jax.jit and hlofuse.jit
     (with pass ``options``), compiled for the chip; one row per step."""
     from hlofuse.runtime import memory
-    chip, mesh, rep = _setup(chip_name)
     rows = []
     for name in steps:
-        loss, params, batch, desc = STEPS[name](quick)
+        sharded = name in FSDP_STEPS
+        chip, mesh, rep = _setup(chip_name, sharded)
+        loss, params, batch, desc = STEPS[FSDP_STEPS.get(name, name)](quick)
         step, opt = train_step(loss)
-        args = _step_args(params, opt, batch, rep)
-        row = {"step": name, "chip": chip.name, "target": chip.target, "what": desc}
+        if sharded:   # each device's batch is the single-chip row's
+            base = int(np.shape(batch[0])[0])
+            n = mesh.devices.size
+            args = _step_args(params, opt, batch, rep, base * n, base, fsdp=True)
+            desc = f"{desc.replace(f'batch {base}', f'batch {base * n}')}, FSDP over {n} devices"
+        else:
+            args = _step_args(params, opt, batch, rep)
+        row = {"step": name, "chip": chip.name, "target": chip.target, "what": desc,
+               "devices": int(mesh.devices.size)}
         try:
             t0 = time.perf_counter()
             cj, _ = _compile(step, args, chip, mesh, "jax")
@@ -408,9 +460,10 @@ def table(rows: list[dict]) -> str:
             lines.append(f"| {r['step']} | {r['chip']} | error: {r['error']} |||||||")
             continue
         j, h = r["jax"], r["hlofuse"]
+        chip = f"{r['chip']} x{r['devices']}" if r.get("devices", 1) > 1 else r["chip"]
         hf = h["flops"] + (r["kernel_flops"] if r.get("target") == "tpu" else 0)
         lines.append(
-            f"| {r['step']} | {r['chip']} | {j['peak'] / MIB:.0f} | {h['peak'] / MIB:.0f} | "
+            f"| {r['step']} | {chip} | {j['peak'] / MIB:.0f} | {h['peak'] / MIB:.0f} | "
             f"{_ratio(h['peak'], j['peak'])} | {j['temp'] / MIB:.0f} | {h['temp'] / MIB:.0f} | "
             f"{_ratio(hf, j['flops'])} | {r['kernels']} |")
     ok = [r for r in rows if "error" not in r]
@@ -460,7 +513,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="small sizes on h100 and v5e")
     ap.add_argument("--chips", default=None, help=f"comma-separated (default {','.join(CHIPS)}; "
                                                   f"--quick: {','.join(QUICK_CHIPS)})")
-    ap.add_argument("--steps", nargs="+", default=None, choices=sorted(STEPS))
+    ap.add_argument("--steps", nargs="+", default=None, choices=sorted(STEPS) + sorted(FSDP_STEPS),
+                    help="default: the single-chip steps; the *_fsdp ones are sharded rows")
     ap.add_argument("--json", default=None)
     ap.add_argument("--markdown", default=None)
     ap.add_argument("--plot", default=None, help="write a PNG bar chart of the peak ratios")
