@@ -82,3 +82,19 @@ def test_largest_batch_that_fits_h100_with_flash_attention_is_larger(tmp_path):
     for x in (j, h):   # the batch found fits, the next one was compiled and did not
         peaks = dict(map(tuple, x["tried"]))
         assert peaks[x["batch"]] <= row["capacity"] < peaks[x["batch"] + 1]
+
+
+def test_fsdp_rows_compile_per_device_with_kernels_per_shard(tmp_path):
+    """The sharded rows: GPT-2-class step with FSDP over 8 H100s, compiled by XLA's SPMD
+    partitioner for the slice; the per-device peak is below the single-chip step's (the
+    parameters and optimizer state are split 8 ways, each device's batch is the same) and
+    hlofuse's attention kernels run per shard."""
+    from bench import memory
+    out = tmp_path / "fsdp.json"
+    rc = memory.main(["--quick", "--chips", "h100", "--steps", "gpt2", "gpt2_fsdp", "--json",
+                      str(out)])
+    one, fsdp = json.loads(out.read_text())["rows"]
+    assert rc == 0 and fsdp["devices"] == 8 and one["devices"] == 1, (one, fsdp)
+    assert fsdp["kernels"] > 0 and "attention_bwd" in fsdp["kernel_kinds"], fsdp
+    for which in ("jax", "hlofuse"):
+        assert 0 < _peak(fsdp, which) < _peak(one, which), (which, one, fsdp)
