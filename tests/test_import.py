@@ -130,3 +130,20 @@ def test_modules_that_moved_into_the_layer_folders_import_by_their_old_paths():
                        capture_output=True, text=True, timeout=300, cwd=REPO,
                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
     assert p.returncode == 0 and p.stdout.startswith("hlofuse "), (p.stdout, p.stderr[-2000:])
+
+
+def test_import_hlofuse_is_light_and_any_entry_point_knows_the_passes():
+    """``import hlofuse`` loads no jax (the ``hlofuse`` command's supervisor pays nothing for
+    it; the public names load on first use), and every way into the optimizer, the public
+    names or a runtime module imported directly, finds the built-in passes registered."""
+    p = _run("import sys, hlofuse; print(sorted(m for m in sys.modules "
+             "if m == 'jax' or m.startswith('jaxlib')))")
+    assert p.returncode == 0 and p.stdout.strip() == "[]", p.stdout + p.stderr
+    for code in ("import hlofuse; hlofuse.PassManager",
+                 "from hlofuse.runtime.api import optimize",
+                 "import hlofuse.runtime.program",
+                 "import hlofuse.cli.main"):
+        p = _run(code + "; from hlofuse.core.pipeline import all_passes; "
+                 "print(sorted(all_passes()))")
+        assert p.returncode == 0, p.stderr
+        assert "kernelize" in p.stdout and "fuse-attention" in p.stdout, (code, p.stdout)

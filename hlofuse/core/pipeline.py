@@ -55,8 +55,9 @@ def register_pass(cls):
 
 def all_passes() -> dict[str, type]:
     """Every registered pass by name. The built-in passes register when ``hlofuse.passes`` is
-    imported, which ``import hlofuse`` does (this module sits below the passes and never
-    imports them)."""
+    imported, which the runtime's ``optimize`` module (:mod:`hlofuse.runtime.api`) and every
+    public name of ``hlofuse`` do (this module sits below the passes and never imports
+    them)."""
     return dict(_REGISTRY)
 
 

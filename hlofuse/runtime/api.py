@@ -12,6 +12,7 @@ from jaxlib.mlir import ir
 from hlofuse.core import ir as hir
 from hlofuse.core.ops import OpClass, rule_for
 from hlofuse.core.pipeline import PassContext, PassManager
+import hlofuse.passes  # noqa: F401  (registers the built-in passes: optimize runs them)
 from hlofuse.core.report import Report
 from hlofuse.core.target import Target
 from hlofuse.runtime import argspec
