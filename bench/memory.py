@@ -27,8 +27,9 @@ figures are per device.
 ``--largest-batch``: per step and chip, the largest batch whose peak fits the chip's memory (the
 chip table's HBM capacity) under ``jax.jit`` and under ``hlofuse.jit``: peaks compiled at the
 step's batch and twice it give the bytes per example, the predicted largest batch is compiled,
-and the search narrows by secant steps between the largest batch that fit and the smallest
-that did not, until they are neighbours (a handful of compiles per program).
+and the search narrows between the largest batch that fit and the smallest that did not
+(:func:`largest_batch`) until they are neighbours (a handful of compiles per program). ``--capacity
+8GiB`` fits that instead of the chip's memory.
 
 Deterministic figures only: nothing here is timed.
 """
@@ -372,12 +373,13 @@ def largest_batch(peak: Callable[[int], int], base: int, capacity: int,
 
 
 def largest_batch_chip(chip_name: str, steps: list[str], quick: bool,
-                       options: dict | None = None) -> list[dict]:
-    """In this process: per step, the largest batch that fits ``chip_name``'s memory under
-    jax.jit and under hlofuse.jit (:func:`largest_batch`); one row per step."""
+                       options: dict | None = None, capacity: int = 0) -> list[dict]:
+    """In this process: per step, the largest batch that fits ``chip_name``'s memory (or
+    ``capacity`` bytes) under jax.jit and under hlofuse.jit (:func:`largest_batch`); one row
+    per step."""
     from hlofuse.runtime import memory
     chip, mesh, rep = _setup(chip_name)
-    capacity = chip.hbm_capacity_bytes
+    capacity = capacity or chip.hbm_capacity_bytes
     rows = []
     for name in steps:
         loss, params, batch, desc = STEPS[name](quick)
@@ -404,8 +406,11 @@ def largest_batch_chip(chip_name: str, steps: list[str], quick: bool,
 
 def _worker_main(argv) -> int:
     mode, chip, quick, steps = argv[0], argv[1], argv[2] == "quick", argv[3].split(",")
-    work = largest_batch_chip if mode == "largest-batch" else measure_chip
-    work(chip, steps, quick, json.loads(argv[4]) if len(argv) > 4 else None)
+    options = json.loads(argv[4]) if len(argv) > 4 else None
+    if mode.startswith("largest-batch"):   # "largest-batch:<bytes>" with --capacity
+        largest_batch_chip(chip, steps, quick, options, int(mode.partition(":")[2] or 0))
+    else:
+        measure_chip(chip, steps, quick, options)
     return 0
 
 
@@ -521,6 +526,9 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=3600, help="seconds per chip")
     ap.add_argument("--largest-batch", action="store_true",
                     help="instead: the largest batch that fits each chip's memory, per program")
+    ap.add_argument("--capacity", default=None,
+                    help="with --largest-batch: the memory to fit instead of the chip's "
+                         "(bytes, or a size such as 8GiB)")
     a = ap.parse_args(argv)
     from hlofuse.runtime import aot
     chips = aot.parse_chips(a.chips or ",".join(QUICK_CHIPS if a.quick else CHIPS))
@@ -532,6 +540,9 @@ def main(argv=None) -> int:
         return 2
     rows = []
     mode = "largest-batch" if a.largest_batch else "peaks"
+    if a.largest_batch and a.capacity:
+        from hlofuse.runtime.memory import resolve_limit
+        mode += f":{resolve_limit(a.capacity, 'cpu')}"
     for c in chips:
         t0 = time.perf_counter()
         got = run_chip(c, steps, a.quick, a.timeout, mode=mode)
