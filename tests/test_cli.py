@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import stat
@@ -859,3 +860,14 @@ def test_the_shipped_example_optimizes_and_verifies(tmp_path):
     assert "3 kernel(s)" in p.stdout and "match the original" in p.stdout, p.stdout
     with pytest.raises(FileNotFoundError, match="shipped: mlp_block.mlir"):
         examples.path("nope.mlir")
+
+
+def test_a_reader_that_leaves_early_is_no_error(tmp_path):
+    """``hlofuse report FILE | head``: the reader closes the pipe before the report is written
+    (``true`` reads nothing); the command ends quietly with exit code 0."""
+    src = os.path.join(os.path.dirname(formats.__file__), "..", "examples", "mlp_block.mlir")
+    cmd = " ".join(shlex.quote(c) for c in CLI) + f" report {shlex.quote(src)}"
+    p = subprocess.run(cmd + " | true; exit ${PIPESTATUS[0]}", shell=True,
+                       executable="/bin/bash", cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0 and p.stderr == "", p
