@@ -45,7 +45,7 @@ compiles included) and is skipped for calls under :data:`MIN_CALL_S`.
 
 Control: ``hlofuse.jit(..., autotune=...)`` or ``HLOFUSE_AUTOTUNE``: ``on``/``1`` (measure
 when no decision is cached), ``cached`` (apply decisions found on disk, never measure), ``off``/
-``0`` (never). The default is ``on`` for CPU and ``off`` elsewhere (no variants there yet).
+``0`` (never). The default is ``on`` on every platform (:func:`mode`).
 
 Safety: a decision never makes the steady state slower than ``autotune=False``: "default" runs
 the very same ``jax.jit`` object, and a variant is kept only when it won most interleaved rounds
