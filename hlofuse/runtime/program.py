@@ -942,21 +942,29 @@ class Program(_Derived):
         return call(self, xs)
 
 
-class _XlaVariant(Program):
-    """:meth:`Program.with_xla`: the parent's traced function and optimized entries, with some
-    regions' kernels rolled back (no second trace, no second pass pipeline)."""
+class _VariantOf(Program):
+    """A program made from ``parent`` without a second trace: its function, jaxprs and output
+    trees, with ``opts``."""
 
-    def __init__(self, parent: Program, hashes: frozenset, full: bool = False):
-        super().__init__(parent.fun, parent.opts, name=parent.name, linear=parent.linear,
+    def __init__(self, parent: Program, opts: Options):
+        super().__init__(parent.fun, opts, name=parent.name, linear=parent.linear,
                          donated=parent.donated, shardings=parent.shardings)
         self.parent = parent
-        self.hashes = hashes
-        self.full = full
         self._jaxprs = parent._jaxprs
         self.out_trees = parent.out_trees
 
     def jaxpr(self, sig: Signature) -> compat.ClosedJaxpr:
         return self.parent.jaxpr(sig)
+
+
+class _XlaVariant(_VariantOf):
+    """:meth:`Program.with_xla`: the parent's traced function and optimized entries, with some
+    regions' kernels rolled back (no second trace, no second pass pipeline)."""
+
+    def __init__(self, parent: Program, hashes: frozenset, full: bool = False):
+        super().__init__(parent, parent.opts)
+        self.hashes = hashes
+        self.full = full
 
     def _build(self, sig: Signature, target: Target, spmd_devices: int = 1) -> Entry:
         base = self.parent.entry(sig, target, spmd_devices)
@@ -978,7 +986,7 @@ class _XlaVariant(Program):
         return Entry(exp, opt, base.out_avals, base.in_avals, target, base.callbacks)
 
 
-class _SettingsVariant(Program):
+class _SettingsVariant(_VariantOf):
     """:meth:`Program.with_settings`: the parent's traced function and jaxprs, optimized with
     the parent's options plus ``settings`` (no second trace)."""
 
@@ -986,16 +994,8 @@ class _SettingsVariant(Program):
         pass_options = {k: dict(v) for k, v in parent.opts.pass_options.items()}
         for pass_name, option, value in settings:
             pass_options.setdefault(pass_name, {})[option] = value
-        super().__init__(parent.fun, dataclasses.replace(parent.opts, pass_options=pass_options),
-                         name=parent.name, linear=parent.linear, donated=parent.donated,
-                         shardings=parent.shardings)
-        self.parent = parent
+        super().__init__(parent, dataclasses.replace(parent.opts, pass_options=pass_options))
         self.settings = settings
-        self._jaxprs = parent._jaxprs
-        self.out_trees = parent.out_trees
-
-    def jaxpr(self, sig: Signature) -> compat.ClosedJaxpr:
-        return self.parent.jaxpr(sig)
 
 
 def run_jaxpr(closed: compat.ClosedJaxpr, xs: Sequence) -> tuple:
