@@ -315,7 +315,12 @@ def measure_chip(chip_name: str, steps: list[str], quick: bool,
             kernels = report.kernels if report is not None else []
             row["kernels"] = len(kernels)
             row["kernel_kinds"] = sorted({r.kind for r in kernels})
-            row["kernel_flops"] = int(sum(r.flops for r in kernels))
+            # per device: a kernel run per shard (region.extra['per_shard']) does its share of
+            # the region's flops (FSDP splits the batch evenly); cost_analysis is per device
+            n = int(mesh.devices.size)
+            row["kernel_flops"] = int(sum(r.flops / n if r.extra.get("per_shard") else r.flops
+                                          for r in kernels))
+            row["kernels_per_shard"] = sum(1 for r in kernels if r.extra.get("per_shard"))
             row["regions_left_to_xla"] = len(report.left_to_xla) if report is not None else 0
         except Exception as e:  # noqa: BLE001 - the row says what failed; the others still run
             row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
