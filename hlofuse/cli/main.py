@@ -997,9 +997,8 @@ def _run_command(name: str, cmd: Command, fv, pos, verbose: bool) -> int:
         signum = getattr(e, "signum", signal.SIGINT)
         print(f"{PROG} {name}: {_interrupted_message(signum, _WRITTEN)}", file=sys.stderr)
         return 128 + int(signum)
-    except BrokenPipeError:  # `hlofuse report ... | head`: the reader left; not an error
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_OK
+    except BrokenPipeError:  # `hlofuse report ... | head`
+        return supervisor.reader_left()
     except (UsageError, IRError, PassFailure) as e:
         if verbose:
             traceback.print_exc()

@@ -234,6 +234,14 @@ def runs_here(argv: list[str]) -> bool:
     return _help_only(argv) or bool(config.get(CHILD_ENV) or config.get(INPROCESS_ENV))
 
 
+def reader_left() -> int:
+    """``hlofuse ... | head``: the reader closed the pipe (a BrokenPipeError), which is not an
+    error of ours. Stdout goes to /dev/null, so the interpreter's final flush cannot fail
+    again; returns :data:`EXIT_OK`."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return EXIT_OK
+
+
 def run(argv: list[str] | None, here: Callable[[], ModuleType] | None) -> NoReturn:
     """The ``hlofuse`` command (``argv``: program name first, default ``sys.argv``); exits
     through ``sys.exit``. ``here()`` returns :mod:`hlofuse.cli.main`, called only when this
@@ -259,7 +267,6 @@ def run(argv: list[str] | None, here: Callable[[], ModuleType] | None) -> NoRetu
         written = cli._WRITTEN if cli is not None else []
         print(f"{PROG}: {_interrupted_message(signum, written)}", file=sys.stderr)
         code = 128 + int(signum)
-    except BrokenPipeError:  # `hlofuse ... | head`: the reader left; not an error of ours
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        code = EXIT_OK
+    except BrokenPipeError:
+        code = reader_left()
     sys.exit(code)
