@@ -461,21 +461,29 @@ def _ratio(a, b) -> str:
     return f"{a / b:.2f}" if a and b else "-"
 
 
-def table(rows: list[dict]) -> str:
-    head = ("| step | chip | jax.jit peak MiB | hlofuse peak MiB | peak ratio | jax.jit temp MiB "
-            "| hlofuse temp MiB | flops ratio | kernels |")
-    lines = [head, "|" + "---|" * 9]
+def _markdown(header: list[str], rows: list[dict], line: Callable[[dict], str]) -> list[str]:
+    """A Markdown table's lines: ``header``, then ``line(row)`` per row; a row of a step that
+    failed shows its step, chip and error, the other cells empty."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
-        if "error" in r:
-            lines.append(f"| {r['step']} | {r['chip']} | error: {r['error']} |||||||")
-            continue
-        j, h = r["jax"], r["hlofuse"]
-        chip = f"{r['chip']} x{r['devices']}" if r.get("devices", 1) > 1 else r["chip"]
-        hf = h["flops"] + (r["kernel_flops"] if r.get("target") == "tpu" else 0)
-        lines.append(
-            f"| {r['step']} | {chip} | {j['peak'] / MIB:.0f} | {h['peak'] / MIB:.0f} | "
+        lines.append(f"| {r['step']} | {r['chip']} | error: {r['error']} |"
+                     + "|" * (len(header) - 3) if "error" in r else line(r))
+    return lines
+
+
+def _peak_line(r: dict) -> str:
+    j, h = r["jax"], r["hlofuse"]
+    chip = f"{r['chip']} x{r['devices']}" if r.get("devices", 1) > 1 else r["chip"]
+    hf = h["flops"] + (r["kernel_flops"] if r.get("target") == "tpu" else 0)
+    return (f"| {r['step']} | {chip} | {j['peak'] / MIB:.0f} | {h['peak'] / MIB:.0f} | "
             f"{_ratio(h['peak'], j['peak'])} | {j['temp'] / MIB:.0f} | {h['temp'] / MIB:.0f} | "
             f"{_ratio(hf, j['flops'])} | {r['kernels']} |")
+
+
+def table(rows: list[dict]) -> str:
+    lines = _markdown(["step", "chip", "jax.jit peak MiB", "hlofuse peak MiB", "peak ratio",
+                       "jax.jit temp MiB", "hlofuse temp MiB", "flops ratio", "kernels"],
+                      rows, _peak_line)
     ok = [r for r in rows if "error" not in r]
     if ok:
         ratios = sorted(r["hlofuse"]["peak"] / r["jax"]["peak"] for r in ok)
@@ -487,22 +495,19 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _batch_line(r: dict) -> str:
+    j, h = r["jax"], r["hlofuse"]
+    shown = [("" if x["exact"] else ">=") + str(x["batch"]) for x in (j, h)]
+    ratio = f"{h['batch'] / j['batch']:.2f}" if j["batch"] else "-"
+    return (f"| {r['step']} | {r['chip']} | {r['capacity'] / (1 << 30):.1f} | {shown[0]} "
+            f"| {shown[1]} | {ratio} | {len(j['tried'])} + {len(h['tried'])} |")
+
+
 def batch_table(rows: list[dict]) -> str:
     """The largest batches that fit (``--largest-batch``); ``>=`` where the search ran out of
     compiles before the next batch was seen not to fit."""
-    head = ("| step | chip | memory GiB | jax.jit largest batch | hlofuse largest batch | ratio "
-            "| compiles |")
-    lines = [head, "|" + "---|" * 7]
-    for r in rows:
-        if "error" in r:
-            lines.append(f"| {r['step']} | {r['chip']} | error: {r['error']} |||||")
-            continue
-        j, h = r["jax"], r["hlofuse"]
-        shown = [("" if x["exact"] else ">=") + str(x["batch"]) for x in (j, h)]
-        ratio = f"{h['batch'] / j['batch']:.2f}" if j["batch"] else "-"
-        lines.append(f"| {r['step']} | {r['chip']} | {r['capacity'] / (1 << 30):.1f} | {shown[0]} "
-                     f"| {shown[1]} | {ratio} | {len(j['tried'])} + {len(h['tried'])} |")
-    return "\n".join(lines)
+    return "\n".join(_markdown(["step", "chip", "memory GiB", "jax.jit largest batch",
+                                "hlofuse largest batch", "ratio", "compiles"], rows, _batch_line))
 
 
 def _plot(rows: list[dict], path: str) -> None:
