@@ -5,7 +5,8 @@ runs what it decided): on a signature's first call it looks for a cached decisio
 second it measures XLA compiler-option variants and each kernelized region against XLA's own
 code (:mod:`hlofuse.runtime.autotune`), and keeps the winner. Whether a region runs as a
 kernel or as XLA's code under a decision is :func:`hlofuse.runtime.kernel_choice.xla_to_apply`,
-with the module's other kernel-or-XLA rules. Every step runs through :meth:`Tuning.guarded`: tuning never fails the call it tunes.
+with the module's other kernel-or-XLA rules. Every step runs through :meth:`Tuning.guarded`:
+tuning never fails the call it tunes.
 """
 
 from __future__ import annotations
@@ -157,7 +158,8 @@ class Tuning:
         from hlofuse.passes.fusion import cost as cost_model
         from hlofuse.runtime.program import learned_for
         info = {}
-        by_hash = {r.extra.get("region_hash"): r for r in measured_form(entry.optimized).report.kernels}
+        kernels = measured_form(entry.optimized).report.kernels
+        by_hash = {r.extra.get("region_hash"): r for r in kernels}
         with cost_model.learned_model(entry.target.kind, learned_for(entry.target)):
             for n, v in variants.items():
                 if not n.startswith(at.REGION_PREFIX):

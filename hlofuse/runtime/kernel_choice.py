@@ -150,7 +150,7 @@ def xla_to_apply(entry, d: at.Decision) -> tuple[frozenset, bool]:
     if entry is None or d is None or not d.regions:
         return frozenset(), False
     opt = entry.optimized
-    present = {r.extra.get("region_hash") for r in measured_form(entry.optimized).report.kernels}
+    present = {r.extra.get("region_hash") for r in measured_form(opt).report.kernels}
     xla = frozenset(d.xla_regions & present)
     won = {h for h, c in d.regions.items() if c.get("choice") == "kernel"} & opt.unmeasured
     if not won:   # every held-back kernel stays held back: the module as built, minus xla
