@@ -76,6 +76,7 @@ from hlofuse.runtime.testing import compare
 from hlofuse.runtime import argspec
 
 from hlofuse.runtime import formats
+from hlofuse.passes.fusion.outline import executable_module
 # the supervisor (light: hlofuse.cli.supervisor) and what it shares with the worker: constants,
 # messages; imported here too, so that hlofuse.cli.main._supervise, STOP_SIGNALS, ... resolve
 from hlofuse.cli import supervisor
@@ -458,8 +459,10 @@ def cmd_optimize(fv, pos) -> int:
     if not res.changed and fmt == loaded.fmt and tv is None and res.module is original:
         data = loaded.data  # passed through: the very bytes we read
     else:
-        data = formats.serialize(res.module, fmt, target_version=tv, exported=loaded.exported,
-                                target=res.target, source=out)
+        # what XLA compiles: regions left to XLA inline again (the report and --graph keep
+        # them as the calls fusion made)
+        data = formats.serialize(executable_module(res.module), fmt, target_version=tv,
+                                 exported=loaded.exported, target=res.target, source=out)
     if fv["verify"].value:
         status = _verify(fv, loaded, original, data, fmt, out, res.report)
         if status:

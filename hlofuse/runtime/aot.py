@@ -54,6 +54,7 @@ from hlofuse.core import compat
 from hlofuse.core import config
 from hlofuse.core import ir as hir
 from hlofuse.runtime.api import Optimized, optimize
+from hlofuse.passes.fusion.outline import executable_module
 from hlofuse.passes.kernel_table import KERNEL_INFO_ATTR, kernel_funcs
 from hlofuse.runtime import formats
 from hlofuse.runtime.kernel_choice import rollback
@@ -718,7 +719,7 @@ def check_modules(items: Sequence[tuple[str, ir.Module, object]], chip: str, *,
     why. Returns one :class:`ChipResult` per item, in order.
     """
     chip = _chips.get(chip).name
-    work = [_Item(label, hir.to_bytecode(m), kernels_of(m, rep)) for label, m, rep in items]
+    work = [_Item(label, hir.to_bytecode(executable_module(m)), kernels_of(m, rep)) for label, m, rep in items]
     if _python() == sys.executable:
         missing = missing_packages(chip)
         if missing:

@@ -42,7 +42,11 @@ class Optimized:
 
     @property
     def bytecode(self) -> bytes:
-        return hir.to_bytecode(self.module)
+        """The module as XLA compiles it: :attr:`module` with the regions left to XLA inlined
+        back into their callers (:func:`hlofuse.passes.fusion.outline.inline_xla_regions`),
+        so XLA sees the flat program jax gave it wherever hlofuse built no kernel."""
+        from hlofuse.passes.fusion.outline import executable_module
+        return hir.to_bytecode(executable_module(self.module))
 
     def portable_artifact(self, target_version: str | None = None) -> bytes:
         return hir.to_portable_artifact(self.module, target_version)

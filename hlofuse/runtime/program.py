@@ -350,16 +350,14 @@ def _optimized(exp0, ckey, opts: Options, target: Target, name: str, donated, le
 def _decided(exp, opt: Optimized, decisions: bool, hold: bool):
     """``(exp, opt)`` with the cached measured decisions applied (regions measured slower
     as kernels run as XLA's code) and, on gpu/tpu before measuring, unmeasured kernels held
-    back; ``exp`` carries the module that results."""
-    if not decisions:
-        return exp, opt
-    before = opt.module
-    opt = apply_cached_decisions(opt)
-    if hold:
-        opt = hold_back_unmeasured(opt)
-    if opt.module is not before:
-        exp = dataclasses.replace(exp, mlir_module_serialized=hir.to_bytecode(opt.module))
-    return exp, opt
+    back; ``exp`` carries the module that results, in the form XLA compiles
+    (``Optimized.bytecode``: regions left to XLA inlined; ``opt`` keeps them as calls, as the
+    module cache stores them)."""
+    if decisions:
+        opt = apply_cached_decisions(opt)
+        if hold:
+            opt = hold_back_unmeasured(opt)
+    return dataclasses.replace(exp, mlir_module_serialized=opt.bytecode), opt
 
 
 def _export_plan(sig: Signature, opts: Options, target: Target, name: str, donated,

@@ -33,6 +33,31 @@ def is_hlofuse_func(f) -> bool:
     return KIND_ATTR in f.operation.attributes or hir.func_name(f).startswith(KERNEL_PREFIX)
 
 
+def inline_xla_regions(module: ir.Module) -> int:
+    """Inline, in place, every call of a region left to XLA (a function carrying
+    :data:`XLA_ATTR`) back into its caller, and drop those functions; returns how many calls.
+
+    The form XLA compiles (``Optimized.bytecode``): XLA:TPU fuses and assigns buffers across a
+    call boundary differently from the same ops inline (measured on the ViT-B/16 training step
+    compiled for v5e with every region left to XLA: 63 KiB more temporaries, 78 MB fewer bytes
+    accessed than ``jax.jit``'s; inlined, both equal jax.jit's). The module a pass pipeline
+    returns keeps the calls: the report, Model Explorer and :func:`kernel_choice.rollback` read
+    them. Results are bit-exact (the same ops)."""
+    n = hir.inline_all_calls(   # kernels stay opaque; the program's functions are scanned
+        module, keep=lambda f: is_hlofuse_func(f) and XLA_ATTR not in f.operation.attributes)
+    if n:
+        hir.run_upstream_passes(module, "builtin.module(symbol-dce)")
+    return n
+
+
+def executable_module(module: ir.Module) -> ir.Module:
+    """A copy of ``module`` in the form XLA compiles (:func:`inline_xla_regions` applied);
+    ``module`` itself is unchanged."""
+    flat = hir.clone_module(module)
+    inline_xla_regions(flat)
+    return flat
+
+
 def program_funcs(module: ir.Module) -> list:
     """The module's functions that hold the user's program (hlofuse-made ones excluded)."""
     return [f for f in hir.funcs(module) if not is_hlofuse_func(f)]
