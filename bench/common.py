@@ -1,5 +1,6 @@
 """What the bench's command line and the zoo runner share: the versions a run records, a
-progress bar on stderr and the plain-text table (so neither imports the other)."""
+progress bar on stderr, the plain-text table (so neither imports the other) and this process's
+resident memory (the RSS figures of the bench, the attention and the memory harnesses)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,33 @@ import platform
 import subprocess
 import sys
 import time
+
+
+def proc_status() -> dict:
+    """This process's resident set now (``VmRSS``) and its peak (``VmHWM``), in bytes, from
+    Linux's ``/proc/self/status``; empty where there is none."""
+    out = {}
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                key = line.split(":")[0]
+                if key in ("VmRSS", "VmHWM"):
+                    out[key] = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's peak resident set (``VmHWM``) to its current one (Linux's
+    ``/proc/self/clear_refs``, value 5), so the next peak is a call's own; False where the
+    kernel does not allow it."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
 
 
 def _versions() -> dict:

@@ -414,6 +414,9 @@ def _worker_main(argv) -> int:
     options = json.loads(argv[4]) if len(argv) > 4 else None
     if mode.startswith("largest-batch"):   # "largest-batch:<bytes>" with --capacity
         largest_batch_chip(chip, steps, quick, options, int(mode.partition(":")[2] or 0))
+    elif mode.startswith("rss:"):           # "rss:<program>": one program, one step, this CPU
+        print(json.dumps(rss_measure(mode.partition(":")[2], steps[0], quick, options)),
+              flush=True)
     else:
         measure_chip(chip, steps, quick, options)
     return 0
@@ -452,6 +455,128 @@ def run_chip(chip: str, steps: list[str], quick: bool, timeout: float = 3600,
             rows.append({"step": s, "chip": chip, "error": err or
                          f"compiler process exited {p.returncode}: {tail[:300]}"})
     return rows
+
+
+# ----------------------------------------------------------------------------------------------
+# The sanity check on this CPU: XLA's buffer assignment against the resident memory a call adds
+# ----------------------------------------------------------------------------------------------
+#: glibc's malloc serves blocks this large from their own mappings, returned on free, so a
+#: call's buffers show in the resident set while it runs and leave it after (glibc's default
+#: threshold grows with the blocks freed, and later blocks then come from the heap's pages)
+RSS_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "JAX_PLATFORMS": "cpu"}
+RSS_CALLS = 3
+
+
+def rss_unavailable() -> str | None:
+    """Why this process cannot reset its peak resident set (Linux's ``/proc/self/clear_refs``,
+    value 5), or None."""
+    from bench.common import proc_status, reset_peak_rss
+    if not reset_peak_rss() or "VmHWM" not in proc_status():
+        return "cannot reset the peak resident set here (Linux's /proc/self/clear_refs)"
+    return None
+
+
+def rss_measure(program: str, name: str, quick: bool, options: dict | None = None) -> dict:
+    """In this process (run it fresh, with :data:`RSS_ENV`): ``program`` ("jax" or "hlofuse") of
+    the step compiled for this CPU; XLA's figures for it and, per call (after one warm call),
+    the peak resident bytes the call added: VmHWM reset before the call, minus VmRSS then."""
+    import jax
+    import jax.numpy as jnp
+    import hlofuse
+    from bench.common import proc_status, reset_peak_rss
+    from hlofuse.runtime import memory
+    loss, params, batch, desc = STEPS[name](quick)
+    step, opt = train_step(loss)
+    row = {"step": name, "chip": "cpu", "mode": "rss", "program": program, "what": desc}
+
+    def fresh():
+        p = jax.tree_util.tree_map(jnp.asarray, params)
+        return (p, opt.init(p), *[jnp.asarray(b) for b in batch])
+    try:
+        if program == "jax":
+            fn = jax.jit(step, donate_argnums=(0, 1))
+            compiled = fn.lower(*fresh()).compile()
+        else:   # the program the calls run: built in place (not tiered), tuning off
+            fn = hlofuse.jit(step, donate_argnums=(0, 1), autotune="off", tiered=False,
+                             options=options)
+            lowered = fn.lower(*fresh())
+            compiled = lowered.jax_lowered.compile()
+            row["kernels"] = len(lowered.report.kernels) if lowered.report is not None else 0
+        row["figures"] = memory.figures(compiled).to_dict()
+        jax.block_until_ready(fn(*fresh()))
+        why = rss_unavailable()
+        if why:
+            row["error"] = why
+            return row
+        added = []
+        for _ in range(RSS_CALLS):
+            args = fresh()
+            jax.block_until_ready(args)
+            before = proc_status()["VmRSS"]
+            reset_peak_rss()
+            out = fn(*args)
+            jax.block_until_ready(out)
+            added.append(proc_status()["VmHWM"] - before)
+            del out, args
+        row["rss_added"] = added
+    except Exception as e:  # noqa: BLE001 - the row says what failed; the others still run
+        row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+    return row
+
+
+def run_rss(steps: list[str], quick: bool, timeout: float = 1800,
+            options: dict | None = None) -> list[dict]:
+    """Per step, both programs, each in a fresh process on this CPU (:func:`rss_measure`); one
+    row per step: ``jax``/``hlofuse`` with XLA's figures (``predicted``: temporaries plus the
+    outputs not written into donated buffers) and the median resident bytes a call added."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    rows = []
+    for name in steps:
+        row = {"step": name, "chip": "cpu", "mode": "rss"}
+        for program in ("jax", "hlofuse"):
+            cmd = [sys.executable, "-m", "bench.memory", "--worker", f"rss:{program}", "cpu",
+                   "quick" if quick else "full", name, json.dumps(options or {})]
+            try:
+                p = subprocess.run(cmd, env=dict(os.environ, **RSS_ENV), cwd=root,
+                                   capture_output=True, text=True, timeout=timeout)
+                got = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
+                got = got[-1] if got else {"error": f"process exited {p.returncode}: "
+                                                    f"{(p.stderr.strip().splitlines() or [''])[-1][:300]}"}
+            except subprocess.TimeoutExpired:
+                got = {"error": f"timed out after {timeout:.0f}s"}
+            if "error" in got:
+                row["error"] = f"{program}: {got['error']}"
+                break
+            f = got["figures"]
+            row["what"] = got["what"]
+            row[program] = {"temp": f["temp"], "predicted": f["temp"] + f["output"] - f["alias"],
+                            "rss_added": got["rss_added"],
+                            "rss": int(np.median(got["rss_added"]))}
+            if "kernels" in got:
+                row["kernels"] = got["kernels"]
+        if "error" not in row:
+            dj = row["hlofuse"]["predicted"] - row["jax"]["predicted"]
+            dr = row["hlofuse"]["rss"] - row["jax"]["rss"]
+            row["same_direction"] = (dj > 0) == (dr > 0) or dj == dr == 0
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+def _rss_line(r: dict) -> str:
+    j, h = r["jax"], r["hlofuse"]
+    return (f"| {r['step']} | cpu | {j['predicted'] / MIB:.1f} | {h['predicted'] / MIB:.1f} | "
+            f"{_ratio(h['predicted'], j['predicted'])} | {j['rss'] / MIB:.1f} | "
+            f"{h['rss'] / MIB:.1f} | {_ratio(h['rss'], j['rss'])} | "
+            f"{'yes' if r['same_direction'] else 'no'} | {r.get('kernels', 0)} |")
+
+
+def rss_table(rows: list[dict]) -> str:
+    """``--rss``: XLA's CPU buffer assignment (temporaries + new outputs) against the resident
+    bytes one call added, per program."""
+    return "\n".join(_markdown(["step", "chip", "jax.jit XLA MiB", "hlofuse XLA MiB", "ratio",
+                                "jax.jit RSS MiB", "hlofuse RSS MiB", "RSS ratio",
+                                "same direction", "kernels"], rows, _rss_line))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -539,7 +664,12 @@ def main(argv=None) -> int:
     ap.add_argument("--capacity", default=None,
                     help="with --largest-batch: the memory to fit instead of the chip's "
                          "(bytes, or a size such as 8GiB)")
+    ap.add_argument("--rss", action="store_true",
+                    help="instead: on this CPU, XLA's buffer assignment of each step against "
+                         "the resident memory one call adds (the sanity check of the method)")
     a = ap.parse_args(argv)
+    if a.rss:
+        return _rss_main(a)
     from hlofuse.runtime import aot
     chips = aot.parse_chips(a.chips or ",".join(QUICK_CHIPS if a.quick else CHIPS))
     steps = a.steps or list(STEPS)
@@ -568,6 +698,23 @@ def main(argv=None) -> int:
             fh.write(text + "\n")
     if a.plot and not a.largest_batch:
         _plot(rows, a.plot)
+    return 1 if any("error" in r for r in rows) else 0
+
+
+def _rss_main(a) -> int:
+    why = rss_unavailable()
+    if why:
+        print(f"bench --memory --rss: {why}", file=sys.stderr)
+        return 2
+    rows = run_rss(a.steps or list(STEPS), a.quick, a.timeout)
+    text = rss_table(rows)
+    print(text)
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump({"quick": a.quick, "rows": rows}, fh, indent=1)
+    if a.markdown:
+        with open(a.markdown, "w") as fh:
+            fh.write(text + "\n")
     return 1 if any("error" in r for r in rows) else 0
 
 

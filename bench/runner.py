@@ -375,15 +375,7 @@ def _rss_child(name: str, impl: str, seed: int, autotune: bool | None) -> None:
     import jax
     import hlofuse
     from bench import workloads
-
-    def status() -> dict:
-        d = {}
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                k = line.split(":")[0]
-                if k in ("VmRSS", "VmHWM"):
-                    d[k] = int(line.split()[1]) * 1024
-        return d
+    from bench.common import proc_status as status, reset_peak_rss
 
     w = workloads.get(name)
     fn, args = w.instantiate(seed)
@@ -418,12 +410,7 @@ def _rss_child(name: str, impl: str, seed: int, autotune: bool | None) -> None:
     except (OSError, AttributeError):  # no glibc (OSError), no malloc_trim in it (AttributeError)
         pass
     before = status()
-    reset = True
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-    except OSError:
-        reset = False
+    reset = reset_peak_rss()
     _block(call(*args))
     after = status()
     out = {"rss_before_call": before.get("VmRSS"), "peak_rss": after.get("VmHWM"),

@@ -99,3 +99,22 @@ def test_fsdp_rows_compile_per_device_with_kernels_per_shard(tmp_path):
     assert fsdp["kernels"] > 0 and "attention_bwd" in fsdp["kernel_kinds"], fsdp
     for which in ("jax", "hlofuse"):
         assert 0 < _peak(fsdp, which) < _peak(one, which), (which, one, fsdp)
+
+
+def test_rss_sanity_check_agrees_with_xla_buffer_assignment_on_cpu():
+    """``--rss``: on this CPU, the resident bytes one call of the step adds (peak resident set
+    reset before the call) match XLA's buffer assignment of it (temporaries + new outputs)
+    within 2 MiB + 10%, for jax.jit's program and hlofuse's, and move the same way between
+    them: the figures the deviceless table reads are what a process really allocates."""
+    from bench import memory
+    why = memory.rss_unavailable()
+    if why:
+        pytest.skip(why)
+    (row,) = memory.run_rss(["bert"], quick=True, timeout=900)
+    assert "error" not in row, row
+    for which in ("jax", "hlofuse"):
+        r = row[which]
+        assert len(r["rss_added"]) == memory.RSS_CALLS
+        assert abs(r["rss"] - r["predicted"]) <= (2 << 20) + 0.1 * r["predicted"], (which, r)
+    assert row["kernels"] > 0 and row["same_direction"], row
+    assert "| bert | cpu |" in memory.rss_table([row])
