@@ -688,7 +688,14 @@ def main(argv=None) -> int:
         got = run_chip(c, steps, a.quick, a.timeout, mode=mode)
         print(f"# {c}: {len(got)} steps ({mode}) in {time.perf_counter() - t0:.0f}s", flush=True)
         rows += got
-    text = batch_table(rows) if a.largest_batch else table(rows)
+    _output(a, rows, batch_table(rows) if a.largest_batch else table(rows))
+    if a.plot and not a.largest_batch:
+        _plot(rows, a.plot)
+    return 1 if any("error" in r for r in rows) else 0
+
+
+def _output(a, rows: list[dict], text: str) -> None:
+    """Print the table; write ``--json`` (the rows) and ``--markdown`` (the table) if asked."""
     print(text)
     if a.json:
         with open(a.json, "w") as fh:
@@ -696,9 +703,6 @@ def main(argv=None) -> int:
     if a.markdown:
         with open(a.markdown, "w") as fh:
             fh.write(text + "\n")
-    if a.plot and not a.largest_batch:
-        _plot(rows, a.plot)
-    return 1 if any("error" in r for r in rows) else 0
 
 
 def _rss_main(a) -> int:
@@ -707,14 +711,7 @@ def _rss_main(a) -> int:
         print(f"bench --memory --rss: {why}", file=sys.stderr)
         return 2
     rows = run_rss(a.steps or list(STEPS), a.quick, a.timeout)
-    text = rss_table(rows)
-    print(text)
-    if a.json:
-        with open(a.json, "w") as fh:
-            json.dump({"quick": a.quick, "rows": rows}, fh, indent=1)
-    if a.markdown:
-        with open(a.markdown, "w") as fh:
-            fh.write(text + "\n")
+    _output(a, rows, rss_table(rows))
     return 1 if any("error" in r for r in rows) else 0
 
 

@@ -205,3 +205,24 @@ def test_largest_batch_search_finds_the_boundary(peak, capacity, base):
     assert len(calls) == len(set(calls)) <= 12 and [b for b, _ in tried] == sorted(set(calls))
     if best:
         assert peak(best) <= capacity < peak(best + 1) and (best + 1) in calls
+
+
+def test_gemm_ceiling_counts_the_products_hlofuse_computes():
+    """The floor under a CPU goal counts every dot and convolution of jax.jit's program, the
+    3x3 stride-1 convolutions at Winograd F(2x2, 3x3)'s multiplies (2.25x fewer)."""
+    import jax
+    import jax.numpy as jnp
+    from bench import workloads
+    from bench.gemm_ceiling import contraction_flops
+
+    def text(name):
+        wl = workloads.get(name)
+        args = jax.tree.map(jnp.asarray, wl.make_args(np.random.default_rng(0)))
+        return jax.jit(wl.fn).lower(*args).as_text()
+    total, fewest = contraction_flops(text("attn_s2048"))
+    assert total == fewest == 2 * (2 * 1 * 8 * 2048 * 2048 * 64)     # Q.K^T and P.V
+    total, fewest = contraction_flops(text("resnet_nhwc"))
+    three = 3 * 2 * 56 * 56 * 64 * 64 * 9                              # one 3x3 conv per block
+    ones = 2 * 56 * 56 * (64 * 64 + 64 * 256 + 64 * 256 + 2 * (256 * 64 + 64 * 256))
+    assert total == three + ones
+    assert fewest == pytest.approx(ones + three / 2.25)

@@ -49,6 +49,9 @@ def test_quick_table_never_above_jax_jit(tmp_path):
             assert "attention" in r["kernel_kinds"] or "attention_bwd" in r["kernel_kinds"]
         else:   # an MLP: nothing XLA cannot fuse; tpu attention over 128 keys: XLA's own
             assert r["kernels"] == 0, r
+            # no kernel: the regions left to XLA go back inline (outline.executable_module), so
+            # XLA compiles jax.jit's program (a call boundary changed v5e's buffer plan)
+            assert r["hlofuse"]["temp"] == r["jax"]["temp"], r
     assert (tmp_path / "mem.png").read_bytes()[:4] == b"\x89PNG"
 
 
