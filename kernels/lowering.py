@@ -24,11 +24,13 @@ def isolated():
     under). Kernels lower on their own one-device mesh: a kernel's body must not carry
     sharding ops of the program it was first built for (kernels are cached per region and
     reused in every program), and a program traced while a ``shard_map`` body is lowered is
-    cached per signature and reused everywhere."""
+    cached per signature and reused everywhere. Closed-over constants are embedded in the
+    module (:func:`compat.embedded_constants`)."""
     stack = contextlib.ExitStack()
     stack.enter_context(compat.use_abstract_mesh(compat.empty_abstract_mesh))
     stack.enter_context(compat.use_concrete_mesh(compat.empty_concrete_mesh))
     stack.enter_context(compat.check_vma(False))
+    stack.enter_context(compat.embedded_constants())   # a self-contained module (jax 0.12.1)
     return stack
 
 

@@ -266,6 +266,23 @@ def _convert(op):
     return gu.create("stablehlo.convert", [src], [op.results[0].type], before=op).results[0]
 
 
+#: (exponent bits, mantissa bits) of each float type
+FLOAT_FORMATS = {"f64": (11, 52), "f32": (8, 23), "bf16": (8, 7), "f16": (5, 10)}
+
+
+def _reduce_precision(op):
+    """``reduce_precision`` to a format with at least the operand type's exponent and mantissa
+    bits rounds nothing (every value, NaN and denormals included, is representable): jax 0.12.1
+    writes ``reduce_precision[8, 23]`` of f32 values at ``jax.checkpoint``'s boundaries."""
+    info = gu.info(op.operands[0])
+    own = FLOAT_FORMATS.get(info.dtype) if info is not None else None
+    if own is None:
+        return None
+    bits = (ir.IntegerAttr(op.attributes["exponent_bits"]).value,
+            ir.IntegerAttr(op.attributes["mantissa_bits"]).value)
+    return op.operands[0] if bits[0] >= own[0] and bits[1] >= own[1] else None
+
+
 def _select(op):
     p, a, b = op.operands
     if a == b:
@@ -367,6 +384,8 @@ PATTERNS: list[Pattern] = [
     Pattern("broadcast-unit-dims", S + "broadcast_in_dim", _broadcast_unit_dims,
             "broadcast inserting only size-1 dims -> reshape (e.g. [B,C,H,W] -> [B,1,C,H,W])"),
     Pattern("convert", S + "convert", _convert, "no-op convert -> x; exact widening chain -> one convert"),
+    Pattern("reduce-precision-noop", S + "reduce_precision", _reduce_precision,
+            "reduce_precision to the operand's own format (or wider) -> x"),
     Pattern("select", S + "select", _select, "select(const p, a, b) -> a|b; select(p, x, x) -> x"),
     Pattern("slice-noop", S + "slice", _slice, "full slice -> x"),
     Pattern("pad-noop", S + "pad", _pad, "zero padding -> x"),

@@ -38,7 +38,8 @@ private has no public form in at least one supported release.
 | xla_client | ``DeviceList``, ``backends_are_initialized`` and ``lib.cuda_path`` (the CUDA directory jax hands XLA: its ``ptxas``) for deviceless compiles | private | same | none |
 | rgv3_meshes | collectives in ``shard_map`` (replica groups) | dense ``replica_groups`` | mesh-axis replica groups naming ``sdy.mesh @mesh_0`` (``jax_use_rgv3``, 0.11.0): a second ``sdy.mesh`` kept | n/a |
 | loop_bodies | ``scan``/``fori_loop`` bodies in the exported module | outlined as ``func.func private @closed_call`` | inlined in the ``stablehlo.while`` region | n/a |
-| serialization | ``Exported.serialize`` version (persistent caches, ``.exported`` files) | 11 | 12 (records the JAX version) | ``jax.export`` (both) |
+| serialization | ``Exported.serialize`` version (persistent caches, ``.exported`` files) | 11 | 12 (records the JAX version); 13 from 0.12.1 | ``jax.export`` (both) |
+| embedded_constants | kernels' modules self-contained: closed-over constants as ``stablehlo.constant`` (``use_simplified_jaxpr_constants`` off while a kernel lowers) | off (constants embedded) | on by default from 0.12.1: constants over 1 KiB become ``{jax.const = true}`` arguments of ``main``; ``jax.checkpoint`` keeps ``custom_jvp_call`` whole and writes ``reduce_precision`` at its boundaries | none |
 
 Everything else hlofuse calls is public and unchanged across the range (``jax.export``,
 ``jax.extend.mlir``, ``jax.extend.backend``, the Pallas front ends, jaxlib's MLIR bindings).
@@ -119,7 +120,7 @@ ENTRIES: tuple[str, ...] = (
     "abstract_mesh_auto", "gpu_abstract_device", "triton_deprecation", "mosaic_gpu_env",
     "compilation_cache", "python_dispatch", "export_backend_init", "pallas_internals",
     "xla_client", "rgv3_meshes",
-    "loop_bodies", "serialization",
+    "loop_bodies", "serialization", "embedded_constants",
 )
 
 # -- jaxpr_types ----------------------------------------------------------------------------
@@ -435,7 +436,17 @@ def outlines_loop_bodies() -> bool:
     return "@closed_call" in jax.jit(f).lower(jax.ShapeDtypeStruct((2,), "float32")).as_text()
 
 
+def embedded_constants():
+    """A context in which jax traces and lowers closed-over constants into the module as
+    ``stablehlo.constant`` ops. From jax 0.12.1 (``jax_use_simplified_jaxpr_constants`` on by
+    default) a constant over ``jax_embedded_constants_max_bytes`` (1 KiB) becomes an argument
+    of ``main`` (``{jax.const = true}``) that jax passes at call time; a kernel's module must be
+    self-contained to be imported into the user's program. A no-op on releases without it."""
+    flag = getattr(_config, "use_simplified_jaxpr_constants", None)
+    return flag(False) if flag is not None else contextlib.nullcontext()
+
+
 def serialization_version() -> int:
-    """The version ``Exported.serialize`` writes (11 on 0.10.2, 12 on 0.12)."""
+    """The version ``Exported.serialize`` writes (11 on 0.10.2, 12 on 0.12.0, 13 on 0.12.1)."""
     from jax._src.export import serialization
     return int(serialization._SERIALIZATION_VERSION)

@@ -171,12 +171,9 @@ def _attention_dots(closed) -> frozenset:
     and P·V (an operand has them). As ``(lhs shape, rhs shape, dimension numbers)``; shapes, not
     equations, because the softmax is often in another sub-jaxpr (``jax.nn.softmax``,
     ``dot_product_attention``) than the products."""
-    exp_shapes, dots = set(), []
+    exp_shapes, dots = _exp_shapes(closed), []
     for eqn in _all_eqns(closed.jaxpr):
-        name = eqn.primitive.name
-        if name == "exp":
-            exp_shapes.add(_nonunit(eqn.outvars[0].aval.shape))
-        elif name == "dot_general" and eqn.params["dimension_numbers"][1][0]:
+        if eqn.primitive.name == "dot_general" and eqn.params["dimension_numbers"][1][0]:
             dots.append((tuple(eqn.invars[0].aval.shape), tuple(eqn.invars[1].aval.shape),
                          tuple(eqn.outvars[0].aval.shape), eqn.params["dimension_numbers"]))
 
@@ -187,6 +184,12 @@ def _attention_dots(closed) -> frozenset:
         return len(shape) >= 3 and _nonunit(shape) in exp_shapes
     return frozenset((lhs, rhs, _dn_key(dn)) for lhs, rhs, res, dn in dots
                      if like(res) or like(lhs) or like(rhs))
+
+
+def _exp_shapes(closed) -> frozenset:
+    """The sorted non-unit sizes of every ``exp`` result in the jaxpr (a softmax's)."""
+    return frozenset(_nonunit(eqn.outvars[0].aval.shape) for eqn in _all_eqns(closed.jaxpr)
+                     if eqn.primitive.name == "exp")
 
 
 def _nonunit(shape) -> tuple:
@@ -205,20 +208,26 @@ _RECOMPUTE = frozenset("""
     convert_element_type broadcast_in_dim reshape transpose squeeze expand_dims
     reduce_max reduce_min reduce_sum reduce_prod argmax argmin iota eq ne lt le gt ge
     and or not xor is_finite stop_gradient copy copy_p nextafter real imag conj
+    reduce_precision one_minus_square
     """.split())
 
 
-def _attention_remat_policy(attention_dots: frozenset):
+def _attention_remat_policy(attention_dots: frozenset, exp_shapes: frozenset = frozenset()):
     """A ``jax.checkpoint`` policy for a program with attention: saveable is what is not in
     :data:`_RECOMPUTE` and no attention product (projections and other products,
     convolutions, gathers, loops, custom calls), so the backward recomputes the attention from
     its inputs and its probabilities are no residual: the forward program gets a forward
-    kernel, the backward program a flash forward and backward."""
+    kernel, the backward program a flash forward and backward. A ``custom_jvp_call`` whose
+    result has a softmax's sizes (``exp_shapes``: ``jax.nn.softmax`` as jax 0.12.1 keeps it
+    whole under ``jax.checkpoint``; earlier releases showed the policy its ops) is the softmax:
+    recomputed too."""
     def policy(prim, *avals, **params) -> bool:
         if prim.name == "dot_general":
             key = (tuple(avals[0].shape), tuple(avals[1].shape),
                    _dn_key(params["dimension_numbers"]))
             return key not in attention_dots
+        if prim.name == "custom_jvp_call" and avals:
+            return _nonunit(avals[0].shape) not in exp_shapes
         return prim.name not in _RECOMPUTE
     return policy
 
@@ -597,9 +606,11 @@ class _Derived:
                         full[i] = vi
                     return prim(*full)
                 sig = signature_of([jax.typeof(x) for x in xs])
-                att = _attention_dots(self.jaxpr(sig))
+                closed = self.jaxpr(sig)
+                att = _attention_dots(closed)
                 if att and config.get("HLOFUSE_GRAD_REMAT"):
-                    restricted = jax.checkpoint(restricted, policy=_attention_remat_policy(att))
+                    restricted = jax.checkpoint(restricted, policy=_attention_remat_policy(
+                        att, _exp_shapes(closed)))
                     p.build_notes[sig] = [GRAD_REMAT_NOTE]
                 out, f_jvp = jax.linearize(restricted, *[xs[i] for i in nz_idx])
                 res, tree = jax.tree_util.tree_flatten(f_jvp)

@@ -100,6 +100,11 @@ CASES += [
 # relu o relu: max(max(x, 0), 0) -> one max
 RELU2 = fx(f"  %z = {cst('0.0', 'tensor<f32>')}\n  %zb = stablehlo.broadcast_in_dim %z, dims = [] : (tensor<f32>) -> {F}\n"
            f"  %a = stablehlo.maximum %x, %zb : {F}\n  %z2 = {cst('0.0')}\n  %r = stablehlo.maximum %z2, %a : {F}")
+# jax 0.12.1 writes reduce_precision[8, 23] of f32 values at jax.checkpoint's boundaries
+CASES.append(("reduce-precision-noop", fx(f"  %r = stablehlo.reduce_precision %x, format = e8m23 : {F}"),
+              "stablehlo.reduce_precision"))
+CASES.append(("reduce-precision-noop", fx(f"  %r = stablehlo.reduce_precision %x, format = e11m52 : {F}"),
+              "stablehlo.reduce_precision"))
 CASES.append(("max-max-const", RELU2, None))
 CASES.append(("min-min-const", RELU2.replace("maximum", "minimum"), None))
 
@@ -118,6 +123,7 @@ NO_MATCH = {
     "dot with a contraction": module("%a: tensor<2x13xf32>, %b: tensor<13xf32>",
                                      "  %r = stablehlo.dot_general %a, %b, contracting_dims = [1] x [0] "
                                      ": (tensor<2x13xf32>, tensor<13xf32>) -> tensor<2xf32>", "%r", "tensor<2xf32>"),
+    "reduce_precision to fewer bits": fx(f"  %r = stablehlo.reduce_precision %x, format = e8m7 : {F}"),
     "narrowing outer product": module("%a: tensor<4xf32>, %b: tensor<13xf32>",
                                       "  %r = stablehlo.dot_general %a, %b, contracting_dims = [] x [] "
                                       ": (tensor<4xf32>, tensor<13xf32>) -> tensor<4x13xbf16>", "%r", "tensor<4x13xbf16>"),
@@ -137,6 +143,7 @@ NO_MATCH_REASON = {
     "select(non-constant p)": None,
     "dot with a contraction": None,
     "narrowing outer product": None,   # the product rounds twice as a multiply + convert
+    "reduce_precision to fewer bits": None,   # it rounds: not an identity, nor a near miss
 }
 
 

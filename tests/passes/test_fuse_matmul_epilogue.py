@@ -225,7 +225,10 @@ def test_no_match_softmax_activation_backward_reason():
     p, x = _mlp_args(F32)
     f = hlofuse.jit(step, target="cpu", pipeline=PIPE)
     rep = f.report(p, x)
-    assert _backward_epilogues(rep) == []
+    # the row sum stays out of every backward epilogue (jax 0.12.1 writes softmax's derivative
+    # so that one backward dot keeps an elementwise epilogue, y * dh negated; before, none did)
+    assert all(not any(op.startswith("stablehlo.reduce") for op in r.ops)
+               for r in _backward_epilogues(rep)), _backward_epilogues(rep)
     refused = [why for r in rep.regions if r.kind == "matmul_epilogue" for why in r.extra.get("refused", {}).values()]
     assert any("epilogue: reduction op" in why for why in refused), refused
     assert_same(f(p, x), jax.jit(step)(p, x), "grad")

@@ -12,10 +12,14 @@ import jax
 import jax.numpy as jnp
 
 import hlofuse
+from hlofuse.core import compat
 from hlofuse.runtime.testing import assert_same, tolerance
 from tests.fusion_util import eval_modules
 
 B, S, H, D = 2, 32, 4, 8
+# what jax's scan saves for the backward loop of one attention: from jax 0.12.1 the
+# probabilities and one row statistic, before that also exp and the row max and sum
+NEW_SCAN_RESIDUALS = compat.JAX_VERSION >= (0, 12, 1)
 W = H * D
 PAD = np.where(np.arange(S)[None, None, None, :] < S - 5, 0.0, -1e9).astype(np.float32)
 
@@ -77,7 +81,7 @@ def test_scanned_attention_without_remat_gets_its_kernels(kind, dtype):
     g = hlofuse.jit(step, autotune=False)
     report = g.report(*args)
     stats = _stats(report)
-    assert stats["regions"] == 1 and stats["recomputed"] >= 3, stats
+    assert stats["regions"] == 1 and stats["recomputed"] >= (2 if NEW_SCAN_RESIDUALS else 3), stats
     assert _attention_kernels(report) == ["attention", "attention_bwd", "attention_fwd_lse"], \
         (report.notes, _attention_kernels(report))
     got, plain = g(*args), jax.jit(step)(*args)
@@ -107,7 +111,10 @@ def test_the_saved_probabilities_are_no_longer_stored():
     off = hlofuse.jit(step, autotune=False, disable=("remat-loop-attention",)).lower(
         *args).compile().memory_analysis()
     square = 3 * B * H * S * S * 4          # one [layers, B, H, S, S] f32 stack
-    assert fused.temp_size_in_bytes + square <= min(plain, off.temp_size_in_bytes), \
+    # jax 0.12.1 saves the probabilities alone (earlier releases exp too); XLA's buffer
+    # assignment overlaps part of that one stack with the loops' other buffers (61 of 96 KiB)
+    saved = square // 2 if NEW_SCAN_RESIDUALS else square
+    assert fused.temp_size_in_bytes + saved <= min(plain, off.temp_size_in_bytes), \
         (fused.temp_size_in_bytes, off.temp_size_in_bytes, plain)
 
 
@@ -133,7 +140,7 @@ def test_the_rewrite_alone_computes_the_same_values_exactly():
             (rng.standard_normal((2, 3, h * d, h * d)) * 0.3).astype(np.float32)]
     before = _exported(step, args)
     opt = hlofuse.optimize(before, pipeline=["remat-loop-attention"])
-    assert opt.report.passes[0].stats == {"recomputed": 4, "regions": 1}
+    assert opt.report.passes[0].stats == {"recomputed": 1 if NEW_SCAN_RESIDUALS else 4, "regions": 1}
     for want, got in zip(*eval_modules([before, opt.text], args)):
         np.testing.assert_array_equal(got, want)
     # rerunning changes nothing: the forward loop's intermediates stay in the attention now
