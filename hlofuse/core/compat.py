@@ -94,8 +94,8 @@ __all__ = [
     "compilation_cache_decided_off", "reset_compilation_cache", "persistent_cache_min_compile_time",
     "python_dispatch",
     "install_export_backend_guard", "pallas", "GPU_TPU_INTERPRET_MODULES", "DeviceList", "backends_are_initialized", "cuda_path",
-    # rgv3_meshes / loop_bodies / serialization
-    "HAS_RGV3", "outlines_loop_bodies", "serialization_version",
+    # rgv3_meshes / loop_bodies / serialization / embedded_constants
+    "HAS_RGV3", "outlines_loop_bodies", "serialization_version", "embedded_constants",
 ]
 
 
