@@ -719,7 +719,8 @@ def check_modules(items: Sequence[tuple[str, ir.Module, object]], chip: str, *,
     why. Returns one :class:`ChipResult` per item, in order.
     """
     chip = _chips.get(chip).name
-    work = [_Item(label, hir.to_bytecode(executable_module(m)), kernels_of(m, rep)) for label, m, rep in items]
+    work = [_Item(label, hir.to_bytecode(executable_module(m)), kernels_of(m, rep))
+            for label, m, rep in items]
     if _python() == sys.executable:
         missing = missing_packages(chip)
         if missing:

@@ -13,6 +13,7 @@ from hlofuse.core import ir as hir
 from hlofuse.core.ops import OpClass, rule_for
 from hlofuse.core.pipeline import PassContext, PassManager
 import hlofuse.passes  # noqa: F401  (registers the built-in passes: optimize runs them)
+from hlofuse.passes.fusion.outline import executable_module
 from hlofuse.core.report import Report
 from hlofuse.core.target import Target
 from hlofuse.runtime import argspec
@@ -45,7 +46,6 @@ class Optimized:
         """The module as XLA compiles it: :attr:`module` with the regions left to XLA inlined
         back into their callers (:func:`hlofuse.passes.fusion.outline.inline_xla_regions`),
         so XLA sees the flat program jax gave it wherever hlofuse built no kernel."""
-        from hlofuse.passes.fusion.outline import executable_module
         return hir.to_bytecode(executable_module(self.module))
 
     def portable_artifact(self, target_version: str | None = None) -> bytes:

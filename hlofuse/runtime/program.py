@@ -165,13 +165,15 @@ GRAD_REMAT_NOTE = ("grad: this forward saves no attention intermediates for the 
                    "jax.linearize does")
 
 
-def _attention_dots(closed) -> frozenset:
+def _attention_dots(closed, exp_shapes: frozenset | None = None) -> frozenset:
     """The batched ``dot_general`` s of the jaxpr (and its sub-jaxprs) that look like
     attention's two products: the logits QKᵀ (its result has the sizes of an ``exp`` result)
     and P·V (an operand has them). As ``(lhs shape, rhs shape, dimension numbers)``; shapes, not
     equations, because the softmax is often in another sub-jaxpr (``jax.nn.softmax``,
-    ``dot_product_attention``) than the products."""
-    exp_shapes, dots = _exp_shapes(closed), []
+    ``dot_product_attention``) than the products. ``exp_shapes``: :func:`_exp_shapes` of
+    ``closed``, where the caller has them."""
+    exp_shapes = _exp_shapes(closed) if exp_shapes is None else exp_shapes
+    dots = []
     for eqn in _all_eqns(closed.jaxpr):
         if eqn.primitive.name == "dot_general" and eqn.params["dimension_numbers"][1][0]:
             dots.append((tuple(eqn.invars[0].aval.shape), tuple(eqn.invars[1].aval.shape),
@@ -607,10 +609,11 @@ class _Derived:
                     return prim(*full)
                 sig = signature_of([jax.typeof(x) for x in xs])
                 closed = self.jaxpr(sig)
-                att = _attention_dots(closed)
+                exps = _exp_shapes(closed)
+                att = _attention_dots(closed, exps)
                 if att and config.get("HLOFUSE_GRAD_REMAT"):
-                    restricted = jax.checkpoint(restricted, policy=_attention_remat_policy(
-                        att, _exp_shapes(closed)))
+                    restricted = jax.checkpoint(restricted,
+                                                policy=_attention_remat_policy(att, exps))
                     p.build_notes[sig] = [GRAD_REMAT_NOTE]
                 out, f_jvp = jax.linearize(restricted, *[xs[i] for i in nz_idx])
                 res, tree = jax.tree_util.tree_flatten(f_jvp)

@@ -51,8 +51,10 @@ def inline_xla_regions(module: ir.Module) -> int:
 
 
 def executable_module(module: ir.Module) -> ir.Module:
-    """A copy of ``module`` in the form XLA compiles (:func:`inline_xla_regions` applied);
-    ``module`` itself is unchanged."""
+    """``module`` in the form XLA compiles: a copy with :func:`inline_xla_regions` applied, or
+    ``module`` itself when no region was left to XLA (never mutated either way)."""
+    if not any(XLA_ATTR in f.operation.attributes for f in hir.funcs(module)):
+        return module
     flat = hir.clone_module(module)
     inline_xla_regions(flat)
     return flat
