@@ -1188,10 +1188,11 @@ def _tune(make, args, kwargs, variants, *, name, key, default_s, budget_s, regio
         # when the choices' compiles spent it (a zoo ResNet training step on a contended host:
         # one option's compile took 7.6 of the 10 s, the module went untimed and hlofuse's
         # program, kept unmeasured, ran 1.22x jax.jit's time)
-        best, reason, module_timed = _decide_module_measured(
+        best, reason, module_timed, module_busy = _decide_module_measured(
             make, args, kwargs, module_v, variants, regions, m, best, reason, chosen,
             max(budget_s - (time.perf_counter() - t0), budget_s * MODULE_FLOOR_SHARE),
             min_call_s, progress)
+        busy = busy or module_busy
         module_untimed = not module_timed
         if module_untimed:
             reason += "; not cached on disk: a later process measures again"
@@ -1199,9 +1200,12 @@ def _tune(make, args, kwargs, variants, *, name, key, default_s, budget_s, regio
         # too short for library choices, not for hlofuse's program against XLA's own module:
         # two programs, 0.1-0.4 s of rounds (a 0.3 ms GPT-2 decode step: hlofuse's program
         # measured 1.00-1.03x of XLA's module, whose HLO has two loop fusions fewer)
-        best, reason, module_timed = _decide_module_measured(
+        best, reason, module_timed, module_busy = _decide_module_measured(
             make, args, kwargs, module_v, variants, regions, m, best, reason, chosen,
             min(budget_s - (time.perf_counter() - t0), SHORT_MODULE_BUDGET_S), 0.0, progress)
+        busy = busy or module_busy
+        if not module_timed:
+            reason += "; not cached on disk: a later process measures again"
     _with_predictions(chosen, regions)
     best_v = Variant.of(variants[best]) if best in variants else Variant()
     d = Decision(best, best_v.options_dict,
@@ -1363,10 +1367,11 @@ def _decide_module_measured(make, args, kwargs, module_v, variants, regions, m, 
     program as optimized (the harness's reference), in up to twice :data:`ROUNDS` rounds of
     their own within ``budget_left``. Without room for them, hlofuse's program is kept. A
     program kept is measured again in a second window (its length: :data:`CLEAR_MARGIN`) and
-    kept only when that window keeps it too (XLA's own module when it cannot be timed).
-    Returns ``(best, reason, timed)``: ``timed`` when the two were measured (or compile to the
-    same program)."""
-    t0 = time.perf_counter()
+    kept only when that window keeps it too; when the second cannot be timed, a close win runs
+    XLA's own module and a clear one is kept, not cached on disk (``timed`` False).
+    Returns ``(best, reason, timed, busy)``: ``timed`` when the two were measured (or compile
+    to the same program), ``busy`` when other processes used more than :data:`BUSY_SHARE` of
+    the CPUs in a window (the decision is then not cached on disk)."""
     decided = _decided_variant(variants, regions, best, chosen)
     cands = {"default": Variant(), XLA_MODULE: module_v}
     if decided:
@@ -1375,35 +1380,51 @@ def _decide_module_measured(make, args, kwargs, module_v, variants, regions, m, 
                  rounds=2 * ROUNDS, default_s=m.default_s or None, progress=progress,
                  min_call_s=min_call_s)
     if XLA_MODULE in mc.duplicates:
-        return best, reason + "; XLA's own module compiles to the same program", True
+        return best, reason + "; XLA's own module compiles to the same program", True, False
     if not mc.rounds or XLA_MODULE not in mc.ratios:
         return best, reason + (f"; not timed against XLA's own module "
-                               f"({mc.skipped or 'budget'})"), False
+                               f"({mc.skipped or 'budget'})"), False, False
     prog, prog_ratio = ("decided", mc.ratios.get("decided", 1.0)) if decided else ("default", 1.0)
     r = decide_module(mc, best, reason, prog_ratio, program=prog)
     r = r[0], r[1] + f" ({mc.rounds} rounds of their own)"
     rel = _module_rel(mc, prog_ratio)
     if r[0] == XLA_MODULE or rel is None:
-        return r[0], r[1], True
-    # kept: a second window must find it too (see CLEAR_MARGIN)
-    spent = time.perf_counter() - t0
+        return (*_busy_note(r, mc), True, _busy(mc))
+    # kept: a second window must find it too (see CLEAR_MARGIN), with the first one's budget
+    # (XLA's module for attention at S=4096 is timed in rounds of its own, ~1 s each)
     close = rel > 1.0 - CLEAR_MARGIN
-    mc2 = measure(factory(make), args, cands, kwargs=kwargs,
-                  budget_s=max(budget_left - spent, budget_left / 2, 0.0),
+    mc2 = measure(factory(make), args, cands, kwargs=kwargs, budget_s=max(budget_left, 0.0),
                   rounds=2 * ROUNDS if close else ROUNDS,
                   default_s=mc.default_s or None, progress=progress, min_call_s=min_call_s)
     if not mc2.rounds or XLA_MODULE not in mc2.ratios:
+        why = f"a second window could not time it ({mc2.skipped or 'budget'})"
+        if not close:   # a clear win in one window: kept in this process, measured again later
+            return r[0], r[1] + f"; {why}", False, _busy(mc)
         return XLA_MODULE, (f"hlofuse's program measured {rel:.2f}x of XLA's own module's time "
-                            f"and a second window could not time it ({mc2.skipped or 'budget'}): "
-                            f"calls run XLA's own module, as jax.jit; hlofuse's choices were: "
-                            f"{best} ({reason})"), True
+                            f"and {why}: calls run XLA's own module, as jax.jit; hlofuse's "
+                            f"choices were: {best} ({reason})"), True, _busy(mc)
     prog_ratio2 = mc2.ratios.get("decided", 1.0) if decided else 1.0
     r2 = decide_module(mc2, best, reason, prog_ratio2, program=prog)
     if r2[0] == XLA_MODULE:
-        return XLA_MODULE, (f"{r2[1]} (second window, {mc2.rounds} rounds; the first measured "
-                            f"it {rel:.2f}x in {mc.rounds} rounds)"), True
-    return r[0], r[1] + (f"; a second window ({mc2.rounds} rounds) measured it "
-                         f"{_module_rel(mc2, prog_ratio2):.2f}x too"), True
+        r = XLA_MODULE, (f"{r2[1]} (a second window, {mc2.rounds} rounds of their own; the "
+                         f"first measured it {rel:.2f}x in {mc.rounds})")
+    else:
+        r = r[0], r[1] + (f"; a second window ({mc2.rounds} rounds) measured it "
+                          f"{_module_rel(mc2, prog_ratio2):.2f}x too")
+    return (*_busy_note(r, mc, mc2), True, _busy(mc, mc2))
+
+
+def _busy(*ms: Measurement) -> bool:
+    return max(m.foreign_load for m in ms) > BUSY_SHARE
+
+
+def _busy_note(r: tuple, *ms: Measurement) -> tuple:
+    """``(best, reason)``, the reason saying so when a window was busy (:func:`_busy`)."""
+    if not _busy(*ms):
+        return r
+    return r[0], r[1] + (f"; machine busy while timing against XLA's own module (other "
+                         f"processes used {max(m.foreign_load for m in ms):.0%} of the CPUs): "
+                         "not cached on disk")
 
 
 def _module_rel(m: Measurement, program_ratio: float) -> float | None:
