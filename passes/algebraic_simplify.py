@@ -266,7 +266,9 @@ def _convert(op):
     return gu.create("stablehlo.convert", [src], [op.results[0].type], before=op).results[0]
 
 
-#: (exponent bits, mantissa bits) of each float type
+#: (exponent bits, mantissa bits) of each IEEE float type (not ml_dtypes' finfo: the f8 "fn"
+#: types have no infinity, so reduce_precision to their own bits would round their largest
+#: values to inf)
 FLOAT_FORMATS = {"f64": (11, 52), "f32": (8, 23), "bf16": (8, 7), "f16": (5, 10)}
 
 

@@ -1182,31 +1182,29 @@ def _tune(make, args, kwargs, variants, *, name, key, default_s, budget_s, regio
     best, reason = _confirm_combination(
         make, args, kwargs, variants, regions, m, best, reason, chosen,
         left / 2 if module_v is not None else left, min_call_s, progress)
-    module_timed = False
-    module_untimed = False
+    module_budget = None
     if module_v is not None and m.default_s >= floor:
         # the comparison with XLA's own module is what keeps a program slower than jax.jit
         # from being kept: it gets MODULE_FLOOR_SHARE of the budget of its own at least, even
         # when the choices' compiles spent it (a zoo ResNet training step on a contended host:
         # one option's compile took 7.6 of the 10 s, the module went untimed and hlofuse's
         # program, kept unmeasured, ran 1.22x jax.jit's time)
-        best, reason, module_timed, module_busy = _decide_module_measured(
-            make, args, kwargs, module_v, variants, regions, m, best, reason, chosen,
-            max(budget_s - (time.perf_counter() - t0), budget_s * MODULE_FLOOR_SHARE),
-            min_call_s, progress)
-        busy = busy or module_busy
-        module_untimed = not module_timed
-        if module_untimed:
-            reason += "; not cached on disk: a later process measures again"
+        module_budget = max(budget_s - (time.perf_counter() - t0), budget_s * MODULE_FLOOR_SHARE)
+        module_min_call_s = min_call_s
     elif module_v is not None and not m.rounds and 0 < m.default_s < floor:
         # too short for library choices, not for hlofuse's program against XLA's own module:
         # two programs, 0.1-0.4 s of rounds (a 0.3 ms GPT-2 decode step: hlofuse's program
         # measured 1.00-1.03x of XLA's module, whose HLO has two loop fusions fewer)
+        module_budget = min(budget_s - (time.perf_counter() - t0), SHORT_MODULE_BUDGET_S)
+        module_min_call_s = 0.0
+    module_timed = module_untimed = False
+    if module_budget is not None:
         best, reason, module_timed, module_busy = _decide_module_measured(
             make, args, kwargs, module_v, variants, regions, m, best, reason, chosen,
-            min(budget_s - (time.perf_counter() - t0), SHORT_MODULE_BUDGET_S), 0.0, progress)
+            module_budget, module_min_call_s, progress)
         busy = busy or module_busy
-        if not module_timed:
+        module_untimed = not module_timed
+        if module_untimed:
             reason += "; not cached on disk: a later process measures again"
     _with_predictions(chosen, regions)
     best_v = Variant.of(variants[best]) if best in variants else Variant()
@@ -1396,7 +1394,7 @@ def _decide_module_measured(make, args, kwargs, module_v, variants, regions, m, 
 
     wins = [judged(mc)]
     while True:
-        w, r, rel = wins[-1]
+        _, r, rel = wins[-1]
         kept = [x for x in wins if x[1][0] != XLA_MODULE]
         if rel is None or len(kept) == 2 or (r[0] == XLA_MODULE and (
                 len(wins) > 1 or rel > 1.0 + CLEAR_MARGIN)):

@@ -165,14 +165,13 @@ GRAD_REMAT_NOTE = ("grad: this forward saves no attention intermediates for the 
                    "jax.linearize does")
 
 
-def _attention_dots(closed, exp_shapes: frozenset | None = None) -> frozenset:
+def _attention_dots(closed, exp_shapes: frozenset) -> frozenset:
     """The batched ``dot_general`` s of the jaxpr (and its sub-jaxprs) that look like
     attention's two products: the logits QKᵀ (its result has the sizes of an ``exp`` result)
     and P·V (an operand has them). As ``(lhs shape, rhs shape, dimension numbers)``; shapes, not
     equations, because the softmax is often in another sub-jaxpr (``jax.nn.softmax``,
     ``dot_product_attention``) than the products. ``exp_shapes``: :func:`_exp_shapes` of
-    ``closed``, where the caller has them."""
-    exp_shapes = _exp_shapes(closed) if exp_shapes is None else exp_shapes
+    ``closed``."""
     dots = []
     for eqn in _all_eqns(closed.jaxpr):
         if eqn.primitive.name == "dot_general" and eqn.params["dimension_numbers"][1][0]:
@@ -214,7 +213,7 @@ _RECOMPUTE = frozenset("""
     """.split())
 
 
-def _attention_remat_policy(attention_dots: frozenset, exp_shapes: frozenset = frozenset()):
+def _attention_remat_policy(attention_dots: frozenset, exp_shapes: frozenset):
     """A ``jax.checkpoint`` policy for a program with attention: saveable is what is not in
     :data:`_RECOMPUTE` and no attention product (projections and other products,
     convolutions, gathers, loops, custom calls), so the backward recomputes the attention from
