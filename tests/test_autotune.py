@@ -437,6 +437,49 @@ def test_foreign_load_is_other_processes_share_of_all_cpus(monkeypatch):
     assert abs(p.foreign - 0.4) < 1e-12
 
 
+def test_foreign_load_is_at_most_all_cpus(monkeypatch):
+    """Over a block shorter than a clock tick, /proc/stat's whole ticks made the share several
+    times all CPUs (a 1 ms block, one 10 ms tick: 5.0), so BUSY_SHARE above 1 did not mean
+    "never busy" (tests/test_cost_fit.py's disturbed-measurement test failed that way)."""
+    clock = {"perf": iter([5.0, 5.001]), "cpu": iter([1.0, 1.0]),
+             "stat": iter([(10.0, 2), (10.01, 2)])}
+    fake_time = type("T", (), {"perf_counter": staticmethod(lambda: next(clock["perf"])),
+                               "process_time": staticmethod(lambda: next(clock["cpu"]))})
+    monkeypatch.setattr(at, "time", fake_time)
+    monkeypatch.setattr(at, "_proc_stat_busy", lambda: next(clock["stat"]))
+    with at.ForeignLoad() as p:
+        pass
+    assert p.foreign == 1.0
+
+
+def test_a_busy_module_window_still_lets_the_regions_teach_the_model(cache_dir, monkeypatch):
+    """The regions' ratios come from the choices' measurement: a busy window of the module
+    comparison keeps the decision off disk, not the regions' records."""
+    seen = []
+
+    def measure(make, args, variants, **kw):
+        seen.append(sorted(variants))
+        if len(seen) == 1:
+            return at.Measurement({"default": 1.0, "xla:ab12cd34": 1.3}, [], 0.05, 7, [])
+        m = _module_window(1.5)
+        m.foreign_load = 0.6
+        return m
+
+    monkeypatch.setattr(at, "measure", measure)
+    before = len(at.cache().records())
+    regions = {"xla:ab12cd34": {"hash": "ab12cd34", "features": {"kind": "reduction"},
+                                "predicted": None}}
+    d = at.tune(lambda spec: None, (), {}, {"default": at.Variant(),
+                                            at.XLA_MODULE: at.Variant(plain=True),
+                                            "xla:ab12cd34": at.Variant(xla=frozenset({"ab12cd34"}))},
+                name="t", key="k", regions=regions)
+    assert d.variant == "default" and "machine busy while timing against XLA's own module" in d.reason
+    assert d.regions["ab12cd34"]["choice"] == "kernel"
+    assert len(at.cache().records()) == before + 1
+    data = json.loads((cache_dir / "autotune.json").read_text())
+    assert "k" not in data.get("decisions", {})
+
+
 class _SlowCompileFn:
     """A stand-in jitted variant: 5 ms per call; compiling it takes ``compile_s``."""
 

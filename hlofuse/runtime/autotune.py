@@ -720,7 +720,9 @@ class ForeignLoad:
             self.foreign = max(0.0, min(1.0, load / ncpu))  # coarse fallback
         else:
             busy = stat1[0] - self.stat0[0]
-            self.foreign = max(0.0, (busy - self.self_cpu) / (self.wall * stat1[1]))
+            # a share of all CPUs (at most 1): over a block shorter than a clock tick,
+            # /proc/stat's whole ticks alone could make it several
+            self.foreign = min(1.0, max(0.0, (busy - self.self_cpu) / (self.wall * stat1[1])))
         self.loadavg = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
         return False
 
@@ -1197,12 +1199,11 @@ def _tune(make, args, kwargs, variants, *, name, key, default_s, budget_s, regio
         # measured 1.00-1.03x of XLA's module, whose HLO has two loop fusions fewer)
         module_budget = min(budget_s - (time.perf_counter() - t0), SHORT_MODULE_BUDGET_S)
         module_min_call_s = 0.0
-    module_timed = module_untimed = False
+    module_timed = module_untimed = module_busy = False
     if module_budget is not None:
         best, reason, module_timed, module_busy = _decide_module_measured(
             make, args, kwargs, module_v, variants, regions, m, best, reason, chosen,
             module_budget, module_min_call_s, progress)
-        busy = busy or module_busy
         module_untimed = not module_timed
         if module_untimed:
             reason += "; not cached on disk: a later process measures again"
@@ -1217,8 +1218,8 @@ def _tune(make, args, kwargs, variants, *, name, key, default_s, budget_s, regio
     # (library choices flip with the cores actually free; a later process measures again)
     small = bool(m.skipped) and m.default_s < floor and not module_timed
     if key is not None:
-        cache().put(key, d, persist=not (small or busy or module_untimed))
-    if chosen:
+        cache().put(key, d, persist=not (small or busy or module_busy or module_untimed))
+    if chosen:   # the regions' ratios come from the choices' measurement: its own load
         _store_regions(chosen, regions, m, busy)
     kept_xla = sorted(d.xla_regions)
     log.log(logging.INFO if m.rounds else logging.DEBUG, "autotuning %s: chose %s%s in %.1fs (%s)",
