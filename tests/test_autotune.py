@@ -423,16 +423,24 @@ def test_foreign_load_probe():
     assert p.wall > 0 and p.self_cpu >= 0 and isinstance(p.foreign, float)
 
 
-def test_foreign_load_is_other_processes_share_of_all_cpus(monkeypatch):
-    # ``foreign`` is clipped at 0, so a live probe cannot show a wrong value: check the formula
-    # on a scripted clock. 2 CPUs, 1 s wall, 1.0 busy CPU-s of which 0.2 were ours: 0.4.
-    clock = {"perf": iter([5.0, 6.0]), "cpu": iter([1.0, 1.2]), "stat": iter([(10.0, 2), (11.0, 2)])}
+def _scripted_probe(monkeypatch, *, perf, cpu, stat) -> at.ForeignLoad:
+    """A :class:`ForeignLoad` probe of an empty block on a scripted clock: ``perf`` and ``cpu``
+    (wall and process CPU seconds at entry and exit), ``stat`` (/proc/stat's busy CPU-seconds
+    and CPU count at entry and exit)."""
+    clock = {"perf": iter(perf), "cpu": iter(cpu), "stat": iter(stat)}
     fake_time = type("T", (), {"perf_counter": staticmethod(lambda: next(clock["perf"])),
                                "process_time": staticmethod(lambda: next(clock["cpu"]))})
     monkeypatch.setattr(at, "time", fake_time)
     monkeypatch.setattr(at, "_proc_stat_busy", lambda: next(clock["stat"]))
     with at.ForeignLoad() as p:
         pass
+    return p
+
+
+def test_foreign_load_is_other_processes_share_of_all_cpus(monkeypatch):
+    # ``foreign`` is clipped at 0, so a live probe cannot show a wrong value: check the formula
+    # on a scripted clock. 2 CPUs, 1 s wall, 1.0 busy CPU-s of which 0.2 were ours: 0.4.
+    p = _scripted_probe(monkeypatch, perf=[5.0, 6.0], cpu=[1.0, 1.2], stat=[(10.0, 2), (11.0, 2)])
     assert p.wall == 1.0 and abs(p.self_cpu - 0.2) < 1e-12
     assert abs(p.foreign - 0.4) < 1e-12
 
@@ -441,14 +449,8 @@ def test_foreign_load_is_at_most_all_cpus(monkeypatch):
     """Over a block shorter than a clock tick, /proc/stat's whole ticks made the share several
     times all CPUs (a 1 ms block, one 10 ms tick: 5.0), so BUSY_SHARE above 1 did not mean
     "never busy" (tests/test_cost_fit.py's disturbed-measurement test failed that way)."""
-    clock = {"perf": iter([5.0, 5.001]), "cpu": iter([1.0, 1.0]),
-             "stat": iter([(10.0, 2), (10.01, 2)])}
-    fake_time = type("T", (), {"perf_counter": staticmethod(lambda: next(clock["perf"])),
-                               "process_time": staticmethod(lambda: next(clock["cpu"]))})
-    monkeypatch.setattr(at, "time", fake_time)
-    monkeypatch.setattr(at, "_proc_stat_busy", lambda: next(clock["stat"]))
-    with at.ForeignLoad() as p:
-        pass
+    p = _scripted_probe(monkeypatch, perf=[5.0, 5.001], cpu=[1.0, 1.0],
+                        stat=[(10.0, 2), (10.01, 2)])
     assert p.foreign == 1.0
 
 
