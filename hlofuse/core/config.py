@@ -89,6 +89,9 @@ _DECLARED = [
             choices=_TRUE + _FALSE + ("cached",)),
     Setting("HLOFUSE_AUTOTUNE_BUDGET_S", "float", 10.0,
             "seconds one signature's tuning may spend (compiles and timing)"),
+    Setting("HLOFUSE_RECHECK_S", "float", 30.0,
+            "with tuning on, seconds of calls before a decided signature is re-checked against "
+            "XLA's own module (the interval then doubles while re-checks keep it); 0: never"),
     Setting("HLOFUSE_TIERED", "bool", True,
             "tiered first calls: the first call runs XLA's code while hlofuse builds its own in "
             "the background; hlofuse.jit(tiered=...) wins"),

@@ -13,6 +13,7 @@ calls of a signature while its module is built. Decisions come from its
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 
@@ -58,6 +59,7 @@ class Dispatcher(Tuning):
         self.memory_limit = memory_limit
         self.fast = True       # every signature seen so far is decided and runs fast_fn
         self.fast_fn = None    # the one executable they all run (None: self.default)
+        self.recheck_at = math.inf   # when a signature's steady-state re-check is due next
         if memory_limit is not None:
             # the plan is chosen before a signature's first call runs anything (a tiered first
             # call would run XLA's module, which may be the plan over the limit)
@@ -106,6 +108,8 @@ class Dispatcher(Tuning):
                     self.guarded(st, "tuning (first sight)", self.first_sight, st, args, kwargs)
             return done
         if st.decision is not None:
+            if st.recheck_at <= time.perf_counter():
+                self.recheck_call(st, args, kwargs)
             self.maybe_fast()
             return (st.fn or self.default).run(info, args, kwargs)
         with self.lock:
@@ -282,4 +286,4 @@ class Dispatcher(Tuning):
                 jitted.clear_cache()
             self.states.clear()
             self.variants.clear()
-            self.fast, self.fast_fn = True, None
+            self.fast, self.fast_fn, self.recheck_at = True, None, math.inf

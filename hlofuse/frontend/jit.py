@@ -39,6 +39,7 @@ from __future__ import annotations
 import functools
 import inspect
 import re
+import time
 from typing import Callable, Sequence
 
 import jax
@@ -266,7 +267,9 @@ class HlofuseFunction:
         if self._sig.freeze:
             args = self._sig.wrap_frozen(args)
         d = self._dispatch
-        if d.fast:   # one executable for every signature: jax's C++ dispatch, no per-call key
+        if d.fast and time.perf_counter() < d.recheck_at:
+            # one executable for every signature, no re-check due: jax's C++ dispatch, no
+            # per-call key
             fn = d.fast_fn
             if fn is None or not compat.at_top_level():
                 fn = d.default

@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
+import threading
 import time
 from typing import Any
 
 import jax
 
+from hlofuse.core import config
+from hlofuse.core.pipeline import trace
 from hlofuse.frontend.signature import CallInfo
 from hlofuse.runtime import autotune as at
 from hlofuse.runtime.kernel_choice import measured_form, xla_to_apply
@@ -87,12 +91,24 @@ class SignatureState:
     # the limit (tuning must then not choose it)
     memory: str | None = None
     plain_over_limit: bool = False
+    # steady-state re-checks (Tuning.recheck_call): when the next is due (perf_counter
+    # seconds), the interval now, the two decisions they choose between (hlofuse's program,
+    # XLA's own module), their executables' background compile (None, "compiling", "ready"),
+    # how many ran and what the last one found
+    recheck_at: float = math.inf
+    recheck_every: float = 0.0
+    recheck_prog: Any = None
+    recheck_xla: Any = None
+    recheck_ready: str | None = None
+    recheck_thread: Any = None
+    rechecks: int = 0
+    recheck_last: str | None = None
 
 
 class Tuning:
     """The deciding half of :class:`hlofuse.frontend.dispatch.Dispatcher` (which provides
-    ``name``, ``opts``, ``sig``, ``default``, ``states``, ``lock``, ``mode()``,
-    ``variant()`` and ``maybe_fast()``)."""
+    ``name``, ``opts``, ``sig``, ``default``, ``states``, ``lock``, ``memory_limit``,
+    ``recheck_at``, ``mode()``, ``variant()`` and ``maybe_fast()``)."""
 
     def guarded(self, st: SignatureState, where: str, step, *a) -> tuple[bool, object]:
         """The boundary of tuning and measured decisions: ``(True, step(*a))``, or, when the
@@ -149,6 +165,7 @@ class Tuning:
         cached = at.cache().get(st.key)
         if cached is not None:
             self.decide(st, cached, cached=True)
+            self.schedule_recheck(st)
         elif mode == "cached":
             self.decide(st, at.Decision("default", {}, {}, reason="autotune=cached: no cached "
                                         "decision for this program"), cached=False)
@@ -189,6 +206,7 @@ class Tuning:
             d = at.tune(make, args, kwargs, variants, name=self.name, key=st.key,
                         regions=regions, **tune_kw)
             self.decide(st, d, cached=False)
+            self.schedule_recheck(st)
             return None
         out, t = None, None
         if not self.sig.donating:  # this call runs anyway: time it warm, so a module too slow
@@ -203,6 +221,7 @@ class Tuning:
         d = at.tune(make, args, kwargs, variants, name=self.name, key=st.key, default_s=t,
                     regions=regions)
         self.decide(st, d, cached=False)
+        self.schedule_recheck(st)
         if out is None:
             out = (st.fn or self.default).run(info, args, kwargs)
         return out
@@ -216,13 +235,120 @@ class Tuning:
         else:
             options, settings = at.options_of(d), at.settings_of(d)
             xla, full = xla_to_apply(st.entry, d)
-            if options or xla or full or settings:
-                st.fn = self.variant(options, donate=True, xla=xla, full=full, settings=settings)
+            # the default jit object runs XLA's defaults with every kernel (st.fn None); a
+            # decision replacing another (a re-check's) must not keep the other's executable
+            st.fn = (self.variant(options, donate=True, xla=xla, full=full, settings=settings)
+                     if options or xla or full or settings else None)
         st.decision = d
         st.cached = cached
         if record and st.entry is not None:
             report_decision(st.entry.report, d, cached)
         self.maybe_fast()
+
+    # -- steady-state re-checks --------------------------------------------------------------
+    def schedule_recheck(self, st: SignatureState) -> None:
+        """A signature was decided by tuning (measured here, or its decision found in the
+        cache) with tuning on: its calls are re-checked against XLA's own module
+        ``HLOFUSE_RECHECK_S`` seconds later, then at doubling intervals
+        (:func:`hlofuse.runtime.autotune.recheck`), never more often than keeps the re-checks
+        under :data:`~hlofuse.runtime.autotune.RECHECK_SHARE` of the time. Tuning measures once;
+        a program can turn slower in the process's later state (a GroupNorm block measured
+        0.63x of XLA's module when tuned ran 1.36x of jax.jit's time minutes later, in about
+        one run in four of one script; docs/guide/tuning.md)."""
+        every = config.get("HLOFUSE_RECHECK_S")
+        d = st.decision
+        if not every or every <= 0 or self.mode() != "on" or self.memory_limit is not None \
+                or st.entry is None or d is None:
+            return
+        if d.xla_module:   # hlofuse's program as tuning decided it, but for the module rule
+            st.recheck_prog, st.recheck_xla = dataclasses.replace(d, variant="default",
+                                                                  options={}), d
+        else:
+            st.recheck_prog = d
+            st.recheck_xla = dataclasses.replace(d, variant=at.XLA_MODULE, options={})
+        st.recheck_every, st.recheck_ready = _first_interval(d), None
+        st.recheck_at = time.perf_counter() + st.recheck_every
+        self.recheck_at = min(self.recheck_at, st.recheck_at)
+
+    def recheck_call(self, st: SignatureState, args, kwargs) -> None:
+        """Before a call of a signature whose re-check is due: the first time, compile the two
+        programs it times in the background (a decision from the cache may have neither
+        non-donating executable; the call path never waits for a compile); once they are
+        compiled, re-check on this call's arguments and run what it found. Never fails the
+        call: a failure keeps what runs, stops this signature's re-checks, and says why."""
+        if not self.lock.acquire(blocking=False):
+            return   # another thread tunes or re-checks: this call runs what is decided
+        try:
+            if st.recheck_at > time.perf_counter() or st.decision is None:
+                return
+            if st.recheck_ready is None:
+                st.recheck_ready, st.recheck_at = "compiling", math.inf
+                specs = self.sig.specs(args, kwargs)
+                st.recheck_thread = threading.Thread(
+                    target=self._recheck_compile, args=(st, specs),
+                    name=f"hlofuse-recheck-{self.name}")
+                st.recheck_thread.start()
+                return
+            self._recheck(st, args, kwargs)
+        except Exception as e:  # noqa: BLE001 - the boundary: a re-check never fails the call
+            if self.opts.pass_options.get("strict"):
+                raise
+            self._recheck_failed(st, e)
+        finally:
+            self.recheck_at = min((s.recheck_at for s in list(self.states.values())),
+                                  default=math.inf)
+            self.lock.release()
+
+    def _recheck_exes(self, st: SignatureState) -> tuple[Exe, Exe]:
+        """(hlofuse's program as decided, XLA's own module), both without donation."""
+        d = st.recheck_prog
+        xla, full = xla_to_apply(st.entry, d)
+        return (self.variant(at.options_of(d), donate=False, xla=xla, full=full,
+                             settings=at.settings_of(d)),
+                self.variant({}, donate=False, plain=True))
+
+    def _recheck_compile(self, st: SignatureState, specs) -> None:
+        """Background thread: compile the re-check's two programs (jax's caches keep them for
+        the timed calls), then make the re-check due."""
+        try:
+            if specs is not None:
+                with trace("recheck compile", function=self.name):
+                    for exe in self._recheck_exes(st):
+                        exe.lower(*specs[0], **specs[1]).compile()
+            st.recheck_ready = "ready"
+            st.recheck_at = time.perf_counter()
+        except Exception as e:  # noqa: BLE001 - a background step never fails a call
+            self._recheck_failed(st, e)
+        with self.lock:
+            self.recheck_at = min(self.recheck_at, st.recheck_at)
+
+    def _recheck(self, st: SignatureState, args, kwargs) -> None:
+        prog, plain = self._recheck_exes(st)
+        running_xla = st.decision.xla_module
+        run_xla, why = at.recheck(lambda spec: plain if at.Variant.of(spec).plain else prog,
+                                  args, kwargs, running_xla, name=self.name)
+        st.rechecks += 1
+        st.recheck_last = why
+        if run_xla == running_xla:   # what runs is kept: the next re-check comes later
+            st.recheck_every = min(2 * st.recheck_every, at.RECHECK_MAX_S)
+        else:
+            d = st.recheck_xla if run_xla else st.recheck_prog
+            self.decide(st, dataclasses.replace(d, reason=f"steady-state re-check: {why}"),
+                        cached=False, record=False)
+            st.recheck_every = _first_interval(d)   # a switch is watched closely again
+            if st.entry is not None:
+                st.entry.report.note(
+                    f"autotune: steady-state re-check {st.rechecks}: "
+                    + ("calls run XLA's own module, as jax.jit" if run_xla
+                       else "calls run hlofuse's program again") + f" ({why}); this process only")
+        st.recheck_at = time.perf_counter() + st.recheck_every
+
+    def _recheck_failed(self, st: SignatureState, e: BaseException) -> None:
+        note = machinery_failed("steady-state re-check", e, self.name,
+                                "its calls run what was decided, without further re-checks")
+        st.recheck_at, st.recheck_ready = math.inf, "failed"
+        if st.entry is not None:
+            st.entry.report.note(note)
 
     def decided_options(self, entry) -> dict:
         for st in list(self.states.values()):
@@ -250,6 +376,14 @@ class Tuning:
             self.tune(st, None, args, kwargs, min_call_s=0.0,
                       budget_s=at.budget() if budget_s is None else budget_s)
         return st.decision
+
+
+def _first_interval(d: at.Decision) -> float:
+    """Seconds from a decision to its first re-check: ``HLOFUSE_RECHECK_S``, or longer where a
+    re-check of this program would take more than
+    :data:`~hlofuse.runtime.autotune.RECHECK_SHARE` of that time."""
+    return max(config.get("HLOFUSE_RECHECK_S"),
+               at.recheck_cost_s(d.default_s) / at.RECHECK_SHARE)
 
 
 def decision_key(entry, text: str | None = None) -> str:

@@ -1202,8 +1202,8 @@ def _tune(make, args, kwargs, variants, *, name, key, default_s, budget_s, regio
     module_timed = module_untimed = module_busy = False
     if module_budget is not None:
         best, reason, module_timed, module_busy = _decide_module_measured(
-            make, args, kwargs, module_v, variants, regions, m, best, reason, chosen,
-            module_budget, module_min_call_s, progress)
+            make, args, kwargs, module_v, _decided_variant(variants, regions, best, chosen),
+            m.default_s, best, reason, module_budget, module_min_call_s, progress)
         module_untimed = not module_timed
         if module_untimed:
             reason += "; not cached on disk: a later process measures again"
@@ -1361,26 +1361,27 @@ def _decided_variant(variants, regions, best, chosen) -> Variant:
                    settings=best_v.settings)
 
 
-def _decide_module_measured(make, args, kwargs, module_v, variants, regions, m, best, reason,
-                            chosen, budget_left, min_call_s, progress):
+def _decide_module_measured(make, args, kwargs, module_v, decided, default_s, best, reason,
+                            budget_left, min_call_s, progress):
     """:func:`decide_module` on a measurement of its own: hlofuse's program as decided
-    (``best`` options, the regions chosen as XLA's code), XLA's own module ``module_v`` and the
-    program as optimized (the harness's reference), in up to twice :data:`ROUNDS` rounds of
-    their own within ``budget_left``. Without room for them, hlofuse's program is kept. It is
-    kept only when two windows keep it (:data:`CLEAR_MARGIN`): one that keeps it is followed
-    by another; a close loss in the first window (within :data:`CLEAR_MARGIN`) by a second,
-    and a third when the second keeps it; the first window that rejects it after the first
-    decides. When a window cannot be timed, a clear win of the first is kept, not cached on
-    disk (``timed`` False); anything else runs XLA's own module.
+    (``decided``: ``best``'s options, the regions chosen as XLA's code; falsy: the program as
+    optimized), XLA's own module ``module_v`` and the program as optimized (the harness's
+    reference; ``default_s``: its seconds per call, 0 when unknown), in up to twice
+    :data:`ROUNDS` rounds of their own within ``budget_left``. Without room for them,
+    hlofuse's program is kept. It is kept only when two windows keep it
+    (:data:`CLEAR_MARGIN`): one that keeps it is followed by another; a close loss in the
+    first window (within :data:`CLEAR_MARGIN`) by a second, and a third when the second keeps
+    it; the first window that rejects it after the first decides. When a window cannot be
+    timed, a clear win of the first is kept, not cached on disk (``timed`` False); anything
+    else runs XLA's own module.
     Returns ``(best, reason, timed, busy)``: ``timed`` when the two were measured (or compile
     to the same program), ``busy`` when other processes used more than :data:`BUSY_SHARE` of
     the CPUs in a window (the decision is then not cached on disk)."""
-    decided = _decided_variant(variants, regions, best, chosen)
     cands = {"default": Variant(), XLA_MODULE: module_v}
     if decided:
         cands["decided"] = decided
     mc = measure(factory(make), args, cands, kwargs=kwargs, budget_s=max(budget_left, 0.0),
-                 rounds=2 * ROUNDS, default_s=m.default_s or None, progress=progress,
+                 rounds=2 * ROUNDS, default_s=default_s or None, progress=progress,
                  min_call_s=min_call_s)
     if XLA_MODULE in mc.duplicates:
         return best, reason + "; XLA's own module compiles to the same program", True, False
@@ -1419,6 +1420,59 @@ def _decide_module_measured(make, args, kwargs, module_v, variants, regions, m, 
     ms = [x[0] for x in wins]
     final = wins[-1][1] if wins[-1][1][0] == XLA_MODULE else kept[0][1]
     return (*_busy_note((final[0], f"{final[1]} ({_windows(wins)})"), *ms), True, _busy(*ms))
+
+
+#: steady-state re-checks (:func:`recheck`): rounds of the screening window; the share of a
+#: signature's time its re-checks may take (the interval between two grows to keep them under
+#: it); the longest interval. The first comes ``HLOFUSE_RECHECK_S`` after the decision, and the
+#: interval doubles each time a re-check keeps what runs.
+RECHECK_ROUNDS = 5
+RECHECK_SHARE = 0.02
+RECHECK_MAX_S = 1800.0
+
+
+def recheck_cost_s(call_s: float) -> float:
+    """About what one screening of :func:`recheck` takes for a program of ``call_s`` seconds
+    per call: two programs, :data:`RECHECK_ROUNDS` rounds of at least 50 ms each (as
+    :func:`measure` times them), their warm-ups and the reference's first timing."""
+    return 2 * RECHECK_ROUNDS * max(call_s, 0.05) + 4 * call_s
+
+
+def recheck(make: Callable, args: Sequence, kwargs: dict | None, running_xla: bool, *,
+            name: str = "fun", budget_s: float | None = None) -> tuple[bool, str]:
+    """A steady-state re-check of a decided signature: is what its calls run still the faster
+    of hlofuse's program and XLA's own module? ``make({})`` is hlofuse's program as decided,
+    ``make(Variant(plain=True))`` XLA's own module (both non-donating); ``running_xla``: the
+    calls run XLA's own module now.
+
+    A screening window of :data:`RECHECK_ROUNDS` interleaved rounds runs first. Only when it
+    contradicts what runs (hlofuse's program slower than XLA's module at the median, or, while
+    XLA's module runs, hlofuse's program faster by :data:`CLEAR_MARGIN`) is the tuning rule
+    applied again, in windows of their own (:func:`_decide_module_measured`: kept only when
+    two windows keep it), and its verdict runs. Returns ``(run XLA's module, why)``. Decisions
+    of re-checks are the process's only: the disk keeps tuning's."""
+    budget_s = budget() if budget_s is None else budget_s
+    cands = {"default": Variant(), XLA_MODULE: Variant(plain=True)}
+    with trace("recheck", function=name):
+        m = measure(factory(make), args, cands, kwargs=kwargs, budget_s=budget_s,
+                    rounds=RECHECK_ROUNDS, min_call_s=0.0)
+        if XLA_MODULE in m.duplicates:
+            return running_xla, "hlofuse's program compiles to XLA's own module"
+        if not m.rounds or XLA_MODULE not in m.ratios:
+            return running_xla, f"not timed ({m.skipped or 'budget'}): what runs is kept"
+        rel = _module_rel(m, 1.0)
+        screen = f"hlofuse's program {rel:.2f}x of XLA's own module's time in {m.rounds} rounds"
+        suspect = rel <= 1.0 - CLEAR_MARGIN if running_xla else rel > 1.0
+        if not suspect:
+            return running_xla, f"{screen}: what runs is kept"
+        best, why, _, _ = _decide_module_measured(
+            make, args, kwargs, Variant(plain=True), Variant(), m.default_s, "default",
+            f"the re-check's screening: {screen}", budget_s, 0.0, lambda msg: None)
+    run_xla = best == XLA_MODULE
+    log.log(logging.INFO if run_xla != running_xla else logging.DEBUG,
+            "autotuning %s: steady-state re-check: %s (%s)", name,
+            "calls run XLA's own module" if run_xla else "calls run hlofuse's program", why)
+    return run_xla, why
 
 
 def _windows(wins: list) -> str:
