@@ -262,3 +262,28 @@ def test_recheck_intervals_keep_its_cost_under_its_share(monkeypatch):
     assert _first_interval(short) == 30.0
     assert _first_interval(long) == pytest.approx(at.recheck_cost_s(2.0) / at.RECHECK_SHARE)
     assert at.recheck_cost_s(2.0) / _first_interval(long) <= at.RECHECK_SHARE + 1e-12
+
+
+def test_rechecks_while_threads_call(cache_dir, due_at_once, clock):
+    """Calls from several threads while re-checks switch what runs: every call right, one
+    re-check at a time (the others' calls run what is decided meanwhile), none hangs."""
+    from tests.test_threads import _run_threads
+    x, w = _args()
+    want = jax.jit(_f)(x, w)
+    f = hlofuse.jit(_f, autotune=True, tiered=False)
+    f(x, w)
+    f(x, w)
+    st = _state(f)
+
+    def calls(i):
+        outs = []
+        for k in range(40):
+            if i == 0 and k % 10 == 0:   # the process's state flips now and then
+                clock["hlofuse"] = 5e-3 if clock["hlofuse"] < 2e-3 else 1e-3
+            outs.append(f(x, w))
+        return outs
+
+    for outs in _run_threads(4, calls):
+        for out in outs:
+            assert_same(out, want, "reassociate")
+    assert st.rechecks >= 2, st.recheck_last
