@@ -19,6 +19,8 @@ import jax.numpy as jnp
 
 import hlofuse
 from hlofuse.core.report import HlofuseWarning
+from hlofuse.frontend.dispatch import Dispatcher
+from hlofuse.frontend.tuning import SignatureState, _first_interval
 from hlofuse.runtime import autotune as at
 from hlofuse.runtime.testing import assert_same
 from tests.fake_clock import clock_by_text, is_xla_module
@@ -255,7 +257,6 @@ def test_a_recheck_that_cannot_compare_keeps_what_runs(monkeypatch, running_xla,
 def test_recheck_intervals_keep_its_cost_under_its_share(monkeypatch):
     """The first re-check of a long program comes late enough for its cost to stay under
     RECHECK_SHARE of the time (a 2 s training step: 5 rounds of two programs, ~20 s)."""
-    from hlofuse.frontend.tuning import _first_interval
     monkeypatch.delenv("HLOFUSE_RECHECK_S", raising=False)
     short = at.Decision("default", {}, {}, default_s=1e-3)
     long = at.Decision("default", {}, {}, default_s=2.0)
@@ -287,3 +288,23 @@ def test_rechecks_while_threads_call(cache_dir, due_at_once, clock):
         for out in outs:
             assert_same(out, want, "reassociate")
     assert st.rechecks >= 2, st.recheck_last
+
+
+@pytest.mark.parametrize("call_s", [1e-3, 10.0])
+def test_recheck_intervals_double_up_to_the_longest(monkeypatch, call_s):
+    """Each re-check that keeps what runs doubles the interval, up to RECHECK_MAX_S, or up to
+    what keeps a long program's re-checks under RECHECK_SHARE (a 10 s step: ~2.9 hours)."""
+    monkeypatch.delenv("HLOFUSE_RECHECK_S", raising=False)
+    monkeypatch.setattr(at, "recheck", lambda *a, **kw: (False, "kept"))
+    monkeypatch.setattr(Dispatcher, "_recheck_exes", lambda self, st: (None, None))
+    d = at.Decision("default", {}, {}, default_s=call_s)
+    st = SignatureState(decision=d, recheck_prog=d, recheck_every=_first_interval(d))
+    disp = Dispatcher.__new__(Dispatcher)   # only _recheck runs: no function behind it
+    disp.name = "f"
+    seen = []
+    for _ in range(12):
+        disp._recheck(st, (), {})
+        seen.append(st.recheck_every)
+    assert seen == sorted(seen) and st.rechecks == 12
+    assert seen[-1] == max(at.RECHECK_MAX_S, _first_interval(d))
+    assert all(at.recheck_cost_s(call_s) / s <= at.RECHECK_SHARE + 1e-12 for s in seen)

@@ -330,7 +330,8 @@ class Tuning:
         st.rechecks += 1
         st.recheck_last = why
         if run_xla == running_xla:   # what runs is kept: the next re-check comes later
-            st.recheck_every = min(2 * st.recheck_every, at.RECHECK_MAX_S)
+            st.recheck_every = min(2 * st.recheck_every,
+                                   max(at.RECHECK_MAX_S, _first_interval(st.recheck_prog)))
         else:
             d = st.recheck_xla if run_xla else st.recheck_prog
             self.decide(st, dataclasses.replace(d, reason=f"steady-state re-check: {why}"),
