@@ -308,3 +308,24 @@ def test_recheck_intervals_double_up_to_the_longest(monkeypatch, call_s):
     assert seen == sorted(seen) and st.rechecks == 12
     assert seen[-1] == max(at.RECHECK_MAX_S, _first_interval(d))
     assert all(at.recheck_cost_s(call_s) / s <= at.RECHECK_SHARE + 1e-12 for s in seen)
+
+
+def test_recheck_of_a_function_with_static_and_keyword_arguments(cache_dir, due_at_once, clock):
+    """The background compile lowers from the call's specs (statics as they are, keywords)."""
+    def g(x, w, *, scale, act):
+        return (jnp.tanh if act == "tanh" else jax.nn.relu)(x @ w * scale).sum(axis=0)
+
+    x, w = _args()
+    f = hlofuse.jit(g, static_argnames="act", autotune=True, tiered=False)
+    f(x, w, scale=2.0, act="tanh")
+    f(x, w, scale=2.0, act="tanh")
+    st = _state(f)
+    clock["hlofuse"] = 5e-3
+    n = st.rechecks
+    f(x, w, scale=2.0, act="tanh")
+    st.recheck_thread.join()
+    assert st.recheck_ready == "ready"
+    out = f(x, w, scale=2.0, act="tanh")
+    assert st.rechecks == n + 1 and st.decision.xla_module, st.recheck_last
+    assert_same(out, jax.jit(g, static_argnames="act")(x, w, scale=2.0, act="tanh"),
+                "reassociate")
