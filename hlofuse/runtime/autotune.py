@@ -818,6 +818,11 @@ class Measurement:
     round_ratios: dict = dataclasses.field(default_factory=dict)  # variant -> per-round ratios
 
 
+def reps_for(call_s: float) -> int:
+    """Calls per timed measurement of :func:`measure`: about 50 ms of them, 1 to 50."""
+    return max(1, min(50, int(0.05 / max(call_s, 1e-6))))
+
+
 def _jit_factory(call: Callable, jit_kwargs: dict | None) -> Callable[[dict], Callable]:
     jit_kwargs = dict(jit_kwargs or {})
     base = jax.jit(call, **jit_kwargs)
@@ -849,7 +854,7 @@ def measure(make: Callable, args: Sequence, variants: dict[str, dict], *,
     t_start = time.perf_counter()
     base = make({})
     t_def = _default_time(base, args, kwargs, default_s)
-    reps = max(1, min(50, int(0.05 / max(t_def, 1e-6))))  # >= ~50 ms per measurement
+    reps = reps_for(t_def)
     min_call_s = MIN_CALL_S if min_call_s is None else min_call_s
     if t_def < min_call_s:
         return Measurement({"default": 1.0}, [], t_def, 0, [],
@@ -1433,9 +1438,10 @@ RECHECK_MAX_S = 1800.0
 
 def recheck_cost_s(call_s: float) -> float:
     """About what one screening of :func:`recheck` takes for a program of ``call_s`` seconds
-    per call: two programs, :data:`RECHECK_ROUNDS` rounds of at least 50 ms each (as
-    :func:`measure` times them), their warm-ups and the reference's first timing."""
-    return 2 * RECHECK_ROUNDS * max(call_s, 0.05) + 4 * call_s
+    per call: two programs, :data:`RECHECK_ROUNDS` rounds of :func:`reps_for` calls each (as
+    :func:`measure` times them: about 50 ms, fewer for a program under 1 ms), their warm-ups
+    and the reference's first timing."""
+    return 2 * RECHECK_ROUNDS * reps_for(call_s) * call_s + 4 * call_s
 
 
 def recheck(make: Callable, args: Sequence, kwargs: dict | None, running_xla: bool, *,
