@@ -395,7 +395,9 @@ class HlofuseFunction:
 
     def autotune_decision(self, *args, **kwargs):
         """The compiler-option decision (:class:`hlofuse.runtime.autotune.Decision`) for these
-        arguments' signature, or None while undecided / when autotuning is off."""
+        arguments' signature, or None while undecided / when autotuning is off. Once a
+        steady-state re-check switched what the calls run, the re-check's decision (its
+        ``reason`` starts with "steady-state re-check")."""
         key = self._call_key(self._wrap_frozen(args), kwargs)
         st = self._tuning.get(key)
         return st.decision if st is not None else None
