@@ -16,6 +16,19 @@ import pytest
 def rng():
     return np.random.default_rng(0)
 
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    """Tuning's decision cache in a fresh directory, tuning's mode from the call (not the
+    suite's HLOFUSE_AUTOTUNE), and no decision in memory from another test. Modules that need
+    more define their own."""
+    from hlofuse.runtime import autotune as at
+    monkeypatch.setenv(at.ENV_CACHE_DIR, str(tmp_path))
+    monkeypatch.delenv(at.ENV_ENABLE, raising=False)
+    at.cache().clear_memory()   # the process-wide cache must not carry decisions between tests
+    yield tmp_path
+    at.cache().clear_memory()
+
 os.environ.setdefault("HLOFUSE_AUTOTUNE", "0")  # no timing-based tuning inside unit tests
 os.environ.setdefault("HLOFUSE_MODULE_CACHE", "0")  # no optimized modules from earlier runs
 # elementwise regions are the suite's smallest kernels (kernelize, verify, jit front end); on cpu

@@ -21,32 +21,14 @@ import jax.numpy as jnp
 import hlofuse
 from hlofuse.runtime import autotune as at
 from hlofuse.runtime.testing import assert_same
+from tests.tuning_util import small_args as _args, small_fn as _f
 
 YNN_OFF = at.VARIANTS["cpu"]["ynn-off"]
-
-
-def _f(x, w):
-    return jnp.tanh(x @ w + 1.0).sum(axis=0)
-
-
-def _args():
-    rng = np.random.default_rng(0)
-    return (jnp.asarray(rng.standard_normal((32, 64)), jnp.float32),
-            jnp.asarray(rng.standard_normal((64, 64)) * 0.1, jnp.float32))
 
 
 def _decision(variant="ynn-off"):
     return at.Decision(variant, dict(at.VARIANTS["cpu"][variant]), {"default": 1.0, variant: 0.5},
                        default_s=0.01, rounds=5, tune_s=0.1, reason="synthetic")
-
-
-@pytest.fixture
-def cache_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv(at.ENV_CACHE_DIR, str(tmp_path))
-    monkeypatch.delenv(at.ENV_ENABLE, raising=False)
-    at.cache().clear_memory()   # the process-wide cache must not carry decisions between tests
-    yield tmp_path
-    at.cache().clear_memory()
 
 
 @pytest.fixture
@@ -357,8 +339,8 @@ def test_tuning_is_logged(cache_dir, monkeypatch, caplog):
         f(x, w)
         f(x, w)
     msgs = [r.getMessage() for r in caplog.records if r.name == "hlofuse"]
-    assert any(m.startswith("autotuning _f: timing XLA defaults against ynn-off") for m in msgs)
-    assert any(m.startswith("autotuning _f: chose ") for m in msgs)
+    assert any(m.startswith("autotuning small_fn: timing XLA defaults against ynn-off") for m in msgs)
+    assert any(m.startswith("autotuning small_fn: chose ") for m in msgs)
 
 
 def test_tuning_is_visible_on_stderr_without_logging_setup(tmp_path):

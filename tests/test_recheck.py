@@ -24,7 +24,7 @@ from hlofuse.frontend.tuning import SignatureState, _first_interval
 from hlofuse.runtime import autotune as at
 from hlofuse.runtime.testing import assert_same
 from tests.fake_clock import clock_by_text, is_xla_module
-from tests.test_autotune import _args, _f, cache_dir  # noqa: F401 - cache_dir: a fixture
+from tests.tuning_util import run_threads, small_args as _args, small_fn as _f
 
 
 @pytest.fixture
@@ -268,7 +268,6 @@ def test_recheck_intervals_keep_its_cost_under_its_share(monkeypatch):
 def test_rechecks_while_threads_call(cache_dir, due_at_once, clock):
     """Calls from several threads while re-checks switch what runs: every call right, one
     re-check at a time (the others' calls run what is decided meanwhile), none hangs."""
-    from tests.test_threads import _run_threads
     x, w = _args()
     want = jax.jit(_f)(x, w)
     f = hlofuse.jit(_f, autotune=True, tiered=False)
@@ -284,7 +283,7 @@ def test_rechecks_while_threads_call(cache_dir, due_at_once, clock):
             outs.append(f(x, w))
         return outs
 
-    for outs in _run_threads(4, calls):
+    for outs in run_threads(4, calls):
         for out in outs:
             assert_same(out, want, "reassociate")
     assert st.rechecks >= 2, st.recheck_last

@@ -1,6 +1,5 @@
 """hlofuse.jit called from several threads at once: one compilation per signature, right results."""
 
-import threading
 
 import numpy as np
 
@@ -9,6 +8,7 @@ import jax.numpy as jnp
 
 import hlofuse
 from hlofuse.runtime.testing import assert_same
+from tests.tuning_util import run_threads as _run_threads
 
 
 def model(x, b):
@@ -17,27 +17,6 @@ def model(x, b):
 
 def other(x):
     return jnp.exp(-x * x) + x * 0.5
-
-
-def _run_threads(n, target):
-    barrier = threading.Barrier(n)
-    results, errors = [None] * n, []
-
-    def worker(i):
-        try:
-            barrier.wait(timeout=60)  # all first calls start together
-            results[i] = target(i)
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(repr(e))
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
-    assert not any(t.is_alive() for t in threads), "a thread hung"
-    assert not errors, errors
-    return results
 
 
 def test_concurrent_first_calls_compile_once_per_signature():
