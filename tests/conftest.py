@@ -29,6 +29,7 @@ def cache_dir(tmp_path, monkeypatch):
     yield tmp_path
     at.cache().clear_memory()
 
+
 os.environ.setdefault("HLOFUSE_AUTOTUNE", "0")  # no timing-based tuning inside unit tests
 os.environ.setdefault("HLOFUSE_MODULE_CACHE", "0")  # no optimized modules from earlier runs
 # elementwise regions are the suite's smallest kernels (kernelize, verify, jit front end); on cpu

@@ -1,6 +1,5 @@
 """hlofuse.jit called from several threads at once: one compilation per signature, right results."""
 
-
 import numpy as np
 
 import jax
