@@ -339,7 +339,8 @@ def test_tuning_is_logged(cache_dir, monkeypatch, caplog):
         f(x, w)
         f(x, w)
     msgs = [r.getMessage() for r in caplog.records if r.name == "hlofuse"]
-    assert any(m.startswith("autotuning small_fn: timing XLA defaults against ynn-off") for m in msgs)
+    assert any(m.startswith("autotuning small_fn: timing XLA defaults against ynn-off")
+               for m in msgs)
     assert any(m.startswith("autotuning small_fn: chose ") for m in msgs)
 
 

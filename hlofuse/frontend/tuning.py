@@ -92,13 +92,12 @@ class SignatureState:
     memory: str | None = None
     plain_over_limit: bool = False
     # steady-state re-checks (Tuning.recheck_call): when the next is due (perf_counter
-    # seconds), the interval now, the two decisions they choose between (hlofuse's program,
-    # XLA's own module), their executables' background compile (None, "compiling", "ready"),
-    # how many ran and what the last one found
+    # seconds), the interval now, the decision that runs hlofuse's program (the other runs
+    # XLA's own module), the two executables' background compile (None, "compiling", "ready",
+    # "failed"), how many ran and what the last one found
     recheck_at: float = math.inf
     recheck_every: float = 0.0
     recheck_prog: Any = None
-    recheck_xla: Any = None
     recheck_ready: str | None = None
     recheck_thread: Any = None
     rechecks: int = 0
@@ -230,20 +229,26 @@ class Tuning:
         if d.xla_module and st.plain_over_limit:
             d = dataclasses.replace(d, variant="default", reason=(
                 f"{d.reason}; not XLA's own module: {st.memory}"))
-        if d.xla_module:   # hlofuse's program was not measurably faster than jax.jit's
-            st.fn = self.variant({}, donate=True, plain=True)
-        else:
-            options, settings = at.options_of(d), at.settings_of(d)
-            xla, full = xla_to_apply(st.entry, d)
-            # the default jit object runs XLA's defaults with every kernel (st.fn None); a
-            # decision replacing another (a re-check's) must not keep the other's executable
-            st.fn = (self.variant(options, donate=True, xla=xla, full=full, settings=settings)
-                     if options or xla or full or settings else None)
+        # None: the default jit object (XLA's defaults, every kernel); set on every decision,
+        # so one replacing another (a re-check's) never keeps the other's executable
+        fn = self.exe_of(st, d, donate=True)
+        st.fn = None if fn == self.default else fn
         st.decision = d
         st.cached = cached
         if record and st.entry is not None:
             report_decision(st.entry.report, d, cached)
         self.maybe_fast()
+
+    def exe_of(self, st: SignatureState, d: at.Decision, *, donate: bool) -> Exe:
+        """The executable that runs decision ``d``'s program for signature ``st``: XLA's own
+        module, or hlofuse's with the decision's compiler options, kernel settings and the
+        regions it runs as XLA's code (:func:`~hlofuse.runtime.kernel_choice.xla_to_apply`);
+        ``donate=False``: without the function's donation (to time it)."""
+        if d.xla_module:   # hlofuse's program was not measurably faster than jax.jit's
+            return self.variant({}, donate=donate, plain=True)
+        xla, full = xla_to_apply(st.entry, d)
+        return self.variant(at.options_of(d), donate=donate, xla=xla, full=full,
+                            settings=at.settings_of(d))
 
     # -- steady-state re-checks --------------------------------------------------------------
     def schedule_recheck(self, st: SignatureState) -> None:
@@ -257,15 +262,12 @@ class Tuning:
         one run in four of one script; docs/guide/tuning.md)."""
         every = config.get("HLOFUSE_RECHECK_S")
         d = st.decision
-        if not every or every <= 0 or self.mode() != "on" or self.memory_limit is not None \
+        if every <= 0 or self.mode() != "on" or self.memory_limit is not None \
                 or st.entry is None or d is None:
             return
-        if d.xla_module:   # hlofuse's program as tuning decided it, but for the module rule
-            st.recheck_prog, st.recheck_xla = dataclasses.replace(d, variant="default",
-                                                                  options={}), d
-        else:
-            st.recheck_prog = d
-            st.recheck_xla = dataclasses.replace(d, variant=at.XLA_MODULE, options={})
+        # hlofuse's program as tuning decided it (its regions), also where XLA's module won
+        st.recheck_prog = (dataclasses.replace(d, variant="default", options={})
+                           if d.xla_module else d)
         st.recheck_every, st.recheck_ready = _first_interval(d), None
         st.recheck_at = time.perf_counter() + st.recheck_every
         self.recheck_at = min(self.recheck_at, st.recheck_at)
@@ -301,11 +303,8 @@ class Tuning:
 
     def _recheck_exes(self, st: SignatureState) -> tuple[Exe, Exe]:
         """(hlofuse's program as decided, XLA's own module), both without donation."""
-        d = st.recheck_prog
-        xla, full = xla_to_apply(st.entry, d)
-        return (self.variant(at.options_of(d), donate=False, xla=xla, full=full,
-                             settings=at.settings_of(d)),
-                self.variant({}, donate=False, plain=True))
+        return (self.exe_of(st, st.recheck_prog, donate=False),
+                self.exe_of(st, _xla_module_of(st.recheck_prog), donate=False))
 
     def _recheck_compile(self, st: SignatureState, specs) -> None:
         """Background thread: compile the re-check's two programs (jax's caches keep them for
@@ -333,7 +332,7 @@ class Tuning:
             st.recheck_every = min(2 * st.recheck_every,
                                    max(at.RECHECK_MAX_S, _first_interval(st.recheck_prog)))
         else:
-            d = st.recheck_xla if run_xla else st.recheck_prog
+            d = _xla_module_of(st.recheck_prog) if run_xla else st.recheck_prog
             self.decide(st, dataclasses.replace(d, reason=f"steady-state re-check: {why}"),
                         cached=False, record=False)
             st.recheck_every = _first_interval(d)   # a switch is watched closely again
@@ -377,6 +376,11 @@ class Tuning:
             self.tune(st, None, args, kwargs, min_call_s=0.0,
                       budget_s=at.budget() if budget_s is None else budget_s)
         return st.decision
+
+
+def _xla_module_of(d: at.Decision) -> at.Decision:
+    """The decision to run XLA's own module in place of ``d``'s program (its regions kept)."""
+    return dataclasses.replace(d, variant=at.XLA_MODULE, options={})
 
 
 def _first_interval(d: at.Decision) -> float:
