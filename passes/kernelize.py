@@ -112,18 +112,29 @@ def lower_region(fn_op, kind: str, target: Target, body: str | None = None,
     return result
 
 
-def build_settings(kind: str, target: Target, budget_scale: float) -> tuple:
+def build_settings(kind: str, target: Target, budget_scale: float, rows: str = "auto") -> tuple:
     """What a family's build gets beyond the spec and target, from kernelize's options: the cpu
-    attention loops' step-budget scale (``cpu_attention_budget_scale``) where it is not 1."""
-    if budget_scale != 1 and target.is_cpu and kind in _ATTENTION_KINDS:
-        return (("budget_scale", float(budget_scale)),)
-    return ()
+    attention loops' step-budget scale (``cpu_attention_budget_scale``) where it is not 1, and
+    the forward's whole rows forced on or off (``cpu_attention_rows``) where not "auto"."""
+    if not (target.is_cpu and kind in _ATTENTION_KINDS):
+        return ()
+    out = ()
+    if budget_scale != 1:
+        out += (("budget_scale", float(budget_scale)),)
+    if rows != "auto" and kind in _ATTENTION_FWD_KINDS:
+        out += (("whole_rows", rows == "whole"),)
+    return out
 
 
 #: the reason of a region left to XLA on gpu/tpu because nothing measured its kernel there
 XLA_FUSES = "unmeasured: kept XLA (XLA fuses this)"
 UNMEASURED_POLICIES = ("auto", "xla", "kernel")
 _ATTENTION_KINDS = ("attention", "attention_fwd_lse", "attention_bwd")
+_ATTENTION_FWD_KINDS = ("attention", "attention_fwd_lse")
+#: kernelize's ``cpu_attention_rows``: the cpu attention forward in whole rows where it can
+#: ("auto": where this release's XLA:CPU fuses them, kernels/attention/blocks.py:
+#: CPU_ROW_BUDGET), always where it can ("whole"), or never ("blocks": key blocks)
+CPU_ATTENTION_ROWS = ("auto", "whole", "blocks")
 
 
 #: tpu: flash attention kernels run unmeasured only from this many keys. Compiled for TPU v5e
@@ -283,11 +294,17 @@ class Kernelize(Pass):
         # from the host's L2) times this; autotune measures 2 against 1 where the two block
         # sizes ran close (hlofuse.runtime.autotune.KERNEL_VARIANTS)
         cpu_attention_budget_scale: float = 1.0
+        # cpu attention forward: whole rows or key blocks (CPU_ATTENTION_ROWS); autotune
+        # measures "blocks" where "auto" chose whole rows (KERNEL_VARIANTS: attn-key-blocks)
+        cpu_attention_rows: str = "auto"
 
         def __post_init__(self):
             if self.unmeasured not in UNMEASURED_POLICIES:
                 raise ValueError(f"unmeasured={self.unmeasured!r}: expected one of "
                                  f"{', '.join(UNMEASURED_POLICIES)}")
+            if self.cpu_attention_rows not in CPU_ATTENTION_ROWS:
+                raise ValueError(f"cpu_attention_rows={self.cpu_attention_rows!r}: expected one "
+                                 f"of {', '.join(CPU_ATTENTION_ROWS)}")
             if not 1 / 16 <= self.cpu_attention_budget_scale <= 16:
                 raise ValueError(f"cpu_attention_budget_scale={self.cpu_attention_budget_scale!r}"
                                  f": expected a factor from 1/16 to 16")
@@ -359,11 +376,13 @@ class Kernelize(Pass):
                         local_mod = per_shard[0]
                         text, kname, blocks = lower_region(
                             hir.funcs(local_mod)[0], kind, ctx.target, None, build_settings(
-                                kind, ctx.target, self.options.cpu_attention_budget_scale))
+                                kind, ctx.target, self.options.cpu_attention_budget_scale,
+                                self.options.cpu_attention_rows))
                     else:
                         text, kname, blocks = lower_region(
                             fn_op, kind, ctx.target, body, build_settings(
-                                kind, ctx.target, self.options.cpu_attention_budget_scale))
+                                kind, ctx.target, self.options.cpu_attention_budget_scale,
+                                self.options.cpu_attention_rows))
                     # cached per body: renamed for this region before it is parsed
                     text, kname = _renamed(text, kname,
                                            kernel_name(kind, fn_op, rid, kname, names))

@@ -425,3 +425,19 @@ def test_embedded_constants():
     with compat.embedded_constants():
         inside = jax.jit(f).lower(spec).as_text()
     assert "jax.const = true" not in inside and "stablehlo.constant dense<" in inside
+
+
+@entry("cpu_attention_rows")
+def test_cpu_attention_rows():
+    fused = compat.cpu_fuses_attention_rows()
+    assert fused in on(False, True) or "ynn_fusion_type" in os.environ.get("XLA_FLAGS", "")
+    # the default forward plan follows it: whole rows (bk = Sk) only where XLA fuses them
+    q = jnp.ones((1, 4096, 8, 64), jnp.float32) * 0.01
+
+    def attn(q, k, v):
+        s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / 8.0
+        return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, axis=-1), v)
+    f = hlofuse.jit(attn, autotune=False)
+    blocks_ = [r.block for r in f.report(q, q, q).regions if "attention" in r.kind]
+    want = "cpu row loops bq=512 bk=4096" if fused else "cpu loops bq="
+    assert len(blocks_) == 1 and blocks_[0].startswith(want), blocks_

@@ -40,6 +40,7 @@ private has no public form in at least one supported release.
 | loop_bodies | ``scan``/``fori_loop`` bodies in the exported module | outlined as ``func.func private @closed_call`` | inlined in the ``stablehlo.while`` region | n/a |
 | serialization | ``Exported.serialize`` version (persistent caches, ``.exported`` files) | 11 | 12 (records the JAX version); 13 from 0.12.1 | ``jax.export`` (both) |
 | embedded_constants | kernels' modules self-contained: closed-over constants as ``stablehlo.constant`` (``use_simplified_jaxpr_constants`` off while a kernel lowers) | off (constants embedded) | on by default from 0.12.1: constants over 1 KiB become ``{jax.const = true}`` arguments of ``main``; ``jax.checkpoint`` keeps ``custom_jvp_call`` whole and writes ``reduce_precision`` at its boundaries | none |
+| cpu_attention_rows | whether the cpu attention forward runs whole rows (``kernels/attention/blocks.py``): XLA:CPU compiles a softmax row chunk (dot, row max, exp, row sum, dot) as one YNNPACK library fusion, and that fusion is fast | one fusion, but whole rows ran 0.75 of ``jax.jit`` against 0.32 in key blocks (measured): no | one fusion, whole rows 0.34 against 0.43 (0.12.1, measured); 0.11 not measured: no | a compile's text (``jax.jit(...).lower(...).compile().as_text()``) and the jaxlib version |
 
 Everything else hlofuse calls is public and unchanged across the range (``jax.export``,
 ``jax.extend.mlir``, ``jax.extend.backend``, the Pallas front ends, jaxlib's MLIR bindings).
@@ -96,6 +97,8 @@ __all__ = [
     "install_export_backend_guard", "pallas", "GPU_TPU_INTERPRET_MODULES", "DeviceList", "backends_are_initialized", "cuda_path",
     # rgv3_meshes / loop_bodies / serialization / embedded_constants
     "HAS_RGV3", "outlines_loop_bodies", "serialization_version", "embedded_constants",
+    # cpu_attention_rows
+    "cpu_fuses_attention_rows",
 ]
 
 
@@ -120,7 +123,7 @@ ENTRIES: tuple[str, ...] = (
     "abstract_mesh_auto", "gpu_abstract_device", "triton_deprecation", "mosaic_gpu_env",
     "compilation_cache", "python_dispatch", "export_backend_init", "pallas_internals",
     "xla_client", "rgv3_meshes",
-    "loop_bodies", "serialization", "embedded_constants",
+    "loop_bodies", "serialization", "embedded_constants", "cpu_attention_rows",
 )
 
 # -- jaxpr_types ----------------------------------------------------------------------------
@@ -450,3 +453,30 @@ def serialization_version() -> int:
     """The version ``Exported.serialize`` writes (11 on 0.10.2, 12 on 0.12.0, 13 on 0.12.1)."""
     from jax._src.export import serialization
     return int(serialization._SERIALIZATION_VERSION)
+
+
+@functools.cache
+def cpu_fuses_attention_rows() -> bool:
+    """Whether the cpu attention forward should run whole rows: jaxlib 0.12 or later (measured
+    fast on 0.12.1; on 0.10.2 the same single fusion ran 2.3x slower than key blocks, and 0.11
+    could not be measured here) and XLA:CPU compiles a whole-row chunk, ``softmax(q·Kᵀ)·V``
+    over 512 rows of 8 heads and 1024 keys, as ONE library fusion (``kind=kCustom``), read
+    from a compile on the cpu backend (``XLA_FLAGS`` may turn YNNPACK's fusions off). False
+    when no cpu backend compiles it: key blocks need no such fusion."""
+    if JAXLIB_VERSION < (0, 12):
+        return False
+    import jax.numpy as jnp
+    from jax import lax
+
+    def chunk(q, kt, v):
+        s = lax.dot_general(q, kt, (((2,), (1,)), ((0,), (0,))))
+        p = jnp.exp(s - jnp.max(s, axis=-1, keepdims=True))
+        return lax.dot_general(p, v, (((2,), (1,)), ((0,), (0,)))) / jnp.sum(p, -1)[..., None]
+    try:
+        shapes = [jax.ShapeDtypeStruct(s, jnp.float32)
+                  for s in ((8, 512, 64), (8, 64, 1024), (8, 1024, 64))]
+        with jax.default_device(jax.devices("cpu")[0]):
+            text = jax.jit(chunk).lower(*shapes).compile().as_text()
+    except Exception:  # noqa: BLE001 - no cpu backend here: the key blocks need nothing
+        return False
+    return text.count("kind=kCustom") == 1

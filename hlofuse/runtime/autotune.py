@@ -138,12 +138,16 @@ VARIANTS: dict[str, dict[str, dict]] = {
 #: on a 2-core Zen 4, 1 MiB L2, the host's 1M-element blocks and 2M ran within 1% of each
 #: other, 4M 9-17% slower; on the 2 MiB-L2 Xeon, 2M beat 1M by 11% and 4M ran within 2% of 2M).
 #: Only tried when the module has a cpu attention kernel with loops (:data:`VARIANT_NEEDS`).
+#: ``attn-key-blocks``: the cpu attention forward in key blocks where it runs whole rows
+#: (kernels/attention/blocks.py: CPU_ROW_BUDGET; whole rows won by 20% on the 2-core Zen 4
+#: with jax 0.12.1, and lost by 2.3x on jax 0.10.2, so the host and release decide).
 KERNEL_VARIANTS: dict[str, dict[str, tuple]] = {
     "cpu": {
         "attn-budget-x2": (("kernelize", "cpu_attention_budget_scale", 2.0),),
+        "attn-key-blocks": (("kernelize", "cpu_attention_rows", "blocks"),),
     },
 }
-VARIANTS_VERSION = 5  # bump when VARIANTS, KERNEL_VARIANTS or the decision rule changes
+VARIANTS_VERSION = 6  # bump when VARIANTS, KERNEL_VARIANTS or the decision rule changes
 
 #: the variant "XLA's own module": the traced function compiled by plain ``jax.jit``, none of
 #: hlofuse's rewrites. hlofuse's program (its best options and region choices) is kept only
@@ -175,6 +179,7 @@ VARIANT_NEEDS: dict[str, tuple[str, ...]] = {
     "ynn-individual-conv": ("stablehlo.convolution",),
     # the kernel's info attribute (passes/kernel_table.py) names its blocks: "cpu loops ..."
     "attn-budget-x2": ("|cpu loops ",),
+    "attn-key-blocks": ("|cpu row loops ",),
 }
 
 

@@ -429,11 +429,13 @@ def _optimization_key(opts: Options, target: Target, name: str, donated, learned
         "options": pass_options, "check": opts.check, "donated": list(donated), "name": name,
         "learned": dataclasses.asdict(learned) if learned is not None else None,
         # the environment's settings that change a program (hlofuse.core.config), the cpu
-        # attention split and step budgets as in effect (a harness may set them in the
-        # kernels' modules; the host's L2 they derive from is in the key through hostcpu)
+        # attention split, step budgets and whole rows as in effect (a harness may set them in
+        # the kernels' modules; the host's L2 they derive from is in the key through hostcpu,
+        # whole rows from the release and XLA_FLAGS: read once per process)
         "settings": dict(config.program_key(),
                          HLOFUSE_CPU_ATTENTION_PARTS=attention_cpu.cpu_parts()),
-        "cpu_attention_budgets": list(attention_blocks.cpu_budgets())}
+        "cpu_attention_budgets": list(attention_blocks.cpu_budgets()),
+        "cpu_attention_whole_rows": attention_blocks.cpu_whole_rows() if target.is_cpu else None}
 
 
 def _context_text() -> str:

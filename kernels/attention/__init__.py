@@ -26,6 +26,9 @@ from hlofuse.kernels.attention.blocks import (CPU_MAX_BLOCK_K as CPU_MAX_BLOCK_K
                                               CPU_FWD_MIN_BLOCK_Q as CPU_FWD_MIN_BLOCK_Q,
                                               AttentionBlocks as AttentionBlocks,
                                               cpu_budgets as cpu_budgets,
+                                              cpu_fwd_plan as cpu_fwd_plan,
+                                              CPU_ROW_BUDGET as CPU_ROW_BUDGET,
+                                              CPU_ROW_MIN_BLOCK_Q as CPU_ROW_MIN_BLOCK_Q,
                                               cpu_plan as cpu_plan, gpu_blocks as gpu_blocks,
                                               tpu_blocks as tpu_blocks)
 from hlofuse.kernels.attention.cpu import build_cpu as build_cpu
@@ -47,14 +50,16 @@ from hlofuse.core.target import Target
 
 def build_attention(spec: AttentionSpec, target: Target | str, *, interpret=None,
                     blocks: AttentionBlocks | None = None, name: str | None = None,
-                    budget_scale: float = 1.0):
+                    budget_scale: float = 1.0, whole_rows: bool | None = None):
     """The region as a JAX function ``f(*inputs) -> (output,)``.
 
     cpu: the loop implementation (:func:`build_cpu`), or for short sequences without given
     ``blocks`` the loop-free one (:func:`build_cpu_short`). gpu / tpu: the Pallas kernel for that
     target; with ``interpret=True`` (gpu) or a ``pltpu.InterpretParams`` (tpu) it runs on CPU
     in Pallas interpret mode for verification. ``budget_scale``: cpu loops' step budget
-    times this (the short path and gpu/tpu blocks do not depend on it).
+    times this (the short path and gpu/tpu blocks do not depend on it); ``whole_rows``: the
+    cpu loops' forward in whole rows or not (default: where this release fuses them,
+    :func:`~hlofuse.kernels.attention.blocks.cpu_fwd_plan`).
     """
     target = Target.of(target)
     if target.is_cpu:
@@ -62,7 +67,7 @@ def build_attention(spec: AttentionSpec, target: Target | str, *, interpret=None
             raise ValueError("the cpu attention path is plain JAX; interpret the gpu/tpu kernels")
         if blocks is None and short_fits(spec):
             return build_cpu_short(spec)   # short sequences: no loops (kernels/attention/short.py)
-        return build_cpu(spec, blocks, budget_scale=budget_scale)
+        return build_cpu(spec, blocks, budget_scale=budget_scale, whole_rows=whole_rows)
     if target.is_gpu:
         return build_gpu(spec, blocks, interpret=interpret, name=name)
     if target.is_tpu:

@@ -189,7 +189,7 @@ def _pallas_target_check(spec, target):
 
 
 def build_fwd_lse(fs: FwdLseSpec, target, *, interpret=None, blocks=None, name=None,
-                  budget_scale: float = 1.0):
+                  budget_scale: float = 1.0, whole_rows: bool | None = None):
     target = Target.of(target)
     if not target.is_cpu:
         from hlofuse.kernels.attention.pallas_bwd import pallas_stats
@@ -208,7 +208,8 @@ def build_fwd_lse(fs: FwdLseSpec, target, *, interpret=None, blocks=None, name=N
         pfn.kernel_name = name
         pfn.blocks = kern.blocks
         return pfn
-    inner = build_cpu(fs.fwd, blocks, with_lse=True, budget_scale=budget_scale)
+    inner = build_cpu(fs.fwd, blocks, with_lse=True, budget_scale=budget_scale,
+                      whole_rows=whole_rows)
 
     def fn(*inputs):
         o, lse_c = inner.unscoped(*inputs)   # under this kernel's name, not the forward's

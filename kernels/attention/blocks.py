@@ -6,13 +6,14 @@ import dataclasses
 
 import numpy as np
 
-from hlofuse.core import hostcpu
+from hlofuse.core import compat, hostcpu
 from hlofuse.core.target import Target
 from hlofuse.kernels.attention.skip import skip_info
 from hlofuse.kernels.attention.spec import AttentionSpec
 from hlofuse.kernels.tiling import Tile, check_block, next_pow2
 
-__all__ = ["AttentionBlocks", "cpu_plan", "cpu_bwd_plan", "gpu_blocks", "tpu_blocks",
+__all__ = ["AttentionBlocks", "cpu_plan", "cpu_fwd_plan", "cpu_whole_rows", "cpu_bwd_plan", "CPU_ROW_BUDGET",
+           "CPU_ROW_MIN_BLOCK_Q", "gpu_blocks", "tpu_blocks",
            "CPU_STEP_BUDGET", "CPU_FWD_STEP_BUDGET", "CPU_FWD_MIN_BLOCK_Q", "CPU_MAX_BLOCK_K", "CPU_SKIP_BLOCK",
            "CPU_BWD_STEP_BUDGET", "CPU_BWD_MAX_BLOCK_K", "CPU_BWD_MIN_BLOCK_Q", "CPU_REF_L2", "CPU_BUDGETS", "cpu_budgets"]
 
@@ -90,6 +91,27 @@ CPU_BWD_MIN_BLOCK_Q = 256
 # 32 MiB L3; `python -m bench.attention_parts --budgets 512K,1M,2M,4M`, 9 interleaved rounds):
 # forward 1M (the scaled budget) and 2M within 1% of each other, 4M 9-17% slower.
 CPU_REF_L2 = 2 << 20
+# Whole rows (the forward): with one key block per query chunk (bk = Sk) the chunk is
+# softmax(q·Kᵀ)·V with no carry between key blocks, which XLA:CPU (jax 0.12, YNNPACK library
+# fusions) compiles into ONE library fusion, dot, row max, exp, row sum and the second dot
+# (kernels/attention/online_softmax.py: online_only); the compiled temporaries stay small
+# (26 MiB at B=1 H=8 S=4096, 512-row chunks; jax.jit 1 GiB). Measured on the 2-core AMD EPYC
+# (Zen 4), jax 0.12.1, the kernel built each way in one process, interleaved with jax.jit,
+# median of per-round ratios (8-10 rounds, load ~1.1): B=1 H=8 d=64 S=4096 0.339-0.346 of
+# jax.jit's time against 0.42-0.47 with the host's 256x512 blocks; S=2048 0.346 (1024-row
+# chunks) against 0.43. Chunks of 256 rows at S=4096 (an 8M-element step) ran 0.46-0.48: XLA
+# split that chunk into four fusions (the exp written out between them), so whole rows need at
+# least CPU_ROW_MIN_BLOCK_Q rows within CPU_ROW_BUDGET elements (64 MiB of f32 were the step
+# written out), else the key blocks above. On jax 0.10.2 (no such fusion) whole rows ran 0.75
+# against 0.32 with key blocks: whole rows are the default only where
+# ``compat.cpu_fuses_attention_rows()``, and autotune measures key blocks against them
+# (hlofuse.runtime.autotune.KERNEL_VARIANTS, ``attn-key-blocks``).
+CPU_ROW_BUDGET = 16 * 1024 * 1024
+CPU_ROW_MIN_BLOCK_Q = 512
+#: whole rows in the forward where they fit: None from the release
+#: (:func:`cpu_whole_rows`), or forced either way (an A/B harness)
+CPU_WHOLE_ROWS: bool | None = None
+
 #: ``(forward, backward)`` step budgets in effect when set (an A/B harness:
 #: ``python -m bench.attention_parts --budgets``); None: from the host (:func:`cpu_budgets`)
 CPU_BUDGETS: tuple | None = None
@@ -165,10 +187,7 @@ def cpu_plan(spec: AttentionSpec, *, budget: int | None = None,
     budget = CPU_STEP_BUDGET if budget is None else budget
     max_block_k = CPU_MAX_BLOCK_K if max_block_k is None else max_block_k
     sq, sk = spec.seq_q, spec.seq_k
-    per_row = spec.n_batch * spec.n_group
-    if parts > 1:
-        n = max(spec.sizes[b] for b in spec.batch)
-        per_row = per_row // n * -(-n // min(parts, n))
+    per_row = _rows_per_step(spec, parts)
     bk = sk if sk <= max_block_k else max_block_k
     skip = skip_info(spec) is not None and sk > CPU_SKIP_BLOCK
     if skip:
@@ -181,6 +200,46 @@ def cpu_plan(spec: AttentionSpec, *, budget: int | None = None,
     elif bq >= 8:
         bq = 1 << (bq.bit_length() - 1)   # a power of two: chunks align with key blocks
     return AttentionBlocks("cpu", bq, bk)
+
+
+def cpu_whole_rows() -> bool:
+    """Whether the forward runs whole rows by default: :data:`CPU_WHOLE_ROWS` when set, else
+    where this release's XLA:CPU compiles them well (``compat.cpu_fuses_attention_rows``).
+    Part of both module-cache keys."""
+    if CPU_WHOLE_ROWS is not None:
+        return CPU_WHOLE_ROWS
+    return compat.cpu_fuses_attention_rows()
+
+
+def cpu_fwd_plan(spec: AttentionSpec, *, parts: int = 1, scale: float = 1.0,
+                 whole_rows: bool | None = None) -> AttentionBlocks:
+    """The forward's blocks: whole rows (``bk = Sk``, see :data:`CPU_ROW_BUDGET`) when
+    ``whole_rows`` (default :func:`cpu_whole_rows`),
+    no position mask skips blocks, and at least :data:`CPU_ROW_MIN_BLOCK_Q` rows (or all of
+    ``Sq``) fit in :data:`CPU_ROW_BUDGET` elements; else :func:`cpu_plan` with the forward's
+    step budget (:func:`cpu_budgets` times ``scale``)."""
+    if whole_rows is None:
+        whole_rows = cpu_whole_rows()
+    sq, sk = spec.seq_q, spec.seq_k
+    if whole_rows and sk > CPU_MAX_BLOCK_K and not (skip_info(spec) is not None
+                                                     and sk > CPU_SKIP_BLOCK):
+        per_row = _rows_per_step(spec, parts)
+        bq = CPU_ROW_BUDGET // (per_row * sk)
+        if bq >= min(sq, CPU_ROW_MIN_BLOCK_Q):
+            bq = sq if bq >= sq else 1 << (bq.bit_length() - 1)
+            return AttentionBlocks("cpu", bq, sk)
+    return cpu_plan(spec, budget=cpu_budgets(scale=scale)[0], parts=parts,
+                    min_block_q=CPU_FWD_MIN_BLOCK_Q)
+
+
+def _rows_per_step(spec: AttentionSpec, parts: int) -> int:
+    """Rows of the step block per query position: the batch and group sizes (of the largest
+    part when the loops are split into ``parts``)."""
+    per_row = spec.n_batch * spec.n_group
+    if parts > 1:
+        n = max(spec.sizes[b] for b in spec.batch)
+        per_row = per_row // n * -(-n // min(parts, n))
+    return per_row
 
 
 def cpu_bwd_plan(spec: AttentionSpec, *, parts: int = 1, scale: float = 1.0) -> AttentionBlocks:

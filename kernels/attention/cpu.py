@@ -30,11 +30,11 @@ import jax.numpy as jnp
 from jax import lax
 
 from hlofuse.core import ir as hir
-from hlofuse.kernels.attention.blocks import (CPU_FWD_MIN_BLOCK_Q, AttentionBlocks, cpu_budgets,
-                                              cpu_plan)
+from hlofuse.kernels.attention.blocks import CPU_MAX_BLOCK_K, AttentionBlocks, cpu_fwd_plan
 from hlofuse.kernels.attention.layout import canonical_inputs, output, pad_axis, pad_to
 from hlofuse.kernels.attention.logits import F32, eval_logits, prescale
-from hlofuse.kernels.attention.online_softmax import online_finish, online_init, online_update
+from hlofuse.kernels.attention.online_softmax import (online_finish, online_init, online_only,
+                                                      online_update)
 from hlofuse.kernels.attention.skip import skip_table_cached
 from hlofuse.kernels.attention.spec import AttentionSpec
 from hlofuse.kernels.naming import named_kernel
@@ -105,7 +105,8 @@ def lax_precision(p: str):
 
 def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
               fold_scale: bool = True, k_transposed: bool = CPU_K_TRANSPOSED,
-              with_lse: bool = False, parts: int | None = None, budget_scale: float = 1.0):
+              with_lse: bool = False, parts: int | None = None, budget_scale: float = 1.0,
+              whole_rows: bool | None = None):
     """The region as ``f(*inputs) -> (output,)`` made of XLA loops.
 
     ``with_lse``: return ``(output, stats)``, the row statistics ``[m, l]`` (max and sum, f32)
@@ -117,10 +118,12 @@ def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
     is a plain (NN) matmul per block. ``parts``: independent loops
     (default :data:`CPU_PARTS`, see :func:`cpu_split`). ``budget_scale``: the step budget
     times this (:func:`~hlofuse.kernels.attention.blocks.cpu_budgets`; without ``blocks``).
+    ``whole_rows``: one key block per query chunk where it fits, or never (default: where this
+    release fuses it; :func:`~hlofuse.kernels.attention.blocks.cpu_fwd_plan`).
     """
     ax, bounds = cpu_split(spec, parts)
-    blocks = blocks or cpu_plan(spec, budget=cpu_budgets(scale=budget_scale)[0], parts=len(bounds),
-                                min_block_q=CPU_FWD_MIN_BLOCK_Q)
+    blocks = blocks or cpu_fwd_plan(spec, parts=len(bounds), scale=budget_scale,
+                                    whole_rows=whole_rows)
     pre = prescale(spec) if fold_scale else None
     bq, bk = blocks.bq, blocks.bk
     sq, sk = spec.seq_q, spec.seq_k
@@ -163,7 +166,7 @@ def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
             sc = [lax.dynamic_slice_in_dim(s, c * bq, bq, axis=sq_ax) if nq > 1 and s.shape[sq_ax] > 1
                   else s for s in sides]
 
-            def body(j, carry):
+            def body(j, carry, only=False):
                 k_axis = k.ndim - 1 if k_transposed else nb
                 kb = lax.dynamic_slice_in_dim(k, j * bk, bk, axis=k_axis) if nk > 1 else k
                 vb = lax.dynamic_slice_in_dim(v, j * bk, bk, axis=nb) if nk > 1 else v
@@ -186,6 +189,8 @@ def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
                     return lax.dot_general(p.astype(p_dtype), vb,
                                            (((p.ndim - 1,), (nb,)), (tuple(range(nb)), tuple(range(nb)))),
                                            preferred_element_type=F32, precision=pv_prec)
+                if only:
+                    return online_only(x, pv, m_init=spec.m_init, valid=valid)
                 return online_update(carry, x, pv, m_init=spec.m_init, valid=valid)
 
             init = online_init(acc_shape[:-1], acc_shape, spec.m_init)
@@ -193,7 +198,7 @@ def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
                 lo, hi = jnp.asarray(table[0])[c], jnp.asarray(table[1])[c]
                 m, l, acc = lax.fori_loop(lo, hi, body, init)
             elif nk == 1:
-                m, l, acc = body(0, init)
+                m, l, acc = body(0, None, only=True)
             else:
                 m, l, acc = lax.fori_loop(0, nk, body, init)
             o = online_finish(l, acc).astype(out_dtype)
@@ -207,7 +212,8 @@ def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
             lambda a: a.reshape(a.shape[:sq_ax] + (nq * bq,) + a.shape[sq_ax + 2:]), res)
 
     fn = named_kernel(fn, f"hlofuse_attention_cpu_{spec.digest}")
-    fn.blocks = (f"cpu loops {blocks}" + (f" x{len(bounds)}" if len(bounds) > 1 else "")
+    rows = nk == 1 and sk > CPU_MAX_BLOCK_K       # one key block where key blocks would be
+    fn.blocks = (f"cpu {'row loops' if rows else 'loops'} {blocks}" + (f" x{len(bounds)}" if len(bounds) > 1 else "")
                  + (" +skip" if table is not None else ""))
     return fn
 

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 F32 = jnp.float32
 
-__all__ = ["online_init", "online_update", "online_stats", "online_finish", "logit_grad",
+__all__ = ["online_init", "online_update", "online_only", "online_stats", "online_finish", "logit_grad",
            "OWN_STATS_BOUND", "needs_own_stats"]
 
 
@@ -57,6 +57,28 @@ def online_update(carry, x, pv: Callable, *, m_init: float, valid=None):
     m, l, acc = carry
     m_new, alpha, p, l = _online_step(m, l, x, m_init, valid)
     return m_new, l, _col(alpha, x) * acc + pv(p)
+
+
+def online_only(x, pv: Callable, *, m_init: float, valid=None):
+    """``(m, l, acc)`` (the reduced form) of a row's only key block: :func:`online_update` from
+    :func:`online_init` without the carry (``a·l`` and ``a·acc`` are zero) and without the
+    guard for an all ``-inf`` row (``m* = 0``), which only keeps such a row from poisoning
+    *later* blocks. Here there are none, and the row's output is ``0/0 = NaN`` either way, as
+    ``jax.nn.softmax``'s; its ``l`` is NaN rather than 0.
+
+    Same arithmetic per element as the first step of :func:`online_update`, in a form XLA:CPU
+    (jax 0.12) hands to YNNPACK as *one* library fusion, dot, row max, exp, row sum and the
+    second dot together (``kind=kCustom``, measured): the guard's select split it into four,
+    with the ``[.., rows, Sk]`` logits written out between them.
+    """
+    xf = x.astype(F32)
+    if valid is not None:
+        xf = jnp.where(valid, xf, -jnp.inf)
+    m = jnp.max(xf, axis=-1, keepdims=True)
+    if m_init != -math.inf:
+        m = jnp.maximum(m, jnp.asarray(m_init, F32))
+    p = jnp.exp(xf - m)
+    return m[..., 0], jnp.sum(p, axis=-1), pv(p)
 
 
 def online_stats(carry, x, *, m_init: float, valid=None):

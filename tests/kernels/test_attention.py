@@ -173,11 +173,12 @@ def test_cpu_forward_plans_with_its_own_step_budget():
     fwd = A.cpu_plan(spec, budget=budget)
     assert spec.n_batch * fwd.bq * fwd.bk <= budget
     assert fwd.bk == A.CPU_MAX_BLOCK_K and fwd.bq < 4096       # several chunks and key blocks
-    assert A.build_cpu(spec, parts=1).blocks == f"cpu loops {fwd}"  # the forward uses it
+    # the forward uses it (in key blocks; whole rows: test_cpu_forward_runs_whole_rows)
+    assert A.build_cpu(spec, parts=1, whole_rows=False).blocks == f"cpu loops {fwd}"
     # split over the 8 heads into 2 loops: the budget is per loop (4 heads)
     two = A.cpu_plan(spec, budget=budget, parts=2)
     assert spec.n_batch // 2 * two.bq * two.bk <= budget and two.bq == 2 * fwd.bq
-    assert A.build_cpu(spec, parts=2).blocks == f"cpu loops {two} x2"
+    assert A.build_cpu(spec, parts=2, whole_rows=False).blocks == f"cpu loops {two} x2"
 
 
 @pytest.mark.parametrize("l2,fwd,bwd", [
@@ -193,9 +194,52 @@ def test_cpu_budgets_scale_with_the_hosts_l2(monkeypatch, l2, fwd, bwd):
     assert A.cpu_budgets() == (fwd, bwd)
     spec = _bench_spec(4096)
     plan = A.cpu_plan(spec, budget=fwd, min_block_q=A.CPU_FWD_MIN_BLOCK_Q)
-    assert A.build_cpu(spec, parts=1).blocks == f"cpu loops {plan}"
+    assert A.build_cpu(spec, parts=1, whole_rows=False).blocks == f"cpu loops {plan}"
     monkeypatch.setattr(A.blocks, "CPU_BUDGETS", (123, 45))   # an A/B harness's setting wins
     assert A.cpu_budgets() == (123, 45)
+
+
+def test_cpu_forward_runs_whole_rows():
+    """Where at least CPU_ROW_MIN_BLOCK_Q rows of all keys fit in CPU_ROW_BUDGET and no position
+    mask skips blocks: one key block per query chunk (blocks.py: one library fusion per chunk
+    on jax 0.12, measured 0.34 against 0.43 of jax.jit's time at S=4096)."""
+    spec = _bench_spec(4096)                          # B=1 H=8: 16M / (8 x 4096) = 512 rows
+    rows = A.cpu_fwd_plan(spec, whole_rows=True)
+    assert (rows.bq, rows.bk) == (512, 4096)
+    assert A.build_cpu(spec, parts=1, whole_rows=True).blocks == "cpu row loops bq=512 bk=4096"
+    assert A.cpu_fwd_plan(spec, whole_rows=False).bk == A.CPU_MAX_BLOCK_K
+    assert A.cpu_fwd_plan(_bench_spec(2048), whole_rows=True) == A.AttentionBlocks("cpu", 1024, 2048)
+    # 16M / (8 x 8192) = 256 rows: too few (XLA split such a chunk, measured): key blocks
+    assert A.cpu_fwd_plan(_bench_spec(8192), whole_rows=True).bk == A.CPU_MAX_BLOCK_K
+    causal = _bench_spec(4096, causal=True)         # blocks above the diagonal are skipped
+    assert A.cpu_fwd_plan(causal, whole_rows=True).bk == A.CPU_SKIP_BLOCK
+    # the default follows what this release compiles well
+    from hlofuse.core import compat
+    assert A.cpu_fwd_plan(spec) == A.cpu_fwd_plan(spec, whole_rows=compat.cpu_fuses_attention_rows())
+
+
+def test_whole_rows_keep_fully_masked_rows_nan():
+    """One key block per row (``online_only``, no guard for an all ``-inf`` row): a row an
+    input mask hides entirely is NaN (0/0 before, exp(nan) now), as the original's; the other
+    rows match."""
+    def f(q, k, v, mask):
+        s = jnp.einsum("bhqd,bhkd->bhqk", q, k) * 0.125
+        return jax.nn.softmax(jnp.where(mask, s, -jnp.inf), axis=-1) @ v
+    sq, sk = 24, 600
+    rng = np.random.default_rng(0)
+    args = [jnp.asarray(rng.standard_normal(s), jnp.float32)
+            for s in ((1, 2, sq, 64), (1, 2, sk, 64), (1, 2, sk, 64))]
+    mask = np.ones((1, 1, sq, sk), bool)
+    mask[..., 3, :] = False                             # row 3 sees no key
+    mask[..., 5, 100:] = False
+    spec, text, ins = region_of(f, args + [jnp.asarray(mask)])
+    ins = [jnp.asarray(mask) if x.dtype == jnp.bool_ else x for x in ins]
+    want = run_region(text, ins)
+    out = np.asarray(want[0]).reshape(2, sq, 64)       # [heads, rows, d] in either layout
+    assert np.isnan(out[:, 3]).all() and not np.isnan(np.delete(out, 3, 1)).any()
+    fn = A.build_attention(spec, "cpu", blocks=A.AttentionBlocks("cpu", 8, sk))
+    assert fn.blocks == f"cpu row loops bq=8 bk={sk}"
+    assert_same(jax.jit(fn)(*ins), want, "reassociate")
 
 
 def test_cpu_forward_keeps_query_chunks_long_with_many_heads():

@@ -46,7 +46,7 @@ def test_short_path_keeps_fully_masked_rows_nan():
 def test_long_sequences_keep_the_loops():
     spec = _bench_spec(4096)
     assert not A.short_fits(spec)
-    assert A.build_attention(spec, "cpu").blocks.startswith("cpu loops")
+    assert "loops" in A.build_attention(spec, "cpu").blocks       # key blocks or whole rows
     small = _bench_spec(256)                            # 8 heads x 256 x 256: fits
     assert A.short_fits(small)
     assert A.build_attention(small, "cpu", blocks=A.cpu_plan(small)).blocks.startswith("cpu loops")
