@@ -1,16 +1,19 @@
 """A/B of the cpu attention loops' settings: the split (one independent loop per core, or one
-loop) or the step budgets (the size of one step's logits block).
+loop), the step budgets (the size of one step's logits block), or the forward's whole rows
+against key blocks.
 
     python -m bench.attention_parts                       # attn_s4096, 12 interleaved rounds
     python -m bench.attention_parts --models attn_s2048,bert_s512 --rounds 20
     python -m bench.attention_parts --budgets 512K,1M,2M,4M --models attn_s4096,attn_s2048
     python -m bench.attention_parts --models attn_train_s2048 --budgets 1M/256K,2M/512K
+    python -m bench.attention_parts --rows --models attn_s4096,attn_s2048,attn_train_s2048
 
 Per bench workload (``bench/workloads.py``, or a training step of ``bench/train_cpu.py``),
 ``jax.jit`` and one ``hlofuse.jit`` per setting,
 interleaved in one process. The settings: with ``--budgets`` (``FWD[/BWD]`` element counts, K
 and M suffixes; the backward's default is this host's) one build per budget
-(:data:`hlofuse.kernels.attention.blocks.CPU_BUDGETS`), else the loops split into
+(:data:`hlofuse.kernels.attention.blocks.CPU_BUDGETS`), with ``--rows`` whole rows and key
+blocks (:data:`hlofuse.kernels.attention.blocks.CPU_WHOLE_ROWS`), else the loops split into
 ``--parts`` (default 2) and one loop (:data:`hlofuse.kernels.attention.cpu.CPU_PARTS`). Each
 is set before its build; the module cache and the XLA-option autotune are off and kernelize's
 in-process kernel cache is cleared, so each build is fresh and nothing else differs; the
@@ -37,15 +40,17 @@ def _count(text: str) -> int:
 
 
 def _settings(a) -> list:
-    """``[(label, parts, budgets or None)]`` in build order."""
+    """``[(label, parts, budgets or None, whole rows or None)]`` in build order."""
+    if a.rows:
+        return [("whole rows", 1, None, True), ("key blocks", 1, None, False)]
     if not a.budgets:
-        return [(f"{a.parts} loops", a.parts, None), ("one loop", 1, None)]
+        return [(f"{a.parts} loops", a.parts, None, None), ("one loop", 1, None, None)]
     from hlofuse.kernels.attention import blocks
     host_bwd = blocks.cpu_budgets(blocks.hostcpu.l2_per_core())[1]
     out = []
     for b in a.budgets.split(","):
         fwd, _, bwd = b.partition("/")
-        out.append((f"budget {b}", 1, (_count(fwd), _count(bwd) if bwd else host_bwd)))
+        out.append((f"budget {b}", 1, (_count(fwd), _count(bwd) if bwd else host_bwd), None))
     return out
 
 
@@ -68,6 +73,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--parts", type=int, default=2)
     ap.add_argument("--budgets", default="", help="FWD[/BWD],... step budgets to compare")
+    ap.add_argument("--rows", action="store_true", help="the forward's whole rows / key blocks")
     a = ap.parse_args(argv)
     import jax
     import hlofuse
@@ -84,8 +90,8 @@ def main(argv=None) -> int:
         args = jax.tree.map(jax.device_put, args)
         fns = {"jax": jax.jit(fn)}
         try:
-            for label, parts, budgets in settings:
-                C.CPU_PARTS, B.CPU_BUDGETS = parts, budgets
+            for label, parts, budgets, rows in settings:
+                C.CPU_PARTS, B.CPU_BUDGETS, B.CPU_WHOLE_ROWS = parts, budgets, rows
                 kernelize._CACHE.clear()           # lowered kernels are cached in-process too
                 f = hlofuse.jit(fn, tiered=False, autotune=False)
                 jax.block_until_ready(f(*args))                    # builds with this setting
@@ -94,7 +100,7 @@ def main(argv=None) -> int:
                 print(f"{name}: {label}: attention kernels {blocks}", flush=True)
                 fns[label] = f
         finally:
-            C.CPU_PARTS, B.CPU_BUDGETS = None, None
+            C.CPU_PARTS, B.CPU_BUDGETS, B.CPU_WHOLE_ROWS = None, None, None
         for f in fns.values():
             jax.block_until_ready(f(*args))
         t = {n: [] for n in fns}
@@ -106,7 +112,7 @@ def main(argv=None) -> int:
             return statistics.median(p / q for p, q in zip(t[x], t[y]))
         first = settings[0][0]
         parts = [f"{lb} {med(lb, 'jax'):.3f} ({med(lb, first):.3f} of {first})"
-                 for lb, _, _ in settings]
+                 for lb, *_ in settings]
         print(f"{name}: jax {statistics.median(t['jax']) * 1e3:.1f} ms; ratio to jax.jit: "
               f"{'; '.join(parts)} (load {os.getloadavg()[0]:.1f})", flush=True)
     return 0

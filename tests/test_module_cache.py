@@ -298,6 +298,20 @@ def test_cpu_attention_parts_is_part_of_both_keys(cache_dir, monkeypatch):
     assert parts(key()) == parts(one) + 2
 
 
+def test_cpu_attention_whole_rows_are_part_of_both_keys(monkeypatch):
+    """The forward's whole rows (from the release, or set by an A/B harness) change the kernel:
+    a module cached under one setting never answers another; other targets do not read it."""
+    from hlofuse.runtime import program as runtime
+    from hlofuse.kernels.attention import blocks
+    from hlofuse.core.target import CPU, Target
+    key = lambda t=CPU: runtime._optimization_key(runtime.Options(None), t, "f", (), None, {})
+    assert key()["cpu_attention_whole_rows"] == blocks.cpu_whole_rows()
+    for rows in (True, False):
+        monkeypatch.setattr(blocks, "CPU_WHOLE_ROWS", rows)
+        assert key()["cpu_attention_whole_rows"] is rows
+    assert key(Target.of("gpu"))["cpu_attention_whole_rows"] is None
+
+
 _XLA_CACHE_CHILD = """
 import os, sys
 import numpy as np

@@ -119,9 +119,15 @@ def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
     (default :data:`CPU_PARTS`, see :func:`cpu_split`). ``budget_scale``: the step budget
     times this (:func:`~hlofuse.kernels.attention.blocks.cpu_budgets`; without ``blocks``).
     ``whole_rows``: one key block per query chunk where it fits, or never (default: where this
-    release fuses it; :func:`~hlofuse.kernels.attention.blocks.cpu_fwd_plan`).
+    release fuses it, :func:`~hlofuse.kernels.attention.blocks.cpu_fwd_plan`; never with
+    ``with_lse``).
     """
     ax, bounds = cpu_split(spec, parts)
+    if whole_rows is None and with_lse:
+        # the training forward also returns the row statistics, a second output the library
+        # fusion does not take: measured (bench.attention_parts --rows, attn_train_s2048,
+        # 2-core Zen 4, jax 0.12.1) the whole step ran 1.07x slower with whole rows
+        whole_rows = False
     blocks = blocks or cpu_fwd_plan(spec, parts=len(bounds), scale=budget_scale,
                                     whole_rows=whole_rows)
     pre = prescale(spec) if fold_scale else None

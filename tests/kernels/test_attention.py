@@ -208,6 +208,10 @@ def test_cpu_forward_runs_whole_rows():
     assert (rows.bq, rows.bk) == (512, 4096)
     assert A.build_cpu(spec, parts=1, whole_rows=True).blocks == "cpu row loops bq=512 bk=4096"
     assert A.cpu_fwd_plan(spec, whole_rows=False).bk == A.CPU_MAX_BLOCK_K
+    # the training forward (with the row statistics) keeps key blocks unless told (measured)
+    assert A.build_cpu(spec, parts=1, with_lse=True).blocks.startswith("cpu loops bq=")
+    assert A.build_cpu(spec, parts=1, with_lse=True, whole_rows=True).blocks.startswith(
+        "cpu row loops")
     assert A.cpu_fwd_plan(_bench_spec(2048), whole_rows=True) == A.AttentionBlocks("cpu", 1024, 2048)
     # 16M / (8 x 8192) = 256 rows: too few (XLA split such a chunk, measured): key blocks
     assert A.cpu_fwd_plan(_bench_spec(8192), whole_rows=True).bk == A.CPU_MAX_BLOCK_K
