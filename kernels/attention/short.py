@@ -29,6 +29,7 @@ from hlofuse.kernels.attention.blocks import CPU_SKIP_BLOCK
 from hlofuse.kernels.attention.cpu import block_index, lax_precision
 from hlofuse.kernels.attention.layout import canonical_inputs, output
 from hlofuse.kernels.attention.logits import F32, eval_logits, prescale
+from hlofuse.kernels.attention.online_softmax import online_finish, online_only
 from hlofuse.kernels.attention.skip import skip_info
 from hlofuse.kernels.attention.spec import AttentionSpec
 from hlofuse.kernels.naming import named_kernel
@@ -81,14 +82,11 @@ def build_cpu_short(spec: AttentionSpec):
                             preferred_element_type=F32, precision=qk_prec)
         seed = {pre[1]: s.astype(hir.np_dtype(spec.s_dtype))} if pre is not None else None
         x = jnp.broadcast_to(eval_logits(spec, s, sides, index, seed=seed), s.shape).astype(F32)
-        m = jnp.max(x, axis=-1, keepdims=True)
-        if spec.m_init != -float("inf"):
-            m = jnp.maximum(m, jnp.asarray(spec.m_init, F32))
-        p = jnp.exp(x - m)
-        l = jnp.sum(p, axis=-1, keepdims=True)
-        o = lax.dot_general(p.astype(p_dtype), v, (((p.ndim - 1,), (nb,)), batch_dims),
-                            preferred_element_type=F32, precision=pv_prec)
-        return (output(spec, (o / l).astype(out_dtype)),)
+        def pv(p):
+            return lax.dot_general(p.astype(p_dtype), v, (((p.ndim - 1,), (nb,)), batch_dims),
+                                   preferred_element_type=F32, precision=pv_prec)
+        _, l, o = online_only(x, pv, m_init=spec.m_init)
+        return (output(spec, online_finish(l, o).astype(out_dtype)),)
 
     fn = named_kernel(fn, f"hlofuse_attention_cpu_{spec.digest}")
     fn.blocks = f"cpu whole rows bq={sq} bk={sk} (no loop)"
