@@ -2,8 +2,12 @@
 
 ``lax.map`` over query chunks, ``lax.fori_loop`` over key blocks: only the current logits block
 ``[batch.., rows.., bq, bk]`` is live, never the ``[.., Sq, Sk]`` logits nor whole-array carries.
-Chunk sizes come from :func:`~hlofuse.kernels.attention.blocks.cpu_plan` with the forward's
-step budget for this host (:func:`~hlofuse.kernels.attention.blocks.cpu_budgets`).
+Chunk sizes come from :func:`~hlofuse.kernels.attention.blocks.cpu_fwd_plan`: whole rows (one
+key block per query chunk, no loop over keys,
+:func:`~hlofuse.kernels.attention.online_softmax.online_only`: one YNNPACK library fusion per
+chunk on jax 0.12) where they fit and this release compiles them well, else
+:func:`~hlofuse.kernels.attention.blocks.cpu_plan` with the forward's step budget for this
+host (:func:`~hlofuse.kernels.attention.blocks.cpu_budgets`).
 
 Splitting (opt-in): the loops can be split along a batch axis (heads, batch) into
 :data:`CPU_PARTS` independent loops (:func:`cpu_split`), meant as one per core: XLA's thunk
