@@ -439,5 +439,5 @@ def test_cpu_attention_rows():
         return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, axis=-1), v)
     f = hlofuse.jit(attn, autotune=False)
     blocks_ = [r.block for r in f.report(q, q, q).regions if "attention" in r.kind]
-    want = "cpu row loops bq=512 bk=4096" if fused else "cpu loops bq="
+    want = "cpu row loops bq=1024 bk=4096" if fused else "cpu loops bq="
     assert len(blocks_) == 1 and blocks_[0].startswith(want), blocks_

@@ -95,18 +95,20 @@ CPU_REF_L2 = 2 << 20
 # softmax(q·Kᵀ)·V with no carry between key blocks, which XLA:CPU (jax 0.12, YNNPACK library
 # fusions) compiles into ONE library fusion, dot, row max, exp, row sum and the second dot
 # (kernels/attention/online_softmax.py: online_only); the compiled temporaries stay small
-# (26 MiB at B=1 H=8 S=4096, 512-row chunks; jax.jit 1 GiB). Measured on the 2-core AMD EPYC
-# (Zen 4), jax 0.12.1, the kernel built each way in one process, interleaved with jax.jit,
-# median of per-round ratios (8-10 rounds, load ~1.1): B=1 H=8 d=64 S=4096 0.339-0.346 of
-# jax.jit's time against 0.42-0.47 with the host's 256x512 blocks; S=2048 0.346 (1024-row
-# chunks) against 0.43. Chunks of 256 rows at S=4096 (an 8M-element step) ran 0.46-0.48: XLA
-# split that chunk into four fusions (the exp written out between them), so whole rows need at
-# least CPU_ROW_MIN_BLOCK_Q rows within CPU_ROW_BUDGET elements (64 MiB of f32 were the step
-# written out), else the key blocks above. On jax 0.10.2 (no such fusion) whole rows ran 0.75
-# against 0.32 with key blocks: whole rows are the default only where
+# (26-32 MiB at B=1 H=8 S=4096 with 512- to 2048-row chunks; jax.jit 1 GiB). Measured on the
+# 2-core AMD EPYC (Zen 4), jax 0.12.1, the kernel built each way in one process, interleaved
+# with jax.jit, median of per-round ratios (5-10 rounds, load 1.1-1.6), B=1 H=8 d=64: S=2048
+# 0.33-0.35 of jax.jit's time with 512-, 1024- or 2048-row chunks against 0.43 in the host's
+# 256x512 key blocks; S=4096 0.34-0.40 with 512 or 1024 rows (which one won changed between
+# runs) against 0.42-0.47; S=8192 0.222 with 512 rows against 0.26-0.28 (1024 rows 0.263).
+# Chunks of 256 rows at S=4096 ran 0.46-0.48: XLA split that chunk into four fusions (the exp
+# written out between them), so whole rows need at least CPU_ROW_MIN_BLOCK_Q rows within
+# CPU_ROW_BUDGET elements (128 MiB of f32 were the step written out), else the key blocks
+# above. On jax 0.10.2 (the same single fusion there, but slow) whole rows ran 0.75 against
+# 0.32 in key blocks: whole rows are the default only where
 # ``compat.cpu_fuses_attention_rows()``, and autotune measures key blocks against them
 # (hlofuse.runtime.autotune.KERNEL_VARIANTS, ``attn-key-blocks``).
-CPU_ROW_BUDGET = 16 * 1024 * 1024
+CPU_ROW_BUDGET = 32 * 1024 * 1024
 CPU_ROW_MIN_BLOCK_Q = 512
 #: whole rows in the forward where they fit: None from the release
 #: (:func:`cpu_whole_rows`), or forced either way (an A/B harness)

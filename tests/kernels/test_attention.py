@@ -203,18 +203,19 @@ def test_cpu_forward_runs_whole_rows():
     """Where at least CPU_ROW_MIN_BLOCK_Q rows of all keys fit in CPU_ROW_BUDGET and no position
     mask skips blocks: one key block per query chunk (blocks.py: one library fusion per chunk
     on jax 0.12, measured 0.34 against 0.43 of jax.jit's time at S=4096)."""
-    spec = _bench_spec(4096)                          # B=1 H=8: 16M / (8 x 4096) = 512 rows
+    spec = _bench_spec(4096)                          # B=1 H=8: 32M / (8 x 4096) = 1024 rows
     rows = A.cpu_fwd_plan(spec, whole_rows=True)
-    assert (rows.bq, rows.bk) == (512, 4096)
-    assert A.build_cpu(spec, parts=1, whole_rows=True).blocks == "cpu row loops bq=512 bk=4096"
+    assert (rows.bq, rows.bk) == (1024, 4096)
+    assert A.build_cpu(spec, parts=1, whole_rows=True).blocks == "cpu row loops bq=1024 bk=4096"
     assert A.cpu_fwd_plan(spec, whole_rows=False).bk == A.CPU_MAX_BLOCK_K
     # the training forward (with the row statistics) keeps key blocks unless told (measured)
     assert A.build_cpu(spec, parts=1, with_lse=True).blocks.startswith("cpu loops bq=")
     assert A.build_cpu(spec, parts=1, with_lse=True, whole_rows=True).blocks.startswith(
         "cpu row loops")
-    assert A.cpu_fwd_plan(_bench_spec(2048), whole_rows=True) == A.AttentionBlocks("cpu", 1024, 2048)
-    # 16M / (8 x 8192) = 256 rows: too few (XLA split such a chunk, measured): key blocks
-    assert A.cpu_fwd_plan(_bench_spec(8192), whole_rows=True).bk == A.CPU_MAX_BLOCK_K
+    assert A.cpu_fwd_plan(_bench_spec(2048), whole_rows=True) == A.AttentionBlocks("cpu", 2048, 2048)
+    assert A.cpu_fwd_plan(_bench_spec(8192), whole_rows=True) == A.AttentionBlocks("cpu", 512, 8192)
+    # 32M / (8 x 16384) = 256 rows: too few (XLA split such a chunk, measured): key blocks
+    assert A.cpu_fwd_plan(_bench_spec(16384), whole_rows=True).bk == A.CPU_MAX_BLOCK_K
     causal = _bench_spec(4096, causal=True)         # blocks above the diagonal are skipped
     assert A.cpu_fwd_plan(causal, whole_rows=True).bk == A.CPU_SKIP_BLOCK
     # the default follows what this release compiles well
