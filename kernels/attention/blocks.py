@@ -12,8 +12,8 @@ from hlofuse.kernels.attention.skip import skip_info
 from hlofuse.kernels.attention.spec import AttentionSpec
 from hlofuse.kernels.tiling import Tile, check_block, next_pow2
 
-__all__ = ["AttentionBlocks", "cpu_plan", "cpu_fwd_plan", "cpu_whole_rows", "cpu_bwd_plan", "CPU_ROW_BUDGET",
-           "CPU_ROW_MIN_BLOCK_Q", "gpu_blocks", "tpu_blocks",
+__all__ = ["AttentionBlocks", "cpu_plan", "cpu_fwd_plan", "cpu_whole_rows", "cpu_bwd_plan",
+           "CPU_ROW_BUDGET", "CPU_ROW_MIN_BLOCK_Q", "CPU_WHOLE_ROWS", "gpu_blocks", "tpu_blocks",
            "CPU_STEP_BUDGET", "CPU_FWD_STEP_BUDGET", "CPU_FWD_MIN_BLOCK_Q", "CPU_MAX_BLOCK_K", "CPU_SKIP_BLOCK",
            "CPU_BWD_STEP_BUDGET", "CPU_BWD_MAX_BLOCK_K", "CPU_BWD_MIN_BLOCK_Q", "CPU_REF_L2", "CPU_BUDGETS", "cpu_budgets"]
 
@@ -216,10 +216,10 @@ def cpu_whole_rows() -> bool:
 def cpu_fwd_plan(spec: AttentionSpec, *, parts: int = 1, scale: float = 1.0,
                  whole_rows: bool | None = None) -> AttentionBlocks:
     """The forward's blocks: whole rows (``bk = Sk``, see :data:`CPU_ROW_BUDGET`) when
-    ``whole_rows`` (default :func:`cpu_whole_rows`),
-    no position mask skips blocks, and at least :data:`CPU_ROW_MIN_BLOCK_Q` rows (or all of
-    ``Sq``) fit in :data:`CPU_ROW_BUDGET` elements; else :func:`cpu_plan` with the forward's
-    step budget (:func:`cpu_budgets` times ``scale``)."""
+    ``whole_rows`` (default :func:`cpu_whole_rows`), no position mask skips blocks, and at
+    least :data:`CPU_ROW_MIN_BLOCK_Q` rows (or all of ``Sq``) fit in :data:`CPU_ROW_BUDGET`
+    elements; else :func:`cpu_plan` with the forward's step budget (:func:`cpu_budgets` times
+    ``scale``)."""
     if whole_rows is None:
         whole_rows = cpu_whole_rows()
     sq, sk = spec.seq_q, spec.seq_k
