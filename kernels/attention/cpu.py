@@ -223,7 +223,8 @@ def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
 
     fn = named_kernel(fn, f"hlofuse_attention_cpu_{spec.digest}")
     rows = nk == 1 and sk > CPU_MAX_BLOCK_K       # one key block where key blocks would be
-    fn.blocks = (f"cpu {'row loops' if rows else 'loops'} {blocks}" + (f" x{len(bounds)}" if len(bounds) > 1 else "")
+    fn.blocks = (f"cpu {'row loops' if rows else 'loops'} {blocks}"
+                 + (f" x{len(bounds)}" if len(bounds) > 1 else "")
                  + (" +skip" if table is not None else ""))
     return fn
 

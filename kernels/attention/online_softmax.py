@@ -21,8 +21,8 @@ import jax.numpy as jnp
 
 F32 = jnp.float32
 
-__all__ = ["online_init", "online_update", "online_only", "online_stats", "online_finish", "logit_grad",
-           "OWN_STATS_BOUND", "needs_own_stats"]
+__all__ = ["online_init", "online_update", "online_only", "online_stats", "online_finish",
+           "logit_grad", "OWN_STATS_BOUND", "needs_own_stats"]
 
 
 def _col(stat, x):
