@@ -100,7 +100,8 @@ CPU_REF_L2 = 2 << 20
 # with jax.jit, median of per-round ratios (5-10 rounds, load 1.1-1.6), B=1 H=8 d=64: S=2048
 # 0.33-0.35 of jax.jit's time with 512-, 1024- or 2048-row chunks against 0.43 in the host's
 # 256x512 key blocks; S=4096 0.34-0.40 with 512 or 1024 rows (which one won changed between
-# runs) against 0.42-0.47; S=8192 0.222 with 512 rows against 0.26-0.28 (1024 rows 0.263).
+# runs) against 0.42-0.47; S=8192 0.222 with 512 rows against 0.26-0.28 (1024 rows 0.263);
+# 64 heads (B=4 H=16) at S=1024, 512 rows: 0.461 against 0.678 in 256x512 key blocks.
 # Chunks of 256 rows at S=4096 ran 0.46-0.48: XLA split that chunk into four fusions (the exp
 # written out between them), so whole rows need at least CPU_ROW_MIN_BLOCK_Q rows within
 # CPU_ROW_BUDGET elements (128 MiB of f32 were the step written out), else the key blocks

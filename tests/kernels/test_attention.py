@@ -252,8 +252,10 @@ def test_cpu_forward_keeps_query_chunks_long_with_many_heads():
     keeps them at :data:`CPU_FWD_MIN_BLOCK_Q` rows (measured 0.55x the time, blocks.py)."""
     spec = _bench_spec(1024, b=4, h=16)
     assert A.cpu_budgets()[0] // (spec.n_batch * A.CPU_MAX_BLOCK_K) < A.CPU_FWD_MIN_BLOCK_Q
-    fwd = A.build_cpu(spec, parts=1).blocks
+    fwd = A.build_cpu(spec, parts=1, whole_rows=False).blocks
     assert fwd == f"cpu loops bq={A.CPU_FWD_MIN_BLOCK_Q} bk={A.CPU_MAX_BLOCK_K}", fwd
+    # whole rows: 32M / (64 x 1024) = 512 rows (measured 0.46 of jax.jit against 0.68)
+    assert A.build_cpu(spec, parts=1, whole_rows=True).blocks == "cpu row loops bq=512 bk=1024"
     assert A.cpu_plan(spec).bq < A.CPU_FWD_MIN_BLOCK_Q       # no minimum by default
 
 
