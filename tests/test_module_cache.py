@@ -303,9 +303,17 @@ def test_cpu_attention_whole_rows_are_part_of_both_keys(monkeypatch):
     a module cached under one setting never answers another; other targets do not read it."""
     from hlofuse.runtime import program as runtime
     from hlofuse.kernels.attention import blocks
+    from hlofuse.core import compat
     from hlofuse.core.target import CPU, Target
     key = lambda t=CPU: runtime._optimization_key(runtime.Options(None), t, "f", (), None, {})
-    assert key()["cpu_attention_whole_rows"] == blocks.cpu_whole_rows()
+    # from the release: keyed by what the probe depends on besides the versions (XLA_FLAGS),
+    # without compiling it
+    monkeypatch.setattr(compat, "cpu_fuses_attention_rows",
+                        lambda: pytest.fail("the key compiled the probe"))
+    monkeypatch.setenv("XLA_FLAGS", "")
+    auto = key()["cpu_attention_whole_rows"]
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_experimental_ynn_fusion_type=")
+    assert key()["cpu_attention_whole_rows"] not in (auto, True, False)
     for rows in (True, False):
         monkeypatch.setattr(blocks, "CPU_WHOLE_ROWS", rows)
         assert key()["cpu_attention_whole_rows"] is rows

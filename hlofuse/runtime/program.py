@@ -431,11 +431,12 @@ def _optimization_key(opts: Options, target: Target, name: str, donated, learned
         # the environment's settings that change a program (hlofuse.core.config), the cpu
         # attention split, step budgets and whole rows as in effect (a harness may set them in
         # the kernels' modules; the host's L2 they derive from is in the key through hostcpu,
-        # whole rows from the release and XLA_FLAGS: read once per process)
+        # whole rows from the release and XLA_FLAGS)
         "settings": dict(config.program_key(),
                          HLOFUSE_CPU_ATTENTION_PARTS=attention_cpu.cpu_parts()),
         "cpu_attention_budgets": list(attention_blocks.cpu_budgets()),
-        "cpu_attention_whole_rows": attention_blocks.cpu_whole_rows() if target.is_cpu else None}
+        "cpu_attention_whole_rows": (attention_blocks.cpu_whole_rows_key() if target.is_cpu
+                                     else None)}
 
 
 def _context_text() -> str:

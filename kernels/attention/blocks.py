@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import numpy as np
 
@@ -12,7 +13,8 @@ from hlofuse.kernels.attention.skip import skip_info
 from hlofuse.kernels.attention.spec import AttentionSpec
 from hlofuse.kernels.tiling import Tile, check_block, next_pow2
 
-__all__ = ["AttentionBlocks", "cpu_plan", "cpu_fwd_plan", "cpu_whole_rows", "cpu_bwd_plan",
+__all__ = ["AttentionBlocks", "cpu_plan", "cpu_fwd_plan", "cpu_whole_rows", "cpu_whole_rows_key",
+           "cpu_bwd_plan",
            "CPU_ROW_BUDGET", "CPU_ROW_MIN_BLOCK_Q", "CPU_WHOLE_ROWS", "gpu_blocks", "tpu_blocks",
            "CPU_STEP_BUDGET", "CPU_FWD_STEP_BUDGET", "CPU_FWD_MIN_BLOCK_Q", "CPU_MAX_BLOCK_K", "CPU_SKIP_BLOCK",
            "CPU_BWD_STEP_BUDGET", "CPU_BWD_MAX_BLOCK_K", "CPU_BWD_MIN_BLOCK_Q", "CPU_REF_L2", "CPU_BUDGETS", "cpu_budgets"]
@@ -207,11 +209,21 @@ def cpu_plan(spec: AttentionSpec, *, budget: int | None = None,
 
 def cpu_whole_rows() -> bool:
     """Whether the forward runs whole rows by default: :data:`CPU_WHOLE_ROWS` when set, else
-    where this release's XLA:CPU compiles them well (``compat.cpu_fuses_attention_rows``).
-    Part of both module-cache keys."""
+    where this release's XLA:CPU compiles them well (``compat.cpu_fuses_attention_rows``, a
+    probe compile once per process). Keyed by :func:`cpu_whole_rows_key`."""
     if CPU_WHOLE_ROWS is not None:
         return CPU_WHOLE_ROWS
     return compat.cpu_fuses_attention_rows()
+
+
+def cpu_whole_rows_key():
+    """What :func:`cpu_whole_rows` depends on, for both module-cache keys, without its probe
+    compile (the keys are computed before every cached call): :data:`CPU_WHOLE_ROWS` when set,
+    else ``XLA_FLAGS`` (which may turn XLA:CPU's library fusions off; the jax and jaxlib
+    versions the probe also depends on are in every key)."""
+    if CPU_WHOLE_ROWS is not None:
+        return CPU_WHOLE_ROWS
+    return "auto: XLA_FLAGS=" + os.environ.get("XLA_FLAGS", "")
 
 
 def cpu_fwd_plan(spec: AttentionSpec, *, parts: int = 1, scale: float = 1.0,
