@@ -63,6 +63,9 @@ _LAYOUT = ("stablehlo.reshape", "stablehlo.transpose")
 _FLOATS = ("f32", "bf16", "f16", "f64")
 MAX_BWD_OPS = 400        # a backward set larger than this is not one attention's backward
 RTOL = 1e-3
+#: the backward check's random draws: per draw, integer inputs lie in [0, high); a draw whose
+#: results match several inputs' gradients is tried again (:func:`_check_vjp`)
+CHECK_INT_RANGES = (2, 4, 8, 16)
 # the check runs once per match on tiny arrays: compile it fast, not well
 _FAST_COMPILE = {"xla_llvm_disable_expensive_passes": True}
 
@@ -321,14 +324,16 @@ def _run(ops: list, env: dict, shrink: _Shrink) -> dict:
     return env
 
 
-def _random_input(v, shrink: _Shrink, rng):
+def _random_input(v, shrink: _Shrink, rng, high: int = 2):
+    """A random value for a boundary input at its small shape: floats normal, booleans true
+    with probability 0.8, integers in ``[0, high)``."""
     dt = _dtype(v)
     small = shrink(_shape(v))
     if dt in _FLOATS:
         return rng.standard_normal(small).astype(np.float32)
     if dt == "i1":
         return rng.random(small) < 0.8
-    return rng.integers(0, 2, small).astype(hir.np_dtype(dt))
+    return rng.integers(0, high, small).astype(hir.np_dtype(dt))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -649,8 +654,16 @@ def _compiled(lowered):
 
 
 def _check_vjp(att, boundary, bwd_ops, outputs, do_root, do_chain):
-    """Evaluate forward and backward at small sizes; each output must be one input's gradient.
-    Returns ([(input value, perm)] per output, labels of dO)."""
+    """Evaluate forward and backward at small sizes; each output must be one input's gradient,
+    and only that one's. Returns ([(input value, perm)] per output, labels of dO).
+
+    An output that matches the gradients of two inputs (or one's under two layouts) says
+    nothing about which it is: the random draw was degenerate. A key mask built from an integer
+    input drawn as 0 or 1 masks every key, or all but one, so ``dS = 0`` and dQ and dK are both
+    zero (a backward returning only dK was once taken for dQ's and returned dQ). Such a draw is
+    tried again with other random inputs, the integers from a wider range
+    (:data:`CHECK_INT_RANGES`); if every draw is ambiguous, the match is refused and XLA keeps
+    the backward."""
     values = list(boundary.inputs) + [r for o in att.members + bwd_ops + do_chain for r in o.results]
     values += [do_root]
     products = ()
@@ -658,72 +671,74 @@ def _check_vjp(att, boundary, bwd_ops, outputs, do_root, do_chain):
         sz = att.label_sizes()
         products = [(sz[att.repeat.label], sz[att.repeat.kv], sz[att.repeat.g])]
     shrink = _Shrink(values, products)
-    rng = np.random.default_rng(0)
-    ins = [_random_input(v, shrink, rng) for v in boundary.inputs]
     float_in = [i for i, v in enumerate(boundary.inputs) if _dtype(v) in _FLOATS]
+    other_in = [i for i in range(len(boundary.inputs)) if i not in float_in]
     fwd_consts = {hir.value_key(c.results[0]): _eval_op(c, [], shrink) for c in boundary.constants}
     pv_key = hir.value_key(att.pv.results[0])
     fwd_order = _canonical(att.members, [att.pv])
     bwd_order = _canonical(do_chain + bwd_ops, [hir.defining_op(r) for r in outputs])
 
-    def forward(*xs):
+    def forward(xs, others):
         env = dict(fwd_consts)
-        full = list(ins)
-        for i, x in zip(float_in, xs):
-            full[i] = x
-        for v, x in zip(boundary.inputs, full):
-            env[hir.value_key(v)] = x
+        for i, x in zip(float_in + other_in, list(xs) + list(others)):
+            env[hir.value_key(boundary.inputs[i])] = x
         _run(fwd_order, env, shrink)
         return env[pv_key], env
 
     do_shape = shrink(_shape(do_root))
     o_shape = shrink(_shape(att.pv.results[0]))
     perms = _perms(do_shape, o_shape)
-    do = rng.standard_normal(do_shape).astype(np.float32)
+    if not perms:
+        raise TrainNoMatch("the cotangent does not have the attention output's dims")
 
-    def check(xs, do):
+    def check(xs, others, do):
         # one jitted evaluation: the backward's outputs and the VJP for each cotangent layout
-        o_small, env = forward(*xs)
+        o_small, env = forward(xs, others)
         env = dict(env)
         env[hir.value_key(do_root)] = do
         _run(bwd_order, env, shrink)
-        _, vjp = jax.vjp(lambda *ys: forward(*ys)[0], *xs)
+        _, vjp = jax.vjp(lambda *ys: forward(ys, others)[0], *xs)
         cts = [vjp(jnp.transpose(_squeeze(do), perm).reshape(o_small.shape)) for perm in perms]
         return [env[hir.value_key(r)] for r in outputs], cts
 
-    try:
-        # lowered and compiled explicitly: runs on these arrays even when the pass runs under
-        # a jax trace (no eager ops, which would each compile)
-        xs = [ins[i] for i in float_in]
-        outs, all_cts = _compiled(jax.jit(check).lower(xs, do))(xs, do)
-    except TrainNoMatch:
-        raise
-    except Exception as e:  # noqa: BLE001 - matching boundary: recorded as TrainNoMatch, XLA keeps it
-        # jax runs hlofuse's emitters on shrunk shapes: shapes that do not shrink
-        # consistently, unsupported ops, whatever the emitters raise
-        msg = (str(e).strip().splitlines() or [""])[0][:160]
-        raise TrainNoMatch(f"the backward could not be evaluated ({type(e).__name__}: {msg})") from None
-    outs = [np.asarray(o) for o in outs]
     out_dims = [d for d in att.out_dims if d is not None]
-    tried, best = 0, -1
-    for perm, cts in zip(perms, all_cts):
-        tried += 1
-        cts = [np.asarray(c) for c in cts]
-        found = []
-        for out in outs:
-            hit = None
-            for i, g in zip(float_in, cts):
-                for gp in _perms(g.shape, out.shape):
-                    if _close(np.transpose(_squeeze(g), gp), _squeeze(out)):
-                        hit = (boundary.inputs[i], gp)
-                        break
-                if hit:
+    best = -1
+    for attempt, high in enumerate(CHECK_INT_RANGES):
+        rng = np.random.default_rng(attempt)
+        ins = [_random_input(v, shrink, rng, high) for v in boundary.inputs]
+        do = rng.standard_normal(do_shape).astype(np.float32)
+        xs, others = [ins[i] for i in float_in], [ins[i] for i in other_in]
+        try:
+            # lowered and compiled explicitly: runs on these arrays even when the pass runs
+            # under a jax trace (no eager ops, which would each compile); the integer inputs
+            # are arguments, so a second draw reuses the executable
+            outs, all_cts = _compiled(jax.jit(check).lower(xs, others, do))(xs, others, do)
+        except TrainNoMatch:
+            raise
+        except Exception as e:  # noqa: BLE001 - matching boundary: recorded as TrainNoMatch, XLA keeps it
+            # jax runs hlofuse's emitters on shrunk shapes: shapes that do not shrink
+            # consistently, unsupported ops, whatever the emitters raise
+            msg = (str(e).strip().splitlines() or [""])[0][:160]
+            raise TrainNoMatch(f"the backward could not be evaluated ({type(e).__name__}: {msg})") from None
+        outs = [np.asarray(o) for o in outs]
+        ambiguous = False
+        for perm, cts in zip(perms, all_cts):
+            cts = [np.asarray(c) for c in cts]
+            found, unsure = [], False
+            for out in outs:
+                hits = [(boundary.inputs[i], gp) for i, g in zip(float_in, cts)
+                        for gp in _perms(g.shape, out.shape)
+                        if _close(np.transpose(_squeeze(g), gp), _squeeze(out))]
+                if not hits:
+                    best = max(best, len(found))
                     break
-            if hit is None:
-                best = max(best, len(found))
-                break
-            found.append(hit)
-        if len(found) == len(outs):
+                unsure |= len(hits) > 1
+                found.append(hits[0])
+            if len(found) < len(outs):
+                continue
+            if unsure:
+                ambiguous = True
+                continue
             inv = [0] * len(perm)
             for a, b in enumerate(perm):
                 inv[b] = a
@@ -732,8 +747,13 @@ def _check_vjp(att, boundary, bwd_ops, outputs, do_root, do_chain):
             it = iter(labs)
             do_dims = tuple(next(it) if n != 1 else None for n in _shape(do_root))
             return found, do_dims
-    if not tried:
-        raise TrainNoMatch("the cotangent does not have the attention output's dims")
+        if not ambiguous:
+            break
+    else:
+        raise TrainNoMatch(f"the backward's results match the gradients of several inputs at "
+                           f"every one of {len(CHECK_INT_RANGES)} random draws at small sizes "
+                           f"(e.g. a mask from an integer input that hides every key): which "
+                           f"gradient each is cannot be told")
     # where: the first output that is no input's gradient under the best cotangent layout
     raise TrainNoMatch("the ops reading the forward do not compute its gradient (they are not "
                        "the attention backward: e.g. returned weights, a gradient through the max)",

@@ -415,3 +415,48 @@ def test_layers_of_one_structure_check_their_backward_with_one_compile(monkeypat
     assert train_kernels(report) == ["attention_bwd"] * 3 + ["attention_fwd_lse"] * 3
     assert compiles == [True, False, False]
     assert_same(g(ps, x), jax.jit(step)(ps, x), "grad")
+
+
+def _length_masked_loss(q, k, v, n):
+    """A key-padding mask from an integer input (the valid length), and a loss whose cotangent
+    is not uniform (sin): the backward's gradients are told apart only on draws where ``n``
+    leaves at least two keys visible."""
+    s = jnp.einsum("BTNH,BSNH->BNTS", q, k)
+    s = jnp.where(jnp.arange(q.shape[1]) < n, s, -1e30)
+    o = jnp.einsum("BNTS,BSNH->BTNH", jax.nn.softmax(s, -1), v)
+    return jnp.sum(jnp.sin(o))
+
+
+def _length_masked_args():
+    rng = np.random.default_rng(3)
+    return [jnp.asarray(rng.standard_normal((1, 8, 1, 4)), jnp.float32) for _ in range(3)] + [
+        jnp.int32(6)]
+
+
+@pytest.mark.parametrize("argnums", [(1,), (0, 1, 2)])
+def test_a_backward_returning_dk_alone_is_not_taken_for_dq(argnums):
+    """``jax.grad`` of an ``hlofuse.jit`` function with a length mask: the derived backward
+    program's attention backward returns dK alone (or dQ and dK, both [B, H, S, D]). The
+    check that tells which input each result is the gradient of drew the length as 0 or 1,
+    which hides every key or all but one: dQ and dK were both zero, and dK was taken for dQ's
+    gradient, so the kernel returned dQ in dK's place (found by an adversarial test). A draw
+    whose results match several inputs' gradients is drawn again."""
+    args = _length_masked_args()
+    f = hlofuse.jit(_length_masked_loss, autotune=False)
+    got = jax.grad(f, argnums)(*args)
+    assert_same(got, jax.grad(jax.jit(_length_masked_loss), argnums)(*args), "grad")
+    assert "attention_bwd" in _programs_kernels(f)["T"]        # the rewrite fired
+
+
+def test_a_backward_whose_gradients_cannot_be_told_apart_stays_with_xla(monkeypatch):
+    """Only the degenerate draw (integers 0 or 1): every result matches dQ's and dK's
+    gradient, so the match is refused, XLA keeps the backward, and the gradients are right."""
+    from hlofuse.passes.attention import train as at
+    monkeypatch.setattr(at, "CHECK_INT_RANGES", (2,))
+    args = _length_masked_args()
+    f = hlofuse.jit(_length_masked_loss, autotune=False)
+    got = jax.grad(f, (0, 1, 2))(*args)
+    assert_same(got, jax.grad(jax.jit(_length_masked_loss), (0, 1, 2))(*args), "grad")
+    assert "attention_bwd" not in _programs_kernels(f).get("T", [])
+    notes = [n for prog in f.all_programs() for e in prog.entries() for n in e.report.notes]
+    assert any("cannot be told" in n for n in notes), notes
