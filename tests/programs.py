@@ -195,6 +195,17 @@ def sort(x):
     return jnp.sort(x, axis=-1)
 
 
+def hi_primitives(x):
+    """jnp functions jax 0.12 builds as "high" primitives (``call_hi_primitive``), lowered to
+    plain ones only where the trace saw them bound: hlofuse's first call once copied them into
+    its trace without that record (a TypeError in jax's lowering), next to an elementwise chain
+    that fuses."""
+    edges = jnp.sort(x[0])
+    pos = jnp.searchsorted(edges, x[1:]).astype(jnp.float32)
+    mant, _ = jnp.frexp(x * 3.0)
+    return jnp.tanh(x[1:] * 2.0 + 1.0) * pos + mant[1:], jnp.unique(jnp.round(x[0]), size=4)
+
+
 def argmax(x):
     return jnp.argmax(x * 2.0 + 1.0, axis=-1)
 
@@ -266,6 +277,7 @@ PROGRAMS: list[Program] = [
     Program("sum_of_squares", sum_of_squares, lambda r: (f32(r, 16, 64),)),
     Program("cumsum", cumsum, lambda r: (f32(r, 8, 64),)),
     Program("sort", sort, lambda r: (f32(r, 8, 64),), kernels=False, grad=False),
+    Program("hi_primitives", hi_primitives, lambda r: (f32(r, 8, 64),), grad=False),
     Program("argmax", argmax, lambda r: (f32(r, 8, 64),), grad=False),
     Program("rng", rng_program_raw, key_args, grad=False, vmap=False),
     Program("einsum", einsum, lambda r: (f32(r, 4, 8, 16), f32(r, 4, 16, 8))),

@@ -16,7 +16,7 @@ private has no public form in at least one supported release.
 | jaxpr_eval | evaluate/walk jaxprs: ``eval_jaxpr``, ``jaxpr_as_fun``, ``subjaxprs``, ``jaxprs_in_params``, ``Literal`` | same | same (sub-jaxprs carry their consts) | ``jax.core``, ``jax.extend.core`` (both) |
 | convert_constvars | a closed-over tracer becomes an input of a lifted program | private | same semantics; public only from 0.12 | ``jax.interpreters.partial_eval`` (0.12 only): kept private |
 | trace_state | is this call outside every transformation (``trace_ctx.trace``, ``EvalTrace``) | ``jax.core.trace_ctx`` deprecated | ``jax.core.trace_ctx`` removed from ``jax.core`` | none |
-| jaxpr_copy | copy a jaxpr's equations into the enclosing jit trace (``DynamicJaxprTrace``, ``source_info_util.current``) | private trace, public tracer | same (lost ``process_call``/``cur_qdd``, unused) | ``DynamicJaxprTracer``, ``jax.extend.source_info_util`` (both); the trace stays private |
+| jaxpr_copy | copy a jaxpr's equations into the enclosing jit trace (``DynamicJaxprTrace``, ``source_info_util.current``; ``jaxpr_is_high``: not where it holds high primitives) | private trace, public tracer | same (lost ``process_call``/``cur_qdd``, unused) | ``DynamicJaxprTracer``, ``jax.extend.source_info_util`` (both); the trace stays private |
 | trace_context | jax's tracing configuration as cache-key text (``config.trace_context``, ``AxisEnv``) | 46 entries | 51 entries (the key changes with the release: caches key on ``jax.__version__`` too) | none |
 | fun_signature | ``static_argnums``/``static_argnames`` inferred as ``jax.jit`` does | private | same | none |
 | manual_axis_type | shard_map bodies' avals (``ManualAxisType``) | private | gained ``unreduced_kind=`` | none |
@@ -79,7 +79,7 @@ __all__ = [
     "jaxpr_body", "close_jaxpr", "eval_jaxpr", "jaxpr_as_fun", "subjaxprs", "jaxprs_in_params",
     "convert_constvars_jaxpr",
     # trace_state / jaxpr_copy / trace_context / fun_signature / manual_axis_type
-    "at_top_level", "current_trace", "DynamicJaxprTrace", "DynamicJaxprTracer",
+    "at_top_level", "current_trace", "DynamicJaxprTrace", "DynamicJaxprTracer", "jaxpr_is_high",
     "current_source_info", "trace_context", "AxisEnv", "fun_signature",
     "infer_argnums_and_argnames", "ManualAxisType",
     # ir_context / lowering_rules / inlined_func_call / host_callback_primitives
@@ -188,6 +188,14 @@ def at_top_level() -> bool:
 DynamicJaxprTrace = _pe.DynamicJaxprTrace
 DynamicJaxprTracer = _pe.DynamicJaxprTracer
 current_source_info = _source_info_util.current
+
+
+def jaxpr_is_high(jaxpr) -> bool:
+    """Whether ``jaxpr`` holds "high" JAX primitives or types (``call_hi_primitive``:
+    ``jnp.searchsorted``, ``jnp.unique(size=)``, ``jnp.frexp`` ... on jax 0.12), which jax
+    lowers to plain primitives only where a trace records that it saw one: copying such
+    equations into a trace (``emit_eqn``) would not record it."""
+    return bool(getattr(jaxpr, "is_high", False))
 
 # -- trace_context --------------------------------------------------------------------------
 trace_context = _config.trace_context

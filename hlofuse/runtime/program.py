@@ -1019,9 +1019,11 @@ def run_jaxpr(closed: compat.ClosedJaxpr, xs: Sequence) -> tuple:
     location (reports and XLA's metadata name the user's lines): evaluating them again would
     run every primitive's rules a second time, as long as tracing the user's Python took
     (0.1 s of a Llama's 0.8 s first call). Elsewhere (an eager call, a transformation's
-    tracers, closed-over tracers, effects) the jaxpr is evaluated."""
+    tracers, closed-over tracers, effects, "high" primitives such as ``jnp.searchsorted``'s,
+    which the trace must see bound to lower them) the jaxpr is evaluated."""
     trace = compat.current_trace()
     if (isinstance(trace, compat.DynamicJaxprTrace)
+            and not compat.jaxpr_is_high(compat.jaxpr_body(closed))
             and not closed.effects and not any(e.effects for e in compat.jaxpr_body(closed).eqns)
             and all(isinstance(x, compat.DynamicJaxprTracer) and x._trace is trace for x in xs)
             and not any(isinstance(c, compat.Tracer) for c in closed.consts)):
