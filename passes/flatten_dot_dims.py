@@ -460,4 +460,6 @@ class FlattenDotDims(Pass):
             for op in made:  # ops, not values: an earlier move may have erased one
                 if gu.alive(op):
                     stats["sunk"] += sink(op.results[0])
+            # a reshape sunk below its users' reshapes can leave the old one unread
+            gu.erase_dead_in(program_blocks(module))
         return stats

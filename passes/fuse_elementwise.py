@@ -65,8 +65,10 @@ class FuseElementwise(Pass):
                 if len(compute) < MIN_COMPUTE_OPS or domain_shape(members[0]) == ():
                     n_small += 1  # why a group was not outlined, for no-match tests
                     continue  # a lone op or a scalar chain (loop counters): nothing to fuse
-                _, decision = commit_region(module, ctx, "elementwise", members,
-                                            decision_for=lambda c: self._decision(c, ctx))
+                region, decision = commit_region(module, ctx, "elementwise", members,
+                                                 decision_for=lambda c: self._decision(c, ctx))
+                if region is None:
+                    continue                # dead code, erased
                 n_regions += 1
                 n_xla += not decision.fuse
         left.flush(ctx)

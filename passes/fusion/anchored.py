@@ -63,7 +63,10 @@ def fuse_anchored(module, ctx, *, kind: str, anchor_name: str, check_anchor: Cal
             if isinstance(grown, str):
                 left.add(what, anchor, grown)
                 continue
-            _, decision = commit_region(module, ctx, kind, grown.members, decision_for=grown.decision_for,
-                                        **grown.extra)
+            region, decision = commit_region(module, ctx, kind, grown.members,
+                                             decision_for=grown.decision_for, **grown.extra)
+            if region is None:
+                counts["dead_erased"] = counts.get("dead_erased", 0) + 1
+                continue
             counts["regions" if decision.fuse else "left_to_xla"] += 1
     return counts

@@ -14,9 +14,12 @@ from jaxlib.mlir import ir
 from hlofuse.core import ir as hir
 from hlofuse.core.report import Refusals
 from hlofuse.passes.fusion import cost as cost_model
+from hlofuse.passes import graph_util as gu
 from hlofuse.passes.fusion.outline import XLA_ATTR, outline_region, region_boundary
 
-__all__ = ["record_region", "commit_region", "LeftToXla"]
+__all__ = ["record_region", "commit_region", "LeftToXla", "DEAD"]
+
+DEAD = "dead code (no op reads its results): not a region"
 
 
 class LeftToXla(Refusals):
@@ -53,8 +56,17 @@ def record_region(ctx, kind: str, members: list, boundary, **extra):
 def commit_region(module, ctx, kind: str, members: list, *, decision_for, name_prefix: str = "hlofuse_region",
                   **extra):
     """Record the region in the report, outline it, and mark it for XLA when the cost model
-    says so. ``decision_for(cost) -> Decision`` gets the region's modeled cost."""
+    says so. ``decision_for(cost) -> Decision`` gets the region's modeled cost.
+
+    Members no op outside reads are dead code an earlier rewrite left (the row statistics of
+    a softmax whose reshapes flatten-dot-dims sank): nothing is outlined or recorded, the
+    region-free ones are erased (ops with regions, a ``reduce``, stay for the pipeline's final
+    ``canonicalize``: erasing them here would invalidate the handles of their nested blocks),
+    and the result is ``(None, Decision(False, DEAD))``."""
     boundary = region_boundary(members)
+    if not boundary.outputs:
+        gu.erase_if_dead(members)
+        return None, cost_model.Decision(False, DEAD)
     cost = cost_model.region_cost(members, boundary.inputs, boundary.outputs)
     decision = decision_for(cost)
     extra.update(cost.as_extra(cost_model.model_for(ctx.target)))

@@ -460,3 +460,27 @@ def test_a_backward_whose_gradients_cannot_be_told_apart_stays_with_xla(monkeypa
     assert "attention_bwd" not in _programs_kernels(f).get("T", [])
     notes = [n for prog in f.all_programs() for e in prog.entries() for n in e.report.notes]
     assert any("cannot be told" in n for n in notes), notes
+
+
+def test_grad_of_a_scanned_attention_layer_optimizes_its_backward_program():
+    """``jax.grad`` of an ``hlofuse.jit`` function scanning an attention layer with an output
+    projection: flatten-dot-dims left two reshapes of the loop body unread, fuse-reduction
+    took their softmax statistics for a region with no outputs, and the whole backward
+    program ran unoptimized (a warning; strict raised). Dead ops are erased now."""
+    B, T, D = 1, 4, 4
+
+    def layer(x, w):
+        q, k, v = (jnp.einsum("btd,de->bte", x, w[i]).reshape(B, T, 1, D) for i in range(3))
+        s = jnp.einsum("bthd,bshd->bhts", q, k)
+        o = jnp.einsum("bhts,bshd->bthd", jax.nn.softmax(s, -1), v).reshape(B, T, D)
+        return x + o @ w[3]
+
+    def loss(x, ws):
+        return jnp.sum(jnp.sin(jax.lax.scan(lambda x, w: (layer(x, w), None), x, ws)[0]))
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((B, T, D)), jnp.float32)
+    ws = jnp.asarray(rng.standard_normal((2, 4, D, D)) * 0.3, jnp.float32)
+    f = hlofuse.jit(loss, autotune=False, options={"strict": True})
+    got = jax.grad(f, (0, 1))(x, ws)
+    assert_same(got, jax.grad(jax.jit(loss), (0, 1))(x, ws), "grad")
+    assert "attention_bwd" in _programs_kernels(f)["T"]

@@ -231,6 +231,41 @@ def test_commit_region_outlines_and_marks_cost_model_refusals():
     assert main_ops.count("func.call") == 1 and "stablehlo.reduce" not in main_ops
 
 
+def test_commit_region_erases_dead_members_instead_of_outlining_them():
+    """A rewrite can leave ops no one reads (flatten-dot-dims' sunk reshapes left the row
+    statistics of a scanned attention's softmax unread): a region of them has no outputs.
+    It is dead code: not outlined, nothing recorded, its region-free ops erased (it once
+    failed the pass, and the whole backward program ran unoptimized)."""
+    from hlofuse.passes.fusion.commit import DEAD, commit_region
+    m = hir.parse("""
+module {
+  func.func public @main(%a: tensor<4x8xf32>) -> tensor<4x8xf32> {
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %0 = stablehlo.exponential %a : tensor<4x8xf32>
+    %1 = stablehlo.reduce(%0 init: %cst) applies stablehlo.add across dimensions = [1] : (tensor<4x8xf32>, tensor<f32>) -> tensor<4xf32>
+    %2 = stablehlo.tanh %a : tensor<4x8xf32>
+    %3 = stablehlo.negate %2 : tensor<4x8xf32>
+    %4 = stablehlo.sine %a : tensor<4x8xf32>
+    return %4 : tensor<4x8xf32>
+  }
+}""")
+    ops = hir.block_ops(hir.main_func(m).regions[0].blocks[0])
+    ctx = PassContext(target="cpu")
+    for names in [("stablehlo.exponential", "stablehlo.reduce"),
+                  ("stablehlo.tanh", "stablehlo.negate")]:
+        members = [o for o in hir.block_ops(hir.main_func(m).regions[0].blocks[0])
+                   if o.name in names]
+        region, decision = commit_region(m, ctx, "reduction", members,
+                                         decision_for=lambda c: cost.Decision(True))
+        hir.verify(m)
+        assert region is None and not decision.fuse and decision.reason == DEAD
+    assert not ctx.report.regions
+    main_ops = [o.name for o in hir.block_ops(hir.main_func(m).regions[0].blocks[0])]
+    assert "func.call" not in main_ops
+    assert "stablehlo.tanh" not in main_ops and "stablehlo.negate" not in main_ops  # erased
+    assert "stablehlo.reduce" in main_ops and "stablehlo.sine" in main_ops
+
+
 # -- cost model --------------------------------------------------------------------------------
 
 def test_region_cost_folds_broadcasts_and_counts_dot_flops():
