@@ -51,6 +51,7 @@ if __name__ == "__main__":
         _supervisor.run(_sys.argv, None)
 
 import dataclasses
+import inspect
 import json
 import os
 import signal
@@ -374,15 +375,16 @@ def _pass_options(fv) -> dict | None:
     return options
 
 
-def _optimize(cmd: str, fv, loaded):
+def _optimize(cmd: str, fv, loaded, refine: bool = True):
+    """``refine``: refine ``loaded`` to ``--shapes`` first (False: the caller did)."""
     _check_pipeline_flags(fv)
     options = _pass_options(fv)
     _stage(f"optimizing {loaded.source}")
     try:
         return optimize_loaded(loaded, target=fv["target"].value,
                                       pipeline=fv["pipeline"].value, disable=_disabled(fv),
-                                      dump_dir=fv["dump-dir"].value, shapes=_shapes(fv),
-                                      options=options)
+                                      dump_dir=fv["dump-dir"].value,
+                                      shapes=_shapes(fv) if refine else None, options=options)
     except DumpError as e:  # the dump directory's problem, not the input's
         raise UsageError(f"--dump-dir: {e.path}: {e.why}") from None
 
@@ -452,11 +454,18 @@ def cmd_optimize(fv, pos) -> int:
     if fmt == "exported" and loaded.exported is None:
         raise UsageError(f"--format exported needs a jax.export input, and {inp} is "
                          f"{formats.FORMAT_NAMES[loaded.fmt]}; use `hlofuse export` to make one")
+    shapes = _shapes(fv)
+    if shapes:
+        # refined first, so that --verify runs the original at these shapes (refining inside
+        # the optimizer changed the module in place: --verify got a half-refined original,
+        # static arguments over dynamic ops, which XLA cannot compile)
+        argspec.refine_shapes(loaded, shapes)
     original = loaded.module
-    res = _optimize("optimize", fv, loaded)
+    res = _optimize("optimize", fv, loaded, refine=False)
     _stage(f"serializing the optimized {inp}")
     tv = fv["target-version"].value
-    if not res.changed and fmt == loaded.fmt and tv is None and res.module is original:
+    if not res.changed and fmt == loaded.fmt and tv is None and res.module is original \
+            and not shapes:
         data = loaded.data  # passed through: the very bytes we read
     else:
         # what XLA compiles: regions left to XLA inline again (the report and --graph keep
@@ -542,6 +551,11 @@ def _check_outputs(outputs, *, inputs=(), in_place: bool = False, dump_dir: str 
                              f".txt")
         if os.path.isdir(path):
             raise UsageError(f"{flag}: {path}: is a directory")
+        if os.path.exists(path) and not os.path.isfile(path):
+            # written atomically (a new file renamed over the path): a FIFO, a device node or
+            # /dev/stdout would be replaced by a regular file, not written into
+            raise UsageError(f"{flag}: {path}: not a regular file (outputs are written to a new "
+                             f"file renamed into place); give a file path")
         directory = os.path.dirname(os.path.realpath(path))
         _check_writable_dir(flag, path, directory)
         for inp in inputs:
@@ -731,8 +745,17 @@ def cmd_export(fv, pos) -> int:
     tv = fv["target-version"].value
     if tv:
         formats.check_target_version(tv)
-    fn = _import_function(spec)
     import jax
+    wide = [str(s) for s in specs if str(s.np_dtype) in argspec.X64_DTYPES]
+    if wide and not jax.config.jax_enable_x64:
+        # jax would trace them as their 32-bit types and export those (a warning only)
+        raise UsageError(f"--args {', '.join(wide)}: 64-bit types need JAX's 64-bit mode "
+                         f"(set JAX_ENABLE_X64=1); without it jax traces them as 32-bit")
+    fn = _import_function(spec)
+    # the function's own source file (MODULE:FUNCTION names a module, not its path)
+    source = getattr(inspect.getmodule(fn), "__file__", None) or ""
+    if source and os.path.isfile(source) and formats.same_file(out, source):
+        raise UsageError(f"-o: {out}: is the source file of {spec}; refusing to overwrite it")
     from jax import export as jexport
     platform = Target.of(fv["target"].value).platform
     _stage(f"exporting {spec} for {platform}")

@@ -281,6 +281,15 @@ def optimize_loaded(loaded: formats.Loaded, *, target: str | None = None, pipeli
         return _passthrough(loaded, target, f"{src} was exported for platforms "
                             f"{', '.join(loaded.platforms)}; hlofuse optimizes single-platform "
                             f"artifacts (kernels are per platform), so it is written unchanged")
+    main = hir.main_func(loaded.module, source=src)
+    if "sym_visibility" in main.attributes and \
+            ir.StringAttr(main.attributes["sym_visibility"]).value == "private":
+        raise formats.FileError(f"{src}: main is private (func.func private @main): XLA runs a "
+                                f"public main; make it public")
+    tup = argspec.tuple_signature(loaded.module)
+    if tup:
+        return _passthrough(loaded, target, f"{src}: {tup}; written unchanged (hlofuse "
+                            f"optimizes modules whose main takes and returns tensors)")
     if shapes:
         argspec.refine_shapes(loaded, shapes)
     dyn = argspec.dynamic_signature(loaded.module)

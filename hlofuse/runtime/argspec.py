@@ -116,10 +116,22 @@ def _is_static_tensor(t: ir.Type) -> bool:
     return hir.tensor_type_info(t) is not None
 
 
-def dynamic_signature(module: ir.Module) -> str | None:
-    """Describe the first dynamic argument/result type of ``main`` (None when all static)."""
+def tuple_signature(module: ir.Module) -> str | None:
+    """Describe the first tuple-typed argument/result of ``main`` (None when there is none)."""
     for kind, types in (("argument", main_arg_types(module)), ("result", main_result_types(module))):
         for i, t in enumerate(types):
+            if str(t).startswith("tuple<"):
+                return f"main {kind} {i} is a tuple ({t})"
+    return None
+
+
+def dynamic_signature(module: ir.Module) -> str | None:
+    """Describe the first dynamic argument/result type of ``main`` (None when all static;
+    tuples are :func:`tuple_signature`'s)."""
+    for kind, types in (("argument", main_arg_types(module)), ("result", main_result_types(module))):
+        for i, t in enumerate(types):
+            if str(t).startswith("tuple<"):
+                continue
             if isinstance(t, ir.RankedTensorType) or "tensor" in str(t):
                 if not _is_static_tensor(t):
                     return f"main {kind} {i} has type {t}"
@@ -246,12 +258,24 @@ def random_inputs_for(specs: Sequence[ArgSpec], seed: int, source: str) -> list[
     return random_inputs(avals, seed)
 
 
+#: element types that exist in jax only in its 64-bit mode (``jax_enable_x64``)
+X64_DTYPES = frozenset({"float64", "int64", "uint64", "complex128"})
+
+
 def execute(loaded: Loaded, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
     """Run a loaded file through XLA on the default backend; returns the flat outputs.
 
     jax.export artifacts run through ``Exported.call`` (platform, shape and dtype checks, pytrees,
     tokens); plain modules through :mod:`hlofuse.runtime.execute` after our own dtype/shape checks.
+    Both in jax's 64-bit mode: the file's types are explicit, and without it jax would hand a
+    ``f64``/``i64`` input to XLA as 32 bits (a size mismatch, or ``Exported.call``'s dtype
+    check).
     """
+    with jax.enable_x64(True):
+        return _execute(loaded, inputs)
+
+
+def _execute(loaded: Loaded, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
     src = loaded.source
     hir.check_no_host_callbacks(loaded.module, source=src)  # they would segfault (H6)
     specs = input_specs(loaded)
