@@ -248,3 +248,22 @@ def test_jet_of_hlofuse_jit(name):
     want = jet(jax.jit(PROGRAMS[name]), a, series)
     got = jet(hlofuse.jit(PROGRAMS[name], autotune=False), a, series)
     assert_same(got, want, "grad")
+
+
+@pytest.mark.parametrize("body", [
+    lambda a: a * jax.lax.psum(a.sum(), "d"),
+    lambda a: jnp.tanh(a * 2.0) + jax.lax.psum(a, "d"),
+    lambda a: jax.grad(lambda x: jnp.sum(jnp.sin(x) * jax.lax.psum(x.sum(), "d")))(a),
+], ids=["times-psum", "plus-psum", "grad-in-body"])
+def test_hlofuse_jit_in_a_shard_map_body_mixing_varying_and_psum_values(body):
+    """An ``hlofuse.jit`` function called in a ``shard_map`` body where a value varying over
+    the manual axis meets a ``psum``'s (invariant) one: jax inserts a ``pvary`` there when it
+    traces with the values' varying axes; hlofuse's once-per-signature trace has none, and
+    evaluating it on the body's values raised "requires varying manual axes to match". Such
+    a body (its collective runs it as traced) is traced on the body's values now."""
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((4, 6)), jnp.float32)
+
+    def run(f):
+        return jax.shard_map(f, mesh=MESH, in_specs=P("d"), out_specs=P("d"))(x)
+    assert_same(run(hlofuse.jit(body)), run(jax.jit(body)), "kernel")
+    assert_same(jax.jit(lambda: run(hlofuse.jit(body)))(), run(jax.jit(body)), "kernel")

@@ -26,7 +26,7 @@ private has no public form in at least one supported release.
 | host_callback_primitives | outline ``pure_callback``/``io_callback``/``debug.callback``/``debug.print`` through ``jax.export`` | private | same | none |
 | ad_batching | ``hlofuse_call``'s JVP, transpose and batching rules | public ``ad``; ``moveaxis``, ``not_mapped`` private | same | ``jax.interpreters.ad``/``batching`` (both) |
 | apply_primitive | eager ``hlofuse_call`` | public | same | ``jax.interpreters.xla.apply_primitive`` (both) |
-| meshes | the caller's concrete/abstract mesh, tracing under a program's own mesh, ``check_vma`` off | private (abstract-mesh context public) | same | ``jax.sharding.use_abstract_mesh``/``get_abstract_mesh`` (both); the rest none |
+| meshes | the caller's concrete/abstract mesh, tracing under a program's own mesh, ``check_vma`` off, a value's ``manual_axis_type`` in a ``shard_map`` body | private (abstract-mesh context public) | same | ``jax.sharding.use_abstract_mesh``/``get_abstract_mesh`` (both); the rest none |
 | abstract_mesh_auto | the one-device mesh kernels lower under (TPU/GPU abstract devices) | ``AbstractMesh`` axes default to ``Auto`` | default ``Explicit`` (0.12): pass ``AxisType.Auto`` | public |
 | gpu_abstract_device | Pallas Triton lowering on a CPU host | lowers without a GPU device | needs an abstract GPU device (0.11.0), else ``RuntimeError: No supported GPU devices found`` | public (``AbstractDevice(platform="cuda")``) |
 | triton_deprecation | Pallas Triton is deprecated (0.11.0) | silent | a ``DeprecationWarning`` (id ``jax-pallas-triton``) on every lowering: filtered where hlofuse lowers | n/a |
@@ -89,7 +89,7 @@ __all__ = [
     "ad", "batching", "moveaxis", "not_mapped", "apply_primitive",
     # meshes / abstract_mesh_auto / gpu_abstract_device / triton_deprecation / mosaic_gpu_env
     "get_concrete_mesh", "get_abstract_mesh", "use_abstract_mesh", "empty_abstract_mesh",
-    "empty_concrete_mesh", "use_concrete_mesh", "check_vma", "ShardingContext",
+    "empty_concrete_mesh", "use_concrete_mesh", "check_vma", "manual_axis_type", "ShardingContext",
     "abstract_mesh", "gpu_abstract_device", "quiet_triton_deprecation", "MOSAIC_GPU_ENV",
     # compilation_cache / export_backend_init / pallas_internals / xla_client
     "compilation_cache_decided_off", "reset_compilation_cache", "persistent_cache_min_compile_time",
@@ -283,6 +283,16 @@ empty_abstract_mesh = _mesh.empty_abstract_mesh
 empty_concrete_mesh = _mesh.empty_concrete_mesh
 use_concrete_mesh = _sharding_impls._internal_use_concrete_mesh
 ShardingContext = _sharding_impls.ShardingContext
+
+
+def manual_axis_type(aval):
+    """The manual axes ``aval`` varies over (or is unreduced/reduced along) in a ``shard_map``
+    body, as ``ShapeDtypeStruct(manual_axis_type=...)`` takes it; None when it has none (the
+    default: outside ``shard_map``, or invariant)."""
+    m = getattr(aval, "manual_axis_type", None)
+    if m is None or not (m.varying or m.unreduced or m.reduced):
+        return None
+    return m
 
 
 def check_vma(on: bool):

@@ -1139,9 +1139,16 @@ def call(program: Program, xs: Sequence) -> tuple:
     A function that closes over tracers of an enclosing transformation (``hlofuse.jit``
     created inside a ``jax.grad``/``jax.jit``-traced function) gets them as explicit inputs
     of a lifted program, like ``jax.jit`` lifts closed-over tracers."""
-    sig = signature_of([jax.typeof(x) for x in xs])
+    avals = [jax.typeof(x) for x in xs]
+    sig = signature_of(avals)
     closed = program.jaxpr(sig)
     if program.runs_as_traced(sig):
+        if any(compat.manual_axis_type(a) is not None for a in avals):
+            # in a shard_map body that checks varying axes (a collective's named-axis effect
+            # makes it run as traced): the program's jaxpr is traced once per signature without
+            # them, so a varying value meeting a psum's has no pvary and fails there; the
+            # function traced on these values gets them, as jax.jit's would
+            return tuple(program.fun(*xs))
         return run_jaxpr(closed, xs)
     tracers = [c for c in closed.consts if isinstance(c, compat.Tracer)]
     if tracers:
