@@ -350,9 +350,10 @@ def hlofuse_compiled(hf, args):
         return xla_module_compiled(hf, args), {}
     low = hf.lower(*args)
     opts = dict(dec.options) if dec is not None else {}
-    avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type)
-             for a in low.exported.in_avals]
-    return jax.jit(low.exported.call, compiler_options=opts or None).lower(*avals).compile(), opts
+    exp = low.exported
+    avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in exp.in_avals]
+    args, kwargs = jax.tree.unflatten(exp.in_tree, avals)
+    return jax.jit(exp.call, compiler_options=opts or None).lower(*args, **kwargs).compile(), opts
 
 
 def rss_in_subprocess(name: str, impl: str, cfg: Config, timeout: float = 600) -> dict:

@@ -504,3 +504,26 @@ def test_donation_with_an_unused_argument_jax_drops():
     assert [(r["output"], r["argument"]) for r in rep.aliases] == [(0, 1)]
     assert not any("buffer-aliasing" in n for n in rep.notes), rep.notes
     assert_same(f(a, jnp.ones(4)), jax.jit(fn)(a, jnp.ones(4)), "exact")
+
+
+def test_the_exported_program_is_called_like_the_function():
+    """``lower(...).exported`` takes and returns the function's pytrees, as
+    ``jax.export.export(jax.jit(f))`` does (it had the program's flat inputs and outputs:
+    ``call(p, x)`` of a dict of parameters failed, outputs came back as a flat tuple), and
+    survives serialization; its module is hlofuse's (a kernel)."""
+    def f(p, x, *, scale=1.0):
+        h = jnp.tanh(x @ p["w"] + p["b"]) * scale
+        return {"h": h, "norm": (jax.nn.softmax(h, -1),)}
+    rng = np.random.default_rng(0)
+    p = {"w": jnp.asarray(rng.standard_normal((16, 32)), jnp.float32),
+         "b": jnp.asarray(rng.standard_normal(32), jnp.float32)}
+    x = jnp.asarray(rng.standard_normal((8, 16)), jnp.float32)
+    low = hlofuse.jit(f, static_argnames=("scale",), autotune=False).lower(p, x, scale=2.0)
+    exp = low.exported
+    want = jax.jit(f, static_argnames=("scale",))(p, x, scale=2.0)
+    ref = jax.export.export(jax.jit(f, static_argnames=("scale",)))(p, x, scale=2.0)
+    assert (exp.in_tree, exp.out_tree) == (ref.in_tree, ref.out_tree)
+    assert_same(exp.call(p, x), want, "reassociate")
+    back = jax.export.deserialize(exp.serialize())
+    assert_same(back.call(p, x), want, "reassociate")
+    assert "hlofuse" in exp.mlir_module() and low.report.kernels

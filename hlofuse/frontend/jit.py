@@ -36,6 +36,7 @@ signature run XLA's code until it is ready, then hlofuse's; autotune starts from
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import re
@@ -131,12 +132,20 @@ class Lowered:
 
     @property
     def exported(self):
-        """The ``jax.export.Exported`` carrying the optimized module (serializable). None for
-        a function left to XLA whole, and for one that calls back into Python: its module holds
-        placeholders for the callbacks, which only this process can put back."""
+        """The ``jax.export.Exported`` carrying the optimized module (serializable), called
+        like the function: ``exported.call(*args, **kwargs)`` with its dynamic arguments' pytree
+        structure, returning its output structure, as ``jax.export.export(jax.jit(f))`` makes.
+        None for a function left to XLA whole, and for one that calls back into Python: its
+        module holds placeholders for the callbacks, which only this process can put back."""
         if self._entry is None or self._entry.callbacks:
             return None
-        return self._entry.exported
+        exp = self._entry.exported
+        in_tree, out_tree = self._lowered.in_tree, self.out_tree
+        if exp is None or in_tree.num_leaves != len(exp.in_avals) or \
+                out_tree.num_leaves != len(exp.out_avals):
+            return exp
+        # the program's own is flat (one input per leaf); the leaves are in the same order
+        return dataclasses.replace(exp, in_tree=in_tree, out_tree=out_tree)
 
     @property
     def jax_lowered(self):
