@@ -267,3 +267,29 @@ def test_hlofuse_jit_in_a_shard_map_body_mixing_varying_and_psum_values(body):
         return jax.shard_map(f, mesh=MESH, in_specs=P("d"), out_specs=P("d"))(x)
     assert_same(run(hlofuse.jit(body)), run(jax.jit(body)), "kernel")
     assert_same(jax.jit(lambda: run(hlofuse.jit(body)))(), run(jax.jit(body)), "kernel")
+
+
+@pytest.mark.parametrize("shape", [(), (4,)])
+def test_a_custom_jvp_rule_closing_over_a_traced_value_is_refused_as_jax_refuses_it(shape):
+    """A ``custom_jvp`` rule closing over a traced argument leaks it into the derived
+    programs: ``jax.jit`` refuses it (UnexpectedTracerError at lowering); hlofuse computed the
+    gradient with another input in its place (5.0 for 20.0), or raised a rank mismatch."""
+    def f(a, s):
+        @jax.custom_jvp
+        def g(x):
+            return jnp.sin(x) * s
+        g.defjvp(lambda p, t: (g(p[0]), t[0] * s * 10))
+        return jnp.sum(g(a))
+    a, s = jnp.full(shape, 0.5, jnp.float32), jnp.float32(2.0)
+    with pytest.raises(jax.errors.UnexpectedTracerError):
+        jax.grad(jax.jit(f))(a, s)
+    with pytest.raises(jax.errors.UnexpectedTracerError, match="custom_jvp"):
+        jax.grad(hlofuse.jit(f))(a, s)
+    # passed as an argument, the same rule works through both
+    def f_ok(a, s):
+        @jax.custom_jvp
+        def g(x, s):
+            return jnp.sin(x) * s
+        g.defjvp(lambda p, t: (g(*p), t[0] * p[1] * 10 + t[1] * jnp.sin(p[0])))
+        return jnp.sum(g(a, s))
+    assert_same(jax.grad(hlofuse.jit(f_ok), (0, 1))(a, s), jax.grad(jax.jit(f_ok), (0, 1))(a, s))

@@ -589,6 +589,7 @@ class _Derived:
             p = self.derived.get(key)
             if p is None:
                 p = self.derived[key] = make()
+                p.derived_from = key[0]
             return p
 
     def linearize_program(self, nonzero: tuple) -> "Program":
@@ -731,6 +732,7 @@ class Program(_Derived):
         self._as_traced: dict[Signature, bool] = {}
         self._entries: dict[tuple, Entry] = {}
         self.derived: dict[tuple, Program] = {}
+        self.derived_from = None    # the transformation this program was derived for
         # notes for the report of a signature's build, from how the program was derived
         self.build_notes: dict[Signature, list[str]] = {}
         self._lock = threading.RLock()
@@ -803,6 +805,8 @@ class Program(_Derived):
                 if j is None:
                     with _tracing(self.shardings, user_code=True):
                         j = jax.make_jaxpr(self.fun)(*sds_of(sig, self.shardings))
+                    if self.derived_from is not None:
+                        _no_leaked_tracers(self.name, j)
                     self._jaxprs[sig] = j
         return j
 
@@ -1118,6 +1122,23 @@ def sds_of(sig: Signature, shardings) -> list[jax.ShapeDtypeStruct]:
         return sds(sig)
     return [jax.ShapeDtypeStruct(s, d, weak_type=w, sharding=sh)
             for (s, d, w), sh in zip(sig, shardings)]
+
+
+def _no_leaked_tracers(name: str, closed) -> None:
+    """A derived program (jvp, transpose, vmap... of a program whose closed-over tracers were
+    lifted to inputs) closes over no tracer, unless the user's code leaked one: a
+    ``jax.custom_jvp`` rule (or ``custom_vjp`` backward) that closes over a traced value of the
+    function. ``jax.jit`` refuses it when it lowers ("the tracer reached lowering as a
+    constant"); evaluated here it computed with the wrong value. Raises as jax does."""
+    leaked = [c for c in closed.consts if isinstance(c, compat.Tracer)]
+    if leaked:
+        raise jax.errors.UnexpectedTracerError(
+            f"hlofuse.jit({name}): a traced value escaped into the derived program: "
+            f"{type(leaked[0]).__name__} of type {jax.typeof(leaked[0]).str_short()} is closed "
+            f"over by a function jax transforms separately (a custom_jvp rule or custom_vjp "
+            f"backward that closes over a traced value of the function: pass it as an "
+            f"argument, e.g. with nondiff_argnums). jax.jit refuses the same program with "
+            f"UnexpectedTracerError.")
 
 
 def _named(fun, name: str):
