@@ -527,3 +527,35 @@ def test_the_exported_program_is_called_like_the_function():
     back = jax.export.deserialize(exp.serialize())
     assert_same(back.call(p, x), want, "reassociate")
     assert "hlofuse" in exp.mlir_module() and low.report.kernels
+
+
+@pytest.mark.parametrize("tiered", [True, False])
+def test_a_signature_follows_jaxs_configuration_as_jax_jit_does(tiered):
+    """Changing ``jax_enable_x64`` or ``jax_threefry_partitionable`` after a signature ran
+    must give what jax.jit gives under the new configuration: hlofuse kept the executable
+    (and the trace) of the configuration the signature first ran under (float32 where jax
+    gives float64, or a crash; the previous random numbers)."""
+    def wide(x):
+        return x + jnp.arange(x.shape[0], dtype=float) * 1.0000000001
+
+    def noisy(x):
+        return x * jax.random.normal(jax.random.key(0), x.shape)
+    x = np.ones((4,), np.float32)
+    f = hlofuse.jit(wide, tiered=tiered)
+    for _ in range(2):
+        assert f(x).dtype == np.float32
+    f.block_until_optimized()
+    with jax.enable_x64(True):
+        got, want = f(x), jax.jit(wide)(x)
+        assert got.dtype == want.dtype == np.float64
+        assert_same(got, want, "exact")
+    assert f(x).dtype == np.float32                 # and back
+    g = hlofuse.jit(noisy, tiered=tiered)
+    g(x), g.block_until_optimized(), g(x)
+    flag = jax.config.jax_threefry_partitionable
+    try:
+        jax.config.update("jax_threefry_partitionable", not flag)
+        assert_same(g(x), jax.jit(noisy)(x), "exact")
+    finally:
+        jax.config.update("jax_threefry_partitionable", flag)
+    assert_same(g(x), jax.jit(noisy)(x), "exact")

@@ -166,11 +166,12 @@ class TraceKey:
     shardings: tuple | None
     key_impls: tuple
     ctx_mesh: Any
+    context: tuple = ()     # jax's tracing configuration (a program per configuration)
 
     @property
     def key(self) -> tuple:
         return (self.in_tree, self.dyn, self.static, self.donated, self.shardings,
-                self.key_impls, self.ctx_mesh)
+                self.key_impls, self.ctx_mesh, self.context)
 
     @property
     def dynamic(self) -> list:
@@ -272,8 +273,11 @@ class CallSignature:
 
     def call_key(self, args, kwargs, *, top_level: bool = True):
         """What selects an executable: static arguments by value, dynamic leaves by type,
-        shape and dtype. None under a transformation (tracers; ``top_level=False``: the
-        caller knows the arguments are concrete) or when a static one is unhashable."""
+        shape and dtype, and jax's tracing configuration (``jax_enable_x64``, the PRNG
+        implementation, default matmul precision...: what ``jax.jit`` keys its own caches on;
+        without it a signature kept the executable of the configuration it first ran under).
+        None under a transformation (tracers; ``top_level=False``: the caller knows the
+        arguments are concrete) or when a static one is unhashable."""
         if top_level and not compat.at_top_level():
             return None
         statics = self.static_positions(len(args))
@@ -283,6 +287,7 @@ class CallSignature:
         for k in sorted(kwargs):
             v = kwargs[k]
             parts.append((k, ("s", v) if k in self.static_names else self.leaf_keys(v)))
+        parts.append(compat.trace_context())
         key = tuple(parts)
         try:
             hash(key)
@@ -334,7 +339,8 @@ class CallSignature:
             key_impls=key_impls([x for x, d in zip(leaves, dyn) if d]),
             # without known shardings the trace may still read the caller's mesh (a bare
             # PartitionSpec constraint): a program per mesh in context, as jax.jit caches
-            ctx_mesh=None if shardings is not None else context_mesh())
+            ctx_mesh=None if shardings is not None else context_mesh(),
+            context=compat.trace_context())
 
     def donated_leaves(self, args, kwargs, dyn) -> tuple:
         if not self.donating:
