@@ -14,6 +14,15 @@ library fusions off, the ResNet stage's autotuned setting) and the ResNet-50 con
 0.462 against 0.552 of jax.jit's time (``python -m bench --models resnet_nhwc``). cuDNN and
 XLA's TPU emitter choose their own algorithms (Winograd among them), so gpu/tpu keep them.
 
+Non-finite and huge values: the transforms subtract inputs (``inf - inf`` is NaN where the
+direct sum is ``inf``) and scale them before the products (an overflow where the direct sum
+stays finite, for values near the float32 maximum). Where the inputs' maxima bound every
+intermediate below the float32 maximum (``324 Ci max|x| max|w|``; NaN and inf fail it) the
+16 products run, else the direct convolution, placed in the products' layout so that the
+output transform (adds and subtractions only) gives it back exactly (a ``lax.cond`` around the
+products only, so the output transform still fuses into what reads it; :data:`FINITE_GUARD`).
+Such inputs give what the program gives.
+
 Any dimension numbers: the input is read as NHWC and the filter as HWIO (one transpose each
 when the program's layout differs, which XLA folds into the transforms' loops), padding is
 explicit (any non-negative low/high amounts) and the output is written in the program's layout.
@@ -125,13 +134,23 @@ def _at(m0, m1, m2, m3) -> list:
     return [m0 + m1 + m2, m1 - m2 - m3]
 
 
+#: run the direct convolution where the inputs are not finite or so large that an
+#: intermediate could overflow (see the module docstring); off only for an A/B of its cost
+#: (a condition around the whole kernel, on its inputs or its output's finiteness, cost 1.06-
+#: 1.11x on the ResNet-50 conv2_x stage: the output transform no longer fused into the
+#: BatchNorm and ReLU after it; around the products only 1.05x on the NHWC stage, 0.99-1.08x on
+#: the NCHW one: the cost left is reading the input once more for its maximum)
+FINITE_GUARD = True
+
 _GG = np.kron(_G, _G)      # [16, 9]: G g Gᵀ of a filter's 9 taps, row-major (entries 0, ±¼, ½, 1)
 
 
-def winograd_f2x2_3x3(x, w, padding):
+def winograd_f2x2_3x3(x, w, padding, guard: bool = True):
     """``x`` [N, H, W, Ci] (NHWC), ``w`` [3, 3, Ci, Co] (HWIO), explicit ``padding``
     ((lo, hi), (lo, hi)) -> [N, Ho, Wo, Co], Ho = H + lo + hi - 2 (a stride-1 'VALID'
-    convolution of the padded input), in f32.
+    convolution of the padded input), in f32. ``guard``: inputs that are not finite, or so
+    large that an intermediate could overflow, get the direct convolution (see the module
+    docstring).
 
     Written for XLA:CPU's compile time as much as its run time: each transform is two
     vectorized stages (rows, then columns) over whole arrays, and ``G g Gᵀ`` one small dot.
@@ -159,7 +178,34 @@ def winograd_f2x2_3x3(x, w, padding):
     u = lax.dot_general(jnp.asarray(_GG), w.astype(jnp.float32).reshape(9, ci * co),
                         (((1,), (0,)), ((), ())), precision=lax.Precision.HIGHEST)
     u = u.reshape(16, ci, co)                                                  # G g Gᵀ
-    m = lax.dot_general(v, u, (((2,), (1,)), ((0,), (0,))), preferred_element_type=jnp.float32)
+
+    def products(_):
+        return lax.dot_general(v, u, (((2,), (1,)), ((0,), (0,))),
+                               preferred_element_type=jnp.float32)
+
+    def direct(_):
+        # the direct convolution D, placed where Aᵀ M A gives it back exactly: M[0,0] = D00,
+        # M[0,3] = -D01, M[3,0] = -D10, M[3,3] = D11, zeros elsewhere (the output transform
+        # only adds and subtracts: D + 0 and 0 - (-D) are D, inf and NaN included)
+        d = lax.conv_general_dilated(x, w.astype(x.dtype), (1, 1), [tuple(p) for p in padding],
+                                     dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        d = lax.pad(d, jnp.zeros((), d.dtype), ((0, 0, 0), (0, 2 * th - ho, 0),
+                                                (0, 2 * tw - wo, 0), (0, 0, 0)))
+        d = d.reshape(n, th, 2, tw, 2, co).astype(jnp.float32)
+        md = jnp.zeros((4, 4, n, th, tw, co), jnp.float32)
+        md = md.at[0, 0].set(d[:, :, 0, :, 0]).at[0, 3].set(-d[:, :, 0, :, 1])
+        md = md.at[3, 0].set(-d[:, :, 1, :, 0]).at[3, 3].set(d[:, :, 1, :, 1])
+        return md.reshape(16, n * th * tw, co)
+
+    if guard:
+        # every intermediate is at most 81 Ci max|x| max|w| (|V| <= 4 max|x|, |U| <= 2.25
+        # max|w|, Aᵀ.A sums 9): with a 4x margin below the float32 maximum the Winograd form
+        # runs; NaN and inf inputs fail the comparison and get the direct convolution
+        bound = (jnp.max(jnp.abs(x)).astype(jnp.float32) * jnp.max(jnp.abs(w)).astype(jnp.float32)
+                 * jnp.float32(324.0 * ci))
+        m = lax.cond(bound < jnp.float32(3.0e38), products, direct, None)
+    else:
+        m = products(None)
     m = m.reshape(4, 4, n, th, tw, co)
     y = jnp.stack(_at(m[0], m[1], m[2], m[3]))                                 # Y = Aᵀ M A
     y = jnp.stack(_at(y[:, 0], y[:, 1], y[:, 2], y[:, 3]), axis=1)            # [2, 2, N, th, tw, Co]
@@ -176,7 +222,7 @@ def build_conv_winograd(spec: ConvSpec, target: Target | str, **_):
     def fn(*inputs):
         x = jnp.transpose(inputs[spec.x_arg], spec.x_perm)
         w = jnp.transpose(inputs[spec.w_arg], spec.w_perm)
-        y = winograd_f2x2_3x3(x, w, spec.padding)
+        y = winograd_f2x2_3x3(x, w, spec.padding, guard=FINITE_GUARD)
         return (jnp.transpose(y, spec.out_perm),)
 
     fn = named_kernel(fn, f"hlofuse_conv_winograd_{spec.digest}")

@@ -41,6 +41,15 @@ def test_transform_matches_the_direct_convolution(shape, padding):
     got = winograd_f2x2_3x3(jnp.asarray(x), jnp.asarray(w), padding)
     assert got.shape == want.shape
     assert_same(got, want, "reassociate")
+    # an inf input takes the direct convolution through the output transform: the same
+    # values, infs and NaNs as the direct convolution, partial tiles and padding included
+    x[0, 1, 2, 3] = np.inf
+    want = np.asarray(_conv(x, w, [tuple(p) for p in padding]))
+    got = np.asarray(winograd_f2x2_3x3(jnp.asarray(x), jnp.asarray(w), padding))
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+    fin = np.isfinite(want)
+    assert_same(got[fin], want[fin], "exact")
 
 
 def test_conv_block_is_a_winograd_kernel_on_cpu():
@@ -53,8 +62,36 @@ def test_conv_block_is_a_winograd_kernel_on_cpu():
     (r,) = _winograd_regions(rep)
     assert r.kernel.startswith("hlofuse_conv_winograd_") and r.extra["algorithm"] == "winograd F(2x2,3x3)"
     assert kernels(rep, "conv_winograd")
-    assert "stablehlo.convolution" not in f.lower(x, w, sc, sh).as_text()
+    text = f.lower(x, w, sc, sh).as_text()
+    # the direct convolution is left only as the fallback for a result that is not finite
+    assert text.count("stablehlo.convolution") == 1
+    assert "stablehlo.case" in text or "stablehlo.if" in text
     assert_same(f(x, w, sc, sh), jax.jit(fn)(x, w, sc, sh), "reassociate")
+
+
+@pytest.mark.parametrize("case", ["inf-row", "nan-pixel", "near-max"])
+def test_non_finite_and_huge_inputs_give_what_the_direct_convolution_gives(case):
+    """The transforms subtract inputs (inf - inf = NaN where the direct sum is inf) and scale
+    them up before the products (an overflow where the direct sum is finite): a row of +inf
+    gave NaN for jax.jit's +inf, values near the float32 maximum gave inf for finite outputs
+    (found by an adversarial test). A result that is not all finite is computed directly."""
+    rng = np.random.default_rng(0)
+    w = (np.abs(rng.standard_normal((3, 3, 16, 16))) * 0.1).astype(F32)
+    x = rng.standard_normal((1, 8, 8, 16)).astype(F32)
+    if case == "inf-row":
+        x[0, 0] = np.inf
+    elif case == "nan-pixel":
+        x[0, 3, 4, 5] = np.nan
+    else:
+        x = (np.sign(x) * 1.5e38).astype(F32)
+        w = (rng.standard_normal((3, 3, 16, 16)) * 1e-3).astype(F32)
+    f = hlofuse.jit(_conv, tiered=False, autotune=False)
+    assert _winograd_regions(f.report(x, w))            # the rewrite fired
+    got, want = np.asarray(f(x, w)), np.asarray(jax.jit(_conv)(x, w))
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+    fin = np.isfinite(want)
+    assert_same(got[fin], want[fin], "reassociate")
 
 
 @pytest.mark.parametrize("dn", [("NCHW", "OIHW", "NCHW"), ("NHWC", "OIHW", "NCHW"),
