@@ -107,7 +107,7 @@ def test_corrupt_cache_file_is_ignored_and_replaced(cache_dir):
     (cache_dir / "autotune.json").write_text("{not json")
     at._warned.clear()
     c = at.DecisionCache()
-    with pytest.warns(UserWarning, match="damaged autotune cache"):
+    with pytest.warns(hlofuse.HlofuseWarning, match="damaged autotune cache"):
         assert c.get("x") is None
     c.put("x", _decision())
     assert json.loads((cache_dir / "autotune.json").read_text())["decisions"]["x"]["variant"] == "ynn-off"

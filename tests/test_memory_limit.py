@@ -94,6 +94,13 @@ def test_limits_are_read_once_and_bad_ones_named():
     assert memory.resolve_limit("device", Target.of("gpu", "h100")) > 79 << 30
     assert memory.resolve_limit("device", Target.of("tpu", "v5e")) == 17_200_000_000
     assert memory.resolve_limit("device", cpu) > 1 << 30   # the host's physical memory
-    for bad in ("lots", -1, "12 parsecs", True):
+    for bad in ("lots", -1, "12 parsecs", True, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="memory_limit="):
             hlofuse.jit(STEP, memory_limit=bad)
+
+
+def test_a_tuning_budget_that_is_not_a_finite_number_is_named():
+    f = hlofuse.jit(lambda x: x * 2)
+    for bad in (float("nan"), float("inf"), -1.0):
+        with pytest.raises(ValueError, match="budget_s="):
+            f.tune(np.ones(3, np.float32), budget_s=bad)

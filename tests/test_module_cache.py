@@ -101,7 +101,7 @@ def test_damaged_entry_is_a_miss_and_rewritten(cache_dir, damage):
         else:
             d["key"] = "other"
         path.write_text(json.dumps(d))
-    with pytest.warns(UserWarning, match="damaged module cache entry"):
+    with pytest.warns(hlofuse.HlofuseWarning, match="damaged module cache entry"):
         f = hlofuse.jit(_ln, autotune="off")
         assert_same(f(*args), want, category="reassociate")
     assert mc.STATS["damaged"] == 1 and len(f.report(*args).kernels) == 1
@@ -263,7 +263,7 @@ def test_damaged_traced_entry_falls_back_to_the_module_entry(cache_dir, damage):
         d = json.loads(raw)
         d["exported_sha256"] = "0" * 64
         path.write_text(json.dumps(d))
-    with pytest.warns(UserWarning, match="damaged module cache entry"):
+    with pytest.warns(hlofuse.HlofuseWarning, match="damaged module cache entry"):
         f = hlofuse.jit(_ln, autotune="off")
         assert_same(f(*args), want, category="reassociate")
     assert mc.STATS["hits"] == 1 and mc.STATS["traced_hits"] == 0   # the module entry answered

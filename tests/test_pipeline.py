@@ -96,6 +96,10 @@ def test_disable_by_name_and_by_env(monkeypatch):
     assert not rep.regions
     with pytest.raises(KeyError, match="cannot disable unknown"):
         PassManager("default", disable=["no-such-pass"])
+    # the message names where the name came from
+    monkeypatch.setenv("HLOFUSE_DISABLE_PASSES", "nope")
+    with pytest.raises(KeyError, match="from HLOFUSE_DISABLE_PASSES"):
+        hlofuse.jit(lambda x: x)
 
 
 @register_pass

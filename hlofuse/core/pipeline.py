@@ -496,11 +496,15 @@ class PassManager:
                  dump_dir: str | None = None, verify_each: bool = True):
         self.steps = _steps(pipeline)
         self.names = [st.name for st in self.steps]
-        self.disabled = set(disable) | _disabled_from_env()
+        from_env = _disabled_from_env()
+        self.disabled = set(disable) | from_env
         unknown = self.disabled - set(all_passes())
         if unknown:
-            raise UnknownPassError(f"cannot disable unknown pass(es) {sorted(unknown)}; "
-                           f"known passes: {', '.join(sorted(all_passes()))}")
+            where = [w for w, names in (("disable=", set(disable)), (DISABLE_ENV, from_env))
+                     if names & unknown]
+            raise UnknownPassError(f"cannot disable unknown pass(es) {sorted(unknown)} (from "
+                                   f"{' and '.join(where)}); known passes: "
+                                   f"{', '.join(sorted(all_passes()))}")
         self.dump_dir = dump_dir
         self.verify_each = verify_each
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import math
 import re
 import time
 from typing import Callable, Sequence
@@ -396,6 +397,10 @@ class HlofuseFunction:
         included), cache the decisions on disk and return them (``hlofuse tune`` runs this
         offline, so a deployment ships its decisions and runs with ``autotune='cached'``).
         None when there is nothing to tune. Does not run under a transformation."""
+        if budget_s is not None and not (isinstance(budget_s, (int, float))
+                                         and math.isfinite(budget_s) and budget_s >= 0):
+            raise ValueError(f"tune(budget_s={budget_s!r}): give a finite number of seconds "
+                             f">= 0, or None for the configured budget")
         args = self._wrap_frozen(args)
         key = self._call_key(args, kwargs)
         if key is None:

@@ -78,6 +78,7 @@ import jax
 from hlofuse.core import config
 from hlofuse.core import hostcpu
 from hlofuse.core.pipeline import trace
+from hlofuse.core.report import HlofuseWarning
 from hlofuse.runtime.testing import compare
 
 __all__ = ["VARIANTS", "KERNEL_VARIANTS", "applicable_variants", "applicable_kernel_variants",
@@ -114,7 +115,7 @@ _warned: set = set()
 def _warn_once(msg: str) -> None:
     if msg not in _warned:
         _warned.add(msg)
-        warnings.warn(msg, stacklevel=3)
+        warnings.warn(msg, HlofuseWarning, stacklevel=3)
 
 YNN = "xla_cpu_experimental_ynn_fusion_type"
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import math
 import re
 
 from hlofuse.core import ir as hir
@@ -82,6 +83,8 @@ def resolve_limit(limit, target: Target, device=None) -> int:
         raise ValueError(f"memory_limit={limit!r}: give bytes, a size such as '12GiB', or "
                          f"'device'")
     if isinstance(limit, (int, float)):
+        if not math.isfinite(limit):
+            raise ValueError(f"memory_limit={limit!r}: must be a finite number of bytes")
         if limit <= 0:
             raise ValueError(f"memory_limit={limit!r}: must be positive")
         return int(limit)

@@ -52,7 +52,7 @@ from hlofuse.core import compat
 from hlofuse.core import config
 from hlofuse.core import hostcpu
 from hlofuse.core import ir as hir
-from hlofuse.core.report import PassRecord, Region, Report
+from hlofuse.core.report import HlofuseWarning, PassRecord, Region, Report
 
 ENV = "HLOFUSE_MODULE_CACHE"
 # 2: kernels keep their regions' originals in the module (hlofuse.passes.kernel_table), no
@@ -173,7 +173,8 @@ def _damaged(path: str, e: BaseException, miss: bool = True):
     if miss:
         STATS["misses"] += 1
     warnings.warn(f"hlofuse: ignoring the damaged module cache entry {path} "
-                  f"({type(e).__name__}: {str(e)[:100]}); it will be rewritten", stacklevel=3)
+                  f"({type(e).__name__}: {str(e)[:100]}); it will be rewritten", HlofuseWarning,
+                  stacklevel=3)
     return None
 
 
