@@ -281,7 +281,8 @@ def test_a_custom_jvp_rule_closing_over_a_traced_value_is_refused_as_jax_refuses
         g.defjvp(lambda p, t: (g(p[0]), t[0] * s * 10))
         return jnp.sum(g(a))
     a, s = jnp.full(shape, 0.5, jnp.float32), jnp.float32(2.0)
-    with pytest.raises(jax.errors.UnexpectedTracerError):
+    # (jax 0.10.2's lowering says "No constant handler" for the tracer: a TypeError)
+    with pytest.raises((jax.errors.UnexpectedTracerError, TypeError)):
         jax.grad(jax.jit(f))(a, s)
     with pytest.raises(jax.errors.UnexpectedTracerError, match="custom_jvp"):
         jax.grad(hlofuse.jit(f))(a, s)
