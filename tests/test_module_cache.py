@@ -362,3 +362,28 @@ def test_the_code_fingerprint_covers_every_layer():
     for want in ("hlofuse/core/ir.py", "hlofuse/runtime/program.py", "hlofuse/frontend/jit.py",
                  "hlofuse.passes/kernelize.py", "hlofuse.kernels/common.py"):
         assert want in names, want
+
+
+@pytest.mark.parametrize("where", ["is-a-file", "under-a-file"])
+def test_a_cache_directory_that_cannot_be_one_warns_once(cache_dir, monkeypatch, where):
+    """HLOFUSE_CACHE_DIR naming a file (or a path under one): every call was right, but each
+    entry warned that it was damaged and "will be rewritten" (it cannot be). Now one
+    HlofuseWarning says the directory is unusable, and nothing is written there."""
+    import warnings
+    f = cache_dir / "a-file"
+    f.write_text("not a directory")
+    root = f if where == "is-a-file" else f / "cache"
+    monkeypatch.setenv("HLOFUSE_CACHE_DIR", str(root))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in (8, 16, 8):
+            g = hlofuse.jit(lambda x: jax.nn.softmax(jnp.tanh(x) * 2.0, -1), tiered=False,
+                            autotune=False)
+            x = np.ones((4, n), np.float32)
+            assert_same(g(x), jax.jit(lambda x: jax.nn.softmax(jnp.tanh(x) * 2.0, -1))(x),
+                        "reassociate")
+    ours = [w for w in caught if issubclass(w.category, hlofuse.HlofuseWarning)]
+    assert len(ours) == 1 and "is not a directory" in str(ours[0].message), \
+        [str(w.message) for w in caught]
+    assert mc.STATS["damaged"] == 0 and mc.STATS["writes"] == 0
+    assert f.read_text() == "not a directory"

@@ -168,7 +168,39 @@ def load(k: str, ctx=None):
     return module, rep
 
 
+_UNUSABLE_WARNED: set = set()
+
+
+def _unusable(path: str, miss: bool = True):
+    """A miss because the cache directory (or a folder on its path) is a file: one warning
+    per directory and process, not one per entry saying it "will be rewritten" (it cannot
+    be)."""
+    if miss:
+        STATS["misses"] += 1
+    root = config.get("HLOFUSE_CACHE_DIR")
+    if root not in _UNUSABLE_WARNED:
+        _UNUSABLE_WARNED.add(root)
+        warnings.warn(f"hlofuse: HLOFUSE_CACHE_DIR={root} is not a directory (or lies under a "
+                      f"file), so no module is cached there; point it at a directory",
+                      HlofuseWarning, stacklevel=4)
+    return None
+
+
+def _under_a_file(path: str) -> bool:
+    """Whether ``path`` or a folder on its way is a file (no directory can be made there)."""
+    p = os.path.abspath(os.path.expanduser(path))
+    while True:
+        if os.path.exists(p):
+            return not os.path.isdir(p)
+        parent = os.path.dirname(p)
+        if parent == p:
+            return False
+        p = parent
+
+
 def _damaged(path: str, e: BaseException, miss: bool = True):
+    if isinstance(e, NotADirectoryError):
+        return _unusable(path, miss)
     STATS["damaged"] += 1
     if miss:
         STATS["misses"] += 1
@@ -271,7 +303,11 @@ def enable_xla_cache() -> str | None:
     import jax
     if jax.config.jax_compilation_cache_dir:
         return None
-    path = os.path.join(os.path.dirname(directory()), "xla")
+    root = os.path.dirname(directory())
+    if _under_a_file(root):
+        _unusable(root, miss=False)     # jax's cache would warn once per compile there
+        return None
+    path = os.path.join(root, "xla")
     jax.config.update("jax_compilation_cache_dir", path)
     if jax.config.jax_persistent_cache_min_compile_time_secs > XLA_MIN_COMPILE_S:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", XLA_MIN_COMPILE_S)
