@@ -116,11 +116,15 @@ def _is_static_tensor(t: ir.Type) -> bool:
     return hir.tensor_type_info(t) is not None
 
 
+def _is_tuple(t: ir.Type) -> bool:
+    return str(t).startswith("tuple<")
+
+
 def tuple_signature(module: ir.Module) -> str | None:
     """Describe the first tuple-typed argument/result of ``main`` (None when there is none)."""
     for kind, types in (("argument", main_arg_types(module)), ("result", main_result_types(module))):
         for i, t in enumerate(types):
-            if str(t).startswith("tuple<"):
+            if _is_tuple(t):
                 return f"main {kind} {i} is a tuple ({t})"
     return None
 
@@ -130,7 +134,7 @@ def dynamic_signature(module: ir.Module) -> str | None:
     tuples are :func:`tuple_signature`'s)."""
     for kind, types in (("argument", main_arg_types(module)), ("result", main_result_types(module))):
         for i, t in enumerate(types):
-            if str(t).startswith("tuple<"):
+            if _is_tuple(t):
                 continue
             if isinstance(t, ir.RankedTensorType) or "tensor" in str(t):
                 if not _is_static_tensor(t):

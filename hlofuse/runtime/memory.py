@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import math
+import os
 import re
 
 from hlofuse.core import ir as hir

@@ -171,7 +171,7 @@ def load(k: str, ctx=None):
 _UNUSABLE_WARNED: set = set()
 
 
-def _unusable(path: str, miss: bool = True):
+def _unusable(miss: bool = True):
     """A miss because the cache directory (or a folder on its path) is a file: one warning
     per directory and process, not one per entry saying it "will be rewritten" (it cannot
     be)."""
@@ -200,7 +200,7 @@ def _under_a_file(path: str) -> bool:
 
 def _damaged(path: str, e: BaseException, miss: bool = True):
     if isinstance(e, NotADirectoryError):
-        return _unusable(path, miss)
+        return _unusable(miss)
     STATS["damaged"] += 1
     if miss:
         STATS["misses"] += 1
@@ -305,7 +305,7 @@ def enable_xla_cache() -> str | None:
         return None
     root = os.path.dirname(directory())
     if _under_a_file(root):
-        _unusable(root, miss=False)     # jax's cache would warn once per compile there
+        _unusable(miss=False)     # jax's cache would warn once per compile there
         return None
     path = os.path.join(root, "xla")
     jax.config.update("jax_compilation_cache_dir", path)
