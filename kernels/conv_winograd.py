@@ -17,7 +17,8 @@ XLA's TPU emitter choose their own algorithms (Winograd among them), so gpu/tpu 
 Non-finite and huge values: the transforms subtract inputs (``inf - inf`` is NaN where the
 direct sum is ``inf``) and scale them before the products (an overflow where the direct sum
 stays finite, for values near the float32 maximum). Where the inputs' maxima bound every
-intermediate below the float32 maximum (``324 Ci max|x| max|w|``; NaN and inf fail it) the
+intermediate below the float32 maximum (``324 Ci max|x| max|w|``, ``16 max|x|`` and
+``9 max|w|``, a 4x margin each; NaN and inf fail it) the
 16 products run, else the direct convolution, placed in the products' layout so that the
 output transform (adds and subtractions only) gives it back exactly (a ``lax.cond`` around the
 products only, so the output transform still fuses into what reads it; :data:`FINITE_GUARD`).
@@ -198,11 +199,14 @@ def winograd_f2x2_3x3(x, w, padding, guard: bool = True):
         return md.reshape(16, n * th * tw, co)
 
     if guard:
-        # every intermediate is at most 81 Ci max|x| max|w| (|V| <= 4 max|x|, |U| <= 2.25
-        # max|w|, Aᵀ.A sums 9): with a 4x margin below the float32 maximum the Winograd form
-        # runs; NaN and inf inputs fail the comparison and get the direct convolution
-        bound = (jnp.max(jnp.abs(x)).astype(jnp.float32) * jnp.max(jnp.abs(w)).astype(jnp.float32)
-                 * jnp.float32(324.0 * ci))
+        # every intermediate is at most 4 max|x| (V), 2.25 max|w| (U) or 81 Ci max|x| max|w|
+        # (the products, Aᵀ.A sums 9): each with a 4x margin below the float32 maximum, the
+        # Winograd form runs (a huge input with a tiny filter overflows V alone); NaN and inf
+        # inputs fail the comparison and get the direct convolution
+        mx = jnp.max(jnp.abs(x)).astype(jnp.float32)
+        mw = jnp.max(jnp.abs(w)).astype(jnp.float32)
+        bound = jnp.maximum(jnp.maximum(mx * mw * jnp.float32(324.0 * ci), mx * jnp.float32(16.0)),
+                            mw * jnp.float32(9.0))
         m = lax.cond(bound < jnp.float32(3.0e38), products, direct, None)
     else:
         m = products(None)

@@ -69,12 +69,15 @@ def test_conv_block_is_a_winograd_kernel_on_cpu():
     assert_same(f(x, w, sc, sh), jax.jit(fn)(x, w, sc, sh), "reassociate")
 
 
-@pytest.mark.parametrize("case", ["inf-row", "nan-pixel", "near-max"])
+@pytest.mark.parametrize("case", ["inf-row", "nan-pixel", "near-max", "huge-x-tiny-w",
+                                  "tiny-x-huge-w"])
 def test_non_finite_and_huge_inputs_give_what_the_direct_convolution_gives(case):
     """The transforms subtract inputs (inf - inf = NaN where the direct sum is inf) and scale
     them up before the products (an overflow where the direct sum is finite): a row of +inf
     gave NaN for jax.jit's +inf, values near the float32 maximum gave inf for finite outputs
-    (found by an adversarial test). A result that is not all finite is computed directly."""
+    (found by an adversarial test), and so did a huge input with a tiny filter (the input
+    transform alone overflowed: all NaN for finite outputs) or a tiny input with a huge filter.
+    Inputs that could overflow any intermediate are convolved directly."""
     rng = np.random.default_rng(0)
     w = (np.abs(rng.standard_normal((3, 3, 16, 16))) * 0.1).astype(F32)
     x = rng.standard_normal((1, 8, 8, 16)).astype(F32)
@@ -82,9 +85,16 @@ def test_non_finite_and_huge_inputs_give_what_the_direct_convolution_gives(case)
         x[0, 0] = np.inf
     elif case == "nan-pixel":
         x[0, 3, 4, 5] = np.nan
-    else:
+    elif case == "near-max":
         x = (np.sign(x) * 1.5e38).astype(F32)
         w = (rng.standard_normal((3, 3, 16, 16)) * 1e-3).astype(F32)
+    elif case == "huge-x-tiny-w":     # alternating signs: Bᵀ d B reaches 4 max|x|
+        x = (1e38 * (-1.0) ** np.add.outer(np.arange(8), np.arange(8)))[None, :, :, None]
+        x = np.broadcast_to(x, (1, 8, 8, 16)).astype(F32)
+        w = (rng.standard_normal((3, 3, 16, 16)) * 1e-5).astype(F32)
+    else:
+        x = (x * 1e-20).astype(F32)
+        w = np.full((3, 3, 16, 16), 3e38, F32)
     f = hlofuse.jit(_conv, tiered=False, autotune=False)
     assert _winograd_regions(f.report(x, w))            # the rewrite fired
     got, want = np.asarray(f(x, w)), np.asarray(jax.jit(_conv)(x, w))
