@@ -178,6 +178,12 @@ def _why_no_chain(y: ir.Value, dim: int, channels: int) -> str | None:
     return None
 
 
+def _all_finite(a: np.ndarray) -> bool:
+    """Whether every value of ``a`` (any float dtype, bf16 and f16 included) is finite: a folded
+    constant that overflows its type turns the program's finite (or inf) results into NaN."""
+    return bool(np.all(np.isfinite(a.astype(np.float32))))
+
+
 def fold_one(op, refused: Refusals | None = None) -> bool:
     """Fold the affine chain after ``op``; a candidate (a chain follows) that is not folded is
     added to ``refused`` with why."""
@@ -211,7 +217,11 @@ def fold_one(op, refused: Refusals | None = None) -> bool:
         return refuse("folded scale or shift is not finite")
     shape = [1] * w.ndim
     shape[w_dim] = channels
-    w_new = (w.astype(np.float64) * s.reshape(shape)).astype(w.dtype)
+    with np.errstate(over="ignore", invalid="ignore"):     # checked just below
+        w_new = (w.astype(np.float64) * s.reshape(shape)).astype(w.dtype)
+        t_new = t.astype(hir.np_dtype(out.dtype))
+    if not (_all_finite(w_new) and _all_finite(t_new)):
+        return refuse("folded weight or shift overflows its type")
     last = chain[-1]
     new_w = gu.make_constant(w_new, op.operands[w_index].type, before=op)
     old_w = hir.defining_op(op.operands[w_index])
@@ -221,7 +231,7 @@ def fold_one(op, refused: Refusals | None = None) -> bool:
     if n_shift:
         et = gu.element_type(result)
         vt = gu.tensor_type([channels], et)
-        bias = gu.make_constant(t.astype(hir.np_dtype(out.dtype)), vt, before=last)
+        bias = gu.make_constant(t_new, vt, before=last)
         b = gu.make_broadcast(bias, [out_dim], result.type, before=last)
         result = gu.create("stablehlo.add", [op.results[0], b], [result.type],
                            before=last).results[0]
@@ -301,22 +311,30 @@ def fold_into_next(x: ir.Value, refused: Refusals | None = None) -> int:
         if refused is not None:
             refused.add("affine map before a dot", "folded scale or shift is not finite", hir.op_location(ops[0]))
         return 0
+    folded = []
     for d in dots:
         dn = shlo.DotDimensionNumbers(d.attributes["dot_dimension_numbers"])
         rc = list(dn.rhs_contracting_dimensions)[0]
-        w = gu.constant_array(d.operands[1]).astype(np.float64)
-        wk = w if rc == 0 else w.T                      # (K, N)
-        w_new = (wk * s[:, None]) if rc == 0 else (wk * s[:, None]).T
+        w0 = gu.constant_array(d.operands[1])
+        wk = w0.astype(np.float64) if rc == 0 else w0.astype(np.float64).T     # (K, N)
+        with np.errstate(over="ignore", invalid="ignore"):  # checked just below
+            w_new = ((wk * s[:, None]) if rc == 0 else (wk * s[:, None]).T).astype(w0.dtype)
+            bias = (t @ wk).astype(hir.np_dtype(gu.info(d.results[0]).dtype)) if np.any(t != 0) else None
+        if not (_all_finite(w_new) and (bias is None or _all_finite(bias))):
+            if refused is not None:
+                refused.add("affine map before a dot", "folded weight or shift overflows its type",
+                            hir.op_location(ops[0]))
+            return 0
+        folded.append((d, w_new, bias))
+    for d, w_new, bias in folded:
         out = gu.info(d.results[0])
         old_w = hir.defining_op(d.operands[1])
-        d.operands[1] = gu.make_constant(w_new.astype(gu.constant_array(d.operands[1]).dtype),
-                                         d.operands[1].type, before=d)
+        d.operands[1] = gu.make_constant(w_new, d.operands[1].type, before=d)
         d.operands[0] = src
         gu.erase_if_dead([old_w])
-        if np.any(t != 0):
-            bias = t @ wk                                # (N,)
+        if bias is not None:
             vt = gu.tensor_type([out.shape[-1]], gu.element_type(d.results[0]))
-            c = gu.make_constant(bias.astype(hir.np_dtype(out.dtype)), vt, after=d)
+            c = gu.make_constant(bias, vt, after=d)
             b = gu.make_broadcast(c, [len(out.shape) - 1], d.results[0].type, after=hir.defining_op(c))
             add = gu.create("stablehlo.add", [d.results[0], b], [d.results[0].type], after=hir.defining_op(b))
             d.results[0].replace_all_uses_except(add.results[0], add)

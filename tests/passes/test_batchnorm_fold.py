@@ -217,3 +217,49 @@ func.func @main(%x: tensor<3x4xf32>, %w: tensor<4x2xf32>) -> tensor<3x2xf32> {
     o = hlofuse.optimize(text, pipeline=PASS)
     assert stats(o)["folded_into_next"] == 0 and o.text == before
     assert refusals(o) == {"refused[weight is not a constant]": 1}
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_a_fold_that_overflows_the_weights_type_is_refused(dtype):
+    """A scale that is finite but makes ``w * s`` overflow the weights' type (f16: a dead
+    channel's rsqrt(0 + 1e-5) = 316 times gamma 40 times |w| up to 8; f32: gamma 1e36) turned
+    jax.jit's finite (f16) or inf (f32) results into NaN everywhere (adversarial round)."""
+    import jax
+    import jax.numpy as jnp
+
+    def dense_bn(params, x):
+        w, mean, inv, g, b = params
+        return ((x @ w - mean) * inv) * g + b
+
+    k = n = 64
+    g = np.full(n, 40.0 if dtype == "float16" else 1e36)
+    params = tuple(jnp.asarray(a, dtype) for a in (RNG.uniform(-8, 8, (k, n)), np.zeros(n),
+                                                   np.full(n, 316.0), g, np.zeros(n)))
+    x = jnp.asarray(RNG.uniform(-0.01, 0.01, (16, k)), dtype)
+    f = hlofuse.jit(dense_bn, freeze_argnums=0, target="cpu", tiered=False, autotune=False)
+    low = f.lower(params, x)
+    assert refusals(low) == {"refused[folded weight or shift overflows its type]": 1}
+    assert stats(low)["folded"] == 0
+    got = np.asarray(f(params, x), np.float64)
+    want = np.asarray(jax.jit(dense_bn)(params, x), np.float64)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+
+
+def test_an_affine_map_whose_fold_overflows_the_next_dots_weights_is_refused():
+    """``fold_into_next`` checks the folded weights and bias in their types too."""
+    import jax
+    p = {"g": np.full(16, 1e36, np.float32), "b": RNG.standard_normal(16).astype(np.float32),
+         **{k: RNG.standard_normal((16, 8)).astype(np.float32) for k in ("q", "k", "v")}}
+    p["k"][3, 5] = 1000.0                       # 1e39 after the fold: f32's maximum is 3.4e38
+    x = RNG.standard_normal((4, 16)).astype(np.float32) * 1e-3
+    f = hlofuse.jit(_layernorm_qkv, freeze_argnums=0, target="cpu", tiered=False, autotune=False,
+                    pipeline=["inline-calls", "canonicalize", "cse", "constant-fold",
+                              "algebraic-simplify", "batchnorm-fold", "cse", "canonicalize"])
+    low = f.lower(p, x)
+    assert refusals(low) == {"refused[folded weight or shift overflows its type]": 1}
+    assert stats(low)["folded_into_next"] == 0
+    for got, want in zip(f(p, x), jax.jit(_layernorm_qkv)(p, x)):
+        got, want = np.asarray(got), np.asarray(want)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
