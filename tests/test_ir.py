@@ -148,3 +148,67 @@ def test_ops_text_is_op_text_of_each_op():
         assert "stablehlo" in hir.ops_text(ops)
     assert len(hir.funcs(m)) >= 2 and seen > 10
     assert hir.ops_text([]) == ""
+
+
+_INT_DTYPES = ["int32", "int8", "uint32", "uint8"]
+
+
+def _division_cases(dt):
+    info = np.iinfo(dt)
+    signed = info.min < 0
+    a = np.array([7, 250 if not signed else -7, info.min, info.max, 0, 9, 100, 3], dt)
+    b = np.array([0, 0, -1 if signed else 0, 0, 0, 2, 7, -1 if signed else 1], dt)
+    return a, b
+
+
+@pytest.mark.parametrize("dt", _INT_DTYPES)
+def test_integer_division_by_zero_and_minus_one_gives_xlas_values_and_never_traps(dt):
+    """H9: the canonicalizer (jaxlib 0.10.2) and XLA's constant folder divided integer
+    constants with the host's division: a zero divisor killed the process (SIGFPE), e.g.
+    ``7 // (argmax(x) * 0)`` or a frozen divisor holding 0 (adversarial rounds). Guarded, the
+    frozen program gives what jax.jit gives for the same values passed at run time."""
+    import hlofuse
+    a, b = _division_cases(dt)
+    f = lambda a, b: (jax.lax.div(a, b), jax.lax.rem(a, b))   # noqa: E731
+    want = jax.jit(f)(a, b)                                    # run-time values: no folding
+    frozen = hlofuse.jit(f, freeze_argnums=(0, 1), tiered=False, autotune=False,
+                         options={"strict": True})
+    for g, w in zip(frozen(a, b), want):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    live = hlofuse.jit(f, tiered=False, autotune=False, options={"strict": True})
+    for g, w in zip(live(a, b), want):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+def test_a_divisor_that_folds_to_zero_inside_the_canonicalizer_does_not_trap():
+    import hlofuse
+    x = jnp.arange(8.0)
+    for f in (lambda x: 7 // (jnp.argmax(x) * 0),
+              lambda x: jnp.int32(7) // jnp.zeros((), jnp.int32) + jnp.argmax(x)):
+        got = hlofuse.jit(f, tiered=False, autotune=False, options={"strict": True})(x)
+        assert int(got) == int(jax.jit(f)(x))
+
+
+def test_guard_integer_division_rewrites_what_may_trap_once():
+    text = """
+func.func @main(%a: tensor<4xi32>, %b: tensor<4xi32>) -> (tensor<4xi32>, tensor<4xi32>, tensor<4xui8>) {
+  %c = stablehlo.constant dense<[1, 2, 3, 4]> : tensor<4xi32>
+  %z = stablehlo.constant dense<[1, 0, 3, 4]> : tensor<4xi32>
+  %u = stablehlo.constant dense<255> : tensor<4xui8>
+  %safe = stablehlo.divide %a, %c : tensor<4xi32>
+  %d = stablehlo.remainder %a, %b : tensor<4xi32>
+  %e = stablehlo.divide %safe, %z : tensor<4xi32>
+  %uu = stablehlo.divide %u, %u : tensor<4xui8>
+  return %d, %e, %uu : tensor<4xi32>, tensor<4xi32>, tensor<4xui8>
+}"""
+    m = hir.parse(text, hir.new_context())
+    assert hir.guard_integer_division(m) == 2        # %d (a run-time divisor) and %e (a 0)
+    hir.verify(m)
+    once = hir.to_text(m)
+    assert hir.guard_integer_division(m) == 0 and hir.to_text(m) == once
+    a, b = np.array([5, -9, 7, 8], np.int32), np.array([0, 2, -1, 3], np.int32)
+    from hlofuse.runtime.execute import run_module
+    d, e, uu = run_module(once, [a, b])
+    np.testing.assert_array_equal(d, [5, -1, 0, 2])
+    np.testing.assert_array_equal(e, [5, -1, 0, 0])      # [5, -4, 2, 2] / [1, 0, 3, 4]
+    np.testing.assert_array_equal(uu, [1, 1, 1, 1])

@@ -1,7 +1,7 @@
 """Thin helpers over jaxlib's MLIR bindings: parse, print, serialize, walk, def-use, surgery.
 
 This module is the one place in hlofuse that knows the crash hazards of the bindings
-(``../shared/reference/jax-0.10.2-facts.md``, H1-H8). Every other module goes through it:
+(``../shared/reference/jax-0.10.2-facts.md``, H1-H8; H9 found here). Every other module goes through it:
 
 * H1  mutating ``Lowered.compiler_ir()`` poisons JAX's lowering cache: we never take the live
       module; :func:`module_from_jax` always re-parses text into a context of our own.
@@ -18,6 +18,13 @@ This module is the one place in hlofuse that knows the crash hazards of the bind
 * The parser itself: :func:`guard_parse` stands in front of every parse. Corrupt bytecode can
   abort it (probed in a subprocess first, :func:`probe_parse`), and text nested thousands of
   levels deep overflows its stack (refused from a cheap scan, :func:`check_text_nesting`).
+* H9  jaxlib 0.10.2's canonicalizer and XLA's constant folder divide integer constants with
+      the host's division, which traps on a zero divisor (and on INT_MIN / -1): SIGFPE kills the
+      process, e.g. ``7 // (argmax(x) * 0)`` or a frozen divisor holding 0.
+      :func:`guard_integer_division` writes each integer divide/remainder whose divisor is not
+      a constant known to be safe with XLA's semantics spelled out (x / 0 = -1, all ones
+      unsigned; x % 0 = x; x / -1 = -x; x % -1 = 0) around a divisor that is never 0 or -1; it
+      runs before every upstream pass (:func:`run_upstream_passes`) and after each pipeline.
 * Child interpreters (the probe, :func:`eval_module`) start with ``python -P``
   (:func:`python_command`): modules in the current directory are never imported.
 (H4, the compilation cache keyed on module identity, does not arise: hlofuse never mutates a
@@ -531,10 +538,113 @@ def inline_all_calls(module: ir.Module, *, keep: Callable | None = None) -> int:
 
 
 def run_upstream_passes(module: ir.Module, pipeline: str) -> None:
-    """Run an upstream MLIR pass pipeline string, e.g. ``'builtin.module(cse,canonicalize)'``."""
+    """Run an upstream MLIR pass pipeline string, e.g. ``'builtin.module(cse,canonicalize)'``
+    (integer divisions guarded first, H9)."""
+    guard_integer_division(module)
     with module.context:
         pm = passmanager.PassManager.parse(pipeline)
         pm.run(module.operation)
+
+
+def _int_constant(v: ir.Value) -> np.ndarray | None:
+    """The values of an integer ``stablehlo.constant`` producing ``v`` (None otherwise)."""
+    op = defining_op(v)
+    if op is None or op.name != "stablehlo.constant":
+        return None
+    try:
+        dense = ir.DenseIntElementsAttr(op.attributes["value"])
+        if dense.is_splat:
+            return np.asarray([ir.IntegerAttr(dense.get_splat_value()).value])
+        return np.asarray([dense[i] for i in range(len(dense))]) if len(dense) <= 4096 else None
+    except (ValueError, TypeError):
+        return None
+
+
+def _is_guarded_divisor(v: ir.Value) -> bool:
+    """``select(bad, 1, d)``: the divisor :func:`guard_integer_division` writes."""
+    op = defining_op(v)
+    if op is None or op.name != "stablehlo.select":
+        return False
+    one = _int_constant(op.operands[1])
+    return one is not None and one.size == 1 and int(one[0]) == 1
+
+
+def guard_integer_division(module: ir.Module) -> int:
+    """H9: rewrite integer ``divide``/``remainder`` ops whose divisor may be 0 (or -1, signed)
+    so that no divide ever sees one, with the results XLA defines for them; returns how many
+    were rewritten. A divisor that is a constant without 0 and -1, or one already guarded, is
+    left as it is (rerunning changes nothing)."""
+    todo = []
+
+    def visit(op):
+        if op.name not in ("stablehlo.divide", "stablehlo.remainder") or len(op.operands) != 2:
+            return
+        if tensor_type_info(op.results[0].type) is None:
+            return
+        t = ir.RankedTensorType(op.results[0].type)
+        if not isinstance(t.element_type, ir.IntegerType) or ir.IntegerType(t.element_type).width <= 1:
+            return
+        d = op.operands[1]
+        c = _int_constant(d)
+        unsigned = ir.IntegerType(t.element_type).is_unsigned
+        if (c is not None and not np.any(c == 0) and (unsigned or not np.any(c == -1))) \
+                or _is_guarded_divisor(d):
+            return
+        todo.append(op)
+
+    walk(module, visit)
+    with module.context:
+        for op in todo:
+            _guard_one(op)
+    return len(todo)
+
+
+def _guard_one(op) -> None:
+    with op.location:
+        _guard_one_here(op)
+
+
+def _guard_one_here(op) -> None:
+    t = ir.RankedTensorType(op.results[0].type)
+    et = ir.IntegerType(t.element_type)
+    unsigned = et.is_unsigned
+    i1 = ir.RankedTensorType.get(t.shape, ir.IntegerType.get_signless(1))
+    x, d = op.operands[0], op.operands[1]
+    ip, loc = ir.InsertionPoint(op), op.location
+
+    def make(name, operands, result, attrs=None):
+        return ir.Operation.create(name, results=[result], operands=operands,
+                                   attributes=attrs or {}, loc=loc, ip=ip).results[0]
+
+    def splat(value):
+        attr = ir.DenseElementsAttr.get_splat(t, ir.IntegerAttr.get(et, value))
+        return make("stablehlo.constant", [], t, {"value": attr})
+
+    def eq(a, b):
+        return make("stablehlo.compare", [a, b], i1, {
+            "comparison_direction": stablehlo.ComparisonDirectionAttr.get("EQ"),
+            "compare_type": stablehlo.ComparisonTypeAttr.get("UNSIGNED" if unsigned else "SIGNED")})
+
+    zero, one = splat(0), splat(1)
+    is0 = eq(d, zero)
+    bad = is0
+    if not unsigned:
+        minus1 = splat(-1)
+        is_m1 = eq(d, minus1)
+        bad = make("stablehlo.or", [is0, is_m1], i1)
+    safe = make("stablehlo.select", [bad, one, d], t)
+    q = make(op.name, [x, safe], t)
+    if op.name == "stablehlo.divide":
+        if not unsigned:      # x / -1 = -x (INT_MIN wraps to itself)
+            q = make("stablehlo.select", [is_m1, make("stablehlo.negate", [x], t), q], t)
+        at0 = splat(-1) if unsigned else minus1       # all ones
+    else:
+        if not unsigned:      # x % -1 = 0
+            q = make("stablehlo.select", [is_m1, zero, q], t)
+        at0 = x
+    r = make("stablehlo.select", [is0, at0, q], t)
+    op.results[0].replace_all_uses_with(r)
+    safe_erase(op)
 
 
 def verify(module: ir.Module) -> None:

@@ -531,6 +531,7 @@ class PassManager:
     def _run_steps(self, module: ir.Module, ctx: PassContext) -> ir.Module:
         report = ctx.report
         self._dump(module, 0, "input")
+        hir.guard_integer_division(module)   # H9: before any pass folds a division
         done: list[str] = []
         for i, step in enumerate(self.steps, start=1):
             name = step.name
@@ -559,6 +560,7 @@ class PassManager:
             report.record_pass(name, time.perf_counter() - t0, stats)
             done.append(name)
             self._dump(module, i, name)
+        hir.guard_integer_division(module)   # H9: what XLA's constant folder would trap on
         return module
 
     def _dump_failure(self, module_bytes: bytes, name: str) -> str:
