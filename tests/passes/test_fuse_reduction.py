@@ -270,3 +270,26 @@ def test_column_reductions_off_on_cpu_by_default_with_reason():
     gpu = outline(step, (p, X), "fuse-reduction", target="gpu")   # auto: on for gpu
     (region,) = gpu.funcs("reduction")
     assert len(spec_from_func(region).col_outputs) == 2
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_a_16_bit_product_stays_with_xla_and_says_why(dtype):
+    """XLA:CPU rounds each partial product of a 16-bit ``lax.reduce(mul)`` to 16 bits; the
+    kernel's f32 accumulator gave 1.24 where jax.jit gives 0.89 (bf16, a row of 1025 values near
+    1; adversarial round). The same row's 16-bit sum keeps its kernel (XLA's tree of rounded
+    partial sums is within ``reassociate``)."""
+    x = jnp.asarray(RNG.uniform(0.99, 1.01, (16, 1025)), dtype)
+
+    def prod(x):
+        return x * jax.lax.reduce(x, np.array(1, dtype), jax.lax.mul, (1,))[:, None]
+
+    def total(x):
+        return x * jax.lax.reduce(x, np.array(0, dtype), jax.lax.add, (1,))[:, None]
+
+    f = hlofuse.jit(prod, target="cpu", pipeline=PIPE)
+    rep = f.report(x)
+    assert rep.regions == [] and any("16-bit float product" in n for n in rep.notes), rep.notes
+    assert_same(f(x), jax.jit(prod)(x), "exact")
+    g = hlofuse.jit(total, target="cpu", pipeline=PIPE)
+    assert len(kernels(g.report(x), "reduction")) == 1
+    assert_same(g(x), jax.jit(total)(x), "reassociate")
