@@ -37,6 +37,9 @@ turn into an integer there and no longer propagate. StableHLO's quantized types
 
 Preconditions: ``inline-calls`` (jnp's ``round``/``clip`` are private calls), ``constant-fold``
 (scales of frozen parameters are constants). Runs before ``fuse-matmul-epilogue``.
+Scales that are not finite: a run-time scale's result gets ``+ (s - s)`` (NaN where the scale
+is inf or NaN, as the float dot's ``inf * 0`` gives; +0 elsewhere), a constant one that is not
+finite refuses the rewrite.
 Invariant: the module verifies; rerunning changes nothing (the rewritten dots have integer or
 undequantized operands). Not bit-exact: the scale is applied once to the exact integer sum
 instead of to each product, tolerance category ``quantize`` of ``hlofuse.runtime.testing.TOLERANCES``.
@@ -179,7 +182,17 @@ def _apply_scale(y: ir.Value, dq: Dequant, out_dims: tuple, dot) -> ir.Value:
     if gu.element_type(src) != et:
         src = gu.create("stablehlo.convert", [src], [gu.tensor_type(gu.info(src).shape, et)], **at).results[0]
     b = gu.make_broadcast(src, list(out_dims), out, **at)
-    return gu.create("stablehlo.multiply", [y, b], [out], **at).results[0]
+    y = gu.create("stablehlo.multiply", [y, b], [out], **at).results[0]
+    if gu.constant_array(src) is None:
+        # + (s - s): NaN where a run-time scale is inf or NaN, +0 elsewhere. The float dot
+        # multiplies an inf scale by the operand's zeros and sums infinities of both signs
+        # (NaN); the exact integer sum times inf does not (±inf; adversarial round). The +0
+        # also gives the float dot's +0 where the integer sum is negative and the scale 0.
+        # Elementwise on the result, so it joins the matmul's epilogue (constant scales are
+        # checked when the dot is rewritten)
+        z = gu.create("stablehlo.subtract", [b, b], [out], **at).results[0]
+        y = gu.create("stablehlo.add", [y, z], [out], **at).results[0]
+    return y
 
 
 def _to_i8(q: ir.Value, before) -> ir.Value:
@@ -216,6 +229,10 @@ def rewrite_dot(dot, refused: Refusals, counts: dict) -> bool:
     for d in dqs:
         if isinstance(d, str):
             refused.add("quantized dot_general", d, where)
+            return False
+        scale = gu.constant_array(d.src) if d is not None and d.src is not None else None
+        if scale is not None and not np.all(np.isfinite(np.asarray(scale, np.float64))):
+            refused.add("quantized dot_general", "scale is not finite (the float dot gives NaN)", where)
             return False
     dn = _dims(dot)
     ranks = (len(ops[0].shape), len(ops[1].shape))

@@ -221,3 +221,56 @@ def test_int8_transformer_block_fuses_every_int8_linear():
     g = hlofuse.jit(fn, autotune=False, disable=["fuse-attention"])
     assert len([r for r in g.report(params, x).kernels if r.kind in ("matmul_epilogue", "horizontal")]) == len(mm)
     assert_same(g(params, x), want, "exact")
+
+
+def _fakeq(xq, wq, sx, sw):
+    return (xq.astype(jnp.float32) * sx) @ (wq.astype(jnp.float32) * sw)
+
+
+def _weight_only(x, wq, sw):
+    return x @ (wq.astype(jnp.float32) * sw)
+
+
+def _nan_inf(got, want):
+    got, want = np.asarray(got), np.asarray(want)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+    fin = np.isfinite(want)
+    assert_same(got[fin], want[fin], "quantize")
+
+
+@pytest.mark.parametrize("case", ["sx-inf", "sw-col-inf", "sw-col-nan", "weight-only-inf"])
+def test_a_scale_that_is_not_finite_gives_nan_as_the_float_dot_does(case):
+    """The float dot multiplies an inf scale by the operand's zeros and sums infinities of both
+    signs: NaN. The exact integer sum times inf gave ±inf instead (adversarial round)."""
+    r = np.random.default_rng(1)
+    xq = jnp.asarray(r.integers(-127, 128, (32, 128)), jnp.int8)
+    wq = jnp.asarray(r.integers(-127, 128, (128, 64)), jnp.int8)
+    sw = jnp.asarray(r.uniform(0.001, 0.01, 64), jnp.float32)
+    sx = jnp.float32(0.02)
+    if case == "weight-only-inf":
+        x = jnp.asarray(r.standard_normal((32, 128)), jnp.float32)
+        args, fn = (x, wq, sw.at[5].set(jnp.inf)), _weight_only
+    else:
+        if case == "sx-inf":
+            sx = jnp.float32(jnp.inf)
+        else:
+            sw = sw.at[3].set(jnp.inf if case == "sw-col-inf" else jnp.nan)
+        args, fn = (xq, wq, sx, sw), _fakeq
+    f = hlofuse.jit(fn, target="cpu", tiered=False, autotune=False)
+    low = f.lower(*args)
+    assert next(p.stats for p in low.report.passes if p.name == "quantize-matmul")["rewrites"] == 1
+    _nan_inf(f(*args), jax.jit(fn)(*args))
+
+
+def test_a_frozen_scale_that_is_not_finite_is_refused():
+    r = np.random.default_rng(2)
+    xq = jnp.asarray(r.integers(-127, 128, (32, 128)), jnp.int8)
+    wq = jnp.asarray(r.integers(-127, 128, (128, 64)), jnp.int8)
+    sw = jnp.asarray(r.uniform(0.001, 0.01, 64), jnp.float32).at[7].set(jnp.inf)
+    fn = lambda wq, sw, xq: _fakeq(xq, wq, jnp.float32(0.02), sw)   # noqa: E731
+    f = hlofuse.jit(fn, freeze_argnums=(0, 1), target="cpu", tiered=False, autotune=False)
+    low = f.lower(wq, sw, xq)
+    st = next(p.stats for p in low.report.passes if p.name == "quantize-matmul")
+    assert st["rewrites"] == 0 and st["refused[scale is not finite (the float dot gives NaN)]"] == 1, st
+    _nan_inf(f(wq, sw, xq), jax.jit(fn)(wq, sw, xq))
