@@ -23,6 +23,9 @@ class Family:
     spec_from_func: object   # outlined func.func -> spec (raises EmitError if unsupported)
     build: object            # (spec, target, interpret=..., ...) -> jax function
     reference: object        # spec -> jax function
+    # (spec, inputs) -> inputs: makes drawn test inputs consistent where the kernel trusts one
+    # input to be derived from others (the backward's forward output and row statistics)
+    consistent_inputs: object = None
 
 
 FAMILIES: dict[str, Family] = {
@@ -35,7 +38,7 @@ FAMILIES: dict[str, Family] = {
                                 attention_backward.build_fwd_lse,
                                 attention_backward.fwd_lse_reference),
     "attention_bwd": Family(attention_backward.bwd_spec_from_func, attention_backward.build_bwd,
-                            attention_backward.bwd_reference),
+                            attention_backward.bwd_reference, attention_backward.consistent_inputs),
     "reduction": Family(reduction.spec_from_func, reduction.build_reduction,
                         reduction.reduction_reference),
     "matmul_epilogue": Family(matmul_epilogue.spec_from_func, matmul_epilogue.build_matmul_epilogue,

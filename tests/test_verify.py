@@ -458,3 +458,31 @@ def test_no_less_accurate_rules_for_non_finite_and_integer_outputs():
     assert not kept([5], [4], [4], np.int32)                    # integers computed exactly
     assert kept([True], [False], [True], np.bool_)
     assert not kept([True], [False], [False], np.bool_)
+
+
+def test_check_keeps_a_correct_attention_backward(tmp_path, monkeypatch):
+    """The flash backward trusts its forward's output and row statistics (``p = exp(x - m) /
+    l``); the region's original recomputes the forward. Drawn independently, they made every
+    correct backward kernel fail verification (errors up to 8e4) and roll back under
+    ``check=True`` (adversarial round): verify now derives them from the drawn forward inputs."""
+    monkeypatch.setenv("HLOFUSE_CACHE_DIR", str(tmp_path))        # a warm cache skips the check
+    b, s, h, dh = 2, 64, 4, 16
+    ks = jax.random.split(jax.random.key(0), 5)
+    x = jax.random.normal(ks[0], (b, s, h * dh))
+    p = {n: jax.random.normal(k, (h * dh, h * dh)) / 8 for n, k in zip("qkvo", ks[1:])}
+
+    def loss(p, x):
+        q, k, v = ((x @ p[n]).reshape(b, s, h, dh) for n in "qkv")
+        w = jax.nn.softmax(jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(dh), -1)
+        return jnp.mean((jnp.einsum("bhqk,bkhd->bqhd", w, v).reshape(b, s, h * dh) @ p["o"]) ** 2)
+
+    step = jax.value_and_grad(loss)
+    f = hlofuse.jit(step, check=True, tiered=False, autotune=False)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        got = f(p, x)
+    assert not [w for w in seen if "attention_bwd" in str(w.message)], [str(w.message) for w in seen]
+    rep = f.report(p, x)
+    bwd = [r for r in rep.kernels if r.kind == "attention_bwd"]
+    assert len(bwd) == 1 and bwd[0].extra["verify"].startswith("ok"), bwd
+    assert_same(got, jax.jit(step)(p, x), "grad")

@@ -48,7 +48,7 @@ import difflib
 import logging
 import re
 import warnings
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -150,11 +150,28 @@ def _side_by_side(optimized_module: ir.Module, regions: list[Region], originals:
 # Checking
 # ---------------------------------------------------------------------------------------------
 
-def _inputs(types, trial: str, seed: int, region: Region | None = None) -> list[np.ndarray]:
+def _inputs(types, trial: str, seed: int, region: Region | None = None,
+            spec_of: Callable | None = None) -> list[np.ndarray]:
+    """Drawn inputs of a region; ``spec_of()`` gives its kernel spec when its family makes
+    drawn inputs consistent (a backward's forward output and statistics)."""
     avals = _avals(types)
     if trial == "random":
-        return random_inputs(avals, seed)
-    return edge_inputs(avals, seed, bound=edge_bound(region.ops) if region is not None else None)
+        xs = random_inputs(avals, seed)
+    else:
+        xs = edge_inputs(avals, seed, bound=edge_bound(region.ops) if region is not None else None)
+    family = FAMILIES.get(region.kind) if region is not None else None
+    if family is not None and family.consistent_inputs is not None and spec_of is not None:
+        with jax.ensure_compile_time_eval():   # concrete values, even inside a trace
+            xs = family.consistent_inputs(spec_of(), xs)
+    return xs
+
+
+def _spec_of(r: Region, originals: dict, ctx: ir.Context) -> Callable:
+    """The kernel spec of region ``r`` from its original function (on demand)."""
+    def get():
+        _, fn = original_func(originals[r.id], ctx)
+        return FAMILIES[r.kind].spec_from_func(fn)
+    return get
 
 
 def _category(r: Region, category: str | None) -> str:
@@ -324,7 +341,8 @@ def _check_on_device(module: ir.Module, regions: list[Region], originals: dict, 
                                      {r: k.symbol for r, k in kernel_funcs(module).items()})
         checks = {r.id: _Trials(r, _category(r, category)) for r in group}
         for t, trial in enumerate(trials):
-            per_region = [_inputs(types, trial, seed + 7919 * t + r.id, r)
+            per_region = [_inputs(types, trial, seed + 7919 * t + r.id, r,
+                                  _spec_of(r, originals, module.context))
                           for r, _, _, types in layout]
             outs = run_module(test, [x for xs in per_region for x in xs], target=target)
             pos = 0
@@ -373,7 +391,7 @@ def _check_interpret(regions: list[Region], originals: dict, target: str, seed: 
             kernel_text = lowering.lower_to_text(kernel, _avals(types), "cpu")
             check = _Trials(r, _category(r, category))
             for t, trial in enumerate(trials):
-                inputs = _inputs(types, trial, seed + 7919 * t + r.id, r)
+                inputs = _inputs(types, trial, seed + 7919 * t + r.id, r, lambda: spec)
                 # both compiled with every op rounded to its type, as Triton and Mosaic compute
                 # the kernel: XLA's default (excess precision) fed a bf16 kernel's tan the
                 # divide's unrounded f32 quotient, one ulp off near tan's poles, and a correct

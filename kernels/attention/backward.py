@@ -66,7 +66,7 @@ from hlofuse.kernels.attention.skip import skip_table_cached
 from hlofuse.kernels.attention.spec import AttentionSpec
 from hlofuse.kernels.naming import named_kernel
 
-__all__ = ["FWD_LSE_ATTR", "BWD_ATTR", "FwdLseSpec", "BwdSpec", "fwd_lse_spec_from_func",
+__all__ = ["FWD_LSE_ATTR", "BWD_ATTR", "FwdLseSpec", "BwdSpec", "fwd_lse_spec_from_func", "consistent_inputs",
            "bwd_spec_from_func", "build_fwd_lse", "build_bwd", "fwd_lse_reference", "bwd_reference",
            "build_cpu_bwd"]
 
@@ -238,6 +238,21 @@ def fwd_lse_reference(fs: FwdLseSpec):
         res[fs.o_index], res[1 - fs.o_index] = o, _lse_out(fs, stats)
         return tuple(res)
     return f
+
+
+def consistent_inputs(bs: BwdSpec, inputs):
+    """``inputs`` with the forward's output and row statistics (``o_arg``, ``lse_arg``)
+    recomputed from the forward's inputs: the flash backward trusts them (``p = exp(x - m) /
+    l``), while the region's original recomputes the forward and reads neither, so drawn
+    values that are not the forward's made a correct kernel fail verification (``check=True``
+    rolled back every backward kernel; adversarial round)."""
+    import numpy as np
+    fs = FwdLseSpec(bs.fwd, bs.lse_dims, 0, tuple(bs.in_shapes[bs.lse_arg]))
+    o, lse = fwd_lse_reference(fs)(*inputs)
+    out = list(inputs)
+    out[bs.o_arg] = np.asarray(o).astype(np.asarray(inputs[bs.o_arg]).dtype)
+    out[bs.lse_arg] = np.asarray(lse).astype(np.asarray(inputs[bs.lse_arg]).dtype)
+    return out
 
 
 def _ref_index(spec):
