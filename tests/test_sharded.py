@@ -176,3 +176,47 @@ def test_bare_partition_spec_constraint_under_set_mesh():
     assert o["per_shard"] == ["matmul_epilogue"], o
     # before: the second mesh reused the first's trace ('IndivisibleError: ... mesh_shape')
     assert o["meshes"] == [[2, 4], [4, 2]], o
+
+
+CHILD_BODY_MESH = textwrap.dedent('''
+    import json, os, sys
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    sys.path.insert(0, ROOT)
+    import numpy as np, jax, jax.numpy as jnp, hlofuse
+    from jax.sharding import NamedSharding, PartitionSpec as P, AxisType
+    mesh = jax.make_mesh((8,), ("d",), axis_types=(AxisType.Auto,))
+    S = NamedSharding(mesh, P("d"))
+    x = jnp.arange(16 * 32.0).reshape(16, 32) / 100
+    shard_map = jax.shard_map
+    cases = {
+        "constraint": (lambda x: jax.nn.softmax(jax.lax.with_sharding_constraint(x, S) * 2.0, -1), (x,)),
+        "device_put": (lambda x: jax.nn.softmax(jax.device_put(x, S) * 2.0, -1), (x,)),
+        "no_args": (lambda: shard_map(lambda a: jax.nn.softmax(a * 2.0, -1), mesh=mesh, in_specs=P("d"),
+                                      out_specs=P("d"))(jnp.arange(256.0).reshape(16, 16) / 50), ()),
+    }
+    out = {}
+    for name, (f, args) in cases.items():
+        want = jax.jit(f)(*args)
+        h = hlofuse.jit(f, tiered=False)
+        got = [h(*args) for _ in range(2)]
+        out[name] = {"err": max(float(np.max(np.abs(np.asarray(g) - np.asarray(want)))) for g in got),
+                     "spec": [str(g.sharding.spec) for g in got], "jax_spec": str(want.sharding.spec)}
+    f = cases["constraint"][0]
+    h = hlofuse.jit(f, tiered=False)
+    out["kernels"] = len(h.lower(x).report.kernels)
+    out["grad_err"] = float(np.max(np.abs(np.asarray(jax.grad(lambda x: h(x).sum())(x))
+                                          - np.asarray(jax.grad(lambda x: f(x).sum())(x)))))
+    print(json.dumps(out))
+''').replace("ROOT", repr(ROOT))
+
+
+def test_a_body_that_places_data_on_a_mesh_runs_with_uncommitted_inputs_or_none():
+    """``with_sharding_constraint`` or ``device_put`` with a NamedSharding over a concrete mesh
+    inside the function (uncommitted inputs), or a ``shard_map`` in a function of no arguments:
+    'exported for 8 devices and is called in a context with 1 devices' where jax.jit runs
+    (adversarial round). The inputs go onto the body's mesh; with none, jax.jit's program runs."""
+    o = run_json_child(CHILD_BODY_MESH)
+    for name in ("constraint", "device_put", "no_args"):
+        assert o[name]["err"] <= TOLERANCES["kernel"]["float32"][0], (name, o)
+        assert o[name]["spec"] == [o[name]["jax_spec"]] * 2, (name, o)
+    assert o["kernels"] >= 1 and o["grad_err"] <= TOLERANCES["grad"]["float32"][0], o

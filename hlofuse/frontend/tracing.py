@@ -91,8 +91,15 @@ class TracedFunction:
             out = program.traced_fun(*xs)   # traces the function first when it is new
             return program.unflatten_out(sig, out)
         info.cache_every_compile()
-        if tk.shardings is None and xs and info.concrete() is not None:
-            xs = _on_inner_mesh(program, xs)   # a top-level call with uncommitted inputs
+        if tk.shardings is None and info.concrete() is not None:
+            # a top-level call with uncommitted inputs (or none)
+            mesh = _mesh_of_body(program, xs)
+            if mesh is not None and not xs:
+                # nothing to place on the mesh: jax.jit's own program learns it from its jaxpr
+                return program.unflatten_out(sig, program.traced_fun(*xs))
+            if mesh is not None:
+                rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+                xs = [jax.lax.with_sharding_constraint(x, rep) for x in xs]
         out = call(program.with_settings(settings).with_xla(xla, full), xs)
         return program.unflatten_out(sig, out)
 
@@ -205,32 +212,41 @@ def arg_path(path) -> str:
     return f"argument {head[1].key!r}{rest}"
 
 
+def _concrete_mesh(v):
+    """The concrete multi-device mesh ``v`` names: a ``Mesh`` (shard_map's ``mesh``) or a
+    ``NamedSharding`` over one (``sharding_constraint``'s ``sharding``, ``device_put``'s
+    ``devices``); None otherwise (an abstract mesh is the context's, which the call has)."""
+    if isinstance(v, jax.sharding.NamedSharding):
+        v = v.mesh
+    if isinstance(v, jax.sharding.Mesh) and v.size > 1:
+        return v
+    return None
+
+
 def _inner_mesh(jaxpr):
-    """The concrete mesh of a ``shard_map`` anywhere in ``jaxpr`` (sub-jaxprs included)."""
+    """The concrete mesh a ``shard_map``, ``with_sharding_constraint`` or ``device_put``
+    anywhere in ``jaxpr`` (sub-jaxprs included) places data on."""
     todo = [getattr(jaxpr, "jaxpr", jaxpr)]
     while todo:
         j = todo.pop()
         for e in j.eqns:
-            m = e.params.get("mesh")
-            if isinstance(m, jax.sharding.Mesh) and m.size > 1:
-                return m
             for v in e.params.values():
                 for sub in (v if isinstance(v, (tuple, list)) else (v,)):
+                    m = _concrete_mesh(sub)
+                    if m is not None:
+                        return m
                     if compat.is_jaxpr(sub):
                         todo.append(getattr(sub, "jaxpr", sub))
     return None
 
 
-def _on_inner_mesh(program, xs: list) -> list:
-    """A function whose body holds a ``shard_map`` over a concrete mesh runs on that mesh's
-    devices. ``jax.jit`` learns them from the shard_map in its jaxpr; the outer ``jax.jit`` of
-    ``hlofuse.jit`` only sees ``hlofuse_call``, so the inputs are placed on the mesh
-    (replicated: the shard_map slices them locally, no collective) to tell it."""
+def _mesh_of_body(program, xs: list):
+    """A function whose body places data on a concrete mesh (a ``shard_map``, a sharding
+    constraint, a ``device_put``) runs on that mesh's devices. ``jax.jit`` learns them from
+    its jaxpr; the outer ``jax.jit`` of ``hlofuse.jit`` only sees ``hlofuse_call``, so the
+    caller places the inputs on the mesh (replicated: the body slices them locally, no
+    collective) to tell it. None when the body names no such mesh."""
     try:
-        mesh = _inner_mesh(program.jaxpr(signature_of([jax.typeof(x) for x in xs])))
+        return _inner_mesh(program.jaxpr(signature_of([jax.typeof(x) for x in xs])))
     except Exception:  # noqa: BLE001 - tracing errors surface in call() itself
-        return xs
-    if mesh is None:
-        return xs
-    rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    return [jax.lax.with_sharding_constraint(x, rep) for x in xs]
+        return None
