@@ -223,6 +223,33 @@ def test_host_callback_primitives():
     assert seen == [4.0]
 
 
+@entry("checkify_rules")
+def test_checkify_of_an_hlofuse_function_reports_its_errors():
+    """``checkify(hlofuse.jit(f))`` saw ``hlofuse_call`` as opaque and reported no error where
+    ``checkify(jax.jit(f))`` did (adversarial round); also inside ``jax.jit``, and the values
+    of an error-free call are jax.jit's."""
+    from jax.experimental import checkify
+    r = np.random.default_rng(0)
+    x = jnp.asarray(r.standard_normal((16, 64)), jnp.float32)
+    w = jnp.asarray(r.standard_normal((64, 64)), jnp.float32) / 8
+    cases = [(lambda x: jnp.log(jax.nn.softmax(x @ w, -1) - 0.01), checkify.float_checks, "nan"),
+             (lambda x: jax.nn.softmax(x @ w, -1)[jnp.argmax(x[0]) + 100], checkify.index_checks,
+              "out-of-bounds"),
+             (lambda x: jax.nn.softmax(x @ w, -1) * (7 // (jnp.argmax(x[0]) * 0)),
+              checkify.div_checks, "division by zero")]
+    for f, errors, says in cases:
+        h = hlofuse.jit(f, tiered=False, autotune=False)
+        err, _ = checkify.checkify(h, errors=errors)(x)
+        assert err.get() is not None and says in err.get(), (says, err.get())
+        err, _ = jax.jit(checkify.checkify(h, errors=errors))(x)
+        assert err.get() is not None and says in err.get(), (says, err.get())
+    g = lambda x: jax.nn.softmax(x @ w, -1)   # noqa: E731
+    err, y = checkify.checkify(hlofuse.jit(g, tiered=False, autotune=False),
+                               errors=checkify.all_checks)(x)
+    assert err.get() is None
+    np.testing.assert_allclose(np.asarray(y), np.asarray(jax.jit(g)(x)), rtol=1e-5, atol=1e-6)
+
+
 @entry("ad_batching")
 def test_ad_batching():
     def f(x):

@@ -25,6 +25,7 @@ private has no public form in at least one supported release.
 | inlined_func_call | inline a ``func.call`` mapping nested-region captures (jaxlib's ``_jax_mlir_ext``) | private | same | none |
 | host_callback_primitives | outline ``pure_callback``/``io_callback``/``debug.callback``/``debug.print`` through ``jax.export`` | private | same | none |
 | ad_batching | ``hlofuse_call``'s JVP, transpose and batching rules | public ``ad``; ``moveaxis``, ``not_mapped`` private | same | ``jax.interpreters.ad``/``batching`` (both) |
+| checkify_rules | ``checkify`` of ``hlofuse_call``: the function's checks, through ``jax.jit``'s own rule (``checkify.error_checks``; the rule takes a ``CheckifyContext`` first in 0.12) | ``error_checks[pjit_p](error, enabled_errors, *vals, **params)`` | ``error_checks[jit_p](ctx, error, enabled_errors, ...)`` | none |
 | apply_primitive | eager ``hlofuse_call`` | public | same | ``jax.interpreters.xla.apply_primitive`` (both) |
 | meshes | the caller's concrete/abstract mesh, tracing under a program's own mesh, ``check_vma`` off, a value's ``manual_axis_type`` in a ``shard_map`` body | private (abstract-mesh context public) | same | ``jax.sharding.use_abstract_mesh``/``get_abstract_mesh`` (both); the rest none |
 | abstract_mesh_auto | the one-device mesh kernels lower under (TPU/GPU abstract devices) | ``AbstractMesh`` axes default to ``Auto`` | default ``Explicit`` (0.12): pass ``AxisType.Auto`` | public |
@@ -53,6 +54,7 @@ import functools
 import re
 import types
 import warnings
+from typing import Callable
 
 import jax
 import jax.core as _jax_core
@@ -86,7 +88,7 @@ __all__ = [
     "new_ir_context", "lower_fun", "register_lowering", "aval_to_ir_type", "custom_call",
     "lowering_rule", "inlined_func_call", "host_callback_primitives",
     # ad_batching / apply_primitive
-    "ad", "batching", "moveaxis", "not_mapped", "apply_primitive",
+    "ad", "batching", "moveaxis", "not_mapped", "apply_primitive", "register_checkify",
     # meshes / abstract_mesh_auto / gpu_abstract_device / triton_deprecation / mosaic_gpu_env
     "get_concrete_mesh", "get_abstract_mesh", "use_abstract_mesh", "empty_abstract_mesh",
     "empty_concrete_mesh", "use_concrete_mesh", "check_vma", "manual_axis_type", "ShardingContext",
@@ -119,7 +121,8 @@ JAXLIB_VERSION: tuple[int, ...] = version_tuple(__import__("jaxlib").__version__
 ENTRIES: tuple[str, ...] = (
     "jaxpr_types", "jaxpr_eval", "convert_constvars", "trace_state", "jaxpr_copy",
     "trace_context", "fun_signature", "manual_axis_type", "ir_context", "lowering_rules",
-    "inlined_func_call", "host_callback_primitives", "ad_batching", "apply_primitive", "meshes",
+    "inlined_func_call", "host_callback_primitives", "ad_batching", "checkify_rules",
+    "apply_primitive", "meshes",
     "abstract_mesh_auto", "gpu_abstract_device", "triton_deprecation", "mosaic_gpu_env",
     "compilation_cache", "python_dispatch", "export_backend_init", "pallas_internals",
     "xla_client", "rgv3_meshes",
@@ -217,6 +220,37 @@ def new_ir_context():
     per-thread one, so its private fresh-context constructor is used where it exists."""
     make = getattr(_mlir, "_create_ir_context", None) or _mlir.make_ir_context
     return make()
+
+
+# -- checkify_rules -------------------------------------------------------------------------
+def register_checkify(prim, flat_fun: Callable) -> None:
+    """``checkify`` of ``prim``: the checks of ``flat_fun(**params)`` (a function of the flat
+    inputs returning the flat outputs) as ``jax.jit`` of it would make them. Without a rule,
+    checkify saw ``prim`` as opaque: ``checkify(hlofuse.jit(f))`` reported no NaN, index or
+    division error where ``checkify(jax.jit(f))`` did (adversarial round). The checked program
+    is the function as traced (checks need its own ops), not hlofuse's."""
+    from jax._src import checkify as _checkify
+
+    def rule(*args, **params):
+        lead = 3 if args and type(args[0]).__name__ == "CheckifyContext" else 2
+        head, vals = args[:lead], args[lead:]
+        avals = [jax.ShapeDtypeStruct(jax.typeof(v).shape, jax.typeof(v).dtype) for v in vals]
+        closed = jax.make_jaxpr(jax.jit(flat_fun(**params)))(*avals)
+        jaxpr = getattr(closed, "jaxpr", closed)
+        if len(jaxpr.eqns) != 1:
+            raise NotImplementedError("checkify of hlofuse_call: jax.jit's trace is not one call")
+        (eqn,) = jaxpr.eqns
+        env = dict(zip(jaxpr.invars, vals))
+        env.update(zip(jaxpr.constvars, closed.consts))
+
+        def read(env, v):
+            return v.val if isinstance(v, jex_core.Literal) else env[v]
+        err, outs = _checkify.error_checks[eqn.primitive](
+            *head, *[read(env, v) for v in eqn.invars], **eqn.params)
+        env = dict(zip(eqn.outvars, outs))
+        return err, [read(env, v) for v in jaxpr.outvars]
+
+    _checkify.error_checks[prim] = rule
 
 
 # -- lowering_rules -------------------------------------------------------------------------

@@ -1238,6 +1238,8 @@ compat.install_export_backend_guard(lambda: getattr(_SKIP_LAPACK, "on", False))
 
 
 compat.register_lowering(hlofuse_call_p, _lowering)
+# checkify(hlofuse.jit(f)): f's own checks, as checkify(jax.jit(f)) makes them
+compat.register_checkify(hlofuse_call_p, lambda program: lambda *xs: tuple(program.fun(*xs)))
 
 
 def _jvp(primals, tangents, *, program: Program):
