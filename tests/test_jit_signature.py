@@ -113,3 +113,16 @@ def test_trace_and_eval_shape():
     assert "hlofuse_call" in str(hf.trace(X, W).jaxpr)
     s = hf.eval_shape(X, W)
     assert s.shape == (8, 16) and s.dtype == jnp.float32
+
+
+@pytest.mark.parametrize("kw", [{"static_argnums": 3}, {"donate_argnums": 3},
+                                {"static_argnums": (0, -2)}])
+def test_argnums_out_of_range_are_named_as_the_user_wrote_them(kw):
+    """hlofuse said 'static_argnums=(0, 4), but only accepts 2 positional arguments' for the
+    user's (3,) on a one-argument function: the inner jax.jit's positions (adversarial round)."""
+    import re
+    f = lambda x: x * 2   # noqa: E731
+    with pytest.raises(ValueError) as want:
+        jax.jit(f, **kw)
+    with pytest.raises(ValueError, match=re.escape(str(want.value))):
+        hlofuse.jit(f, **kw)

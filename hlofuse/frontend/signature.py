@@ -220,6 +220,15 @@ class CallSignature:
         if set(static_argnums) & set(donate_argnums):
             raise ValueError(f"static arguments cannot be donated: "
                              f"{sorted(set(static_argnums) & set(donate_argnums))}")
+        params = list(sig.parameters.values()) if sig is not None else []
+        if sig is not None and not any(p.kind is p.VAR_POSITIONAL for p in params):
+            # jax.jit's own message, in the user's positions: the inner jax.jit's are shifted by
+            # hlofuse's CallInfo argument and named (0, 4) for the user's (3,)
+            n = sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+            for what, nums in (("static_argnums", static_argnums), ("donate_argnums", donate_argnums)):
+                if any(not -n <= i < n for i in nums):
+                    raise ValueError(f"Jitted function has {what}={tuple(nums)}, but only accepts "
+                                     f"{n} positional arguments.")
         if not self.freeze:
             return
         clash = set(self.freeze) & (set(static_argnums) | set(donate_argnums))
