@@ -115,6 +115,11 @@ def grow(graph, anchor, target: Target, conv_dots: list, column_reductions: bool
             return "column reduction of a batched matmul"
         if value_info(c.operands[0]).shape != domain or reduce_info(c)[0] != "sum":
             return "column reduction not a sum over the dot's result domain"
+        if any(p in prologue or p in state["pending_prologue"] for p in graph.producers(c)):
+            # an operand's (M, K) value with K == N has the result's shape, not its view: the
+            # kernel refused it ('a prologue value is also used by the epilogue'), a GPT-2
+            # step's dropout-scaled input and its bias-gradient sum (adversarial round)
+            return "column reduction of a prologue value"
         return column_reduce_member(c, target)
 
     def admit(c, members, direction):

@@ -237,3 +237,20 @@ def test_no_match_softmax_activation_backward_reason():
     refused = [why for r in rep.regions if r.kind == "matmul_epilogue" for why in r.extra.get("refused", {}).values()]
     assert any("epilogue: reduction op" in why for why in refused), refused
     assert_same(f(p, x), jax.jit(step)(p, x), "grad")
+
+
+@pytest.mark.parametrize("target", ["gpu", "tpu"])
+def test_a_column_sum_of_a_prologue_value_stays_outside(target):
+    """``x / 0.9`` feeds the dot (a prologue) and a column sum (a bias gradient); with K == N
+    the sum's operand has the dot result's shape, so it joined as an epilogue output and the
+    kernel builder refused the region (strict: EmitError 'a prologue value is also used by the
+    epilogue'; a GPT-2 training step for tpu, adversarial round)."""
+    x = np.random.default_rng(0).standard_normal((2, 64, 128)).astype(np.float32)
+    w = np.random.default_rng(1).standard_normal((128, 128)).astype(np.float32)
+
+    def f(x, w):
+        d = x / 0.9
+        return d.sum((0, 1)), jnp.tanh(d @ w)
+    f_h = hlofuse.jit(f, target=target, options=dict(ALL_KERNELS, strict=True))
+    rep = f_h.lower(x, w).report
+    assert len([r for r in rep.kernels if r.kind == "matmul_epilogue"]) == 1, rep
