@@ -559,3 +559,26 @@ def test_a_signature_follows_jaxs_configuration_as_jax_jit_does(tiered):
     finally:
         jax.config.update("jax_threefry_partitionable", flag)
     assert_same(g(x), jax.jit(noisy)(x), "exact")
+
+
+def test_lowered_and_compiled_offer_the_rest_of_jaxs_stages_api():
+    """``in_tree``, ``args_info``, ``out_info``, ``as_text(dialect='hlo')``, ``compiler_ir()``,
+    ``cost_analysis()``; ``input_shardings``, ``output_shardings``, ``in_tree``, ``args_info``,
+    ``input_formats``, ``runtime_executable()``: AttributeError or TypeError where jax's objects
+    have them (adversarial round)."""
+    def f(x, n, y=1.0):
+        return jnp.tanh(x) * n + y
+    x = jnp.ones((4, 8))
+    lj = jax.jit(f, static_argnums=1).lower(x, 3)
+    lh = hlofuse.jit(f, static_argnums=1, autotune=False, tiered=False).lower(x, 3)
+    assert lh.in_tree == lj.in_tree and str(lh.args_info) == str(lj.args_info)
+    assert lh.out_info == lj.out_info
+    assert "HloModule" in lh.as_text(dialect="hlo") and "stablehlo" in lh.as_text()
+    assert lh.compiler_ir() is not None and lh.cost_analysis() is not None
+    cj, ch = lj.compile(), lh.compile()
+    assert ch.input_shardings == cj.input_shardings and ch.output_shardings == cj.output_shardings
+    assert ch.in_tree == cj.in_tree and str(ch.args_info) == str(cj.args_info)
+    assert ch.input_formats == cj.input_formats and ch.runtime_executable() is not None
+    np.testing.assert_allclose(np.asarray(ch(x)), np.asarray(cj(x)), rtol=1e-6)
+    with pytest.raises(AttributeError):
+        ch.no_such_attribute

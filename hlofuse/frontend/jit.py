@@ -120,8 +120,19 @@ class Lowered:
         self._report = report
         self.out_tree = jax_lowered.out_tree
 
-    def as_text(self, debug_info: bool = False) -> str:
-        """The optimized StableHLO (for any target, including gpu/tpu from a CPU machine)."""
+    def __getattr__(self, name):
+        """The rest of jax's ``Lowered`` (``in_tree``, ``args_info``, ``out_info``,
+        ``compiler_ir()``, ``cost_analysis()``...): jax's own, of the call as it compiles
+        (the outer module with the optimized one inlined)."""
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._lowered, name)
+
+    def as_text(self, dialect: str | None = None, *, debug_info: bool = False) -> str:
+        """The optimized StableHLO (for any target, including gpu/tpu from a CPU machine);
+        another ``dialect`` (``'hlo'``) is jax's text of the call as it compiles."""
+        if dialect not in (None, "stablehlo"):
+            return self._lowered.as_text(dialect=dialect, debug_info=debug_info)
         if self._entry is None:
             return self._lowered.as_text(debug_info=debug_info)
         # the program that runs: the originals kept for rollback are hlofuse's bookkeeping
@@ -172,6 +183,13 @@ class Compiled:
         self._fn = fn
         self._n_args = n_args
         self.out_tree = compiled.out_tree
+
+    def __getattr__(self, name):
+        """The rest of jax's ``Compiled`` (``input_shardings``, ``output_shardings``,
+        ``in_tree``, ``args_info``, ``input_formats``, ``runtime_executable()``...)."""
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._compiled, name)
 
     def __call__(self, *args, **kwargs):
         if len(args) == self._n_args:  # the full argument list: drop static / frozen ones
