@@ -35,8 +35,11 @@ functions (attention regions own their dots). ``disable=["dot-f32-accumulate"]``
 Preconditions: calls inlined; after ``fuse-attention`` (attention subgraphs are outlined as
 the user wrote them) and before ``conv1x1-to-dot``/``fuse-matmul-epilogue`` (so a matmul
 region holds the f32 dot and its convert).
-Invariant: the module verifies; results within ``reassociate`` (f32 accumulation order), NaN,
-infinities and signed zeros as XLA's own f32 accumulation gives them. Idempotent: the dots it
+Invariant: the module verifies; results within ``reassociate`` (f32 accumulation order), NaN
+and signed zeros as XLA's own f32 accumulation gives them. Infinities too, except where the f32
+sum itself overflows part-way (values near 3e38): the library dot adds in another order, so a
+sum that overflows in one order may not in the other, and ``inf - inf`` may become NaN
+(228 against jax.jit's 231 infinities in an adversarial test). Idempotent: the dots it
 makes have an f32 result and are not matched again.
 
 Statistics: ``widened`` (dots rewritten), ``matrix_vector_padded`` (of those, computed as a
