@@ -582,3 +582,33 @@ def test_lowered_and_compiled_offer_the_rest_of_jaxs_stages_api():
     np.testing.assert_allclose(np.asarray(ch(x)), np.asarray(cj(x)), rtol=1e-6)
     with pytest.raises(AttributeError):
         ch.no_such_attribute
+
+
+def test_compiled_refuses_other_static_or_frozen_values_than_it_was_lowered_for():
+    """``Compiled(x, w, 100.0)`` ran the program lowered for ``scale=0.5`` (its result: 0.42
+    for 84.1), a frozen argument's new values were ignored, and a variadic call lost its first
+    array as 'the static argument' (adversarial round). jax's Compiled refuses such calls."""
+    x, w = jnp.ones((4, 8)), jnp.ones((8, 8))
+
+    def f(x, w, scale):
+        return jnp.tanh(x @ w) * scale
+    c = hlofuse.jit(f, static_argnums=2, autotune=False, tiered=False).lower(x, w, 0.5).compile()
+    np.testing.assert_allclose(np.asarray(c(x, w, 0.5)), np.asarray(f(x, w, 0.5)), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(c(x, w)), np.asarray(f(x, w, 0.5)), rtol=1e-6)
+    with pytest.raises(TypeError, match="compiled for static argument 2 = 0.5"):
+        c(x, w, 100.0)
+    g = hlofuse.jit(lambda w, x: jnp.tanh(x @ w), freeze_argnums=0, autotune=False, tiered=False)
+    cg = g.lower(w, x).compile()
+    np.testing.assert_allclose(np.asarray(cg(w, x)), np.asarray(jnp.tanh(x @ w)), rtol=1e-6)
+    with pytest.raises(TypeError, match="frozen argument 0"):
+        cg(w * 3, x)
+    v = hlofuse.jit(lambda n, *xs: sum(xs) * n, static_argnums=0, autotune=False, tiered=False)
+    a = jnp.ones(3)
+    cv = v.lower(2.0, a, a).compile()
+    with pytest.raises(TypeError, match="static argument 0"):
+        cv(a, a, a)
+    k = hlofuse.jit(f, static_argnames="scale", autotune=False, tiered=False)
+    ck = k.lower(x, w, scale=0.5).compile()
+    np.testing.assert_allclose(np.asarray(ck(x, w, scale=0.5)), np.asarray(f(x, w, 0.5)), rtol=1e-6)
+    with pytest.raises(TypeError, match="static argument 'scale'"):
+        ck(x, w, scale=2.0)

@@ -53,7 +53,7 @@ from hlofuse.core.pipeline import OptionError, PassManager, UnknownPassError
 from hlofuse.core.report import Report
 from hlofuse.core.target import Target
 from hlofuse.frontend.dispatch import Dispatcher
-from hlofuse.frontend.signature import CallInfo, CallSignature
+from hlofuse.frontend.signature import CallInfo, CallSignature, Frozen, static_key
 from hlofuse.frontend.tracing import TracedFunction
 from hlofuse.frontend.tuning import decision_key, report_decision
 from hlofuse.runtime.kernel_choice import xla_to_apply
@@ -108,16 +108,21 @@ def compiled_aliases(compiled) -> dict[int, int]:
     return out
 
 
+_MISSING = object()
+
+
 class Lowered:
     """What ``fn.lower(*args)`` returns: jax's ``Lowered`` for the whole call plus hlofuse's
     optimized module and report for the function's signature."""
 
-    def __init__(self, fn: "HlofuseFunction", jax_lowered, entry, n_args: int, report=None):
+    def __init__(self, fn: "HlofuseFunction", jax_lowered, entry, n_args: int, report=None,
+                 call: tuple = ((), {})):
         self._fn = fn
         self._lowered = jax_lowered
         self._entry = entry
         self._n_args = n_args
         self._report = report
+        self._call = call          # the lowered (args, kwargs): its static and frozen values
         self.out_tree = jax_lowered.out_tree
 
     def __getattr__(self, name):
@@ -170,7 +175,7 @@ class Lowered:
         if compiler_options is None and self._entry is not None:
             compiler_options = self._fn._decided_options(self._entry)
         compiled = self._lowered.compile(compiler_options or None)
-        return Compiled(compiled, self._fn, self._n_args)
+        return Compiled(compiled, self._fn, self._n_args, self._call)
 
 
 class Compiled:
@@ -178,10 +183,11 @@ class Compiled:
     arguments may be passed or left out); ``memory_analysis()``, ``cost_analysis()``,
     ``as_text()`` and :meth:`aliases` come from XLA's executable."""
 
-    def __init__(self, compiled, fn: "HlofuseFunction", n_args: int):
+    def __init__(self, compiled, fn: "HlofuseFunction", n_args: int, call: tuple = ((), {})):
         self._compiled = compiled
         self._fn = fn
         self._n_args = n_args
+        self._call = call
         self.out_tree = compiled.out_tree
 
     def __getattr__(self, name):
@@ -194,9 +200,33 @@ class Compiled:
     def __call__(self, *args, **kwargs):
         if len(args) == self._n_args:  # the full argument list: drop static / frozen ones
             drop = self._fn._static_positions(len(args))
+            for i in sorted(drop):
+                if i < len(args) and i < len(self._call[0]):
+                    self._check_static(f"argument {i}", args[i], self._call[0][i])
             args = tuple(a for i, a in enumerate(args) if i not in drop)
+        for k in self._fn._static_names:
+            if k in kwargs:
+                self._check_static(f"argument {k!r}", kwargs[k], self._call[1].get(k, _MISSING))
         kwargs = {k: v for k, v in kwargs.items() if k not in self._fn._static_names}
         return self._compiled(*args, **kwargs)
+
+    def _check_static(self, what: str, given, lowered) -> None:
+        """The executable holds the lowered static (or frozen) value: another one would run
+        the old program silently (its result for the lowered value), so it is refused, as
+        jax's ``Compiled`` refuses a call that does not match its signature."""
+        if isinstance(lowered, Frozen):
+            same = Frozen(given) == lowered
+        else:
+            try:
+                same = static_key(given) == static_key(lowered)
+            except Exception:  # noqa: BLE001 - an uncomparable value is not the lowered one
+                same = False
+        if not same:
+            kind = "frozen" if isinstance(lowered, Frozen) else "static"
+            old = "other arrays" if isinstance(lowered, Frozen) else repr(lowered)[:80]
+            raise TypeError(f"{self._fn._name}: this executable was compiled for {kind} {what} "
+                            f"= {old}, and called with {repr(given)[:80]}; lower and compile "
+                            f"again for another value (or call the function itself)")
 
     def memory_analysis(self):
         return self._compiled.memory_analysis()
@@ -362,7 +392,7 @@ class HlofuseFunction:
         else:
             report = Report(target=(self._target or Target.of(None)).kind, source=self._name)
             report.note(TRACED_NOTE)
-        return Lowered(self, lowered, entry, len(args), report)
+        return Lowered(self, lowered, entry, len(args), report, (args, kwargs))
 
     def trace(self, *args, **kwargs):
         """jax's ``Traced`` of the call (``.jaxpr`` shows the ``hlofuse_call``)."""
