@@ -612,3 +612,26 @@ def test_compiled_refuses_other_static_or_frozen_values_than_it_was_lowered_for(
     np.testing.assert_allclose(np.asarray(ck(x, w, scale=0.5)), np.asarray(f(x, w, 0.5)), rtol=1e-6)
     with pytest.raises(TypeError, match="static argument 'scale'"):
         ck(x, w, scale=2.0)
+
+
+def test_multi_platform_and_gpu_exports_are_jax_jits():
+    """``jax.export`` of an hlofuse function for several platforms raised 'hlofuse lowers for
+    one platform at a time', and for 'cuda' the Triton call it embedded had no compatibility
+    guarantee ('Cannot serialize code with custom calls'; adversarial round). Both export the
+    function as jax.jit would; a cpu export keeps hlofuse's program."""
+    from jax import export as jexport
+    q = jnp.asarray(np.random.default_rng(0).standard_normal((1, 128, 4, 32)), jnp.float32)
+
+    def attn(q):
+        return jax.nn.dot_product_attention(q, q, q)
+    for target in (None, "gpu"):
+        h = hlofuse.jit(attn, target=target, autotune=False, tiered=False)
+        multi = jexport.export(h, platforms=["cpu", "cuda", "tpu"])(q)
+        np.testing.assert_allclose(np.asarray(multi.call(q)), np.asarray(jax.jit(attn)(q)),
+                                   rtol=2e-5, atol=2e-5)
+        gpu = jexport.export(h, platforms=["cuda"])(q)
+        assert "triton" not in gpu.mlir_module() and gpu.serialize()
+    cpu = jexport.export(hlofuse.jit(attn, autotune=False, tiered=False), platforms=["cpu"])(q)
+    assert "hlofuse_attention" in cpu.mlir_module()
+    np.testing.assert_allclose(np.asarray(cpu.call(q)), np.asarray(jax.jit(attn)(q)),
+                               rtol=2e-5, atol=2e-5)

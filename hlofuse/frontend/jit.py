@@ -151,7 +151,9 @@ class Lowered:
     def exported(self):
         """The ``jax.export.Exported`` carrying the optimized module (serializable), called
         like the function: ``exported.call(*args, **kwargs)`` with its dynamic arguments' pytree
-        structure, returning its output structure, as ``jax.export.export(jax.jit(f))`` makes.
+        structure, returning its output structure, as ``jax.export.export(jax.jit(f))`` makes,
+        but without VJPs (``serialize(vjp_order=0)``; for a differentiable artifact export the
+        function itself: ``jax.export.export(hlofuse.jit(f))(*args)``).
         None for a function left to XLA whole, and for one that calls back into Python: its
         module holds placeholders for the callbacks, which only this process can put back."""
         if self._entry is None or self._entry.callbacks:

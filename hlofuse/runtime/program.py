@@ -1193,19 +1193,31 @@ hlofuse_call_p.def_effectful_abstract_eval(
     lambda *avals, program: (program.out_avals(avals), program.effects(avals)))
 
 
+def _plain_lowering(ctx, args, program: Program):
+    """The function as jax.jit lowers it (no hlofuse program)."""
+    fun = functools.partial(_call_jaxpr, program.jaxpr(signature_of(ctx.avals_in)))
+    return compat.lower_fun(fun, multiple_results=True)(ctx, *args)
+
+
 def _lowering(ctx, *args, program: Program):
     platforms = ctx.module_context.platforms
     if len(platforms) != 1:
-        raise NotImplementedError(f"hlofuse lowers for one platform at a time, got {platforms}")
+        # a multi-platform export (platforms=['cpu', 'cuda', 'tpu']): one module serves every
+        # platform, so it is the function's own, as jax.jit's export makes it
+        return _plain_lowering(ctx, args, program)
     target = program.target_for(platforms[0])
+    params = getattr(ctx.module_context, "lowering_parameters", None)
+    if target.is_gpu and getattr(params, "for_export", False):
+        # jax.export of the function for a GPU: Triton calls carry no compatibility guarantee,
+        # and jax.export refuses to serialize them (jax.jit's export has XLA's fusions instead)
+        return _plain_lowering(ctx, args, program)
     # an SPMD program XLA partitions (a shard_map body is manual: its kernels run per shard)
     axis_context = ctx.module_context.axis_context
     n_dev = (axis_context.num_devices
              if isinstance(axis_context, compat.ShardingContext) else 1)
     entry = program.entry(signature_of(ctx.avals_in), target, spmd_devices=int(n_dev or 1))
     if entry.exported is None:  # left to plain XLA
-        fun = functools.partial(_call_jaxpr, program.jaxpr(signature_of(ctx.avals_in)))
-        return compat.lower_fun(fun, multiple_results=True)(ctx, *args)
+        return _plain_lowering(ctx, args, program)
     exp = entry.exported
     before = (host_callbacks.top_level_symbols(ctx.module_context.module)
               if entry.callbacks else None)
