@@ -14,6 +14,8 @@ import pytest
 import jax
 import jax.numpy as jnp
 
+import hlofuse
+
 from hlofuse.kernels import FAMILIES
 from hlofuse.kernels.attention import AttentionBlocks
 from hlofuse.kernels.attention.backward import build_cpu_bwd, build_fwd_lse, build_bwd
@@ -354,3 +356,51 @@ def test_cpu_loop_dots_are_library_dots(mask, gqa):
         avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in func_avals(fn)]
         kinds = _dot_kinds(jax.jit(kernel).lower(*avals).compile().as_text())
         assert kinds and all(kinds), (kernel.kernel_name, kinds)
+
+
+def _causal_vjp_case(s=128, d=32):
+    r = np.random.default_rng(0)
+    q, k, v = (r.standard_normal((1, s, 2, d)).astype(np.float32) for _ in range(3))
+    causal = np.tril(np.ones((s, s), bool))
+
+    def attn(q, k, v):
+        x = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(d)
+        return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(jnp.where(causal, x, -jnp.inf), -1), v)
+
+    def vj(q, k, v, ct):
+        o, f = jax.vjp(attn, q, k, v)
+        return f(ct) + (o,)
+    return r, q, k, v, vj
+
+
+@pytest.mark.parametrize("case", ["nan-cotangent", "inf-cotangent", "nan-masked-value",
+                                  "one-hot-with-a-huge-value"])
+def test_one_hot_rows_keep_non_finite_and_large_gradients(case):
+    """A row whose softmax is exactly one-hot (causal row 0) got ``dx = 0``: a NaN or inf
+    cotangent there vanished from dQ/dK, and a row one-hot in f32 whose other key has a huge
+    value lost its true gradient (0 for jax.jit's 10.06; adversarial round). The 0 is kept for
+    rounding only."""
+    r, q, k, v, vj = _causal_vjp_case()
+    ct = r.standard_normal(q.shape).astype(np.float32)
+    if case == "nan-cotangent":
+        ct[0, 0, 0, 0] = np.nan
+    elif case == "inf-cotangent":
+        ct[0, 0, 0, 0] = np.inf
+    elif case == "nan-masked-value":
+        v[0, -1, 0, 0] = np.nan
+    else:   # row 1: logit gap 20 (p(1,1) == 1 in f32, p(1,0) = 2e-9), key 0's value 1e8
+        q[0, 1, 0] = 0.0
+        q[0, 1, 0, 0] = 1.0
+        k[0, 0, 0] = 0.0
+        k[0, 1, 0] = 0.0
+        k[0, 1, 0, 0] = 20.0 * np.sqrt(q.shape[-1])
+        v[0, 0, 0] *= 1e8
+    h = hlofuse.jit(vj, tiered=False, autotune=False)
+    kinds = sorted(x.kind for x in h.lower(q, k, v, ct).report.kernels)
+    assert "attention_bwd" in kinds, kinds
+    for got, want in zip(h(q, k, v, ct), jax.jit(vj)(q, k, v, ct)):
+        got, want = np.asarray(got), np.asarray(want)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        fin = np.isfinite(want)
+        scale = np.max(np.abs(want[fin])) if fin.any() else 1.0
+        np.testing.assert_allclose(got[fin], want[fin], rtol=2e-5, atol=2e-5 * scale)
