@@ -22,6 +22,7 @@ import re
 import jax
 import pytest
 
+import hlofuse.passes  # noqa: F401  (registers the passes: this file alone ran with none)
 from hlofuse.core import ir as hir
 from hlofuse.core.pipeline import PassContext, PassManager, all_passes
 from hlofuse.core.report import Report

@@ -7,6 +7,8 @@ module {
     %3 = stablehlo.multiply %1, %2 : tensor<4x8xf32>
     %4 = stablehlo.broadcast_in_dim %arg2, dims = [1] : (tensor<8xf32>) -> tensor<4x8xf32>
     %5 = stablehlo.multiply %3, %4 : tensor<4x8xf32>
-    return %5 : tensor<4x8xf32>
+    %6 = stablehlo.subtract %4, %4 : tensor<4x8xf32>
+    %7 = stablehlo.add %5, %6 : tensor<4x8xf32>
+    return %7 : tensor<4x8xf32>
   }
 }
