@@ -180,11 +180,30 @@ def _training_matches(block, refused: list, found: list, module, target) -> tupl
             # reported at the op where the match failed when known, else at the candidate
             left.append((where or op, f"{reason}; as a training step: {err}"))
             continue
+        if _reads_taken(tr, taken):
+            # committing the first region replaces the values this match holds (a NoMatch at
+            # commit: 'a value the logits read is neither a region input nor a region op',
+            # attention applied to an attention's output in a training step; adversarial round)
+            left.append((op, f"{reason}; as a training step: reads a value of an attention "
+                             f"matched before it (chained attentions: the first is fused)"))
+            continue
         att = tr.att
         taken.update(att.members)
         taken.update(tr.bwd_ops)
         trains.append(tr)
     return trains, [(op, r) for op, r in left if op not in taken]
+
+
+def _reads_taken(tr, taken: set) -> bool:
+    """Whether the training match ``tr`` (forward members or backward ops) reads a value that
+    an op of a match made before it produces."""
+    ops = list(tr.att.members) + list(tr.bwd_ops)
+    for o in ops:
+        for v in o.operands:
+            d = hir.defining_op(v)
+            if d is not None and d in taken and d not in ops:
+                return True
+    return False
 
 
 def _try_training(att, block, index, target) -> tuple:
