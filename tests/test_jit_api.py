@@ -635,3 +635,54 @@ def test_multi_platform_and_gpu_exports_are_jax_jits():
     assert "hlofuse_attention" in cpu.mlir_module()
     np.testing.assert_allclose(np.asarray(cpu.call(q)), np.asarray(jax.jit(attn)(q)),
                                rtol=2e-5, atol=2e-5)
+
+
+def test_api_misuse_gets_a_clear_error_where_it_happens():
+    """Found by an adversarial round: autotune='bogus' accepted until the first call; a
+    disable= string split into letters; freeze_argnums='w' a '<=' TypeError; optimize(None),
+    optimize(3) and optimize(<Exported>) unrelated messages; a private main optimized into an
+    empty module; verify_module's category/trials unchecked; an unknown option's fallback
+    warning ending in 'known options:'."""
+    import copy
+    from jax import export as jexport
+    from hlofuse.core.pipeline import OptionError, PassManager
+    from hlofuse.runtime.verify import verify_module
+    f = lambda x: jnp.tanh(x) * 2.0   # noqa: E731
+    x = jnp.ones((8, 8))
+    with pytest.raises(ValueError, match="autotune='bogus'"):
+        hlofuse.jit(f, autotune="bogus")
+    assert "kernelize" in PassManager("default", disable="kernelize").disabled
+    np.testing.assert_allclose(np.asarray(hlofuse.jit(f, disable="kernelize")(x)), np.asarray(f(x)))
+    with pytest.raises(TypeError, match="freeze_argnums='w'"):
+        hlofuse.jit(f, freeze_argnums="w")
+    for bad in (None, 3):
+        with pytest.raises(TypeError, match="hlofuse.optimize takes StableHLO text"):
+            hlofuse.optimize(bad)
+    exp = jexport.export(jax.jit(f))(x)
+    with pytest.raises(TypeError, match="serialize"):
+        hlofuse.optimize(exp)
+    text = exp.mlir_module().replace("func.func public @main", "func.func private @main")
+    with pytest.raises(hlofuse.IRError, match="main is private"):
+        hlofuse.optimize(text, pipeline="cleanup")
+    opt = hlofuse.optimize(exp.mlir_module())
+    with pytest.raises(ValueError, match="category='bogus'"):
+        verify_module(opt, category="bogus")
+    with pytest.raises(ValueError, match="trials"):
+        verify_module(opt, trials=("bogus",))
+    with pytest.raises(OptionError) as e:
+        hlofuse.optimize(exp.mlir_module(), options={"no_kernel": True})
+    assert "did you mean 'no_kernels'" in str(e.value).splitlines()[0]
+    h = hlofuse.jit(f, autotune=False, tiered=False)
+    h(x)
+    held = copy.deepcopy({"fn": h})
+    np.testing.assert_allclose(np.asarray(held["fn"](x)), np.asarray(f(x)))
+
+
+def test_a_compiled_hlofuse_function_serializes_as_jaxs_does():
+    from jax.experimental import serialize_executable as se
+    f = lambda x: jax.nn.softmax(x * 2.0, -1)   # noqa: E731
+    x = jnp.ones((8, 64))
+    c = hlofuse.jit(f, autotune=False, tiered=False).lower(x).compile()
+    payload, in_tree, out_tree = se.serialize(c)
+    loaded = se.deserialize_and_load(payload, in_tree, out_tree)
+    np.testing.assert_allclose(np.asarray(loaded(x)), np.asarray(f(x)), rtol=1e-6)

@@ -239,7 +239,14 @@ def _unknown_option_message(key: str, owners: list[str], registry: dict) -> str:
     if owners:
         return (f"option {key!r} belongs to several passes ({', '.join(owners)}); "
                 f"say which: {{'{owners[0]}': {{'{key}': ...}}}}")
-    lines = [f"unknown option {key!r}; known options:",
+    import difflib
+    names = set(_fields(GlobalOptions))
+    for c in registry.values():
+        names |= set(_fields(c.Options))
+    close = difflib.get_close_matches(key, sorted(names), n=1)
+    # the first line stands alone (a fallback warning quotes only it)
+    lines = [f"unknown option {key!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+             + "; known options (docs/settings.md):",
              f"  global: {describe_options(GlobalOptions)}"]
     for n, c in sorted(registry.items()):
         if _fields(c.Options):
@@ -497,6 +504,8 @@ class PassManager:
         self.steps = _steps(pipeline)
         self.names = [st.name for st in self.steps]
         from_env = _disabled_from_env()
+        if isinstance(disable, str):   # one pass name, not its letters
+            disable = (disable,)
         self.disabled = set(disable) | from_env
         unknown = self.disabled - set(all_passes())
         if unknown:

@@ -62,6 +62,7 @@ from hlofuse.passes.buffer_aliasing import memory_plan
 from hlofuse.passes.kernel_table import text_without_originals
 from hlofuse.runtime import memory
 from hlofuse.runtime import module_cache
+from hlofuse.runtime.autotune import mode as at_mode
 from hlofuse.runtime.program import (TRACED_NOTE, Options, Program, find_calls,
                                      lower_traced)
 
@@ -129,9 +130,11 @@ class Lowered:
         """The rest of jax's ``Lowered`` (``in_tree``, ``args_info``, ``out_info``,
         ``compiler_ir()``, ``cost_analysis()``...): jax's own, of the call as it compiles
         (the outer module with the optimized one inlined)."""
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self._lowered, name)
+        try:
+            inner = object.__getattribute__(self, "_lowered")
+        except AttributeError:   # not set up (copying, unpickling): no recursion
+            raise AttributeError(name) from None
+        return getattr(inner, name)
 
     def as_text(self, dialect: str | None = None, *, debug_info: bool = False) -> str:
         """The optimized StableHLO (for any target, including gpu/tpu from a CPU machine);
@@ -195,9 +198,11 @@ class Compiled:
     def __getattr__(self, name):
         """The rest of jax's ``Compiled`` (``input_shardings``, ``output_shardings``,
         ``in_tree``, ``args_info``, ``input_formats``, ``runtime_executable()``...)."""
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self._compiled, name)
+        try:
+            inner = object.__getattribute__(self, "_compiled")
+        except AttributeError:   # not set up (copying, unpickling): no recursion
+            raise AttributeError(name) from None
+        return getattr(inner, name)   # jax's own (serialize_executable reads ``_executable``)
 
     def __call__(self, *args, **kwargs):
         if len(args) == self._n_args:  # the full argument list: drop static / frozen ones
@@ -253,6 +258,15 @@ class HlofuseFunction:
                  **jit_kwargs):
         functools.update_wrapper(self, fun)
         self._fun = fun
+        if isinstance(disable, str):   # one pass name, not its letters
+            disable = (disable,)
+        if autotune is not None:       # a typo fails here, not at the first call
+            at_mode(autotune)
+        for what, nums in (("freeze_argnums", freeze_argnums),):
+            if not all(isinstance(i, int) and not isinstance(i, bool)
+                       for i in ((nums,) if isinstance(nums, (int, str)) else tuple(nums or ()))):
+                raise TypeError(f"{what}={nums!r}: expected an int or a sequence of ints "
+                                f"(argument positions)")
         self._target = None if target is None else Target.of(target)
         self._opts = Options(target=self._target, pipeline=pipeline, disable=tuple(disable),
                              pass_options=dict(options or {}), dump_dir=dump_dir, check=check,
@@ -269,6 +283,14 @@ class HlofuseFunction:
                                     autotune=autotune, tiered=tiered,
                                     memory_limit=memory_limit)
         module_cache.enable_xla_cache()   # a second process skips XLA's compile too
+
+    def __deepcopy__(self, memo):
+        """The function itself, as ``copy.deepcopy`` gives a Python function or a ``jax.jit``
+        one: its caches and locks are not copied (an object holding it deep-copies)."""
+        return self
+
+    def __copy__(self):
+        return self
 
     # -- what other parts and tests read -------------------------------------------------------
     @property

@@ -135,11 +135,23 @@ def optimize(module, *, target: str | Target | None = "cpu", pipeline: str | Seq
     (see :func:`check_dialects`).
     """
     target = Target.of(target)
+    if hasattr(module, "mlir_module_serialized") and not isinstance(module, (str, bytes, bytearray)):
+        raise TypeError(f"{source}: a jax.export.Exported: pass its serialize() bytes (or "
+                        f"mlir_module()) to hlofuse.optimize")
+    if not isinstance(module, (str, bytes, bytearray, memoryview, ir.Module)):
+        raise TypeError(f"{source}: hlofuse.optimize takes StableHLO text, MLIR bytecode, a "
+                        f"portable artifact, Exported.serialize() bytes or an ir.Module, not "
+                        f"{type(module).__name__}")
     ctx = hir.new_context()
     mod = hir.parse(module, ctx, source=source)
     if mod is module:  # caller's module in our context cannot happen (fresh ctx); be explicit
         mod = hir.clone_module(module)
-    hir.main_func(mod, source=source)
+    main = hir.main_func(mod, source=source)
+    if "sym_visibility" in main.attributes and \
+            ir.StringAttr(main.attributes["sym_visibility"]).value == "private":
+        # symbol-dce deleted it (an empty module returned) or buffer-aliasing found none
+        raise hir.IRError(f"{source}: main is private (func.func private @main): XLA runs a "
+                          f"public main; make it public")
     passthrough = check_dialects(mod, source=source)
     report = Report(target=target.kind, source=source)
     report.ops_before = count_main_ops(mod)

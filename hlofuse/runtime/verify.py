@@ -445,6 +445,12 @@ def verify_module(optimized, *, target: Target | str | None = None, seed: int = 
     'not verified: ...'); a rolled-back region gets ``kernel=None`` and
     ``reason='verification failed: ...'``.
     """
+    if category is not None and category not in TOLERANCES:
+        raise ValueError(f"verify_module(category={category!r}): expected one of "
+                         f"{', '.join(sorted(TOLERANCES))}")
+    bad = [t for t in trials if t not in TRIALS]
+    if bad or not trials:
+        raise ValueError(f"verify_module(trials={tuple(trials)!r}): expected some of {TRIALS}")
     report = optimized.report
     target = Target.of(target or report.target)
     table = kernel_funcs(optimized.module)
