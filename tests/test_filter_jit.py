@@ -145,3 +145,18 @@ def test_unhashable_static_leaf_is_named():
         f({"cfg": Config()}, X)
     with pytest.raises(TypeError, match=r"argument 'opt' is a Config"):
         hlofuse.filter_jit(lambda x, opt=None: x)(X, opt=Config())
+
+
+def test_lower_compile_is_called_with_the_functions_own_arguments():
+    """``filter_jit(f).lower(*args).compile()`` was the inner function's, callable only with
+    the split arguments (a pytree mismatch for ``f``'s; adversarial round)."""
+    def apply(params, x):
+        return {"y": params["act"](x @ params["w"]) * params["scale"], "tag": "out"}
+    params = {"w": jnp.ones((64, 16)), "act": jax.nn.relu, "scale": 0.5}
+    x = jnp.ones((32, 64))
+    fj = hlofuse.filter_jit(apply, autotune=False, tiered=False)
+    lowered = fj.lower(params, x)
+    assert "stablehlo" in lowered.as_text() and lowered.report is not None
+    out = lowered.compile()(params, x)
+    assert out["tag"] == "out"
+    assert_same(out["y"], apply(params, x)["y"], "kernel")

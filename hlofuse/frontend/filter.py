@@ -182,7 +182,13 @@ class FilterFunction(Wrapper):
         return self.hlofuse_function.report(*self._split(args, kwargs))
 
     def lower(self, *args, **kwargs):
-        return self.hlofuse_function.lower(*self._split(args, kwargs))
+        """The lowered call; its ``compile()`` is called with the function's own arguments
+        (as ``eqx.filter_jit``'s is; it was the inner function's, over the split ones)."""
+        return _FilterStage(self, self.hlofuse_function.lower(*self._split(args, kwargs)))
+
+    def _merged(self, dyn_out, out):
+        tree, arr, static_out = out.value
+        return tree_util.tree_unflatten(tree, _merge(arr, dyn_out, static_out))
 
     def tune(self, *args, budget_s: float | None = None, **kwargs):
         return self.hlofuse_function.tune(*self._split(args, kwargs), budget_s=budget_s)
@@ -195,6 +201,28 @@ class FilterFunction(Wrapper):
 
     def __repr__(self):
         return f"hlofuse.filter_jit({getattr(self._fun, '__qualname__', self._fun)!r})"
+
+
+class _FilterStage:
+    """A lowered (or compiled) :class:`FilterFunction` call: everything of the inner stage, and
+    ``compile()`` / calls in the function's own arguments."""
+
+    def __init__(self, fj: "FilterFunction", inner):
+        self._fj, self._inner = fj, inner
+
+    def __getattr__(self, name):
+        try:
+            inner = object.__getattribute__(self, "_inner")
+        except AttributeError:
+            raise AttributeError(name) from None
+        return getattr(inner, name)
+
+    def compile(self, *a, **kw):
+        return _FilterStage(self._fj, self._inner.compile(*a, **kw))
+
+    def __call__(self, *args, **kwargs):
+        dyn_out, out = self._inner(*self._fj._split(args, kwargs))
+        return self._fj._merged(dyn_out, out)
 
 
 def filter_jit(fun: Callable | None = None, *, donate: str = "none", **jit_options: Any):
