@@ -129,17 +129,11 @@ def logit_grad(p, dp, delta):
     ``dx`` is zero, but ``dP - delta`` is that rounding, and ``dQ = dx·K`` scales it by ``|K|``.
     With logits of 1e7 and more (unnormalized toy stacks) that made weight gradients 1e3 of
     their size off (measured; XLA's ``p·dP - p·rowsum(p·dP)`` cancels exactly). ``p == 1``
-    gets the exact 0 where ``dP - delta`` is within :data:`ONE_HOT_NOISE` of their size, i.e.
-    rounding; elsewhere a row has a second ``p`` above the ulp and the rounding is small
-    against its true gradient. Not zeroed (adversarial round): a NaN or inf in ``dP - delta``
-    (a non-finite cotangent: XLA's form propagates it, the 0 hid it), and a difference far
-    above rounding (keys below the ulp whose huge values still move ``delta``: XLA's form
-    gives ``-Σ p·dP`` of them, 10.06, where the 0 was wrong)."""
+    gets the exact 0 where ``dP - delta`` is finite; elsewhere a row has a second ``p`` above the
+    ulp and the rounding is small against its true gradient. A NaN or inf there (a non-finite
+    cotangent) is kept: XLA's form propagates it, and the 0 hid it from dQ/dK (adversarial
+    round). Zeroing by the difference's size instead (rounding only) failed where ``dO·V``
+    cancels and the rounding is the whole of ``dP``; what it would have kept is a row one-hot
+    in f32 whose keys below the ulp carry values of 1e8 (jax.jit's 10.06 against 0 here)."""
     d = dp - delta
-    noise = jnp.abs(d) <= ONE_HOT_NOISE * jnp.maximum(jnp.abs(dp), jnp.abs(delta))
-    return jnp.where((p == 1.0) & noise, 0.0, p * d)
-
-
-#: :func:`logit_grad`: the relative size of ``dP - delta`` that counts as rounding in a one-hot
-#: row (a reduce and a matmul of the same f32 products differ by about 1e-7 of their size)
-ONE_HOT_NOISE = 2.0 ** -10
+    return jnp.where((p == 1.0) & jnp.isfinite(d), 0.0, p * d)
