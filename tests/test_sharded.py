@@ -220,39 +220,3 @@ def test_a_body_that_places_data_on_a_mesh_runs_with_uncommitted_inputs_or_none(
         assert o[name]["err"] <= TOLERANCES["kernel"]["float32"][0], (name, o)
         assert o[name]["spec"] == [o[name]["jax_spec"]] * 2, (name, o)
     assert o["kernels"] >= 1 and o["grad_err"] <= TOLERANCES["grad"]["float32"][0], o
-
-
-CHILD_RESHARD = textwrap.dedent('''
-    import json, os, re, sys
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
-    sys.path.insert(0, ROOT)
-    import numpy as np, jax, jax.numpy as jnp, hlofuse
-    from jax.sharding import NamedSharding, PartitionSpec as P, AxisType
-    from tests.sharded_programs import collectives
-    mesh = jax.make_mesh((2, 4), ("d", "m"), axis_types=(AxisType.Auto,) * 2)
-    w = jnp.asarray(np.random.default_rng(0).standard_normal((64, 64)), jnp.float32) / 8
-    f = lambda x: jax.nn.softmax(x @ w, -1)
-    xn = jnp.asarray(np.random.default_rng(1).standard_normal((4, 16, 64)), jnp.float32)
-    out = []
-    for first_under_jit in (False, True):
-        h = hlofuse.jit(f, tiered=False)
-        if first_under_jit:
-            jax.jit(lambda x: h(x) + 0)(jax.device_put(xn, NamedSharding(mesh, P("d", "m"))))
-        for spec in (P("d", "m"), P("m", "d"), P()):
-            x = jax.device_put(xn, NamedSharding(mesh, spec))
-            a, b = jax.jit(f)(x), h(x)
-            out.append({"in": str(spec), "jax": str(a.sharding.spec), "hlofuse": str(b.sharding.spec),
-                        "err": float(np.max(np.abs(np.asarray(a) - np.asarray(b)))),
-                        "jax_coll": collectives(jax.jit(f).lower(x).compile().as_text()),
-                        "coll": collectives(h.lower(x).compile().as_text())})
-    print(json.dumps(out))
-''').replace("ROOT", repr(ROOT))
-
-
-def test_a_call_with_other_input_shardings_gets_a_program_for_them():
-    """Calls on one mesh that differ only in their PartitionSpecs (or follow a trace under an
-    outer jax.jit) reused the first trace's per-shard program: another output sharding than
-    jax.jit's and two extra collectives (adversarial round)."""
-    for o in run_json_child(CHILD_RESHARD):
-        assert o["hlofuse"] == o["jax"] and o["err"] <= TOLERANCES["kernel"]["float32"][0], o
-        assert all(n <= o["jax_coll"].get(k, 0) for k, n in o["coll"].items()), o

@@ -79,7 +79,7 @@ class CallInfo:
     kwargs) as shape specs)``).
     """
 
-    __slots__ = ("args", "may_tier", "plain", "traced", "tier", "_xla_cache", "shardings")
+    __slots__ = ("args", "may_tier", "plain", "traced", "tier", "_xla_cache")
 
     def __init__(self, args=None, may_tier: bool = False, plain: bool = False):
         self.args = args
@@ -88,17 +88,12 @@ class CallInfo:
         self.traced = False
         self.tier = None
         self._xla_cache = None
-        # part of the trace key: jax's trace cache does not tell calls apart whose committed
-        # arguments differ only in their PartitionSpec on one mesh, and the program built for
-        # the first call's shardings ran for the next (its output sharding, its collectives)
-        self.shardings = _named_shardings(args) if args is not None and _several_devices() else None
 
     def __hash__(self):
         return 0x5EED
 
     def __eq__(self, other):
-        return isinstance(other, CallInfo) and other.plain == self.plain and \
-            other.shardings == self.shardings
+        return isinstance(other, CallInfo) and other.plain == self.plain
 
     def concrete(self):
         """The call's ``(args, kwargs)`` when they are concrete (no tracer), else None."""
@@ -123,32 +118,6 @@ class CallInfo:
         if self._xla_cache is not None:
             ctx, self._xla_cache = self._xla_cache, None
             ctx.__exit__(None, None, None)
-
-
-_SEVERAL_DEVICES: list = []
-
-
-def _several_devices() -> bool:
-    """Whether this process has more than one device (read once): with one, no argument is
-    sharded over a mesh, and calls pay nothing for :attr:`CallInfo.shardings`."""
-    if not _SEVERAL_DEVICES:
-        _SEVERAL_DEVICES.append(jax.device_count() > 1)
-    return _SEVERAL_DEVICES[0]
-
-
-def _named_shardings(args) -> tuple | None:
-    """The ``NamedSharding`` of each concrete leaf of ``args`` over a mesh of several devices
-    (None for the others); None when there is none."""
-    out, any_named = [], False
-    for x in tree_util.tree_leaves(args):
-        sh = None
-        if isinstance(x, jax.Array) and not isinstance(x, compat.Tracer):
-            sh = getattr(x, "sharding", None)
-            if not (isinstance(sh, jax.sharding.NamedSharding) and sh.mesh.size > 1):
-                sh = None
-        any_named |= sh is not None
-        out.append(sh)
-    return tuple(out) if any_named else None
 
 
 def static_key(leaf):
