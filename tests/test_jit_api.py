@@ -612,6 +612,19 @@ def test_compiled_refuses_other_static_or_frozen_values_than_it_was_lowered_for(
     np.testing.assert_allclose(np.asarray(ck(x, w, scale=0.5)), np.asarray(f(x, w, 0.5)), rtol=1e-6)
     with pytest.raises(TypeError, match="static argument 'scale'"):
         ck(x, w, scale=2.0)
+    # lowered by position, passed by name (it ran before): the same value runs, another is refused
+    np.testing.assert_allclose(np.asarray(c(x, w, scale=0.5)), np.asarray(f(x, w, 0.5)), rtol=1e-6)
+    with pytest.raises(TypeError, match="static argument 'scale' = 0.5"):
+        c(x, w, scale=3.0)
+    # only the static and frozen values are kept: not the lowering call's arrays (review)
+    import gc
+    import weakref
+    big = jnp.ones((256, 8))
+    ref = weakref.ref(big)
+    kept = hlofuse.jit(f, static_argnums=2, autotune=False, tiered=False).lower(big, w, 1.0).compile()
+    del big
+    gc.collect()
+    assert ref() is None and kept is not None
 
 
 def test_multi_platform_and_gpu_exports_are_jax_jits():

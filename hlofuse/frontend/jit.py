@@ -117,13 +117,13 @@ class Lowered:
     optimized module and report for the function's signature."""
 
     def __init__(self, fn: "HlofuseFunction", jax_lowered, entry, n_args: int, report=None,
-                 call: tuple = ((), {})):
+                 call: tuple = ({}, {})):
         self._fn = fn
         self._lowered = jax_lowered
         self._entry = entry
         self._n_args = n_args
         self._report = report
-        self._call = call          # the lowered (args, kwargs): its static and frozen values
+        self._call = call   # the lowered static and frozen values: ({position: v}, {name: v})
         self.out_tree = jax_lowered.out_tree
 
     def __getattr__(self, name):
@@ -188,7 +188,7 @@ class Compiled:
     arguments may be passed or left out); ``memory_analysis()``, ``cost_analysis()``,
     ``as_text()`` and :meth:`aliases` come from XLA's executable."""
 
-    def __init__(self, compiled, fn: "HlofuseFunction", n_args: int, call: tuple = ((), {})):
+    def __init__(self, compiled, fn: "HlofuseFunction", n_args: int, call: tuple = ({}, {})):
         self._compiled = compiled
         self._fn = fn
         self._n_args = n_args
@@ -208,12 +208,16 @@ class Compiled:
         if len(args) == self._n_args:  # the full argument list: drop static / frozen ones
             drop = self._fn._static_positions(len(args))
             for i in sorted(drop):
-                if i < len(args) and i < len(self._call[0]):
+                if i < len(args) and i in self._call[0]:
                     self._check_static(f"argument {i}", args[i], self._call[0][i])
             args = tuple(a for i, a in enumerate(args) if i not in drop)
         for k in self._fn._static_names:
             if k in kwargs:
-                self._check_static(f"argument {k!r}", kwargs[k], self._call[1].get(k, _MISSING))
+                lowered = self._call[1].get(k, _MISSING)
+                if lowered is _MISSING:   # lowered by position, passed by name
+                    lowered = self._call[0].get(self._fn._param_position(k), _MISSING)
+                if lowered is not _MISSING:
+                    self._check_static(f"argument {k!r}", kwargs[k], lowered)
         kwargs = {k: v for k, v in kwargs.items() if k not in self._fn._static_names}
         return self._compiled(*args, **kwargs)
 
@@ -318,6 +322,12 @@ class HlofuseFunction:
     def _donating(self) -> bool:
         return self._sig.donating
 
+    def _param_position(self, name: str) -> int | None:
+        """The position of parameter ``name`` in the function's signature (None: unknown)."""
+        sig = self._sig.sig
+        names = list(sig.parameters) if sig is not None else []
+        return names.index(name) if name in names else None
+
     def _static_positions(self, n: int) -> set:
         return self._sig.static_positions(n)
 
@@ -416,7 +426,10 @@ class HlofuseFunction:
         else:
             report = Report(target=(self._target or Target.of(None)).kind, source=self._name)
             report.note(TRACED_NOTE)
-        return Lowered(self, lowered, entry, len(args), report, (args, kwargs))
+        drop = self._static_positions(len(args))
+        statics = ({i: a for i, a in enumerate(args) if i in drop},   # static and frozen only:
+                   {k: v for k, v in kwargs.items() if k in self._static_names})  # no batch kept alive
+        return Lowered(self, lowered, entry, len(args), report, statics)
 
     def trace(self, *args, **kwargs):
         """jax's ``Traced`` of the call (``.jaxpr`` shows the ``hlofuse_call``)."""
