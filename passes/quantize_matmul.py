@@ -38,8 +38,9 @@ turn into an integer there and no longer propagate. StableHLO's quantized types
 Preconditions: ``inline-calls`` (jnp's ``round``/``clip`` are private calls), ``constant-fold``
 (scales of frozen parameters are constants). Runs before ``fuse-matmul-epilogue``.
 Scales that are not finite: a run-time scale's result gets ``+ (s - s)`` (NaN where the scale
-is inf or NaN, as the float dot's ``inf * 0`` gives; +0 elsewhere), a constant one that is not
-finite refuses the rewrite.
+is inf or NaN, as the float dot's ``inf * 0`` and ``inf - inf`` give; +0 elsewhere), a constant
+one that is not finite refuses the rewrite. Not exact where every product of a sum is a
+same-signed infinity (no zero operand, one sign): the float dot gives ±inf there, this NaN.
 Invariant: the module verifies; rerunning changes nothing (the rewritten dots have integer or
 undequantized operands). Not bit-exact: the scale is applied once to the exact integer sum
 instead of to each product, tolerance category ``quantize`` of ``hlofuse.runtime.testing.TOLERANCES``.
