@@ -236,12 +236,12 @@ def register_checkify(prim, flat_fun: Callable) -> None:
         head, vals = args[:lead], args[lead:]
         avals = [jax.ShapeDtypeStruct(jax.typeof(v).shape, jax.typeof(v).dtype) for v in vals]
         closed = jax.make_jaxpr(jax.jit(flat_fun(**params)))(*avals)
-        jaxpr = getattr(closed, "jaxpr", closed)
+        jaxpr = jaxpr_body(closed)
         if len(jaxpr.eqns) != 1:
             raise NotImplementedError("checkify of hlofuse_call: jax.jit's trace is not one call")
         (eqn,) = jaxpr.eqns
         env = dict(zip(jaxpr.invars, vals))
-        env.update(zip(jaxpr.constvars, closed.consts))
+        env.update(zip(jaxpr.constvars, jaxpr_consts(closed)))
 
         def read(env, v):
             return v.val if isinstance(v, jex_core.Literal) else env[v]

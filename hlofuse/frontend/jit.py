@@ -53,7 +53,7 @@ from hlofuse.core.pipeline import OptionError, PassManager, UnknownPassError
 from hlofuse.core.report import Report
 from hlofuse.core.target import Target
 from hlofuse.frontend.dispatch import Dispatcher
-from hlofuse.frontend.signature import CallInfo, CallSignature, Frozen, static_key
+from hlofuse.frontend.signature import CallInfo, CallSignature, Frozen, norm_tuple, static_key
 from hlofuse.frontend.tracing import TracedFunction
 from hlofuse.frontend.tuning import decision_key, report_decision
 from hlofuse.runtime.kernel_choice import xla_to_apply
@@ -262,17 +262,11 @@ class HlofuseFunction:
                  **jit_kwargs):
         functools.update_wrapper(self, fun)
         self._fun = fun
-        if isinstance(disable, str):   # one pass name, not its letters
-            disable = (disable,)
+        disable = norm_tuple(disable)  # one pass name as a string, not its letters
         if autotune is not None:       # a typo fails here, not at the first call
             at_mode(autotune)
-        for what, nums in (("freeze_argnums", freeze_argnums),):
-            if not all(isinstance(i, int) and not isinstance(i, bool)
-                       for i in ((nums,) if isinstance(nums, (int, str)) else tuple(nums or ()))):
-                raise TypeError(f"{what}={nums!r}: expected an int or a sequence of ints "
-                                f"(argument positions)")
         self._target = None if target is None else Target.of(target)
-        self._opts = Options(target=self._target, pipeline=pipeline, disable=tuple(disable),
+        self._opts = Options(target=self._target, pipeline=pipeline, disable=disable,
                              pass_options=dict(options or {}), dump_dir=dump_dir, check=check,
                              autotune=autotune)
         self._name = getattr(fun, "__name__", "fun")

@@ -185,6 +185,9 @@ class CallSignature:
     def __init__(self, fun: Callable, name: str, freeze_argnums, jit_kwargs: dict):
         self.name = name
         self.freeze = norm_tuple(freeze_argnums)
+        if not all(isinstance(i, int) and not isinstance(i, bool) for i in self.freeze):
+            raise TypeError(f"freeze_argnums={freeze_argnums!r}: expected an int or a sequence "
+                            f"of ints (argument positions)")
         static_argnums = norm_tuple(jit_kwargs.pop("static_argnums", None))
         static_argnames = norm_tuple(jit_kwargs.pop("static_argnames", None))
         try:

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import logging
 import re
 import warnings
@@ -167,7 +168,8 @@ def _inputs(types, trial: str, seed: int, region: Region | None = None,
 
 
 def _spec_of(r: Region, originals: dict, ctx: ir.Context) -> Callable:
-    """The kernel spec of region ``r`` from its original function (on demand)."""
+    """The kernel spec of region ``r`` from its original function (on demand, once)."""
+    @functools.cache
     def get():
         _, fn = original_func(originals[r.id], ctx)
         return FAMILIES[r.kind].spec_from_func(fn)
@@ -340,9 +342,9 @@ def _check_on_device(module: ir.Module, regions: list[Region], originals: dict, 
         test, layout = _side_by_side(module, group, originals,
                                      {r: k.symbol for r, k in kernel_funcs(module).items()})
         checks = {r.id: _Trials(r, _category(r, category)) for r in group}
+        specs = {r.id: _spec_of(r, originals, module.context) for r in group}
         for t, trial in enumerate(trials):
-            per_region = [_inputs(types, trial, seed + 7919 * t + r.id, r,
-                                  _spec_of(r, originals, module.context))
+            per_region = [_inputs(types, trial, seed + 7919 * t + r.id, r, specs[r.id])
                           for r, _, _, types in layout]
             outs = run_module(test, [x for xs in per_region for x in xs], target=target)
             pos = 0

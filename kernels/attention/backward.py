@@ -246,7 +246,6 @@ def consistent_inputs(bs: BwdSpec, inputs):
     l``), while the region's original recomputes the forward and reads neither, so drawn
     values that are not the forward's made a correct kernel fail verification (``check=True``
     rolled back every backward kernel; adversarial round)."""
-    import numpy as np
     fs = FwdLseSpec(bs.fwd, bs.lse_dims, 0, tuple(bs.in_shapes[bs.lse_arg]))
     o, lse = fwd_lse_reference(fs)(*inputs)
     out = list(inputs)
