@@ -226,3 +226,17 @@ def test_gemm_ceiling_counts_the_products_hlofuse_computes():
     ones = 2 * 56 * 56 * (64 * 64 + 64 * 256 + 64 * 256 + 2 * (256 * 64 + 64 * 256))
     assert total == three + ones
     assert fewest == pytest.approx(ones + three / 2.25)
+
+
+def test_winograd_accuracy_backs_the_choice_of_f2x2():
+    """``bench.winograd_accuracy``: the F(4x4, 3x3) reference it measures is a correct
+    convolution (close to float64), F(2x2, 3x3) (hlofuse's kernel) stays well inside the
+    ``reassociate`` tolerance, and F(4x4, 3x3) on Lavin and Gray's points does not: the reason
+    the CPU pipeline stops at the smaller tile (docs/performance.md)."""
+    from bench.winograd_accuracy import measure
+    rows = {r["algorithm"]: r for r in measure(shapes=((16, 128, 128),))}
+    assert rows["direct (jax.jit)"]["tolerance_used"] == 0.0
+    assert rows["F(2x2,3x3)"]["tolerance_used"] < 0.4
+    assert all(r["error"] < 1e-4 for r in rows.values())             # every one a convolution
+    assert rows["F(4x4,3x3)"]["tolerance_used"] > 1.0
+    assert rows["F(4x4,3x3)"]["error"] > 3 * rows["direct (jax.jit)"]["error"]
