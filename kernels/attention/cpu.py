@@ -36,7 +36,7 @@ from jax import lax
 from hlofuse.core import ir as hir
 from hlofuse.kernels.attention.blocks import CPU_MAX_BLOCK_K, AttentionBlocks, cpu_fwd_plan
 from hlofuse.kernels.attention.layout import canonical_inputs, output, pad_axis, pad_to
-from hlofuse.kernels.attention.logits import F32, eval_logits, prescale
+from hlofuse.kernels.attention.logits import F32, eval_logits
 from hlofuse.kernels.attention.online_softmax import (online_finish, online_init, online_only,
                                                       online_update)
 from hlofuse.kernels.attention.skip import skip_table_cached
@@ -108,7 +108,7 @@ def lax_precision(p: str):
 
 
 def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
-              fold_scale: bool = True, k_transposed: bool = CPU_K_TRANSPOSED,
+              k_transposed: bool = CPU_K_TRANSPOSED,
               with_lse: bool = False, parts: int | None = None, budget_scale: float = 1.0,
               whole_rows: bool | None = None):
     """The region as ``f(*inputs) -> (output,)`` made of XLA loops.
@@ -116,8 +116,7 @@ def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
     ``with_lse``: return ``(output, stats)``, the row statistics ``[m, l]`` (max and sum, f32)
     in the canonical row layout ``[batch.., rows.., Sq, 2]``, for the flash backward.
 
-    ``fold_scale``: apply a power-of-two logit scale to Q once (exact, see
-    :func:`~hlofuse.kernels.attention.logits.prescale`). ``k_transposed``: keep K as
+    ``k_transposed``: keep K as
     ``[.., D, Sk]`` (built by one transpose of the input, :func:`canonical_inputs`) so QKᵀ
     is a plain (NN) matmul per block. ``parts``: independent loops
     (default :data:`CPU_PARTS`, see :func:`cpu_split`). ``budget_scale``: the step budget
@@ -134,7 +133,6 @@ def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
         whole_rows = False
     blocks = blocks or cpu_fwd_plan(spec, parts=len(bounds), scale=budget_scale,
                                     whole_rows=whole_rows)
-    pre = prescale(spec) if fold_scale else None
     bq, bk = blocks.bq, blocks.bk
     sq, sk = spec.seq_q, spec.seq_k
     nq, nk = -(-sq // bq), -(-sk // bk)
@@ -149,8 +147,6 @@ def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
 
     def fn(*inputs):
         q, k, v, sides = canonical_inputs(spec, inputs, k_transposed=k_transposed)
-        if pre is not None:
-            q = q * jnp.asarray(pre[0], q.dtype)
         q = pad_to(q, sq_ax, nq * bq)
         k = pad_to(k, k.ndim - 1 if k_transposed else nb, nk * bk)
         v = pad_to(v, nb, nk * bk)
@@ -186,10 +182,7 @@ def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
                 s_blk = lax.dot_general(qc, kb, (((qc.ndim - 1,), (kc,)),
                                                  (tuple(range(nb)), tuple(range(nb)))),
                                         preferred_element_type=F32, precision=qk_prec)
-                seed = None
-                if pre is not None:
-                    seed = {pre[1]: s_blk.astype(hir.np_dtype(spec.s_dtype))}
-                x = eval_logits(spec, s_blk, sb, index_fn(c, j), seed=seed)
+                x = eval_logits(spec, s_blk, sb, index_fn(c, j))
                 x = jnp.broadcast_to(x, s_blk.shape)
                 valid = None
                 if nk * bk != sk:

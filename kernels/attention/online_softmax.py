@@ -89,8 +89,8 @@ def online_stats(carry, x, *, m_init: float, valid=None):
 
 
 # The flash backward subtracts the forward's row max from logits it computes again, with its
-# own block sizes and dot form (cpu: Q·Kᵀ with K's head dim last; the forward's dot reads Kᵀ
-# and a prescaled Q, faster there, 1.4x slower here: measured). Its logits may round otherwise
+# own block sizes and dot form (cpu: Q·Kᵀ with K's head dim last; the forward's dot reads Kᵀ:
+# faster there, 1.4x slower here: measured). Its logits may round otherwise
 # than the forward's did (cpu, measured: one 300-key block against two of 256; a 40x40 block,
 # dot form against dot form; on gpu/tpu the forward may have other blocks, or be XLA's own code
 # when a measured decision kept it), by up to an ulp of Σ|q_d·k_d| <= |q|·|k|. Then

@@ -28,7 +28,7 @@ from hlofuse.core import ir as hir
 from hlofuse.kernels.attention.blocks import CPU_SKIP_BLOCK
 from hlofuse.kernels.attention.cpu import block_index, lax_precision
 from hlofuse.kernels.attention.layout import canonical_inputs, output
-from hlofuse.kernels.attention.logits import F32, eval_logits, prescale
+from hlofuse.kernels.attention.logits import F32, eval_logits
 from hlofuse.kernels.attention.online_softmax import online_finish, online_only
 from hlofuse.kernels.attention.skip import skip_info
 from hlofuse.kernels.attention.spec import AttentionSpec
@@ -63,7 +63,6 @@ def short_fits(spec: AttentionSpec) -> bool:
 
 def build_cpu_short(spec: AttentionSpec):
     """The region as ``f(*inputs) -> (output,)``: one QKᵀ dot, the softmax, one P·V dot."""
-    pre = prescale(spec)
     sq, sk = spec.seq_q, spec.seq_k
     nb = len(spec.batch)
     out_dtype = hir.np_dtype(spec.out_dtype)
@@ -75,13 +74,10 @@ def build_cpu_short(spec: AttentionSpec):
 
     def fn(*inputs):
         q, k, v, sides = canonical_inputs(spec, inputs)
-        if pre is not None:
-            q = q * jnp.asarray(pre[0], q.dtype)
         kt = jnp.swapaxes(k, -1, -2)                                     # [.., D, Sk]: NN dot
         s = lax.dot_general(q, kt, (((q.ndim - 1,), (nb,)), batch_dims),
                             preferred_element_type=F32, precision=qk_prec)
-        seed = {pre[1]: s.astype(hir.np_dtype(spec.s_dtype))} if pre is not None else None
-        x = jnp.broadcast_to(eval_logits(spec, s, sides, index, seed=seed), s.shape).astype(F32)
+        x = jnp.broadcast_to(eval_logits(spec, s, sides, index), s.shape).astype(F32)
         def pv(p):
             return lax.dot_general(p.astype(p_dtype), v, (((p.ndim - 1,), (nb,)), batch_dims),
                                    preferred_element_type=F32, precision=pv_prec)

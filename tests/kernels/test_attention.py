@@ -162,7 +162,6 @@ def test_cpu_plan_keeps_the_step_block_within_budget():
     plan = A.cpu_plan(spec)
     assert plan.bk == A.CPU_MAX_BLOCK_K and plan.bq < 4096
     assert spec.n_batch * plan.bq * plan.bk <= A.CPU_STEP_BUDGET
-    assert A.prescale(spec) == (0.125, A.prescale(spec)[1])   # 1/sqrt(64): folded into Q
     small = _bench_spec(64)
     assert (A.cpu_plan(small).bq, A.cpu_plan(small).bk) == (64, 64)  # one block: no loop
 
@@ -282,12 +281,6 @@ def test_cpu_plan_uses_skip_blocks_for_causal():
     assert "+skip" in A.build_attention(spec, "cpu").blocks
 
 
-def test_scale_that_is_not_a_power_of_two_is_not_folded():
-    spec, _, _ = region_of(make_attention("bhsd", "none", 1, "nn", "div"),
-                           make_args("bhsd", "none", 1, np.float32, 8, 8, d=8))
-    assert A.prescale(spec) is None     # sqrt(8) is not a power of two
-
-
 @pytest.mark.parametrize("target,bq,bk", [("gpu", 24, 16), ("gpu", 8, 16), ("tpu", 12, 128),
                                           ("tpu", 16, 100), ("cpu", 0, 8)])
 def test_invalid_blocks_are_rejected(target, bq, bk):
@@ -328,3 +321,34 @@ def test_region_without_or_disagreeing_with_its_spec_is_not_built():
     del fn.attributes[A.SPEC_ATTR]
     with pytest.raises(EmitError, match="without a hlofuse.attention"):
         A.spec_from_func(fn)
+
+
+@pytest.mark.parametrize("scale,dtype,a,b", [(4.0, np.float32, 1e19, 1e19),
+                                             (4.0, np.float16, 2e4, 1.0),
+                                             (0.125, np.float32, 3e18, 3e18)])
+def test_logit_scale_is_applied_where_the_program_applies_it(scale, dtype, a, b):
+    """A power-of-two scale taken into Q is exact only where nothing overflows: ×4 on logits of
+    1e38 - 1e38 = 0 gave NaN for the program's finite output ((4a)·b overflows), /8 on logits
+    that overflow gave finite values for the program's NaN. Every cpu build (loop-free, whole
+    rows, key blocks) now scales QKᵀ as the program does (adversarial round)."""
+    def f(q, k, v):
+        s = jnp.einsum("bhqd,bhkd->bhqk", q, k) * jnp.asarray(scale, q.dtype)
+        return jax.nn.softmax(s, axis=-1) @ v
+    sq = sk = 128
+    q = np.zeros((1, 1, sq, 64), dtype)
+    k = np.zeros((1, 1, sk, 64), dtype)
+    if scale > 1:                                   # each logit a·b - a·b = 0, (4a)·b overflows
+        q[..., 0], q[..., 1], k[..., 0], k[..., 1] = a, -a, b, b
+    else:                                           # Σ a·b overflows, Σ (a/8)·b does not
+        q[...], k[...] = a, b
+    v = np.random.default_rng(0).standard_normal((1, 1, sk, 64)).astype(dtype)
+    spec, text, ins = region_of(f, [jnp.asarray(x) for x in (q, k, v)])
+    for i, x in ((spec.q_arg, q), (spec.k_arg, k), (spec.v_arg, v)):
+        ins[i] = x.reshape(spec.in_shapes[i])
+    want = run_region(text, ins)
+    assert np.isnan(want[0]).any() == (scale < 1)
+    builds = [A.build_attention(spec, "cpu"),
+              A.build_cpu(spec, A.AttentionBlocks("cpu", 32, 32), parts=1, whole_rows=False),
+              A.build_cpu(spec, parts=1, whole_rows=True)]
+    for fn in builds:
+        assert_same(jax.jit(fn)(*ins), want, "reassociate")
