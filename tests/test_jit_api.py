@@ -699,3 +699,33 @@ def test_a_compiled_hlofuse_function_serializes_as_jaxs_does():
     payload, in_tree, out_tree = se.serialize(c)
     loaded = se.deserialize_and_load(payload, in_tree, out_tree)
     np.testing.assert_allclose(np.asarray(loaded(x)), np.asarray(f(x)), rtol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["nans", "infs"])
+def test_debug_nans_and_infs_name_the_op_as_under_jax_jit(mode):
+    """Under ``jax.debug_nans()`` / ``debug_infs()`` jax runs a jit function's Python again, as
+    if the decorator were removed, to name the op that made the value. hlofuse's inner function
+    traced the program again there and returned without raising, so the error said "the
+    de-optimized function did not produce invalid values" (with kernels, or XLA's module); it
+    now runs the user's function, and names the op jax.jit names (adversarial round)."""
+    def f(x, scale):
+        y = jnp.log(x) if mode == "nans" else 1.0 / x
+        return jax.nn.softmax(y * scale, axis=-1), y
+    x = np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32)
+    x[0, 0] = -1.0 if mode == "nans" else 0.0
+    ctx = jax.debug_nans if mode == "nans" else jax.debug_infs
+
+    def message(g):
+        with pytest.raises(FloatingPointError) as e, ctx(True):
+            jax.block_until_ready(g(x, 2.0))
+        return str(e.value).split("\n")[0]
+    want = message(jax.jit(f))
+    assert want.startswith("invalid value") and "encountered in " in want
+    if mode == "nans":
+        assert want.endswith("encountered in log")
+    for kw in ({"tiered": False}, {"tiered": False, "freeze_argnums": (1,)}, {}):
+        g = hlofuse.jit(f, **kw)
+        if kw.get("tiered") is False:
+            assert g.report(x, 2.0).kernels             # a kernel runs the softmax
+        assert message(g) == want
+        assert np.asarray(g(x, 2.0)[0]).shape == (64, 256)   # off again: no error

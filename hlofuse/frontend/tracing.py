@@ -53,6 +53,12 @@ class TracedFunction:
         from the module with every kernel built, :meth:`Program.with_xla`; ``settings``: pass
         options of a kernel variant, :meth:`Program.with_settings`)."""
         def traced(info, *args, **kwargs):
+            if compat.at_top_level():
+                # called outside every trace: jax runs a jit function's Python again "as if
+                # the decorator were removed" to name the op that made a NaN or inf
+                # (debug_nans / debug_infs); so is the user's function, on these values
+                args = tuple(a.value if isinstance(a, Frozen) else a for a in args)
+                return self.fun(*args, **kwargs)
             return self.trace(info, args, kwargs, xla, full, settings)
         try:
             traced = functools.wraps(self.fun)(traced)
