@@ -14,7 +14,7 @@ Recognizes, on every ``dot_general`` of the user's program:
   products and their int32 sum are exact (K < 2^17, so the sum cannot overflow); the
   dequantization becomes an epilogue that ``fuse-matmul-epilogue`` fuses with the bias,
   activation and requantization that follow.
-* **weight-only** quantization (int8/int4 weights, bf16/f32 activations): one operand is
+* **weight-only** quantization (int8/int4 weights, f32 dequantization): one operand is
   ``convert(w_int) * scale`` with the scale along that operand's free dims; the scale moves past
   the dot (``dot(x, cvt(w) * s) -> dot(x, cvt(w)) * s'``), leaving ``convert`` as a dot prologue
   the matmul kernel applies to each weight tile (cpu/gpu: the weights are read as int8, never
@@ -28,8 +28,13 @@ Recognizes, on every ``dot_general`` of the user's program:
 Not rewritten (counted by reason, ``refused[<reason>]``, and noted in the report): scales that
 vary along the contracting dim (they do not factor out of the sum), asymmetric dequantization
 with a zero point (``(convert(q) - zp) * s``: the dot stays float), integer types
-other than int8/int4, K >= 2^17 (int32 accumulation could overflow), and a dequantized value
-with other users (the float copy would stay live). Fake-quant written without a ``convert`` to
+other than int8/int4, K >= 2^17 (int32 accumulation could overflow), a dequantized value
+with other users (the float copy would stay live), a dequantization ``q * s`` in bf16 or f16
+(the program rounds each product to 16 bits; with the scale past the dot it would not be: off
+by up to 0.5 on values of 55 in bf16), a weight-only dot with a 16-bit result (its unscaled
+dot would overflow f16), and constant scales so large that a product or a sum could overflow
+float32 (``128² K max|sa| max|sb|`` within 4x of the maximum). A fake-quant dot with a 16-bit
+result is scaled in f32 and rounded once (the exact sum converted to f16 first overflowed). Fake-quant written without a ``convert`` to
 an integer type (``clip(round(x / s)) * s`` in float) is not matched either: a NaN input would
 turn into an integer there and no longer propagate. StableHLO's quantized types
 (``!quant.uniform``, ``uniform_quantize``/``uniform_dequantize``) cannot be read at all: jaxlib
@@ -40,7 +45,9 @@ Preconditions: ``inline-calls`` (jnp's ``round``/``clip`` are private calls), ``
 Scales that are not finite: a run-time scale's result gets ``+ (s - s)`` (NaN where the scale
 is inf or NaN, as the float dot's ``inf * 0`` and ``inf - inf`` give; +0 elsewhere), a constant
 one that is not finite refuses the rewrite. Not exact where every product of a sum is a
-same-signed infinity (no zero operand, one sign): the float dot gives ±inf there, this NaN.
+same-signed infinity (no zero operand, one sign): the float dot gives ±inf there, this NaN;
+and, for run-time scales, where finite scales are so large (about 1e36) that the float dot's
+products overflow and the scaled exact sum does not, or the reverse.
 Invariant: the module verifies; rerunning changes nothing (the rewritten dots have integer or
 undequantized operands). Not bit-exact: the scale is applied once to the exact integer sum
 instead of to each product, tolerance category ``quantize`` of ``hlofuse.runtime.testing.TOLERANCES``.
@@ -64,6 +71,7 @@ from hlofuse.passes.fusion.outline import program_blocks
 INT_TYPES = ("i8", "i4")            # quantized storage types a dequant may start from
 FLOAT_TYPES = ("f32", "bf16", "f16")
 MAX_K = 1 << 17                     # K * 128 * 128 must stay below 2^31 (int32 accumulation)
+HALF_TYPES = ("bf16", "f16")
 
 
 @dataclasses.dataclass
@@ -196,6 +204,21 @@ def _apply_scale(y: ir.Value, dq: Dequant, out_dims: tuple, dot) -> ir.Value:
     return y
 
 
+def _scales_bounded(dqs, k: int) -> bool:
+    """Whether no product ``(qa·sa)(qb·sb)`` nor any sum of ``k`` of them can overflow float32,
+    in either form, where every scale is a constant (run-time scales cannot be bounded here;
+    the module docstring says what then differs). A 4x margin below the float32 maximum."""
+    bound = 128.0 * 128.0 * k
+    for d in dqs:
+        if d.mul is None:
+            continue
+        scale = gu.constant_array(d.src)
+        if scale is None:
+            return True
+        bound *= float(np.max(np.abs(np.asarray(scale, np.float64)), initial=0.0))
+    return bound < float(np.finfo(np.float32).max) / 4
+
+
 def _to_i8(q: ir.Value, before) -> ir.Value:
     if gu.info(q).dtype == "i8":
         return q
@@ -231,6 +254,11 @@ def rewrite_dot(dot, refused: Refusals, counts: dict) -> bool:
         if isinstance(d, str):
             refused.add("quantized dot_general", d, where)
             return False
+        if d is not None and d.mul is not None and gu.info(d.mul.results[0]).dtype in HALF_TYPES:
+            refused.add("quantized dot_general",
+                        f"{gu.info(d.mul.results[0]).dtype} dequantization (each q·s is rounded "
+                        "to 16 bits, which a scale moved past the dot would not be)", where)
+            return False
         scale = gu.constant_array(d.src) if d is not None and d.src is not None else None
         if scale is not None and not np.all(np.isfinite(np.asarray(scale, np.float64))):
             refused.add("quantized dot_general", "scale is not finite (the float dot gives NaN)", where)
@@ -254,6 +282,15 @@ def rewrite_dot(dot, refused: Refusals, counts: dict) -> bool:
     for x in dn["lc"]:
         k *= ops[0].shape[x]
     both = all(d is not None for d in dqs)
+    scaled = any(d is not None and d.mul is not None for d in dqs)
+    if not both and scaled and out.dtype in HALF_TYPES:
+        refused.add("quantized dot_general", f"{out.dtype} result (the unscaled dot would be "
+                    f"rounded, or overflow, in {out.dtype} before its scale)", where)
+        return False
+    if both and scaled and not _scales_bounded(dqs, k):
+        refused.add("quantized dot_general", "constant scales so large that a product or sum "
+                    "could overflow float32 (it would in one form and not the other)", where)
+        return False
     if both and k >= MAX_K:
         refused.add("quantized dot_general", f"K={k} could overflow int32 accumulation", where)
         return False
@@ -264,7 +301,11 @@ def rewrite_dot(dot, refused: Refusals, counts: dict) -> bool:
         i32 = gu.tensor_type(out.shape, ir.IntegerType.get_signless(32))
         attrs = dict(dot.attributes.items()) if hasattr(dot.attributes, "items") else {a.name: a.attr for a in dot.attributes}
         new = gu.create("stablehlo.dot_general", [qa, qb], [i32], attrs, before=dot).results[0]
-        y = gu.create("stablehlo.convert", [new], [dot.results[0].type], before=dot).results[0]
+        # a 16-bit result is scaled in f32 and rounded once: the exact sum converted to f16
+        # first overflowed (65504) where the program's scaled products did not
+        wide = gu.tensor_type(out.shape, ir.F32Type.get()) if scaled and out.dtype in HALF_TYPES \
+            else dot.results[0].type
+        y = gu.create("stablehlo.convert", [new], [wide], before=dot).results[0]
         name = "fake-quant-dot"
     else:
         side = 0 if dqs[0] is not None else 1
@@ -277,6 +318,8 @@ def rewrite_dot(dot, refused: Refusals, counts: dict) -> bool:
     for d, od in zip(dqs, out_dims):
         if d is not None and d.mul is not None:
             y = _apply_scale(y, d, od, dot)
+    if y.type != dot.results[0].type:
+        y = gu.create("stablehlo.convert", [y], [dot.results[0].type], before=dot).results[0]
     gu.replace_op(dot, [y])
     counts[name] = counts.get(name, 0) + 1
     return True

@@ -70,6 +70,24 @@ func.func @main(%x: tensor<4x16xf32>, %wq: tensor<16x8xi8>, %sw: tensor<8xf32>) 
 }"""
 
 
+# bf16 dequantization: each q·s is rounded to bf16 (the program's meaning); a scale moved past
+# the dot would skip that rounding (off by up to 0.5 on values of 55: adversarial round)
+BF16_DEQUANT = WEIGHT_ONLY.replace("f32>", "bf16>").replace("xf32>", "xbf16>")
+
+# f32 operands with an f16 result (preferred_element_type=f16): the unscaled dot of a weight-only
+# rewrite would overflow f16 before its scale
+WEIGHT_ONLY_F16_OUT = WEIGHT_ONLY.replace(
+    "-> tensor<4x8xf32> {", "-> tensor<4x8xf16> {").replace(
+    "(tensor<4x16xf32>, tensor<16x8xf32>) -> tensor<4x8xf32>",
+    "(tensor<4x16xf32>, tensor<16x8xf32>) -> tensor<4x8xf16>").replace(
+    "return %y : tensor<4x8xf32>", "return %y : tensor<4x8xf16>")
+
+# constant scales so large that (qa·sa)(qb·sb) overflows float32 in one form and not the other
+HUGE_SCALES = FAKE.replace("dense<0.05>", "dense<1.0e+30>").replace(
+    "%swb = stablehlo.broadcast_in_dim %sw, dims = [1] : (tensor<8xf32>) -> tensor<16x8xf32>",
+    "%swb = stablehlo.constant dense<1.0e+10> : tensor<16x8xf32>")
+
+
 def stats(o):
     return next(p.stats for p in o.report.passes if p.name == "quantize-matmul")
 
@@ -114,7 +132,13 @@ def test_rewrites_and_is_idempotent(text, pattern):
     (ALONG_K, "refused[scale varies along the contracting dim]"),
     (OTHER_USE, "refused[dequantized operand has other users]"),
     (ZERO_POINT, "refused[zero-point (asymmetric) dequantization]"),
-], ids=["scale-along-k", "other-users", "zero-point"])
+    (BF16_DEQUANT, "refused[bf16 dequantization (each q·s is rounded to 16 bits, which a scale "
+                   "moved past the dot would not be)]"),
+    (WEIGHT_ONLY_F16_OUT, "refused[f16 result (the unscaled dot would be rounded, or overflow, "
+                          "in f16 before its scale)]"),
+    (HUGE_SCALES, "refused[constant scales so large that a product or sum could overflow "
+                  "float32 (it would in one form and not the other)]"),
+], ids=["scale-along-k", "other-users", "zero-point", "bf16-dequant", "f16-result", "huge-scales"])
 def test_no_match(text, reason):
     before = hlofuse.optimize(text, pipeline="none").text
     o = hlofuse.optimize(text, pipeline=PASS)
@@ -274,3 +298,22 @@ def test_a_frozen_scale_that_is_not_finite_is_refused():
     st = next(p.stats for p in low.report.passes if p.name == "quantize-matmul")
     assert st["rewrites"] == 0 and st["refused[scale is not finite (the float dot gives NaN)]"] == 1, st
     _nan_inf(f(wq, sw, xq), jax.jit(fn)(wq, sw, xq))
+
+
+def test_fake_quant_with_a_16_bit_result_scales_in_f32():
+    """``dot(f32(qa)·sa, f32(qb)·sb)`` with an f16 result: the exact int32 sum converted to f16
+    first gave inf above 65504 where the program's scaled products were small (K=1024: all but
+    a few elements; adversarial round). The scales are applied in f32, then one rounding."""
+    text = FAKE.replace("4x16", "4x1024").replace("16x8", "1024x8").replace(
+        "-> tensor<4x8xf32> {", "-> tensor<4x8xf16> {").replace(
+        "(tensor<4x1024xf32>, tensor<1024x8xf32>) -> tensor<4x8xf32>",
+        "(tensor<4x1024xf32>, tensor<1024x8xf32>) -> tensor<4x8xf16>").replace(
+        "return %y : tensor<4x8xf32>", "return %y : tensor<4x8xf16>")
+    o = hlofuse.optimize(text, pipeline=PASS)
+    assert stats(o)["fake-quant-dot"] == 1
+    xs = inputs(text)
+    xs[0] = np.full_like(xs[0], 127)
+    xs[1] = np.full_like(xs[1], 127)                 # the int32 sum: 1024·127² > 65504
+    want, got = run_module(text, xs), run_module(o.text, xs)
+    assert np.isfinite(np.asarray(want[0], np.float32)).all()
+    assert_same(got, want, "quantize")
