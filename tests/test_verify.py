@@ -486,3 +486,15 @@ def test_check_keeps_a_correct_attention_backward(tmp_path, monkeypatch):
     bwd = [r for r in rep.kernels if r.kind == "attention_bwd"]
     assert len(bwd) == 1 and bwd[0].extra["verify"].startswith("ok"), bwd
     assert_same(got, jax.jit(step)(p, x), "grad")
+
+
+def test_compare_matches_nans_of_every_float_type():
+    """float8 (and bfloat16) NaNs equal NaNs, in the exact path too: ``compare`` reported
+    bit-identical float8 NaNs as a mismatch (numpy's isnan does not take ml_dtypes' floats;
+    adversarial round). A NaN against a number still differs."""
+    import jax.numpy as jnp
+    for dt in (jnp.float8_e4m3fn, jnp.float8_e5m2, jnp.bfloat16, jnp.float16):
+        a = np.asarray(jnp.asarray([np.nan, 1.0, -2.0], dt))
+        for category in ("exact", "kernel"):
+            assert compare(a, a, category) == [], (dt, category)
+            assert compare(a, np.asarray(jnp.asarray([1.0, 1.0, -2.0], dt)), category), (dt, category)

@@ -89,7 +89,7 @@ def compare(actual, expected, category: str = "kernel", *, finite_floats: bool =
             bad = np.argwhere(~same)
             idx = tuple(int(i) for i in bad[0]) if bad.size else ()
             err = ""
-            if e.dtype.kind == "f" or e.dtype.name == "bfloat16":
+            if _is_float(e.dtype) and e.dtype.kind != "c":
                 with np.errstate(invalid="ignore"):
                     diff = np.abs(a.astype(np.float64) - e.astype(np.float64))
                 err = f", max abs err {np.nanmax(np.where(np.isfinite(diff), diff, 0)):.3g}"
@@ -110,9 +110,16 @@ def _clip_finite(values: np.ndarray, bound: float) -> np.ndarray:
     return clipped.astype(values.dtype)
 
 
+def _is_float(dtype) -> bool:
+    """numpy's floats and complex, and ml_dtypes' (bfloat16, the float8 and float4 types)."""
+    return np.dtype(dtype).kind in "fc" or bool(jnp.issubdtype(dtype, jnp.inexact))
+
+
 def _isnan(x: np.ndarray) -> np.ndarray:
-    if x.dtype.kind in "fc" or x.dtype.name == "bfloat16":
-        return np.isnan(x.astype(np.float64)) if x.dtype.name == "bfloat16" else np.isnan(x)
+    if x.dtype.kind in "fc":
+        return np.isnan(x)
+    if _is_float(x.dtype):          # ml_dtypes' floats: numpy's isnan does not take them
+        return np.isnan(x.astype(np.float64))
     return np.zeros(x.shape, bool)
 
 
