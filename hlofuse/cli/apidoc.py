@@ -9,6 +9,7 @@ and docstring (reST roles and double backquotes turned into Markdown code).
 
 from __future__ import annotations
 
+import enum
 import importlib
 import inspect
 import os
@@ -103,9 +104,23 @@ def signature(obj, name: str) -> str | None:
     return f"{name}{sig}"
 
 
+def _enum_base(cls) -> str:
+    """The enum module's base class of ``cls`` (``Enum``, ``IntEnum``, ``StrEnum``, ...)."""
+    return next((b.__name__ for b in cls.__mro__[1:] if b.__module__ == "enum"), "Enum")
+
+
 def entry(qualname: str, obj, level: int = 3) -> list[str]:
     short = qualname.rsplit(".", 1)[-1]
     lines = [f"{'#' * level} `{qualname}`", ""]
+    if inspect.isclass(obj) and issubclass(obj, enum.Enum):
+        # an enum: its members, not the Enum constructor's signature and docstring (both
+        # differ between Python releases, and the page must be the same on each)
+        lines += ["```python", f"class {short}(enum.{_enum_base(obj)})", "```", "",
+                  "Members: " + ", ".join(f"`{m.name}`" for m in obj), ""]
+        own = obj.__dict__.get("__doc__")
+        if own:
+            lines += [markdown_doc(inspect.cleandoc(own)), ""]
+        return lines
     if inspect.isclass(obj) or callable(obj):
         sig = signature(obj, short)
         if sig:

@@ -23,6 +23,8 @@ __all__ = ["OpClass", "OpRule", "RULES", "rule_for", "op_class", "element_dtype"
 
 
 class OpClass(enum.Enum):
+    """What an op is to the fusion passes (its fusibility class): the per-op rule table's
+    first column (:class:`OpRule`)."""
     ELEMENTWISE = "elementwise"      # one output element from the same-index input elements
     BROADCAST = "broadcast"          # broadcast_in_dim
     CONSTANT = "constant"
