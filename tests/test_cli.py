@@ -974,3 +974,70 @@ module {
     r = hlofuse_inprocess(capsys, "optimize", "tup.mlir", "-o", "t.mlir", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "main result 0 is a tuple" in r.stderr and "dynamic" not in r.stderr
+
+
+def test_user_code_that_exits_is_an_error_not_a_success(tmp_path, capsys):
+    """A model script without a ``__main__`` guard that ends in ``sys.exit(0)`` made export and
+    tune exit 0 with nothing written and no message; ``os._exit(0)`` at import the same, past
+    every handler (adversarial round). Both are errors naming the module now."""
+    (tmp_path / "script_model.py").write_text(
+        "import sys\nimport jax.numpy as jnp\ndef forward(x):\n    return jnp.tanh(x)\n"
+        "print('training done')\nsys.exit(0)\n")
+    r = hlofuse_inprocess(capsys, "export", "script_model:forward", "--args", "f32[8]", "-o",
+                          "out.exported", cwd=tmp_path)
+    one_error_line(r, "script_model", "sys.exit(0)", "__main__")
+    (tmp_path / "osexit_model.py").write_text("import os\nos._exit(0)\n")
+    r = hlofuse("export", "osexit_model:f", "--args", "f32[8]", "-o", "out2.exported",
+                cwd=tmp_path)
+    one_error_line(r, "importing osexit_model", "os._exit")
+    assert not (tmp_path / "out.exported").exists() and not (tmp_path / "out2.exported").exists()
+
+
+def test_flags_out_of_range_are_named(tmp_path, capsys):
+    """A negative seed was "m.exported: ValueError: expected non-negative integer" (blaming the
+    input), a negative or infinite budget blamed the function, a --cache-dir that is a file
+    showed a bare FileExistsError (adversarial round)."""
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "mm.py").write_text("import jax.numpy as jnp\ndef f(x):\n    return jnp.tanh(x)\n")
+    for args, needles in [(("check", "afile", "afile", "--seed", "-1"), ("--seed",)),
+                          (("tune", "mm:f", "--args", "f32[8]", "--budget", "-1"), ("--budget",)),
+                          (("tune", "mm:f", "--args", "f32[8]", "--budget", "inf"), ("--budget",)),
+                          (("tune", "mm:f", "--args", "f32[8]", "--cache-dir", "afile"),
+                           ("--cache-dir", "afile"))]:
+        r = hlofuse_inprocess(capsys, *args, cwd=tmp_path)
+        one_error_line(r, *needles)
+
+
+def test_text_from_a_pipe_or_a_process_substitution(tmp_path, files):
+    """StableHLO text through a pipe (``/dev/stdin``) parsed an empty module (the file was
+    opened again after it was read to its end), a FIFO hung, and ``<(...)`` named a descriptor
+    the worker did not inherit (adversarial round)."""
+    src = files["paths"]["text"]
+    script = (f"cat {src} | {' '.join(CLI)} optimize /dev/stdin -o piped.mlir && "
+              f"{' '.join(CLI)} optimize <(cat {src}) -o subst.mlir")
+    r = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "kernel(s)" in r.stderr or "kernel(s)" in r.stdout
+    for name in ("piped.mlir", "subst.mlir"):
+        assert "func.func" in (tmp_path / name).read_text()
+
+
+def test_an_output_named_through_dev_or_proc_is_refused(tmp_path, capsys):
+    """``-o /dev/stdout >> build.log``: /dev/stdout resolved to build.log, and the atomic write
+    renamed a new file over it, losing the log (adversarial round). A path through /dev or
+    /proc names a stream: refused, as a FIFO is."""
+    (tmp_path / "f64.mlir").write_text(F64_MODULE)
+    for out in ("/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"):
+        r = hlofuse_inprocess(capsys, "optimize", "f64.mlir", "-o", out, cwd=tmp_path)
+        one_error_line(r, out, "not a regular file")
+
+
+def test_a_long_output_name_is_written(tmp_path, capsys):
+    """The temporary file beside the output was ``.NAME.XXXXXXXX.tmp``: a valid 245-character
+    name went past the file system's 255 (adversarial round)."""
+    (tmp_path / "f64.mlir").write_text(F64_MODULE)
+    name = "L" * 240 + ".mlir"
+    r = hlofuse_inprocess(capsys, "optimize", "f64.mlir", "-o", name, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / name).exists()

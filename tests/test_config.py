@@ -74,6 +74,16 @@ def test_values_parse_by_type(monkeypatch, name, raw, want):
     assert config.get(name) == want
 
 
+def test_a_path_setting_expands_the_home_directory(monkeypatch, tmp_path):
+    """``HLOFUSE_CACHE_DIR='~/x'`` (quoted in a .env file or a Docker ENV, so no shell expanded
+    it) made a folder literally named '~' in the working directory (adversarial round)."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("HLOFUSE_CACHE_DIR", "~/hlofuse-cache")
+    assert config.get("HLOFUSE_CACHE_DIR") == str(tmp_path / "hlofuse-cache")
+    from hlofuse.runtime import module_cache
+    assert module_cache.directory().startswith(str(tmp_path / "hlofuse-cache"))
+
+
 @pytest.mark.parametrize("name, raw, expected", [
     ("HLOFUSE_TIERED", "maybe", "expected one of 1, true, yes, on, 0, false, no, off"),
     ("HLOFUSE_AUTOTUNE_BUDGET_S", "ten", "expected a number"),

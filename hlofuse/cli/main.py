@@ -53,6 +53,7 @@ if __name__ == "__main__":
 import dataclasses
 import inspect
 import json
+import math
 import os
 import signal
 import sys
@@ -147,7 +148,7 @@ def _define_optimize(fv):
                       "its kernels and numerics-changing passes (a reduction, contraction, "
                       "convolution or attention kernel sums in another order: 'reassociate').",
                       flag_values=fv)
-    flags.DEFINE_integer("seed", 0, "Seed of the random inputs of --verify.", flag_values=fv)
+    flags.DEFINE_integer("seed", 0, "Seed of the random inputs of --verify.", lower_bound=0, flag_values=fv)
     flags.DEFINE_string("graph", None, "Also write the module before and after optimization, with "
                         "node-data overlays (kernel or XLA, region, why refused, bytes saved, "
                         "measured time ratio), into DIR for Google's Model Explorer; needs `pip "
@@ -161,7 +162,7 @@ def _define_run(fv):
                         "default: random inputs from the signature.", flag_values=fv)
     flags.DEFINE_string("outputs", None, "Write the outputs to this .npz (arr_0, arr_1, ...).",
                         flag_values=fv)
-    flags.DEFINE_integer("seed", 0, "Seed of the random inputs.", flag_values=fv)
+    flags.DEFINE_integer("seed", 0, "Seed of the random inputs.", lower_bound=0, flag_values=fv)
     flags.DEFINE_string("shapes", None, "Argument types for a module with dynamic shapes, e.g. "
                         "'f32[8,128]' (default: the shapes of --inputs).", flag_values=fv)
     _common(fv)
@@ -170,7 +171,7 @@ def _define_run(fv):
 def _define_check(fv):
     flags.DEFINE_string("inputs", None, "Inputs as .npz (default: random inputs from ORIGINAL's "
                         "signature).", flag_values=fv)
-    flags.DEFINE_integer("seed", 0, "Seed of the random inputs.", flag_values=fv)
+    flags.DEFINE_integer("seed", 0, "Seed of the random inputs.", lower_bound=0, flag_values=fv)
     flags.DEFINE_enum("category", "kernel", ["exact", "kernel", "reassociate", "grad"],
                       "Tolerance category of hlofuse.runtime.testing.TOLERANCES.", flag_values=fv)
     flags.DEFINE_string("shapes", None, "Argument types for modules with dynamic shapes.",
@@ -204,7 +205,9 @@ def _define_tune(fv):
                         flag_values=fv)
     flags.DEFINE_float("budget", 60.0, "Seconds of measuring per function at most (compiles "
                        "included).", flag_values=fv)
-    flags.DEFINE_integer("seed", 0, "Seed of the random arguments.", flag_values=fv)
+    flags.register_validator("budget", lambda v: v is None or (math.isfinite(v) and v > 0),
+                             message="must be a finite number of seconds above 0", flag_values=fv)
+    flags.DEFINE_integer("seed", 0, "Seed of the random arguments.", lower_bound=0, flag_values=fv)
     flags.DEFINE_string("cache-dir", None, "Where to write the decisions (default: "
                         "$HLOFUSE_CACHE_DIR or ~/.cache/hlofuse); ship this directory.",
                         flag_values=fv)
@@ -239,7 +242,9 @@ def _report_to_supervisor(kind: str, text: str) -> None:
     if _WORKER["stage_fd"] is None:
         return
     try:
-        os.write(_WORKER["stage_fd"], f"{kind}\t{' '.join(text.split())}\n".encode())
+        # file names need not be UTF-8 (POSIX allows any bytes): never fail on one
+        os.write(_WORKER["stage_fd"],
+                 f"{kind}\t{' '.join(text.split())}\n".encode("utf-8", "surrogateescape"))
     except OSError:
         pass
 
@@ -536,6 +541,13 @@ def _mismatch(headline: str, problems: list[str]) -> int:
     return EXIT_MISMATCH
 
 
+def _names_a_stream(path: str) -> bool:
+    """Whether ``path`` goes through /dev or /proc (``/dev/stdout``, ``/dev/fd/1``,
+    ``/proc/self/fd/3``): a stream's name, even where it resolves to a regular file."""
+    parts = os.path.abspath(path).split(os.sep)
+    return len(parts) > 2 and (parts[1] == "proc" or (parts[1] == "dev" and parts[2] != "shm"))
+
+
 def _check_outputs(outputs, *, inputs=(), in_place: bool = False, dump_dir: str | None = None) -> None:
     """Validate every output path before any work, so that no output is written when another
     is bound to fail: each ``(flag, path)`` must be a file in a writable directory, not an input
@@ -551,9 +563,10 @@ def _check_outputs(outputs, *, inputs=(), in_place: bool = False, dump_dir: str 
                              f".txt")
         if os.path.isdir(path):
             raise UsageError(f"{flag}: {path}: is a directory")
-        if os.path.exists(path) and not os.path.isfile(path):
+        if (os.path.exists(path) and not os.path.isfile(path)) or _names_a_stream(path):
             # written atomically (a new file renamed over the path): a FIFO, a device node or
-            # /dev/stdout would be replaced by a regular file, not written into
+            # /dev/stdout would be replaced by a regular file, not written into (/dev/stdout
+            # redirected to a file resolves to that file: `>> log` lost the log's contents)
             raise UsageError(f"{flag}: {path}: not a regular file (outputs are written to a new "
                              f"file renamed into place); give a file path")
         directory = os.path.dirname(os.path.realpath(path))
@@ -768,6 +781,9 @@ def cmd_export(fv, pos) -> int:
             args.append(jax.ShapeDtypeStruct(shape, s.np_dtype))
         jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
         exp = jexport.export(jitted, platforms=[platform])(*args)
+    except SystemExit as e:  # the user's code ended the process: say so, write nothing
+        raise formats.FileError(f"{spec}: the function called sys.exit({e.code!r}) while being "
+                               "exported") from None
     except Exception as e:  # noqa: BLE001 - the user's function runs here: one line naming what it raised
         raise formats.FileError(f"{spec}: jax.export failed for ({', '.join(map(str, specs))}): "
                                f"{formats.first_line(e)}") from None
@@ -791,7 +807,11 @@ def cmd_tune(fv, pos) -> int:
     if not all(s.is_static for s in specs):
         raise UsageError("--args: tune needs static shapes (decisions are per shape)")
     if fv["cache-dir"].value:
-        os.makedirs(fv["cache-dir"].value, exist_ok=True)
+        try:
+            os.makedirs(fv["cache-dir"].value, exist_ok=True)
+        except OSError as e:
+            raise UsageError(f"--cache-dir: {fv['cache-dir'].value}: cannot create the "
+                             f"directory: {e.strerror or e}") from None
         os.environ["HLOFUSE_CACHE_DIR"] = os.path.abspath(fv["cache-dir"].value)
     fn = _import_function(spec)
     import jax
@@ -821,7 +841,11 @@ def cmd_tune(fv, pos) -> int:
                   and r.extra["region_hash"] not in d.regions]
     if unmeasured:
         print(f"  {len(unmeasured)} region(s) not measured (short call or budget): kernels kept")
-    print(f"  decisions in {where} (measured in {d.tune_s:.1f}s{'' if d.foreign_load <= at.BUSY_SHARE else '; machine busy: kept in memory only'});"
+    if d.foreign_load > at.BUSY_SHARE:
+        print(f"  measured in {d.tune_s:.1f}s while other processes used the machine: the "
+              f"decisions were not written to {where}; run it again on a quiet machine")
+        return EXIT_OK
+    print(f"  decisions in {where} (measured in {d.tune_s:.1f}s);"
           f" ship it and run with HLOFUSE_CACHE_DIR={os.path.dirname(where)} HLOFUSE_AUTOTUNE=cached")
     return EXIT_OK
 
@@ -847,6 +871,9 @@ def _import_function(spec: str) -> Callable:
             mod = importlib.import_module(modname)
     except formats.FileError:
         raise
+    except SystemExit as e:  # a script without a __main__ guard: one line, exit 2, nothing written
+        raise formats.FileError(f"{modname}: importing it called sys.exit({e.code!r}) (guard the "
+                               "script's own code with `if __name__ == \"__main__\":`)") from None
     except Exception as e:  # noqa: BLE001 - the user's module runs here: one line naming what it raised
         raise formats.FileError(f"{modname}: cannot import: {type(e).__name__}: "
                                f"{formats.first_line(e)}") from None
@@ -1017,6 +1044,14 @@ def _dispatch(argv: list[str]) -> int:
 
 def _run_command(name: str, cmd: Command, fv, pos, verbose: bool) -> int:
     _WRITTEN.clear()
+    try:
+        rc = _run_command_body(name, cmd, fv, pos, verbose)
+    finally:
+        _report_to_supervisor("done", name)
+    return rc
+
+
+def _run_command_body(name: str, cmd: Command, fv, pos, verbose: bool) -> int:
     try:
         return cmd.main(fv, pos) or EXIT_OK
     except KeyboardInterrupt as e:

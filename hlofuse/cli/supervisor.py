@@ -69,6 +69,23 @@ def _interrupted_message(signum: int, written) -> str:
 # Supervisor: run the command in a child process and report crashes as errors
 # ---------------------------------------------------------------------------------------------
 
+def _named_fds(argv: list[str]) -> list[int]:
+    """Open file descriptors the command line names (``/dev/fd/63``, ``/proc/self/fd/3``: a
+    shell's process substitution ``<(...)``): the worker inherits them, as the command would."""
+    import re
+    fds = []
+    for a in argv:
+        for m in re.finditer(r"(?:^|=)/(?:dev/fd|proc/self/fd)/(\d+)$", a):
+            fd = int(m.group(1))
+            try:
+                os.fstat(fd)
+            except OSError:
+                continue
+            if fd > 2:
+                fds.append(fd)
+    return fds
+
+
 class _Worker:
     """The worker process and the supervisor's side of its pipes and of stop signals.
 
@@ -86,7 +103,8 @@ class _Worker:
         self._saved = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
         stage_r, stage_w = os.pipe()
         try:
-            self.proc = subprocess.Popen(argv, stderr=subprocess.PIPE, pass_fds=(stage_w,),
+            self.proc = subprocess.Popen(argv, stderr=subprocess.PIPE,
+                                         pass_fds=(stage_w, *_named_fds(argv)),
                                          env=dict(env, **{STAGE_FD_ENV: str(stage_w),
                                                           PARENT_ENV: str(os.getpid())}))
         except BaseException:  # noqa: BLE001 - re-raised: closes the pipe, restores the handlers
@@ -171,6 +189,15 @@ def _supervise(argv: list[str]) -> int:
     child_err = worker.stderr.decode("utf-8", "replace")
     prefix = f"{PROG} {cmd}" if cmd else PROG
     handled = rc in [128 + int(s) for s in STOP_SIGNALS]  # the worker reported its interruption
+    if rc == 0 and worker.signum is None and worker.stages and \
+            not any(k == "done" for k, _ in worker.stages):
+        # a command started and the process ended without finishing it, exit status 0: the
+        # user's code (a model module imported by export or tune) called os._exit(0)
+        sys.stderr.write(_own_lines(child_err))
+        _error(cmd, f"the process exited (status 0) while {worker.stage or 'starting'}, before "
+                    "the command finished: nothing was written (does the imported code call "
+                    "os._exit?)")
+        return EXIT_ERROR
     if rc >= 0 and (worker.signum is None or handled):
         sys.stderr.write(child_err if rc == 0 or verbose else _own_lines(child_err))
         sys.stderr.flush()

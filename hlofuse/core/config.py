@@ -71,7 +71,11 @@ class Setting:
             return self._bad(raw, f"one of {', '.join(self.choices)}")
         if self.type == "list":
             return tuple(p.strip() for p in text.split(",") if p.strip())
-        return text   # path / str
+        if self.type == "path":
+            # '~/x' quoted in a .env file or a Docker ENV reaches us unexpanded: a folder
+            # literally named '~' in the working directory is never what was meant
+            return os.path.expanduser(text)
+        return text
 
     def _bad(self, raw: str, expected: str):
         raise SettingError(f"{self.name}={raw!r}: expected {expected} ({self.doc})")

@@ -179,6 +179,10 @@ def _parse_text_file(path: str, data: bytes, ctx: ir.Context, source: str) -> ir
     so locations name the file; None when that fails (:func:`hlofuse.core.ir.parse` then produces the
     error message) or yields VHLO."""
     hir.guard_parse(data, "text", source=source)  # the parser's crash guard, as in hir.parse
+    if not os.path.isfile(path):
+        # a pipe, FIFO or /dev/stdin: already read to its end, opening it again reads nothing
+        # (or waits for a writer that never comes); hir.parse of the bytes read does it
+        return None
     try:
         with ctx:
             module = ir.Module.parseFile(path)
@@ -333,7 +337,7 @@ def atomic_write(path: str, data: bytes | str, *, inputs: Sequence[str] = (),
     if not os.path.isdir(directory):
         raise FileError(f"{path}: directory {directory} does not exist")
     try:
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(target)}.",
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(target)[:200]}.",
                                    suffix=".tmp")
     except OSError as e:
         raise FileError(f"{path}: cannot write in {directory}: {e.strerror or e}") from None
