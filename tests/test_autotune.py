@@ -7,6 +7,7 @@ clock, and against the real ones only its generous bound).
 
 import json
 import os
+import stat
 import subprocess
 import sys
 import threading
@@ -68,17 +69,46 @@ def test_cache_miss_then_hit_and_persisted(cache_dir):
     assert c2.get("other") is None
 
 
+def test_cache_file_follows_the_umask_and_an_unreadable_one_is_kept(cache_dir, monkeypatch):
+    """autotune.json was created 0600 whatever the umask (other users of a shared cache could
+    not read it), and a file this process could not read was taken as empty and replaced,
+    losing another user's decisions (adversarial round)."""
+    import builtins
+    old = os.umask(0o002)
+    try:
+        at.DecisionCache().put("k1", _decision())
+    finally:
+        os.umask(old)
+    path = cache_dir / "autotune.json"
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o664
+    c = at.DecisionCache()
+    at._warned.clear()
+    real_open, real_access = builtins.open, os.access
+
+    def unreadable(file, *a, **k):          # as another user's file with mode 0600
+        if str(file) == str(path):
+            raise PermissionError(13, "Permission denied", str(file))
+        return real_open(file, *a, **k)
+    monkeypatch.setattr(builtins, "open", unreadable)
+    monkeypatch.setattr(os, "access", lambda p, mode, *a, **k:
+                        str(p) != str(path) and real_access(p, mode, *a, **k))
+    with pytest.warns(UserWarning, match="cannot read the autotune cache"):
+        assert c.get("k1") is None
+    c.put("k2", _decision())
+    monkeypatch.undo()
+    assert set(json.loads(path.read_text())["decisions"]) == {"k1"}   # not replaced
+
+
 def test_cache_writes_are_atomic(cache_dir, monkeypatch):
     c = at.DecisionCache()
     c.put("a", _decision())
     path = cache_dir / "autotune.json"
     before = path.read_text()
 
-    def broken_dump(obj, fh, **kw):
-        fh.write('{"version": 1, "decisions": {"trunc')  # half-written file ...
-        raise OSError("disk full")                        # ... then failure
+    def broken_fsync(fd):                                   # the new file written, then
+        raise OSError("disk full")                        # a failure before it is renamed
 
-    monkeypatch.setattr(at.json, "dump", broken_dump)
+    monkeypatch.setattr(os, "fsync", broken_fsync)
     c.put("b", _decision("ynn-individual-dot"))            # must not raise, must not corrupt
     monkeypatch.undo()
     assert path.read_text() == before                       # old file intact

@@ -67,7 +67,6 @@ import os
 import re
 import statistics
 import sys
-import tempfile
 import threading
 import time
 import warnings
@@ -499,7 +498,13 @@ class DecisionCache:
         try:
             with open(self.path) as fh:
                 text = fh.read()
-        except (OSError, UnicodeDecodeError):
+        except FileNotFoundError:
+            return {}, {}, []
+        except (OSError, UnicodeDecodeError) as e:
+            _warn_once(f"hlofuse: cannot read the autotune cache {self.path} "
+                       f"({type(e).__name__}: {str(e)[:100]}); its decisions are not used"
+                       + ("" if isinstance(e, UnicodeDecodeError) else
+                          " and it is not rewritten"))
             return {}, {}, []
         try:
             raw = json.loads(text)
@@ -599,7 +604,10 @@ class DecisionCache:
             return list(self._records)
 
     def _write(self) -> None:
+        from hlofuse.runtime import formats
         path = self.path
+        if os.path.exists(path) and not (os.path.isfile(path) and os.access(path, os.R_OK)):
+            return  # another user's (or a damaged) file we cannot read: never replace it
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             decs, regs, recs = self._read_all()
@@ -609,20 +617,10 @@ class DecisionCache:
             recs += [r for r in self._new_records if json.dumps(r, sort_keys=True) not in seen]
             payload = {"version": 2, "decisions": {k: v.to_json() for k, v in decs.items()},
                        "regions": regs, "records": recs[-MAX_RECORDS:]}
-            fd, tmp = tempfile.mkstemp(prefix=".autotune.", suffix=".tmp", dir=os.path.dirname(path))
-            try:
-                with os.fdopen(fd, "w") as fh:
-                    json.dump(payload, fh, indent=1, sort_keys=True)
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                os.replace(tmp, path)
-            except BaseException:  # noqa: BLE001 - clean-up of the temporary file, re-raised
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
-                raise
-        except OSError:
+            # atomically, with the mode of the file it replaces or the umask's (a shared
+            # cache: another user's process must be able to read the decisions back)
+            formats.atomic_write(path, json.dumps(payload, indent=1, sort_keys=True))
+        except (OSError, formats.FileError):
             pass  # a read-only home must not break compilation; the decision stays in memory
 
     def clear_memory(self) -> None:
