@@ -294,3 +294,39 @@ def test_a_custom_jvp_rule_closing_over_a_traced_value_is_refused_as_jax_refuses
         g.defjvp(lambda p, t: (g(*p), t[0] * p[1] * 10 + t[1] * jnp.sin(p[0])))
         return jnp.sum(g(a, s))
     assert_same(jax.grad(hlofuse.jit(f_ok), (0, 1))(a, s), jax.grad(jax.jit(f_ok), (0, 1))(a, s))
+
+
+def test_grad_of_attention_with_callbacks_runs_them_as_jax_jit_does():
+    """The forward of ``grad`` recomputes attention in the backward (HLOFUSE_GRAD_REMAT, a
+    ``jax.checkpoint``): with an ``io_callback`` jax's remat raised NotImplementedError, and a
+    ``debug.callback`` ran 3 times per call where jax.jit runs it once. A function with effects
+    keeps its residuals instead (adversarial round)."""
+    from jax.experimental import io_callback
+    calls = {"io": 0, "dbg": 0}
+
+    def io_cb(y):
+        calls["io"] += 1
+        return np.float32(1.5)
+
+    def dbg_cb(x):
+        calls["dbg"] += 1
+
+    def loss(q, k, v, y):
+        s = jnp.einsum("bhqd,bhkd->bhqk", q, k) / 8.0
+        o = jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(s, -1), v)
+        jax.debug.callback(dbg_cb, o.sum())
+        z = io_callback(io_cb, jax.ShapeDtypeStruct((), jnp.float32), y)
+        return (o ** 2).sum() * z
+    rng = np.random.default_rng(0)
+    q, k, v = (jnp.asarray(rng.standard_normal((1, 4, 256, 64)), jnp.float32) for _ in range(3))
+    y = jnp.float32(2.0)
+    want = jax.grad(jax.jit(loss), argnums=(0, 1, 2))(q, k, v, y)
+    assert calls == {"io": 1, "dbg": 1}
+    f = hlofuse.jit(loss, tiered=False)
+    assert "attention" in [r.kind for r in f.report(q, k, v, y).kernels]
+    for _ in range(2):
+        calls.update(io=0, dbg=0)
+        got = jax.grad(f, argnums=(0, 1, 2))(q, k, v, y)
+        jax.effects_barrier()
+        assert calls == {"io": 1, "dbg": 1}
+        assert_same(got, want, "grad")

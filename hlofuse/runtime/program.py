@@ -614,7 +614,10 @@ class _Derived:
                 closed = self.jaxpr(sig)
                 exps = _exp_shapes(closed)
                 att = _attention_dots(closed, exps)
-                if att and config.get("HLOFUSE_GRAD_REMAT"):
+                # not with effects: the recomputed forward would run the function's callbacks
+                # again (3 debug.callback calls per grad where jax.jit makes 1), and jax's
+                # remat has no rule for IO effects (io_callback: NotImplementedError)
+                if att and config.get("HLOFUSE_GRAD_REMAT") and not closed.effects:
                     restricted = jax.checkpoint(restricted,
                                                 policy=_attention_remat_policy(att, exps))
                     p.build_notes[sig] = [GRAD_REMAT_NOTE]
