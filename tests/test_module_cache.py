@@ -387,3 +387,34 @@ def test_a_cache_directory_that_cannot_be_one_warns_once(cache_dir, monkeypatch,
         [str(w.message) for w in caught]
     assert mc.STATS["damaged"] == 0 and mc.STATS["writes"] == 0
     assert f.read_text() == "not a directory"
+
+
+def test_a_closed_over_numpy_array_changed_in_place_keeps_the_traced_values(tmp_path, monkeypatch):
+    """jax.jit lowers once, with the values a closed-over numpy array has at the first call.
+    hlofuse's background build (tiered first call) lowered the traced jaxpr again after the
+    caller changed the array in place: later calls got the new values, and the module cache
+    stored them under the key of the old ones, so a second process with the original values
+    got wrong numbers (max error 0.47; adversarial round). The trace owns copies now."""
+    import numpy as np
+    import jax
+    import jax.numpy as jnp
+    import hlofuse
+    monkeypatch.setenv("HLOFUSE_CACHE_DIR", str(tmp_path))
+
+    def make():
+        w = np.eye(128, dtype=np.float32)
+        c = np.ones((128,), np.float32)
+        return (lambda x: jax.nn.softmax(x @ w + c, -1)), w, c
+    x = jax.random.normal(jax.random.key(0), (64, 128))
+    f, w, c = make()
+    want = np.asarray(jax.jit(make()[0])(x))
+    hf = hlofuse.jit(f, tiered=True)
+    first = hf(x)
+    w *= 2
+    c[:] = 5.0
+    assert hf.block_until_optimized(120)
+    assert hf.report(x).kernels
+    for out in (first, hf(x), hf(x)):
+        np.testing.assert_allclose(np.asarray(out), want, rtol=2e-5, atol=2e-6)
+    g = hlofuse.jit(make()[0])                       # the same code, the original values: the
+    np.testing.assert_allclose(np.asarray(g(x)), want, rtol=2e-5, atol=2e-6)  # cache's entry

@@ -807,7 +807,7 @@ class Program(_Derived):
                 j = self._jaxprs.get(sig)
                 if j is None:
                     with _tracing(self.shardings, user_code=True):
-                        j = jax.make_jaxpr(self.fun)(*sds_of(sig, self.shardings))
+                        j = _own_numpy_consts(jax.make_jaxpr(self.fun)(*sds_of(sig, self.shardings)))
                     if self.derived_from is not None:
                         _no_leaked_tracers(self.name, j)
                     self._jaxprs[sig] = j
@@ -1017,6 +1017,22 @@ class _SettingsVariant(_VariantOf):
             pass_options.setdefault(pass_name, {})[option] = value
         super().__init__(parent, dataclasses.replace(parent.opts, pass_options=pass_options))
         self.settings = settings
+
+
+def _own_numpy_consts(closed: compat.ClosedJaxpr) -> compat.ClosedJaxpr:
+    """``closed`` with copies of the numpy arrays it closes over. jax.jit lowers a function
+    once, with the values its closed-over numpy arrays have then; hlofuse lowers the traced
+    jaxpr again later (the tiered first call's background build, tuning's variants, the module
+    cache's key and entry), and a caller that changed such an array in place in between got its
+    new values in some calls, and a persistent cache entry holding them under the old values'
+    key (adversarial round). Copied, every lowering sees the values of the trace
+    (``ndarray.copy`` keeps jax's subclass, jax 0.12's ``TypedNdArray`` with its weak type)."""
+    consts = compat.jaxpr_consts(closed)
+    if not any(isinstance(c, np.ndarray) for c in consts):
+        return closed
+    return compat.close_jaxpr(compat.jaxpr_body(closed),
+                              [c.copy() if isinstance(c, np.ndarray) else c
+                               for c in consts])
 
 
 def run_jaxpr(closed: compat.ClosedJaxpr, xs: Sequence) -> tuple:
