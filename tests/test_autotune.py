@@ -902,3 +902,13 @@ def test_a_heavy_variant_dropped_for_budget_is_not_timed():
     m = at.measure(make, (), variants, budget_s=1.0, default_s=0.05)
     assert "heavy" in m.unmeasured and "heavy" not in m.ratios, m
     assert sorted(m.ratios) == ["default", "light"], m
+
+
+def test_a_hand_edited_ratio_that_is_no_number_is_a_damaged_entry():
+    """A string among a decision's ratios passed validation, then every note of the decision
+    raised: that signature ran XLA's program in every process, warned, and the entry was never
+    rewritten (adversarial round). It is a damaged entry now (skipped, re-measured)."""
+    d = _decision().to_json()
+    d["ratios"] = {"default": "fast"}
+    with pytest.raises(ValueError, match="ratios"):
+        at.Decision.from_json(d)

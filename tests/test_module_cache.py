@@ -418,3 +418,32 @@ def test_a_closed_over_numpy_array_changed_in_place_keeps_the_traced_values(tmp_
         np.testing.assert_allclose(np.asarray(out), want, rtol=2e-5, atol=2e-6)
     g = hlofuse.jit(make()[0])                       # the same code, the original values: the
     np.testing.assert_allclose(np.asarray(g(x)), want, rtol=2e-5, atol=2e-6)  # cache's entry
+
+
+def test_an_unreadable_cache_folder_warns_once_per_folder(cache_dir, monkeypatch):
+    """Entries this process may not read (another user's folder, mode 000) warned per entry,
+    twice per signature, that the "damaged" entry "will be rewritten" (it cannot be): one
+    warning per folder now, saying its entries are not used (adversarial round)."""
+    import builtins
+    import warnings
+    args = _args()
+    want = jax.jit(_ln)(*args)
+    hlofuse.jit(_ln, autotune="off")(*args)
+    real_open = builtins.open
+
+    def denied(file, *a, **k):
+        if str(file).startswith(str(cache_dir)) and str(file).endswith(".json") and \
+                "autotune" not in str(file):
+            raise PermissionError(13, "Permission denied", str(file))
+        return real_open(file, *a, **k)
+    monkeypatch.setattr(builtins, "open", denied)
+    mc._UNUSABLE_WARNED.clear()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            f = hlofuse.jit(_ln, autotune="off")
+            assert_same(f(*args), want, category="reassociate")
+    msgs = [str(w.message) for w in seen if "module cache" in str(w.message)]
+    assert msgs and all("cannot read the module cache" in m for m in msgs), msgs
+    assert len(msgs) == len(set(msgs)) <= 2                 # modules/ and traced/, once each
+    assert mc.STATS["damaged"] == 0

@@ -402,7 +402,8 @@ def _inputs(fv, loaded, specs):
                 len(arrays) == len(specs) and not fv["shapes"].value:
             argspec.refine_shapes(loaded, [argspec.ArgSpec(a.shape, s.dtype) for a, s in zip(arrays, specs)])
         return arrays
-    return argspec.random_inputs_for(argspec.input_specs(loaded), fv["seed"].value, loaded.source)
+    return argspec.random_inputs_for(argspec.input_specs(loaded), fv["seed"].value, loaded.source,
+                                     exported=loaded.exported is not None)
 
 
 def _describe_file(loaded: formats.Loaded) -> str:
@@ -519,7 +520,8 @@ def _verify(fv, loaded, original, data, fmt, out, report) -> int:
     if any(not s.is_static for s in specs):
         _note("optimize", f"--verify skipped: {loaded.source} has dynamic shapes")
         return EXIT_OK
-    inputs = argspec.random_inputs_for(specs, fv["seed"].value, loaded.source)
+    inputs = argspec.random_inputs_for(specs, fv["seed"].value, loaded.source,
+                                       exported=loaded.exported is not None)
     _stage(f"running the original {loaded.source} with XLA for --verify")
     want = argspec.execute(before, inputs)
     _stage(f"running the optimized {loaded.source} with XLA for --verify")

@@ -432,6 +432,10 @@ class Decision:
                 kw[k] = v
         kw.setdefault("options", {})
         kw.setdefault("ratios", {})
+        if not all(isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
+                   for k, v in kw["ratios"].items()):
+            # a hand-edited ratio that is no number made every note of the decision raise
+            raise ValueError("decision field 'ratios' holds a value that is not a number")
         for h, r in kw.get("regions", {}).items():
             if not (isinstance(h, str) and re.fullmatch(r"[0-9a-f]{8,64}", h) and isinstance(r, dict)
                     and r.get("choice") in ("kernel", "xla")

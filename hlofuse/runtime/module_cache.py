@@ -201,6 +201,18 @@ def _under_a_file(path: str) -> bool:
 def _damaged(path: str, e: BaseException, miss: bool = True):
     if isinstance(e, NotADirectoryError):
         return _unusable(miss)
+    if isinstance(e, PermissionError):
+        # not damage: another user's entry, or a folder this process may not read; one
+        # warning per folder, not one per entry saying it "will be rewritten" (it cannot be)
+        if miss:
+            STATS["misses"] += 1
+        folder = os.path.dirname(path)
+        if folder not in _UNUSABLE_WARNED:
+            _UNUSABLE_WARNED.add(folder)
+            warnings.warn(f"hlofuse: cannot read the module cache in {folder} "
+                          f"({e.strerror or e}); its entries are not used", HlofuseWarning,
+                          stacklevel=3)
+        return None
     STATS["damaged"] += 1
     if miss:
         STATS["misses"] += 1
