@@ -6,7 +6,7 @@ builds it for a target, :func:`attention_reference` is the plain-jnp reference. 
 
 * :mod:`.spec` — the spec, its func attribute, :func:`spec_from_func`;
 * :mod:`.logits` — the region's logit ops evaluated blockwise, and facts about them
-  (:func:`mask_select`: position masks);
+  (:func:`mask_select`: position masks; :func:`prescale`: a power-of-two scale);
 * :mod:`.layout` — the canonical label order every execution sees, outside the kernel;
 * :mod:`.online_softmax` — the online-softmax update, written once;
 * :mod:`.skip` — key-block ranges for position-only masks (causal);
@@ -35,7 +35,7 @@ from hlofuse.kernels.attention.cpu import build_cpu as build_cpu
 from hlofuse.kernels.attention.short import (CPU_SHORT_MAX_ELEMS as CPU_SHORT_MAX_ELEMS,
                                              build_cpu_short as build_cpu_short,
                                              short_fits as short_fits)
-from hlofuse.kernels.attention.logits import mask_select as mask_select
+from hlofuse.kernels.attention.logits import mask_select as mask_select, prescale as prescale
 from hlofuse.kernels.attention.mosaic import attention_kernel_tpu as attention_kernel_tpu
 from hlofuse.kernels.attention.mosaic import build_tpu as build_tpu
 from hlofuse.kernels.attention.reference import attention_reference as attention_reference

@@ -36,7 +36,7 @@ from jax import lax
 from hlofuse.core import ir as hir
 from hlofuse.kernels.attention.blocks import CPU_MAX_BLOCK_K, AttentionBlocks, cpu_fwd_plan
 from hlofuse.kernels.attention.layout import canonical_inputs, output, pad_axis, pad_to
-from hlofuse.kernels.attention.logits import F32, eval_logits
+from hlofuse.kernels.attention.logits import F32, eval_logits, fold_is_exact, prescale
 from hlofuse.kernels.attention.online_softmax import (online_finish, online_init, online_only,
                                                       online_update)
 from hlofuse.kernels.attention.skip import skip_table_cached
@@ -116,6 +116,9 @@ def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
     ``with_lse``: return ``(output, stats)``, the row statistics ``[m, l]`` (max and sum, f32)
     in the canonical row layout ``[batch.., rows.., Sq, 2]``, for the flash backward.
 
+    A power-of-two logit scale (:func:`~hlofuse.kernels.attention.logits.prescale`) scales Q
+    once where that is exact on the inputs (:func:`~hlofuse.kernels.attention.logits.fold_is_exact`,
+    a ``lax.cond`` between the two builds), else every logits block as the program does.
     ``k_transposed``: keep K as
     ``[.., D, Sk]`` (built by one transpose of the input, :func:`canonical_inputs`) so QKᵀ
     is a plain (NN) matmul per block. ``parts``: independent loops
@@ -144,14 +147,24 @@ def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
     qk_prec = lax_precision(spec.precision[0])
     pv_prec = lax_precision(spec.precision[1])
     p_dtype = hir.np_dtype(spec.p_dtype)
+    pre = prescale(spec)
 
     def fn(*inputs):
         q, k, v, sides = canonical_inputs(spec, inputs, k_transposed=k_transposed)
+        if pre is None:
+            return attend(q, k, v, sides, False)
+        return lax.cond(fold_is_exact(spec, q, k, pre[0]),
+                        lambda ops: attend(*ops, True), lambda ops: attend(*ops, False),
+                        (q, k, v, sides))
+
+    def attend(q, k, v, sides, fold: bool):
+        if fold:
+            q = q * jnp.asarray(pre[0], q.dtype)
         q = pad_to(q, sq_ax, nq * bq)
         k = pad_to(k, k.ndim - 1 if k_transposed else nb, nk * bk)
         v = pad_to(v, nb, nk * bk)
         sides = [pad_axis(pad_axis(s, k_ax, nk * bk), sq_ax, nq * bq) for s in sides]
-        res = [run_part(qp, kp, vp, sp, None if ax is None else (spec.batch[ax], a, b - a))
+        res = [run_part(qp, kp, vp, sp, None if ax is None else (spec.batch[ax], a, b - a), fold)
                for (qp, kp, vp, *sp), (a, b) in zip(split_parts(ax, bounds, q, k, v, *sides),
                                                     bounds)]
         res = res[0] if len(res) == 1 else jax.tree.map(
@@ -161,8 +174,9 @@ def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
             return output(spec, res[0]), res[1]
         return (output(spec, res),)
 
-    def run_part(q, k, v, sides, part):
-        """The loops over one part (``part``: its (batch label, start, size), or None)."""
+    def run_part(q, k, v, sides, part, fold: bool):
+        """The loops over one part (``part``: its (batch label, start, size), or None;
+        ``fold``: Q holds the logit scale)."""
         index_fn = functools.partial(block_index, spec, bq, bk, part=part)
         acc_shape = list(q.shape[:-1]) + [v.shape[-1]]
         acc_shape[sq_ax] = bq
@@ -182,7 +196,8 @@ def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
                 s_blk = lax.dot_general(qc, kb, (((qc.ndim - 1,), (kc,)),
                                                  (tuple(range(nb)), tuple(range(nb)))),
                                         preferred_element_type=F32, precision=qk_prec)
-                x = eval_logits(spec, s_blk, sb, index_fn(c, j))
+                seed = {pre[1]: s_blk.astype(hir.np_dtype(spec.s_dtype))} if fold else None
+                x = eval_logits(spec, s_blk, sb, index_fn(c, j), seed=seed)
                 x = jnp.broadcast_to(x, s_blk.shape)
                 valid = None
                 if nk * bk != sk:

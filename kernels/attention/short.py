@@ -28,7 +28,7 @@ from hlofuse.core import ir as hir
 from hlofuse.kernels.attention.blocks import CPU_SKIP_BLOCK
 from hlofuse.kernels.attention.cpu import block_index, lax_precision
 from hlofuse.kernels.attention.layout import canonical_inputs, output
-from hlofuse.kernels.attention.logits import F32, eval_logits
+from hlofuse.kernels.attention.logits import F32, eval_logits, fold_is_exact, prescale
 from hlofuse.kernels.attention.online_softmax import online_finish, online_only
 from hlofuse.kernels.attention.skip import skip_info
 from hlofuse.kernels.attention.spec import AttentionSpec
@@ -70,14 +70,26 @@ def build_cpu_short(spec: AttentionSpec):
     pv_prec = lax_precision(spec.precision[1])
     p_dtype = hir.np_dtype(spec.p_dtype)
     index = functools.partial(block_index, spec, sq, sk)(0, 0)
+    pre = prescale(spec)
     batch_dims = (tuple(range(nb)), tuple(range(nb)))
 
     def fn(*inputs):
         q, k, v, sides = canonical_inputs(spec, inputs)
+        if pre is None:
+            return attend(q, k, v, sides, False)
+        # Q scaled once where exact on these inputs, else the logits as the program scales them
+        return lax.cond(fold_is_exact(spec, q, k, pre[0]),
+                        lambda ops: attend(*ops, True), lambda ops: attend(*ops, False),
+                        (q, k, v, sides))
+
+    def attend(q, k, v, sides, fold: bool):
+        if fold:
+            q = q * jnp.asarray(pre[0], q.dtype)
         kt = jnp.swapaxes(k, -1, -2)                                     # [.., D, Sk]: NN dot
         s = lax.dot_general(q, kt, (((q.ndim - 1,), (nb,)), batch_dims),
                             preferred_element_type=F32, precision=qk_prec)
-        x = jnp.broadcast_to(eval_logits(spec, s, sides, index), s.shape).astype(F32)
+        seed = {pre[1]: s.astype(hir.np_dtype(spec.s_dtype))} if fold else None
+        x = jnp.broadcast_to(eval_logits(spec, s, sides, index, seed=seed), s.shape).astype(F32)
         def pv(p):
             return lax.dot_general(p.astype(p_dtype), v, (((p.ndim - 1,), (nb,)), batch_dims),
                                    preferred_element_type=F32, precision=pv_prec)

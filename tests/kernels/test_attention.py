@@ -352,3 +352,26 @@ def test_logit_scale_is_applied_where_the_program_applies_it(scale, dtype, a, b)
               A.build_cpu(spec, parts=1, whole_rows=True)]
     for fn in builds:
         assert_same(jax.jit(fn)(*ins), want, "reassociate")
+
+
+def test_a_power_of_two_scale_is_folded_into_q_only_where_exact():
+    """Q takes a power-of-two logit scale once (3.6% of whole-row attention at S=2048) where
+    ``fold_is_exact`` says neither order overflows, behind a ``lax.cond`` whose other branch
+    scales the logits as the program does (the overflow cases of the test above)."""
+    from hlofuse.kernels.attention.logits import fold_is_exact
+    spec = _bench_spec(256)
+    assert A.prescale(spec)[0] == 0.125                     # 1/sqrt(64)
+    for build in (A.build_attention(spec, "cpu"), A.build_cpu(spec, parts=1, whole_rows=False)):
+        avals = [jax.ShapeDtypeStruct(s, d) for s, d in zip(spec.in_shapes, spec.in_dtypes)]
+        assert "cond" in str(jax.make_jaxpr(build)(*avals))
+    q = jnp.ones((1, 256, 8, 64), jnp.float32)
+    for big, want in [(1.0, True), (1e17, True), (1e19, False), (np.inf, False), (np.nan, False)]:
+        assert bool(fold_is_exact(spec, q * big, q * big, 0.125)) == want, big
+    assert bool(fold_is_exact(spec, q * 1e18, q * 1e18, 0.125))   # 64e36: no overflow either way
+    assert not bool(fold_is_exact(spec, q * 1e18, q * 1e18, 4.0))  # (4q)·k could overflow
+
+
+def test_scale_that_is_not_a_power_of_two_is_not_folded():
+    spec, _, _ = region_of(make_attention("bhsd", "none", 1, "nn", "div"),
+                           make_args("bhsd", "none", 1, np.float32, 8, 8, d=8))
+    assert A.prescale(spec) is None     # sqrt(8) is not a power of two
