@@ -389,7 +389,9 @@ def test_a_cache_directory_that_cannot_be_one_warns_once(cache_dir, monkeypatch,
     assert f.read_text() == "not a directory"
 
 
-def test_a_closed_over_numpy_array_changed_in_place_keeps_the_traced_values(tmp_path, monkeypatch):
+@pytest.mark.parametrize("form", ["closure", "inner_jit", "zero_d"])
+def test_a_closed_over_numpy_array_changed_in_place_keeps_the_traced_values(tmp_path, monkeypatch,
+                                                                            form):
     """jax.jit lowers once, with the values a closed-over numpy array has at the first call.
     hlofuse's background build (tiered first call) lowered the traced jaxpr again after the
     caller changed the array in place: later calls got the new values, and the module cache
@@ -403,7 +405,10 @@ def test_a_closed_over_numpy_array_changed_in_place_keeps_the_traced_values(tmp_
 
     def make():
         w = np.eye(128, dtype=np.float32)
-        c = np.ones((128,), np.float32)
+        c = np.ones((128,), np.float32) if form != "zero_d" else np.array(1.0, np.float32)
+        if form == "inner_jit":            # the constants of an inner jax.jit (review)
+            inner = jax.jit(lambda x: x @ w + c)
+            return (lambda x: jax.nn.softmax(inner(x), -1)), w, c
         return (lambda x: jax.nn.softmax(x @ w + c, -1)), w, c
     x = jax.random.normal(jax.random.key(0), (64, 128))
     f, w, c = make()
@@ -411,7 +416,7 @@ def test_a_closed_over_numpy_array_changed_in_place_keeps_the_traced_values(tmp_
     hf = hlofuse.jit(f, tiered=True)
     first = hf(x)
     w *= 2
-    c[:] = 5.0
+    c[...] = 5.0                           # a 0-d array is a literal of the jaxpr (review)
     assert hf.block_until_optimized(120)
     assert hf.report(x).kernels
     for out in (first, hf(x), hf(x)):

@@ -56,6 +56,8 @@ import types
 import warnings
 from typing import Callable
 
+import numpy as np
+
 import jax
 import jax.core as _jax_core
 import jax.extend.core as jex_core
@@ -163,6 +165,65 @@ def jaxpr_body(x):
 def close_jaxpr(jaxpr, consts=()):
     """A closed jaxpr of ``jaxpr`` and ``consts`` (the legacy constructor works on both)."""
     return ClosedJaxpr(jaxpr, list(consts))
+
+
+def map_jaxpr_arrays(closed, fn):
+    """``closed`` with ``fn`` applied to every numpy array it holds: its constants, the
+    literal operands of its equations (0-d arrays), and the same of every sub-jaxpr in an
+    equation's parameters (an inner ``jax.jit``'s constants, a ``cond``'s branches, a
+    ``scan``'s body). Returns ``closed`` itself where ``fn`` changed nothing. New jaxpr
+    objects throughout (``replace`` and the legacy ``ClosedJaxpr`` constructor, on both
+    releases): jax's own cached jaxprs are never modified."""
+    memo: dict = {}
+
+    def arr(a):
+        return fn(a) if isinstance(a, np.ndarray) else a
+
+    def one(x):
+        if id(x) in memo:
+            return memo[id(x)][1]
+        if is_jaxpr(x):
+            y = jaxpr_of(x)
+        elif isinstance(x, (tuple, list)):
+            items = [one(i) for i in x]
+            if all(a is b for a, b in zip(items, x)):
+                y = x
+            else:   # a named tuple (a linear solve's jaxprs) takes its fields one by one
+                y = type(x)(*items) if hasattr(x, "_fields") else type(x)(items)
+        else:
+            y = x
+        memo[id(x)] = (x, y)          # x kept alive: its id is not reused meanwhile
+        return y
+
+    def atom(v):
+        if isinstance(v, Literal) and isinstance(v.val, np.ndarray):
+            val = arr(v.val)
+            if val is not v.val:
+                return Literal(val, v.aval)
+        return v
+
+    def eqn_of(e):
+        invars = [atom(v) for v in e.invars]
+        params = {k: one(v) for k, v in e.params.items()}
+        if all(a is b for a, b in zip(invars, e.invars)) and \
+                all(params[k] is e.params[k] for k in params):
+            return e
+        return e.replace(invars=invars, params=params)
+
+    def jaxpr_of(x):
+        body = jaxpr_body(x)
+        eqns = [eqn_of(e) for e in body.eqns]
+        new_body = body if all(a is b for a, b in zip(eqns, body.eqns)) else body.replace(eqns=eqns)
+        consts = jaxpr_consts(x)
+        new_consts = [arr(c) for c in consts]
+        if new_body is body and all(a is b for a, b in zip(new_consts, consts)):
+            return x
+        # 0.10.2's ClosedJaxpr, or a jaxpr that carries its constants (0.11 on): closed again
+        # with the new ones; 0.10.2's open Jaxpr (a parameter of some primitives) as it is
+        closed_form = body is not x or hasattr(x, "consts")
+        return close_jaxpr(new_body, new_consts) if closed_form else new_body
+
+    return one(closed)
 
 
 # -- jaxpr_eval -----------------------------------------------------------------------------

@@ -1026,13 +1026,11 @@ def _own_numpy_consts(closed: compat.ClosedJaxpr) -> compat.ClosedJaxpr:
     cache's key and entry), and a caller that changed such an array in place in between got its
     new values in some calls, and a persistent cache entry holding them under the old values'
     key (adversarial round). Copied, every lowering sees the values of the trace
-    (``ndarray.copy`` keeps jax's subclass, jax 0.12's ``TypedNdArray`` with its weak type)."""
-    consts = compat.jaxpr_consts(closed)
-    if not any(isinstance(c, np.ndarray) for c in consts):
-        return closed
-    return compat.close_jaxpr(compat.jaxpr_body(closed),
-                              [c.copy() if isinstance(c, np.ndarray) else c
-                               for c in consts])
+    (``ndarray.copy`` keeps jax's subclass, jax 0.12's ``TypedNdArray`` with its weak type):
+    also those of an inner ``jax.jit``, a ``cond``'s branches and 0-d literals (review).
+    The cost: host memory for a second copy of numpy arrays closed over (jax arrays, which
+    cannot change, are not copied)."""
+    return compat.map_jaxpr_arrays(closed, lambda a: a.copy())
 
 
 def run_jaxpr(closed: compat.ClosedJaxpr, xs: Sequence) -> tuple:
