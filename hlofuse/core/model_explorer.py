@@ -52,12 +52,12 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 from typing import Any, Callable
 
 from jaxlib.mlir import ir
 
 from hlofuse.core import compat
+from hlofuse.core import files
 
 __all__ = ["EXTRA", "OVERLAYS", "GRAPH_FILES", "require", "node_ids", "region_ops", "measured_ratio",
            "overlays", "contents", "paths", "write", "open_command"]
@@ -286,23 +286,8 @@ def overlays(report, after: ir.Module | str) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 
 def _atomic_write(path: str, text: str) -> None:
-    """A temporary file in the same directory, fsync, ``os.replace``: never a partial file.
-    (:func:`hlofuse.runtime.formats.atomic_write` is the full form, for the command line; core
-    cannot import it.)"""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(text.encode())
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:  # noqa: BLE001 - re-raised: never leave the temporary behind
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    """:func:`hlofuse.core.files.replace_atomically`: never a partial file, the umask's mode."""
+    files.replace_atomically(os.path.abspath(path), text.encode())
 
 
 def _text(module) -> str:

@@ -48,6 +48,7 @@ import numpy as np
 
 from jaxlib.mlir import ir
 
+from hlofuse.core import files
 from hlofuse.core import ir as hir
 from hlofuse.core.report import Report
 from hlofuse.core.target import Target
@@ -337,31 +338,11 @@ def atomic_write(path: str, data: bytes | str, *, inputs: Sequence[str] = (),
     if not os.path.isdir(directory):
         raise FileError(f"{path}: directory {directory} does not exist")
     try:
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(target)[:200]}.",
-                                   suffix=".tmp")
-    except OSError as e:
+        files.replace_atomically(target, data)
+    except files.TempFileError as e:
         raise FileError(f"{path}: cannot write in {directory}: {e.strerror or e}") from None
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        if os.path.exists(target):
-            mode = os.stat(target).st_mode & 0o7777
-        else:
-            umask = os.umask(0)
-            os.umask(umask)
-            mode = 0o666 & ~umask
-        os.chmod(tmp, mode)
-        os.replace(tmp, target)
-    except BaseException as e:  # noqa: BLE001 - re-raised: never leave the temporary behind
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        if isinstance(e, OSError):
-            raise FileError(f"{path}: cannot write: {e.strerror or e}") from None
-        raise
+    except OSError as e:
+        raise FileError(f"{path}: cannot write: {e.strerror or e}") from None
     return target
 
 

@@ -1,0 +1,69 @@
+"""Replacing a file so that nothing is lost: the one atomic write every writer of hlofuse uses
+(the command line's outputs through :func:`hlofuse.runtime.formats.atomic_write`, the caches,
+Model Explorer's folders).
+
+A temporary file beside the target (a short name: the target's own may be near the file
+system's 255-byte limit), written and fsynced, given the replaced file's mode or the umask's
+default (``tempfile.mkstemp`` makes 0600, which other users of a shared cache cannot read),
+then renamed over the target. An interruption leaves either the old file or the new one, and
+never the temporary.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+
+__all__ = ["current_umask", "replace_atomically", "TempFileError"]
+
+_UMASK_LOCK = threading.Lock()
+
+
+class TempFileError(OSError):
+    """The temporary file could not be created in the target's directory."""
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it (``/proc/self/status`` on Linux): setting
+    it to read it back would, for an instant, give files other threads create mode 0666."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    with _UMASK_LOCK:                   # elsewhere: the only portable way, kept short
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
+
+
+def replace_atomically(target: str, data: bytes) -> None:
+    """Write ``data`` to ``target`` (a resolved path in an existing directory) atomically.
+    Raises :class:`TempFileError` when no temporary file can be made there, else the
+    ``OSError`` of the write or the rename (the temporary is removed)."""
+    directory = os.path.dirname(target) or "."
+    try:
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(target)[:200]}.",
+                                   suffix=".tmp")
+    except OSError as e:
+        raise TempFileError(e.errno, e.strerror, e.filename) from None
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if os.path.exists(target):
+            mode = os.stat(target).st_mode & 0o7777
+        else:
+            mode = 0o666 & ~current_umask()
+        os.chmod(tmp, mode)
+        os.replace(tmp, target)
+    except BaseException:  # noqa: BLE001 - re-raised: never leave the temporary behind
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

@@ -1,0 +1,51 @@
+"""``hlofuse.core.files``: the one atomic replace every writer uses (command-line outputs, the
+caches, Model Explorer's folders)."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from hlofuse.core import files
+
+
+def test_new_files_follow_the_umask_and_replaced_ones_keep_their_mode(tmp_path):
+    """``tempfile.mkstemp`` makes 0600: the autotune cache and Model Explorer's files were
+    unreadable to the other users of a shared folder (adversarial round, review)."""
+    old = os.umask(0o002)
+    try:
+        assert files.current_umask() == 0o002
+        files.replace_atomically(str(tmp_path / "a.txt"), b"one")
+        assert stat.S_IMODE(os.stat(tmp_path / "a.txt").st_mode) == 0o664
+        os.chmod(tmp_path / "a.txt", 0o640)
+        files.replace_atomically(str(tmp_path / "a.txt"), b"two")
+        assert stat.S_IMODE(os.stat(tmp_path / "a.txt").st_mode) == 0o640
+        assert (tmp_path / "a.txt").read_bytes() == b"two"
+    finally:
+        os.umask(old)
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch):
+    (tmp_path / "a.txt").write_bytes(b"old")
+
+    def full(fd):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError, match="No space"):
+        files.replace_atomically(str(tmp_path / "a.txt"), b"new")
+    assert (tmp_path / "a.txt").read_bytes() == b"old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt"]
+    with pytest.raises(files.TempFileError):
+        files.replace_atomically(str(tmp_path / "missing" / "b.txt"), b"x")
+
+
+def test_model_explorer_files_follow_the_umask(tmp_path):
+    from hlofuse.core import model_explorer
+    old = os.umask(0o022)
+    try:
+        model_explorer._atomic_write(str(tmp_path / "after.mlir"), "module {}")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(tmp_path / "after.mlir").st_mode) == 0o644
