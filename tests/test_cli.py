@@ -991,6 +991,10 @@ def test_user_code_that_exits_is_an_error_not_a_success(tmp_path, capsys):
                 cwd=tmp_path)
     one_error_line(r, "importing osexit_model", "os._exit")
     assert not (tmp_path / "out.exported").exists() and not (tmp_path / "out2.exported").exists()
+    (tmp_path / "exits.py").write_text("import sys\ndef f(x):\n    sys.exit(0)\n")
+    r = hlofuse_inprocess(capsys, "tune", "exits:f", "--args", "f32[8]", "--budget", "5",
+                          "--cache-dir", "tc", cwd=tmp_path)     # traced by tune (review)
+    one_error_line(r, "exits:f", "sys.exit(0)")
 
 
 def test_flags_out_of_range_are_named(tmp_path, capsys):
@@ -1021,6 +1025,11 @@ def test_text_from_a_pipe_or_a_process_substitution(tmp_path, files):
     assert "kernel(s)" in r.stderr or "kernel(s)" in r.stdout
     for name in ("piped.mlir", "subst.mlir"):
         assert "func.func" in (tmp_path / name).read_text()
+    # a descriptor the shell never opened is no file, not the supervisor's stage pipe (review:
+    # passing the supervisor's own descriptors made this hang)
+    for fd in (3, 4):
+        r = hlofuse("optimize", f"/dev/fd/{fd}", "-o", "x.mlir", cwd=tmp_path, timeout=120)
+        one_error_line(r, f"/dev/fd/{fd}")
 
 
 def test_an_output_named_through_dev_or_proc_is_refused(tmp_path, capsys):
@@ -1028,9 +1037,11 @@ def test_an_output_named_through_dev_or_proc_is_refused(tmp_path, capsys):
     renamed a new file over it, losing the log (adversarial round). A path through /dev or
     /proc names a stream: refused, as a FIFO is."""
     (tmp_path / "f64.mlir").write_text(F64_MODULE)
-    for out in ("/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"):
+    os.symlink("/dev/stdout", tmp_path / "link.mlir")       # a link to one too (review)
+    for out in ("/dev/stdout", "/dev/fd/1", "/proc/self/fd/1", "link.mlir"):
         r = hlofuse_inprocess(capsys, "optimize", "f64.mlir", "-o", out, cwd=tmp_path)
         one_error_line(r, out, "not a regular file")
+    assert os.path.islink(tmp_path / "link.mlir")
 
 
 def test_a_long_output_name_is_written(tmp_path, capsys):

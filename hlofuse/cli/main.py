@@ -546,8 +546,17 @@ def _mismatch(headline: str, problems: list[str]) -> int:
 def _names_a_stream(path: str) -> bool:
     """Whether ``path`` goes through /dev or /proc (``/dev/stdout``, ``/dev/fd/1``,
     ``/proc/self/fd/3``): a stream's name, even where it resolves to a regular file."""
-    parts = os.path.abspath(path).split(os.sep)
-    return len(parts) > 2 and (parts[1] == "proc" or (parts[1] == "dev" and parts[2] != "shm"))
+    def through(p: str) -> bool:
+        parts = os.path.abspath(p).split(os.sep)
+        return len(parts) > 2 and (parts[1] == "proc" or (parts[1] == "dev" and parts[2] != "shm"))
+    seen = set()
+    while True:   # every link on the way: a symlink to /dev/stdout is a stream's name too
+        if through(path):
+            return True
+        if not os.path.islink(path) or path in seen:
+            return False
+        seen.add(path)
+        path = os.path.join(os.path.dirname(os.path.abspath(path)), os.readlink(path))
 
 
 def _check_outputs(outputs, *, inputs=(), in_place: bool = False, dump_dir: str | None = None) -> None:
@@ -1062,6 +1071,10 @@ def _run_command_body(name: str, cmd: Command, fv, pos, verbose: bool) -> int:
         return 128 + int(signum)
     except BrokenPipeError:  # `hlofuse report ... | head`
         return supervisor.reader_left()
+    except SystemExit as e:  # the user's function (tune traces and runs it) ended the process
+        where = pos[0] if pos else name
+        _error(name, f"{where}: the function called sys.exit({e.code!r}); nothing was written")
+        return EXIT_ERROR
     except (UsageError, IRError, PassFailure) as e:
         if verbose:
             traceback.print_exc()

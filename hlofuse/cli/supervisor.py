@@ -69,6 +69,18 @@ def _interrupted_message(signum: int, written) -> str:
 # Supervisor: run the command in a child process and report crashes as errors
 # ---------------------------------------------------------------------------------------------
 
+def _high_fd(fd: int, low: int = 100) -> int:
+    """``fd`` moved to a number of at least ``low`` (close-on-exec, as ``os.pipe`` makes it);
+    ``fd`` itself where the system refuses."""
+    import fcntl
+    try:
+        high = fcntl.fcntl(fd, getattr(fcntl, "F_DUPFD_CLOEXEC", fcntl.F_DUPFD), low)
+    except OSError:
+        return fd
+    os.close(fd)
+    return high
+
+
 def _named_fds(argv: list[str]) -> list[int]:
     """Open file descriptors the command line names (``/dev/fd/63``, ``/proc/self/fd/3``: a
     shell's process substitution ``<(...)``): the worker inherits them, as the command would."""
@@ -101,10 +113,13 @@ class _Worker:
         self.stages: list[tuple[str, str]] = []
         self.stderr = b""
         self._saved = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
+        named = _named_fds(argv)   # before the pipe: never the supervisor's own descriptors
         stage_r, stage_w = os.pipe()
+        stage_w = _high_fd(stage_w)   # the worker's low numbers stay free: a /dev/fd/4 the
+        # shell never opened is "no such file" there, not the stage pipe (a hang)
         try:
             self.proc = subprocess.Popen(argv, stderr=subprocess.PIPE,
-                                         pass_fds=(stage_w, *_named_fds(argv)),
+                                         pass_fds=(stage_w, *named),
                                          env=dict(env, **{STAGE_FD_ENV: str(stage_w),
                                                           PARENT_ENV: str(os.getpid())}))
         except BaseException:  # noqa: BLE001 - re-raised: closes the pipe, restores the handlers
