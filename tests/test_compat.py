@@ -115,6 +115,32 @@ def test_trace_state():
     assert seen == [False, False]
 
 
+@entry("jaxpr_rebuild")
+def test_jaxpr_rebuild():
+    """map_jaxpr_arrays copies the numpy arrays of constants, sub-jaxprs (an inner jit, a
+    named-tuple parameter of a linear solve) and 0-d literals; the copy evaluates the same and
+    no longer shares the caller's memory; nothing to copy gives the same object."""
+    w = np.eye(3, dtype=np.float32)
+    t = np.array(2.0, np.float32)
+    inner = jax.jit(lambda x: x @ w + t)
+
+    def f(x):
+        y = inner(x) * t + w.sum()
+        return jax.lax.custom_linear_solve(lambda v: v * 2.0, y, lambda mv, b: b / 2.0)
+    x = jnp.ones(3, jnp.float32)
+    closed = jax.make_jaxpr(f)(x)
+    seen = []
+    copied = compat.map_jaxpr_arrays(closed, lambda a: seen.append(a) or a.copy())
+    assert copied is not closed and any(np.shares_memory(a, w) for a in seen)
+    assert any(a.ndim == 0 for a in seen)                     # the literal
+    want = compat.jaxpr_as_fun(closed)(x)[0]
+    w *= 3
+    t[...] = 7
+    np.testing.assert_allclose(compat.jaxpr_as_fun(copied)(x)[0], want, rtol=1e-6)
+    plain = jax.make_jaxpr(lambda x: x * 2)(x)
+    assert compat.map_jaxpr_arrays(plain, lambda a: a) is plain
+
+
 @entry("jaxpr_copy")
 def test_jaxpr_copy():
     """run_jaxpr copies the equations into an enclosing trace, with their source lines."""

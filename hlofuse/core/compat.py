@@ -14,6 +14,7 @@ private has no public form in at least one supported release.
 |---|---|---|---|---|
 | jaxpr_types | a traced function's closed jaxpr: isinstance, its consts and equations | ``ClosedJaxpr`` wraps a ``Jaxpr`` | merged (0.11.0): ``Jaxpr`` carries ``consts``, ``.jaxpr`` is itself, ``jax.extend.core.ClosedJaxpr`` is ``Jaxpr`` | ``jax.extend.core`` (both) |
 | jaxpr_eval | evaluate/walk jaxprs: ``eval_jaxpr``, ``jaxpr_as_fun``, ``subjaxprs``, ``jaxprs_in_params``, ``Literal`` | same | same (sub-jaxprs carry their consts) | ``jax.core``, ``jax.extend.core`` (both) |
+| jaxpr_rebuild | copies of a traced jaxpr's numpy constants and literals, sub-jaxprs included (``map_jaxpr_arrays``: ``JaxprEqn.replace``, ``Jaxpr.replace(eqns=)``, the legacy ``ClosedJaxpr(jaxpr, consts)``) | ``ClosedJaxpr`` of a ``Jaxpr`` | one ``Jaxpr`` with ``consts``; the legacy constructor still works; literals hold ``TypedNdArray`` (an ``ndarray``) | ``jax.extend.core`` types; ``replace`` stays private-by-convention |
 | convert_constvars | a closed-over tracer becomes an input of a lifted program | private | same semantics; public only from 0.12 | ``jax.interpreters.partial_eval`` (0.12 only): kept private |
 | trace_state | is this call outside every transformation (``trace_ctx.trace``, ``EvalTrace``) | ``jax.core.trace_ctx`` deprecated | ``jax.core.trace_ctx`` removed from ``jax.core`` | none |
 | jaxpr_copy | copy a jaxpr's equations into the enclosing jit trace (``DynamicJaxprTrace``, ``source_info_util.current``; ``jaxpr_is_high``: not where it holds high primitives) | private trace, public tracer | same (lost ``process_call``/``cur_qdd``, unused) | ``DynamicJaxprTracer``, ``jax.extend.source_info_util`` (both); the trace stays private |
@@ -121,7 +122,7 @@ JAXLIB_VERSION: tuple[int, ...] = version_tuple(__import__("jaxlib").__version__
 
 #: the entries of the table above, in its order (tests/test_compat.py has one test each)
 ENTRIES: tuple[str, ...] = (
-    "jaxpr_types", "jaxpr_eval", "convert_constvars", "trace_state", "jaxpr_copy",
+    "jaxpr_types", "jaxpr_eval", "jaxpr_rebuild", "convert_constvars", "trace_state", "jaxpr_copy",
     "trace_context", "fun_signature", "manual_axis_type", "ir_context", "lowering_rules",
     "inlined_func_call", "host_callback_primitives", "ad_batching", "checkify_rules",
     "apply_primitive", "meshes",
@@ -167,6 +168,7 @@ def close_jaxpr(jaxpr, consts=()):
     return ClosedJaxpr(jaxpr, list(consts))
 
 
+# -- jaxpr_rebuild --------------------------------------------------------------------------
 def map_jaxpr_arrays(closed, fn):
     """``closed`` with ``fn`` applied to every numpy array it holds: its constants, the
     literal operands of its equations (0-d arrays), and the same of every sub-jaxpr in an
