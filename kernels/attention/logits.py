@@ -102,8 +102,9 @@ def prescale(spec: AttentionSpec):
 
     Then ``(f·Q)·Kᵀ`` equals the scaled product bit for bit (scaling by a power of two is exact
     in binary floating point) wherever neither overflows (:func:`fold_is_exact`), so the cpu
-    path may scale Q once instead of every logits block (3.6% of whole-row attention at
-    S=2048, measured); ``ref`` is the scaled product's value, seeded into
+    path may scale Q once instead of every logits block (scaling the logits ran 1.044-1.048x
+    of the fold at S=2048 and 4096, the guarded fold 1.013x: 31 and 11 interleaved rounds, 2-core
+    Zen 4, jax 0.12.1); ``ref`` is the scaled product's value, seeded into
     :func:`eval_logits`.
     """
     users = [st for st in spec.steps if spec.s_ref in st.operands]
@@ -140,7 +141,7 @@ def fold_is_exact(spec: AttentionSpec, q, k, f: float):
     q_max = float(np.finfo(q.dtype).max)
     mq = jnp.max(jnp.abs(q)).astype(F32)
     mk = jnp.max(jnp.abs(k)).astype(F32)
-    m = mq * mk * jnp.float32(q.shape[-1])
+    m = mq * mk * jnp.float32(spec.head_dim)      # q and k in any layout: the spec's D
     return (m * jnp.float32(max(1.0, f)) < jnp.float32(s_max / 4)) & \
         (mq * jnp.float32(f) < jnp.float32(q_max / 4))
 

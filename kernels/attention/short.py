@@ -74,15 +74,15 @@ def build_cpu_short(spec: AttentionSpec):
     batch_dims = (tuple(range(nb)), tuple(range(nb)))
 
     def fn(*inputs):
-        q, k, v, sides = canonical_inputs(spec, inputs)
         if pre is None:
-            return attend(q, k, v, sides, False)
+            return attend(inputs, False)
         # Q scaled once where exact on these inputs, else the logits as the program scales them
-        return lax.cond(fold_is_exact(spec, q, k, pre[0]),
-                        lambda ops: attend(*ops, True), lambda ops: attend(*ops, False),
-                        (q, k, v, sides))
+        return lax.cond(fold_is_exact(spec, inputs[spec.q_arg], inputs[spec.k_arg], pre[0]),
+                        lambda ins: attend(ins, True), lambda ins: attend(ins, False),
+                        tuple(inputs))
 
-    def attend(q, k, v, sides, fold: bool):
+    def attend(inputs, fold: bool):
+        q, k, v, sides = canonical_inputs(spec, inputs)
         if fold:
             q = q * jnp.asarray(pre[0], q.dtype)
         kt = jnp.swapaxes(k, -1, -2)                                     # [.., D, Sk]: NN dot
