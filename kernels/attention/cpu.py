@@ -36,7 +36,7 @@ from jax import lax
 from hlofuse.core import ir as hir
 from hlofuse.kernels.attention.blocks import CPU_MAX_BLOCK_K, AttentionBlocks, cpu_fwd_plan
 from hlofuse.kernels.attention.layout import canonical_inputs, output, pad_axis, pad_to
-from hlofuse.kernels.attention.logits import F32, eval_logits, fold_is_exact, prescale
+from hlofuse.kernels.attention.logits import F32, eval_logits, guarded_fold, prescale
 from hlofuse.kernels.attention.online_softmax import (online_finish, online_init, online_only,
                                                       online_update)
 from hlofuse.kernels.attention.skip import skip_table_cached
@@ -149,15 +149,6 @@ def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
     p_dtype = hir.np_dtype(spec.p_dtype)
     pre = prescale(spec)
 
-    def fn(*inputs):
-        if pre is None:
-            return attend(inputs, False)
-        # the branches take the region's own inputs: their layout changes fuse inside each
-        # (a cond over the canonical arrays cost 1.06x at S=4096, measured)
-        return lax.cond(fold_is_exact(spec, inputs[spec.q_arg], inputs[spec.k_arg], pre[0]),
-                        lambda ins: attend(ins, True), lambda ins: attend(ins, False),
-                        tuple(inputs))
-
     def attend(inputs, fold: bool):
         q, k, v, sides = canonical_inputs(spec, inputs, k_transposed=k_transposed)
         if fold:
@@ -231,7 +222,7 @@ def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
         return jax.tree.map(
             lambda a: a.reshape(a.shape[:sq_ax] + (nq * bq,) + a.shape[sq_ax + 2:]), res)
 
-    fn = named_kernel(fn, f"hlofuse_attention_cpu_{spec.digest}")
+    fn = named_kernel(guarded_fold(spec, attend), f"hlofuse_attention_cpu_{spec.digest}")
     rows = nk == 1 and sk > CPU_MAX_BLOCK_K       # one key block where key blocks would be
     fn.blocks = (f"cpu {'row loops' if rows else 'loops'} {blocks}"
                  + (f" x{len(bounds)}" if len(bounds) > 1 else "")

@@ -28,7 +28,7 @@ from hlofuse.core import ir as hir
 from hlofuse.kernels.attention.blocks import CPU_SKIP_BLOCK
 from hlofuse.kernels.attention.cpu import block_index, lax_precision
 from hlofuse.kernels.attention.layout import canonical_inputs, output
-from hlofuse.kernels.attention.logits import F32, eval_logits, fold_is_exact, prescale
+from hlofuse.kernels.attention.logits import F32, eval_logits, guarded_fold, prescale
 from hlofuse.kernels.attention.online_softmax import online_finish, online_only
 from hlofuse.kernels.attention.skip import skip_info
 from hlofuse.kernels.attention.spec import AttentionSpec
@@ -73,14 +73,6 @@ def build_cpu_short(spec: AttentionSpec):
     pre = prescale(spec)
     batch_dims = (tuple(range(nb)), tuple(range(nb)))
 
-    def fn(*inputs):
-        if pre is None:
-            return attend(inputs, False)
-        # Q scaled once where exact on these inputs, else the logits as the program scales them
-        return lax.cond(fold_is_exact(spec, inputs[spec.q_arg], inputs[spec.k_arg], pre[0]),
-                        lambda ins: attend(ins, True), lambda ins: attend(ins, False),
-                        tuple(inputs))
-
     def attend(inputs, fold: bool):
         q, k, v, sides = canonical_inputs(spec, inputs)
         if fold:
@@ -96,6 +88,6 @@ def build_cpu_short(spec: AttentionSpec):
         _, l, o = online_only(x, pv, m_init=spec.m_init)
         return (output(spec, online_finish(l, o).astype(out_dtype)),)
 
-    fn = named_kernel(fn, f"hlofuse_attention_cpu_{spec.digest}")
+    fn = named_kernel(guarded_fold(spec, attend), f"hlofuse_attention_cpu_{spec.digest}")
     fn.blocks = f"cpu whole rows bq={sq} bk={sk} (no loop)"
     return fn
