@@ -1,19 +1,22 @@
 """A/B of the cpu attention loops' settings: the split (one independent loop per core, or one
-loop), the step budgets (the size of one step's logits block), or the forward's whole rows
-against key blocks.
+loop), the step budgets (the size of one step's logits block), the forward's whole rows
+against key blocks, or a power-of-two logit scale taken into Q (where exact) against the
+logits scaled as the program does.
 
     python -m bench.attention_parts                       # attn_s4096, 12 interleaved rounds
     python -m bench.attention_parts --models attn_s2048,bert_s512 --rounds 20
     python -m bench.attention_parts --budgets 512K,1M,2M,4M --models attn_s4096,attn_s2048
     python -m bench.attention_parts --models attn_train_s2048 --budgets 1M/256K,2M/512K
     python -m bench.attention_parts --rows --models attn_s4096,attn_s2048,attn_train_s2048
+    python -m bench.attention_parts --fold --models attn_s4096,attn_s2048 --rounds 21
 
 Per bench workload (``bench/workloads.py``, or a training step of ``bench/train_cpu.py``),
 ``jax.jit`` and one ``hlofuse.jit`` per setting,
 interleaved in one process. The settings: with ``--budgets`` (``FWD[/BWD]`` element counts, K
 and M suffixes; the backward's default is this host's) one build per budget
 (:data:`hlofuse.kernels.attention.blocks.CPU_BUDGETS`), with ``--rows`` whole rows and key
-blocks (:data:`hlofuse.kernels.attention.blocks.CPU_WHOLE_ROWS`), else the loops split into
+blocks (:data:`hlofuse.kernels.attention.blocks.CPU_WHOLE_ROWS`), with ``--fold`` the guarded
+fold and none (:data:`hlofuse.kernels.attention.logits.CPU_FOLD_SCALE`), else the loops split into
 ``--parts`` (default 2) and one loop (:data:`hlofuse.kernels.attention.cpu.CPU_PARTS`). Each
 is set before its build; the module cache and the XLA-option autotune are off and kernelize's
 in-process kernel cache is cleared, so each build is fresh and nothing else differs; the
@@ -40,17 +43,19 @@ def _count(text: str) -> int:
 
 
 def _settings(a) -> list:
-    """``[(label, parts, budgets or None, whole rows or None)]`` in build order."""
+    """``[(label, parts, budgets or None, whole rows or None, fold)]`` in build order."""
+    if a.fold:
+        return [("guarded fold", None, None, None, True), ("scaled logits", None, None, None, False)]
     if a.rows:
-        return [("whole rows", 1, None, True), ("key blocks", 1, None, False)]
+        return [("whole rows", 1, None, True, True), ("key blocks", 1, None, False, True)]
     if not a.budgets:
-        return [(f"{a.parts} loops", a.parts, None, None), ("one loop", 1, None, None)]
+        return [(f"{a.parts} loops", a.parts, None, None, True), ("one loop", 1, None, None, True)]
     from hlofuse.kernels.attention import blocks
     host_bwd = blocks.cpu_budgets(blocks.hostcpu.l2_per_core())[1]
     out = []
     for b in a.budgets.split(","):
         fwd, _, bwd = b.partition("/")
-        out.append((f"budget {b}", 1, (_count(fwd), _count(bwd) if bwd else host_bwd), None))
+        out.append((f"budget {b}", 1, (_count(fwd), _count(bwd) if bwd else host_bwd), None, True))
     return out
 
 
@@ -74,12 +79,15 @@ def main(argv=None) -> int:
     ap.add_argument("--parts", type=int, default=2)
     ap.add_argument("--budgets", default="", help="FWD[/BWD],... step budgets to compare")
     ap.add_argument("--rows", action="store_true", help="the forward's whole rows / key blocks")
+    ap.add_argument("--fold", action="store_true",
+                    help="a power-of-two logit scale taken into Q (guarded) / the logits scaled")
     a = ap.parse_args(argv)
     import jax
     import hlofuse
     from hlofuse.core import hostcpu
     from hlofuse.kernels.attention import blocks as B
     from hlofuse.kernels.attention import cpu as C
+    from hlofuse.kernels.attention import logits as L
     from hlofuse.passes import kernelize
     from bench.runner import timed_calls
     settings = _settings(a)
@@ -90,8 +98,9 @@ def main(argv=None) -> int:
         args = jax.tree.map(jax.device_put, args)
         fns = {"jax": jax.jit(fn)}
         try:
-            for label, parts, budgets, rows in settings:
+            for label, parts, budgets, rows, fold in settings:
                 C.CPU_PARTS, B.CPU_BUDGETS, B.CPU_WHOLE_ROWS = parts, budgets, rows
+                L.CPU_FOLD_SCALE = fold
                 kernelize._CACHE.clear()           # lowered kernels are cached in-process too
                 f = hlofuse.jit(fn, tiered=False, autotune=False)
                 jax.block_until_ready(f(*args))                    # builds with this setting
@@ -101,6 +110,7 @@ def main(argv=None) -> int:
                 fns[label] = f
         finally:
             C.CPU_PARTS, B.CPU_BUDGETS, B.CPU_WHOLE_ROWS = None, None, None
+            L.CPU_FOLD_SCALE = True
         for f in fns.values():
             jax.block_until_ready(f(*args))
         t = {n: [] for n in fns}

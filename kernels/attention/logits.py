@@ -147,13 +147,18 @@ def fold_is_exact(spec: AttentionSpec, q, k, f: float):
         (mq * jnp.float32(f) < jnp.float32(q_max / 4))
 
 
+#: take a power-of-two logit scale into Q where exact (:func:`guarded_fold`); off only for an
+#: A/B of what the fold saves (``python -m bench.attention_parts --fold``)
+CPU_FOLD_SCALE = True
+
+
 def guarded_fold(spec: AttentionSpec, attend: Callable) -> Callable:
     """``f(*inputs)`` running ``attend(inputs, fold)``: with ``fold`` True where :func:`prescale`'s
     scale may be taken into Q exactly on these inputs (:func:`fold_is_exact`), behind a
     ``lax.cond`` between the two; ``attend(inputs, False)`` alone without such a scale. The
     branches take the region's own inputs, so each fuses its layout changes (a cond over the
     canonical arrays cost 1.06x at S=4096, measured)."""
-    pre = prescale(spec)
+    pre = prescale(spec) if CPU_FOLD_SCALE else None
 
     def fn(*inputs):
         if pre is None:
