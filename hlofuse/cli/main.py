@@ -9,6 +9,7 @@
     hlofuse check ORIGINAL OPTIMIZED [--inputs in.npz] [--seed N] [--category kernel]
     hlofuse report FILE [--target T] [--report FILE.json|.md|.html]
     hlofuse export MODULE:FUNCTION --args 'f32[8,128],i32[8]' -o OUT [--target T]
+    hlofuse tune MODULE:FUNCTION --args 'f32[8,128]' [--budget S] [--cache-dir DIR]
 
 Inputs are StableHLO (``stablehlo``/``chlo`` ops in ``func.func @main``) in any of four formats
 (text, MLIR bytecode, portable artifact, jax.export artifact; detected by content). MHLO modules
@@ -172,7 +173,7 @@ def _define_check(fv):
     flags.DEFINE_string("inputs", None, "Inputs as .npz (default: random inputs from ORIGINAL's "
                         "signature).", flag_values=fv)
     flags.DEFINE_integer("seed", 0, "Seed of the random inputs.", lower_bound=0, flag_values=fv)
-    flags.DEFINE_enum("category", "kernel", ["exact", "kernel", "reassociate", "grad"],
+    flags.DEFINE_enum("category", "kernel", ["exact", "kernel", "reassociate", "quantize", "grad"],
                       "Tolerance category of hlofuse.runtime.testing.TOLERANCES.", flag_values=fv)
     flags.DEFINE_string("shapes", None, "Argument types for modules with dynamic shapes.",
                         flag_values=fv)

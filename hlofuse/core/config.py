@@ -118,7 +118,7 @@ _DECLARED = [
             "sets it to exercise kernels)", program=True),
     Setting("HLOFUSE_GRAD_REMAT", "bool", True,
             "recompute attention in the backward pass of jax.grad through hlofuse.jit instead "
-            "of saving its probabilities", program=True),
+            "of saving its probabilities (not for functions with effects)", program=True),
     # -- tools --------------------------------------------------------------------------------
     Setting("HLOFUSE_AOT_PYTHON", "path", None,
             "the interpreter with the aot extra's compilers, when it is not this one"),

@@ -329,8 +329,9 @@ def test_region_without_or_disagreeing_with_its_spec_is_not_built():
 def test_logit_scale_is_applied_where_the_program_applies_it(scale, dtype, a, b):
     """A power-of-two scale taken into Q is exact only where nothing overflows: ×4 on logits of
     1e38 - 1e38 = 0 gave NaN for the program's finite output ((4a)·b overflows), /8 on logits
-    that overflow gave finite values for the program's NaN. Every cpu build (loop-free, whole
-    rows, key blocks) now scales QKᵀ as the program does (adversarial round)."""
+    that overflow gave finite values for the program's NaN. On such inputs every cpu build
+    (loop-free, whole rows, key blocks) scales QKᵀ as the program does (``fold_is_exact``
+    refuses the fold; adversarial round)."""
     def f(q, k, v):
         s = jnp.einsum("bhqd,bhkd->bhqk", q, k) * jnp.asarray(scale, q.dtype)
         return jax.nn.softmax(s, axis=-1) @ v
