@@ -1,6 +1,6 @@
 """A/B of the cpu attention loops' settings: the split (one independent loop per core, or one
 loop), the step budgets (the size of one step's logits block), the forward's whole rows
-against key blocks, or a power-of-two logit scale taken into Q (where exact) against the
+against key blocks, or a power-of-two logit scale (at most 1) taken into Q against the
 logits scaled as the program does.
 
     python -m bench.attention_parts                       # attn_s4096, 12 interleaved rounds
@@ -15,7 +15,7 @@ Per bench workload (``bench/workloads.py``, or a training step of ``bench/train_
 interleaved in one process. The settings: with ``--budgets`` (``FWD[/BWD]`` element counts, K
 and M suffixes; the backward's default is this host's) one build per budget
 (:data:`hlofuse.kernels.attention.blocks.CPU_BUDGETS`), with ``--rows`` whole rows and key
-blocks (:data:`hlofuse.kernels.attention.blocks.CPU_WHOLE_ROWS`), with ``--fold`` the guarded
+blocks (:data:`hlofuse.kernels.attention.blocks.CPU_WHOLE_ROWS`), with ``--fold`` the scale
 fold and none (:data:`hlofuse.kernels.attention.logits.CPU_FOLD_SCALE`), else the loops split into
 ``--parts`` (default 2) and one loop (:data:`hlofuse.kernels.attention.cpu.CPU_PARTS`). Each
 is set before its build; the module cache and the XLA-option autotune are off and kernelize's
@@ -45,7 +45,7 @@ def _count(text: str) -> int:
 def _settings(a) -> list:
     """``[(label, parts, budgets or None, whole rows or None, fold)]`` in build order."""
     if a.fold:
-        return [("guarded fold", None, None, None, True), ("scaled logits", None, None, None, False)]
+        return [("fold", None, None, None, True), ("scaled logits", None, None, None, False)]
     if a.rows:
         return [("whole rows", 1, None, True, True), ("key blocks", 1, None, False, True)]
     if not a.budgets:
@@ -80,7 +80,7 @@ def main(argv=None) -> int:
     ap.add_argument("--budgets", default="", help="FWD[/BWD],... step budgets to compare")
     ap.add_argument("--rows", action="store_true", help="the forward's whole rows / key blocks")
     ap.add_argument("--fold", action="store_true",
-                    help="a power-of-two logit scale taken into Q (guarded) / the logits scaled")
+                    help="a power-of-two logit scale <= 1 taken into Q / the logits scaled")
     a = ap.parse_args(argv)
     import jax
     import hlofuse

@@ -237,7 +237,10 @@ def test_cli_tune_measures_and_names_the_cache(tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     assert "region 0 (reduction, lnmod.py:" in p.stdout
     assert ("kept kernel" in p.stdout) or ("kept XLA" in p.stdout)
-    assert f"decisions in {tmp_path / 'ship' / 'autotune.json'}" in p.stdout
+    path = tmp_path / "ship" / "autotune.json"
+    # written, or (measured while other processes used the machine) said not to be
+    assert (f"decisions in {path}" in p.stdout and path.exists()) or \
+        (f"the decisions were not written to {path}" in p.stdout)
 
 
 def _int8_linear(x, w, s, b):

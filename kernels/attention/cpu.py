@@ -116,9 +116,9 @@ def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
     ``with_lse``: return ``(output, stats)``, the row statistics ``[m, l]`` (max and sum, f32)
     in the canonical row layout ``[batch.., rows.., Sq, 2]``, for the flash backward.
 
-    A power-of-two logit scale (:func:`~hlofuse.kernels.attention.logits.prescale`) scales Q
-    once where that is exact on the inputs (:func:`~hlofuse.kernels.attention.logits.fold_is_exact`,
-    a ``lax.cond`` between the two builds), else every logits block as the program does.
+    A power-of-two logit scale of at most 1 (:func:`~hlofuse.kernels.attention.logits.prescale`)
+    scales Q once, a larger one every logits block as the program does
+    (:func:`~hlofuse.kernels.attention.logits.guarded_fold` says why).
     ``k_transposed``: keep K as
     ``[.., D, Sk]`` (built by one transpose of the input, :func:`canonical_inputs`) so QKᵀ
     is a plain (NN) matmul per block. ``parts``: independent loops

@@ -17,7 +17,6 @@ from typing import Callable, Sequence
 import numpy as np
 
 import jax.numpy as jnp
-from jax import lax
 from jaxlib.mlir import ir
 
 from hlofuse.core import ir as hir
@@ -25,7 +24,7 @@ from hlofuse.core.ops import EmitError, const_value, emit_op
 from hlofuse.kernels.attention.spec import AttentionSpec, Splat
 
 __all__ = ["F32", "body_ops", "const_arrays", "eval_logits", "splat_of", "mask_select", "prescale",
-           "fold_is_exact", "guarded_fold"]
+           "guarded_fold"]
 
 F32 = jnp.float32
 _LAYOUT_OPS = ("stablehlo.broadcast_in_dim", "stablehlo.transpose", "stablehlo.reshape")
@@ -102,10 +101,8 @@ def prescale(spec: AttentionSpec):
     """(f, ref) when the logits start with ``s * c`` or ``s / c``, ``c`` a power of two.
 
     Then ``(f·Q)·Kᵀ`` equals the scaled product bit for bit (scaling by a power of two is exact
-    in binary floating point) wherever neither overflows (:func:`fold_is_exact`), so the cpu
-    path may scale Q once instead of every logits block (scaling the logits ran 1.044-1.048x
-    of the fold at S=2048 and 4096, the guarded fold 1.013x: 31 and 11 interleaved rounds, 2-core
-    Zen 4, jax 0.12.1); ``ref`` is the scaled product's value, seeded into
+    in binary floating point) wherever neither overflows (:func:`guarded_fold` says when the
+    cpu path scales Q once instead of every logits block); ``ref`` is the scaled product's value, seeded into
     :func:`eval_logits`.
     """
     users = [st for st in spec.steps if spec.s_ref in st.operands]
@@ -127,45 +124,30 @@ def prescale(spec: AttentionSpec):
     return f, st.ref
 
 
-def fold_is_exact(spec: AttentionSpec, q, k, f: float):
-    """Whether ``(f·Q)·Kᵀ`` is ``f·(Q·Kᵀ)`` bit for bit on these inputs (a traced boolean).
-
-    Every product, partial sum and logit is at most ``M = D·max|q|·max|k|`` before scaling:
-    where ``max(1, f)·M`` (and ``f·max|q|`` for Q's own type) stays below a quarter of the
-    largest finite value of the logits' type, neither order overflows, and scaling by a power
-    of two is exact. Else (huge or non-finite inputs) the fold gave NaN where the program's
-    order gives finite logits (×4 on 1e38 - 1e38 = 0), or finite where it overflows (/8):
-    the caller computes the logits as the program does (adversarial round). A scale below 1
-    may round a subnormal ``f·q`` where the program's order rounds ``f·(q·k)``: a difference
-    below 1e-38 of a logit, far inside every tolerance."""
-    s_max = float(min(np.finfo(hir.np_dtype(spec.s_dtype)).max, np.finfo(np.float32).max))
-    q_max = float(np.finfo(q.dtype).max)
-    mq = jnp.max(jnp.abs(q)).astype(F32)
-    mk = jnp.max(jnp.abs(k)).astype(F32)
-    m = mq * mk * jnp.float32(spec.head_dim)      # q and k in any layout: the spec's D
-    return (m * jnp.float32(max(1.0, f)) < jnp.float32(s_max / 4)) & \
-        (mq * jnp.float32(f) < jnp.float32(q_max / 4))
-
-
-#: take a power-of-two logit scale into Q where exact (:func:`guarded_fold`); off only for an
+#: take a power-of-two logit scale of at most 1 into Q (:func:`guarded_fold`); off only for an
 #: A/B of what the fold saves (``python -m bench.attention_parts --fold``)
 CPU_FOLD_SCALE = True
 
 
 def guarded_fold(spec: AttentionSpec, attend: Callable) -> Callable:
-    """``f(*inputs)`` running ``attend(inputs, fold)``: with ``fold`` True where :func:`prescale`'s
-    scale may be taken into Q exactly on these inputs (:func:`fold_is_exact`), behind a
-    ``lax.cond`` between the two; ``attend(inputs, False)`` alone without such a scale. The
-    branches take the region's own inputs, so each fuses its layout changes (a cond over the
-    canonical arrays cost 1.06x at S=4096, measured)."""
+    """``f(*inputs)`` running ``attend(inputs, fold)``: ``fold`` where :func:`prescale` finds
+    a power-of-two scale ``c <= 1`` (``1/sqrt(64)``, say), which Q then takes once.
+
+    ``(c·Q)·Kᵀ`` equals ``c·(Q·Kᵀ)`` bit for bit wherever neither overflows. A scale above 1
+    is not folded: ``(c·Q)`` or its products can overflow where the program's logits do not
+    (×4 on logits of 1e38 - 1e38 = 0 gave NaN for jax.jit's finite output; adversarial round).
+    With ``c <= 1`` the folded logits overflow only where the program's do; the one difference
+    left is the reverse, where ``Q·Kᵀ`` itself overflows float32 (``D·max|q|·max|k|`` near
+    3.4e38) and jax.jit's logits are ±inf (its outputs NaN) while the folded ones are the
+    finite products. Guarding that edge exactly (a ``lax.cond`` between a folded and an
+    unfolded build) cost 23% more peak memory in a training step's flash forward, scaling every
+    logits block 13% and 1.044-1.048x the time (both branches, or the scaled block, held as
+    buffers by XLA:CPU; measured, 2-core Zen 4, jax 0.12.1), so it is not done."""
     pre = prescale(spec) if CPU_FOLD_SCALE else None
+    fold = pre is not None and abs(pre[0]) <= 1.0
 
     def fn(*inputs):
-        if pre is None:
-            return attend(inputs, False)
-        return lax.cond(fold_is_exact(spec, inputs[spec.q_arg], inputs[spec.k_arg], pre[0]),
-                        lambda ins: attend(ins, True), lambda ins: attend(ins, False),
-                        tuple(inputs))
+        return attend(inputs, fold)
     return fn
 
 
