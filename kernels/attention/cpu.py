@@ -36,7 +36,7 @@ from jax import lax
 from hlofuse.core import ir as hir
 from hlofuse.kernels.attention.blocks import CPU_MAX_BLOCK_K, AttentionBlocks, cpu_fwd_plan
 from hlofuse.kernels.attention.layout import canonical_inputs, output, pad_axis, pad_to
-from hlofuse.kernels.attention.logits import F32, eval_logits, guarded_fold, prescale
+from hlofuse.kernels.attention.logits import F32, eval_logits, folded_scale
 from hlofuse.kernels.attention.online_softmax import (online_finish, online_init, online_only,
                                                       online_update)
 from hlofuse.kernels.attention.skip import skip_table_cached
@@ -118,7 +118,7 @@ def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
 
     A power-of-two logit scale of at most 1 (:func:`~hlofuse.kernels.attention.logits.prescale`)
     scales Q once, a larger one every logits block as the program does
-    (:func:`~hlofuse.kernels.attention.logits.guarded_fold` says why).
+    (:func:`~hlofuse.kernels.attention.logits.folded_scale` says why).
     ``k_transposed``: keep K as
     ``[.., D, Sk]`` (built by one transpose of the input, :func:`canonical_inputs`) so QKᵀ
     is a plain (NN) matmul per block. ``parts``: independent loops
@@ -136,6 +136,7 @@ def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
         whole_rows = False
     blocks = blocks or cpu_fwd_plan(spec, parts=len(bounds), scale=budget_scale,
                                     whole_rows=whole_rows)
+    pre = folded_scale(spec)
     bq, bk = blocks.bq, blocks.bk
     sq, sk = spec.seq_q, spec.seq_k
     nq, nk = -(-sq // bq), -(-sk // bk)
@@ -147,17 +148,16 @@ def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
     qk_prec = lax_precision(spec.precision[0])
     pv_prec = lax_precision(spec.precision[1])
     p_dtype = hir.np_dtype(spec.p_dtype)
-    pre = prescale(spec)
 
-    def attend(inputs, fold: bool):
+    def fn(*inputs):
         q, k, v, sides = canonical_inputs(spec, inputs, k_transposed=k_transposed)
-        if fold:
+        if pre is not None:
             q = q * jnp.asarray(pre[0], q.dtype)
         q = pad_to(q, sq_ax, nq * bq)
         k = pad_to(k, k.ndim - 1 if k_transposed else nb, nk * bk)
         v = pad_to(v, nb, nk * bk)
         sides = [pad_axis(pad_axis(s, k_ax, nk * bk), sq_ax, nq * bq) for s in sides]
-        res = [run_part(qp, kp, vp, sp, None if ax is None else (spec.batch[ax], a, b - a), fold)
+        res = [run_part(qp, kp, vp, sp, None if ax is None else (spec.batch[ax], a, b - a))
                for (qp, kp, vp, *sp), (a, b) in zip(split_parts(ax, bounds, q, k, v, *sides),
                                                     bounds)]
         res = res[0] if len(res) == 1 else jax.tree.map(
@@ -167,9 +167,8 @@ def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
             return output(spec, res[0]), res[1]
         return (output(spec, res),)
 
-    def run_part(q, k, v, sides, part, fold: bool):
-        """The loops over one part (``part``: its (batch label, start, size), or None;
-        ``fold``: Q holds the logit scale)."""
+    def run_part(q, k, v, sides, part):
+        """The loops over one part (``part``: its (batch label, start, size), or None)."""
         index_fn = functools.partial(block_index, spec, bq, bk, part=part)
         acc_shape = list(q.shape[:-1]) + [v.shape[-1]]
         acc_shape[sq_ax] = bq
@@ -189,7 +188,9 @@ def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
                 s_blk = lax.dot_general(qc, kb, (((qc.ndim - 1,), (kc,)),
                                                  (tuple(range(nb)), tuple(range(nb)))),
                                         preferred_element_type=F32, precision=qk_prec)
-                seed = {pre[1]: s_blk.astype(hir.np_dtype(spec.s_dtype))} if fold else None
+                seed = None
+                if pre is not None:
+                    seed = {pre[1]: s_blk.astype(hir.np_dtype(spec.s_dtype))}
                 x = eval_logits(spec, s_blk, sb, index_fn(c, j), seed=seed)
                 x = jnp.broadcast_to(x, s_blk.shape)
                 valid = None
@@ -222,7 +223,7 @@ def build_cpu(spec: AttentionSpec, blocks: AttentionBlocks | None = None, *,
         return jax.tree.map(
             lambda a: a.reshape(a.shape[:sq_ax] + (nq * bq,) + a.shape[sq_ax + 2:]), res)
 
-    fn = named_kernel(guarded_fold(spec, attend), f"hlofuse_attention_cpu_{spec.digest}")
+    fn = named_kernel(fn, f"hlofuse_attention_cpu_{spec.digest}")
     rows = nk == 1 and sk > CPU_MAX_BLOCK_K       # one key block where key blocks would be
     fn.blocks = (f"cpu {'row loops' if rows else 'loops'} {blocks}"
                  + (f" x{len(bounds)}" if len(bounds) > 1 else "")

@@ -24,7 +24,7 @@ from hlofuse.core.ops import EmitError, const_value, emit_op
 from hlofuse.kernels.attention.spec import AttentionSpec, Splat
 
 __all__ = ["F32", "body_ops", "const_arrays", "eval_logits", "splat_of", "mask_select", "prescale",
-           "guarded_fold"]
+           "folded_scale"]
 
 F32 = jnp.float32
 _LAYOUT_OPS = ("stablehlo.broadcast_in_dim", "stablehlo.transpose", "stablehlo.reshape")
@@ -101,9 +101,9 @@ def prescale(spec: AttentionSpec):
     """(f, ref) when the logits start with ``s * c`` or ``s / c``, ``c`` a power of two.
 
     Then ``(f·Q)·Kᵀ`` equals the scaled product bit for bit (scaling by a power of two is exact
-    in binary floating point) wherever neither overflows (:func:`guarded_fold` says when the
-    cpu path scales Q once instead of every logits block); ``ref`` is the scaled product's value, seeded into
-    :func:`eval_logits`.
+    in binary floating point) wherever neither overflows (:func:`folded_scale` says when the
+    cpu path scales Q once instead of every logits block); ``ref`` is the scaled product's
+    value, seeded into :func:`eval_logits`.
     """
     users = [st for st in spec.steps if spec.s_ref in st.operands]
     if len(users) != 1 or users[0].name not in ("stablehlo.multiply", "stablehlo.divide"):
@@ -124,14 +124,15 @@ def prescale(spec: AttentionSpec):
     return f, st.ref
 
 
-#: take a power-of-two logit scale of at most 1 into Q (:func:`guarded_fold`); off only for an
+#: take a power-of-two logit scale of at most 1 into Q (:func:`folded_scale`); off only for an
 #: A/B of what the fold saves (``python -m bench.attention_parts --fold``)
 CPU_FOLD_SCALE = True
 
 
-def guarded_fold(spec: AttentionSpec, attend: Callable) -> Callable:
-    """``f(*inputs)`` running ``attend(inputs, fold)``: ``fold`` where :func:`prescale` finds
-    a power-of-two scale ``c <= 1`` (``1/sqrt(64)``, say), which Q then takes once.
+def folded_scale(spec: AttentionSpec):
+    """:func:`prescale`'s ``(c, ref)`` where the cpu kernels take the scale into Q once: a
+    power of two ``c <= 1`` (``1/sqrt(64)``, say); None where they scale every logits block as
+    the program does.
 
     ``(c·Q)·Kᵀ`` equals ``c·(Q·Kᵀ)`` bit for bit wherever neither overflows. A scale above 1
     is not folded: ``(c·Q)`` or its products can overflow where the program's logits do not
@@ -144,11 +145,7 @@ def guarded_fold(spec: AttentionSpec, attend: Callable) -> Callable:
     logits block 13% and 1.044-1.048x the time (both branches, or the scaled block, held as
     buffers by XLA:CPU; measured, 2-core Zen 4, jax 0.12.1), so it is not done."""
     pre = prescale(spec) if CPU_FOLD_SCALE else None
-    fold = pre is not None and abs(pre[0]) <= 1.0
-
-    def fn(*inputs):
-        return attend(inputs, fold)
-    return fn
+    return pre if pre is not None and abs(pre[0]) <= 1.0 else None
 
 
 def _slice_steps(spec: AttentionSpec, ref) -> list:

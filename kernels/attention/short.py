@@ -28,7 +28,7 @@ from hlofuse.core import ir as hir
 from hlofuse.kernels.attention.blocks import CPU_SKIP_BLOCK
 from hlofuse.kernels.attention.cpu import block_index, lax_precision
 from hlofuse.kernels.attention.layout import canonical_inputs, output
-from hlofuse.kernels.attention.logits import F32, eval_logits, guarded_fold, prescale
+from hlofuse.kernels.attention.logits import F32, eval_logits, folded_scale
 from hlofuse.kernels.attention.online_softmax import online_finish, online_only
 from hlofuse.kernels.attention.skip import skip_info
 from hlofuse.kernels.attention.spec import AttentionSpec
@@ -63,6 +63,7 @@ def short_fits(spec: AttentionSpec) -> bool:
 
 def build_cpu_short(spec: AttentionSpec):
     """The region as ``f(*inputs) -> (output,)``: one QKᵀ dot, the softmax, one P·V dot."""
+    pre = folded_scale(spec)
     sq, sk = spec.seq_q, spec.seq_k
     nb = len(spec.batch)
     out_dtype = hir.np_dtype(spec.out_dtype)
@@ -70,17 +71,16 @@ def build_cpu_short(spec: AttentionSpec):
     pv_prec = lax_precision(spec.precision[1])
     p_dtype = hir.np_dtype(spec.p_dtype)
     index = functools.partial(block_index, spec, sq, sk)(0, 0)
-    pre = prescale(spec)
     batch_dims = (tuple(range(nb)), tuple(range(nb)))
 
-    def attend(inputs, fold: bool):
+    def fn(*inputs):
         q, k, v, sides = canonical_inputs(spec, inputs)
-        if fold:
+        if pre is not None:
             q = q * jnp.asarray(pre[0], q.dtype)
         kt = jnp.swapaxes(k, -1, -2)                                     # [.., D, Sk]: NN dot
         s = lax.dot_general(q, kt, (((q.ndim - 1,), (nb,)), batch_dims),
                             preferred_element_type=F32, precision=qk_prec)
-        seed = {pre[1]: s.astype(hir.np_dtype(spec.s_dtype))} if fold else None
+        seed = {pre[1]: s.astype(hir.np_dtype(spec.s_dtype))} if pre is not None else None
         x = jnp.broadcast_to(eval_logits(spec, s, sides, index, seed=seed), s.shape).astype(F32)
         def pv(p):
             return lax.dot_general(p.astype(p_dtype), v, (((p.ndim - 1,), (nb,)), batch_dims),
@@ -88,6 +88,6 @@ def build_cpu_short(spec: AttentionSpec):
         _, l, o = online_only(x, pv, m_init=spec.m_init)
         return (output(spec, online_finish(l, o).astype(out_dtype)),)
 
-    fn = named_kernel(guarded_fold(spec, attend), f"hlofuse_attention_cpu_{spec.digest}")
+    fn = named_kernel(fn, f"hlofuse_attention_cpu_{spec.digest}")
     fn.blocks = f"cpu whole rows bq={sq} bk={sk} (no loop)"
     return fn

@@ -342,7 +342,7 @@ def test_a_scale_of_at_most_1_is_folded_and_where_qk_overflows_gives_the_finite_
     Where ``Q·Kᵀ`` itself overflows float32 (|q| = |k| = 3e18, D = 64) the program's logits are
     inf and its outputs NaN; the folded logits are the finite products, and the outputs those
     of the attention computed in float64 (the documented difference: guarding it cost 23% more
-    peak memory in a training step, see ``guarded_fold``)."""
+    peak memory in a training step, see ``folded_scale``)."""
     spec, text, ins = _overflow_region(0.125, np.float32, 3e18, 3e18)
     assert A.prescale(spec)[0] == 0.125
     want = run_region(text, ins)
