@@ -403,8 +403,7 @@ def _inputs(fv, loaded, specs):
                 len(arrays) == len(specs) and not fv["shapes"].value:
             argspec.refine_shapes(loaded, [argspec.ArgSpec(a.shape, s.dtype) for a, s in zip(arrays, specs)])
         return arrays
-    return argspec.random_inputs_for(argspec.input_specs(loaded), fv["seed"].value, loaded.source,
-                                     exported=loaded.exported is not None)
+    return argspec.random_inputs_for(argspec.input_specs(loaded), fv["seed"].value, loaded)
 
 
 def _describe_file(loaded: formats.Loaded) -> str:
@@ -521,8 +520,7 @@ def _verify(fv, loaded, original, data, fmt, out, report) -> int:
     if any(not s.is_static for s in specs):
         _note("optimize", f"--verify skipped: {loaded.source} has dynamic shapes")
         return EXIT_OK
-    inputs = argspec.random_inputs_for(specs, fv["seed"].value, loaded.source,
-                                       exported=loaded.exported is not None)
+    inputs = argspec.random_inputs_for(specs, fv["seed"].value, loaded)
     _stage(f"running the original {loaded.source} with XLA for --verify")
     want = argspec.execute(before, inputs)
     _stage(f"running the optimized {loaded.source} with XLA for --verify")
@@ -793,9 +791,6 @@ def cmd_export(fv, pos) -> int:
             args.append(jax.ShapeDtypeStruct(shape, s.np_dtype))
         jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
         exp = jexport.export(jitted, platforms=[platform])(*args)
-    except SystemExit as e:  # the user's code ended the process: say so, write nothing
-        raise formats.FileError(f"{spec}: the function called sys.exit({e.code!r}) while being "
-                               "exported") from None
     except Exception as e:  # noqa: BLE001 - the user's function runs here: one line naming what it raised
         raise formats.FileError(f"{spec}: jax.export failed for ({', '.join(map(str, specs))}): "
                                f"{formats.first_line(e)}") from None
@@ -1072,7 +1067,7 @@ def _run_command_body(name: str, cmd: Command, fv, pos, verbose: bool) -> int:
         return 128 + int(signum)
     except BrokenPipeError:  # `hlofuse report ... | head`
         return supervisor.reader_left()
-    except SystemExit as e:  # the user's function (tune traces and runs it) ended the process
+    except SystemExit as e:  # the user's function (export and tune trace it) ended the process
         where = pos[0] if pos else name
         _error(name, f"{where}: the function called sys.exit({e.code!r}); nothing was written")
         return EXIT_ERROR

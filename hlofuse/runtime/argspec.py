@@ -253,14 +253,14 @@ _NP_OK = {"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32"
           "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}
 
 
-def random_inputs_for(specs: Sequence[ArgSpec], seed: int, source: str, *,
-                      exported: bool = False) -> list[np.ndarray]:
-    """Random inputs of static ``specs``; ``exported``: the source is a jax.export artifact,
-    whose shapes ``--shapes`` cannot refine (so the error suggests ``--inputs`` only)."""
+def random_inputs_for(specs: Sequence[ArgSpec], seed: int, loaded: Loaded) -> list[np.ndarray]:
+    """Random inputs of static ``specs`` of ``loaded``; a dynamic shape is an error suggesting
+    ``--inputs``, and ``--shapes`` too unless ``loaded`` is a jax.export artifact (whose shapes
+    it cannot refine)."""
     for i, s in enumerate(specs):
         if not s.is_static:
-            how = "give --inputs" if exported else "give --inputs or --shapes"
-            raise FileError(f"{source}: input {i} has a dynamic shape ({s}); {how}")
+            how = "give --inputs" if loaded.exported is not None else "give --inputs or --shapes"
+            raise FileError(f"{loaded.source}: input {i} has a dynamic shape ({s}); {how}")
     avals = [np.empty(s.shape, s.np_dtype) for s in specs]
     return random_inputs(avals, seed)
 

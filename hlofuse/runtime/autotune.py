@@ -75,6 +75,7 @@ from typing import Any, Callable, Sequence
 import jax
 
 from hlofuse.core import config
+from hlofuse.core import files
 from hlofuse.core import hostcpu
 from hlofuse.core.pipeline import trace
 from hlofuse.core.report import HlofuseWarning
@@ -608,7 +609,6 @@ class DecisionCache:
             return list(self._records)
 
     def _write(self) -> None:
-        from hlofuse.runtime import formats
         path = self.path
         if os.path.exists(path) and not (os.path.isfile(path) and os.access(path, os.R_OK)):
             return  # another user's (or a damaged) file we cannot read: never replace it
@@ -623,8 +623,8 @@ class DecisionCache:
                        "regions": regs, "records": recs[-MAX_RECORDS:]}
             # atomically, with the mode of the file it replaces or the umask's (a shared
             # cache: another user's process must be able to read the decisions back)
-            formats.atomic_write(path, json.dumps(payload, indent=1, sort_keys=True))
-        except (OSError, formats.FileError):
+            files.replace_atomically(path, json.dumps(payload, indent=1, sort_keys=True).encode())
+        except OSError:
             pass  # a read-only home must not break compilation; the decision stays in memory
 
     def clear_memory(self) -> None:
