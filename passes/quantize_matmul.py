@@ -34,9 +34,10 @@ with other users (the float copy would stay live), a dequantization ``q * s`` in
 by up to 0.5 on values of 55 in bf16), a weight-only dot with a 16-bit result (its unscaled
 dot would overflow f16), and constant scales so large that a product or a sum could overflow
 float32 (``128² K max|sa| max|sb|`` within 4x of the maximum). A fake-quant dot with a 16-bit
-result is scaled in f32 and rounded once (the exact sum converted to f16 first overflowed). Fake-quant written without a ``convert`` to
-an integer type (``clip(round(x / s)) * s`` in float) is not matched either: a NaN input would
-turn into an integer there and no longer propagate. StableHLO's quantized types
+result is scaled in f32 and rounded once (the exact sum converted to f16 first overflowed).
+Fake-quant written without a ``convert`` to an integer type (``clip(round(x / s)) * s`` in
+float) is not matched either: a NaN input would turn into an integer there and no longer
+propagate. StableHLO's quantized types
 (``!quant.uniform``, ``uniform_quantize``/``uniform_dequantize``) cannot be read at all: jaxlib
 0.10.2's MLIR bindings do not register the quant dialect, and :func:`hlofuse.core.ir.parse` says so.
 

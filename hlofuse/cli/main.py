@@ -149,7 +149,8 @@ def _define_optimize(fv):
                       "its kernels and numerics-changing passes (a reduction, contraction, "
                       "convolution or attention kernel sums in another order: 'reassociate').",
                       flag_values=fv)
-    flags.DEFINE_integer("seed", 0, "Seed of the random inputs of --verify.", lower_bound=0, flag_values=fv)
+    flags.DEFINE_integer("seed", 0, "Seed of the random inputs of --verify.", lower_bound=0,
+                         flag_values=fv)
     flags.DEFINE_string("graph", None, "Also write the module before and after optimization, with "
                         "node-data overlays (kernel or XLA, region, why refused, bytes saved, "
                         "measured time ratio), into DIR for Google's Model Explorer; needs `pip "

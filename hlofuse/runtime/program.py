@@ -807,7 +807,8 @@ class Program(_Derived):
                 j = self._jaxprs.get(sig)
                 if j is None:
                     with _tracing(self.shardings, user_code=True):
-                        j = _own_numpy_consts(jax.make_jaxpr(self.fun)(*sds_of(sig, self.shardings)))
+                        j = jax.make_jaxpr(self.fun)(*sds_of(sig, self.shardings))
+                        j = _own_numpy_consts(j)
                     if self.derived_from is not None:
                         _no_leaked_tracers(self.name, j)
                     self._jaxprs[sig] = j
