@@ -154,18 +154,29 @@ def _compare_np(op, a, b):
     return None if fn is None else fn(a, b)
 
 
+def _saturate_to_int(x: np.ndarray, to: np.dtype) -> np.ndarray:
+    """Float to integer as XLA converts (the same on every target and jax release): toward
+    zero, out-of-range values and infinities saturate to the type's bounds, NaN gives 0.
+    numpy's ``astype`` wraps around instead (and jax 0.12 converts numpy operands with it)."""
+    info = np.iinfo(to)
+    t = np.trunc(x.astype(np.float64))   # exact for every float type up to f64
+    t = np.where(np.isnan(t), 0.0, t)
+    hi = t >= float(info.max)   # a 64-bit max rounds up to 2^63 / 2^64: >= is the saturation
+    lo = t <= float(info.min)
+    inside = np.where(hi | lo, 0.0, t).astype(to)
+    return np.where(hi, np.array(info.max, to), np.where(lo, np.array(info.min, to), inside))
+
+
 def _convert_np(op, x):
     from hlofuse.core.ops import element_dtype
     to = np.dtype(element_dtype(op.results[0].type))
     x = np.asarray(x)
+    if (x.dtype.kind == "f" or x.dtype.name.startswith(("bfloat16", "float8"))) \
+            and to.kind in "iu":
+        return _saturate_to_int(x, to)
     if _floats(x):
         if to in (np.float32, np.float64):
             return x.astype(to)   # exact, or one round-to-nearest-even step (f64 -> f32)
-        if to.kind in "iu" and to.itemsize <= 4 and np.isfinite(x).all():
-            info = np.iinfo(to)   # toward zero, as XLA's; out of range (saturation) is XLA's
-            t = np.trunc(x.astype(np.float64))   # (f32 would round int32's max up to 2^31)
-            if (t >= info.min).all() and (t <= info.max).all():
-                return x.astype(to)
         return None
     if x.dtype.kind not in "iub":
         return None
@@ -201,8 +212,8 @@ def _float_op(fn):
 # wrap-around, no flushing, no approximation), so it needs no per-op XLA compilation (each one
 # costs ~10-50 ms of a first call: causal masks are iota/add/compare/select on integers).
 # So are the f32/f64 ops IEEE 754 rounds correctly (+, -, *, /, sqrt) or exactly (negate, abs,
-# floor, ceil, round-to-even, compares, widening, in-range float -> int): numpy and XLA:CPU
-# agreed bit for bit on 2^20 random operands each, with infinities, NaNs and signed zeros
+# floor, ceil, round-to-even, compares, widening, float -> int with XLA's saturation): numpy
+# and XLA:CPU agreed bit for bit on 2^20 random operands each, with infinities, NaNs and signed zeros
 # (an image resize's index arithmetic and an attention scale's sqrt took ~0.45 s of a UNet's
 # first call through per-op XLA). Subnormals are the difference (XLA:CPU flushes them):
 # _subnormal_risk refuses those ops first.
@@ -264,6 +275,9 @@ def _evaluate(op, args: list) -> np.ndarray:
     else:
         import jax
         with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):
+            # device arrays, so XLA computes the op: jax 0.12 applies some lax functions to
+            # numpy operands with numpy (convert_element_type wraps where XLA saturates)
+            args = [jax.device_put(np.asarray(a)) for a in args]
             out = np.asarray(jax.device_get(emit_op(op, args)[0]))
     t = gu.info(op.results[0])
     if tuple(out.shape) != t.shape or out.dtype != hir.np_dtype(t.dtype):

@@ -188,7 +188,7 @@ def _unusable(miss: bool = True):
 
 def _under_a_file(path: str) -> bool:
     """Whether ``path`` or a folder on its way is a file (no directory can be made there)."""
-    p = os.path.abspath(os.path.expanduser(path))
+    p = os.path.abspath(path)   # the path setting is expanded in config
     while True:
         if os.path.exists(p):
             return not os.path.isdir(p)

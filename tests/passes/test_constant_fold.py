@@ -421,13 +421,52 @@ def test_float_numpy_emitters_match_the_jax_emitters(dtype):
     for body, op in zip(bodies, ops):
         assert not cf._subnormal_risk(op, [a, b][:len(op.operands)]), body
     _assert_numpy_is_jax(bodies, ops, a, b)
-    # float -> int: in range (truncation toward zero) by numpy; out of range or NaN is XLA's
-    ints = np.array([0.0, -0.0, 1.5, -1.5, -2.5, 2 ** 31 - 128, -2 ** 31, 1e9], dtype)
-    conv = [f"stablehlo.convert %a : (tensor<8x{ety}>) -> tensor<8xi32>"]
-    (op,), _modules = _ops_of(conv, f"tensor<8x{ety}>")
-    _assert_numpy_is_jax(conv, [op], ints, ints)
-    for x in (np.array([np.nan, 1.0], dtype), np.array([2.0 ** 31, 1.0], dtype)):
-        assert cf._exact(op, [np.resize(x, 8)]) is None
+
+
+# float -> int: toward zero, saturating at the bounds, NaN -> 0 (numpy's astype wraps around)
+_TO_INT_EDGES = [0.0, -0.0, 0.5, -0.5, 1.5, -1.5, -2.5, 127.6, -129.0, 200.0, 255.5, -300.0,
+                 3e9, -3e9, 2.0 ** 31 - 128, -2.0 ** 31, 2.0 ** 31, 2.0 ** 63, -2.0 ** 63,
+                 1.9e19, 2.0 ** 64, 1e30, -1e30, 6e4, np.inf, -np.inf, np.nan]
+
+
+@pytest.mark.parametrize("src", ["f64", "f32", "f16", "bf16"])
+def test_float_to_int_folds_as_xla_converts(src):
+    """Every float -> integer convert folds with numpy as XLA converts, bit for bit: in range,
+    out of range (saturation), infinities and NaN, to every integer width. jax 0.12 gave the
+    op's jax emitter numpy's wrap-around (int8(200.0) = -56): a user's naive int8
+    quantization of a constant weight came out wrong."""
+    import ml_dtypes
+    from hlofuse.passes import constant_fold as cf
+    dtype = {"f64": np.float64, "f32": np.float32, "f16": np.float16,
+             "bf16": ml_dtypes.bfloat16}[src]
+    with np.errstate(over="ignore"):
+        x = np.array(_TO_INT_EDGES).astype(dtype)
+    n = x.size
+    t = f"tensor<{n}x{src}>"
+    bodies = [f"stablehlo.convert %a : ({t}) -> tensor<{n}x{to}>"
+              for to in ("i8", "ui8", "i16", "ui16", "i32", "ui32", "i64", "ui64")]
+    ops, _modules = _ops_of(bodies, t)
+    _assert_numpy_is_jax(bodies, ops, x, x)
+
+
+TO_INT8 = """
+func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> {
+  %w = stablehlo.constant dense<[-3.0e+02, -1.29e+02, 1.276e+02, 2.0e+02, 0x7F800000, 0xFF800000, 0x7FC00000, 3.0e+09]> : tensor<8xf32>
+  %q = stablehlo.convert %w : (tensor<8xf32>) -> tensor<8xi8>
+  %f = stablehlo.convert %q : (tensor<8xi8>) -> tensor<8xf32>
+  %y = stablehlo.add %x, %f : tensor<8xf32>
+  return %y : tensor<8xf32>
+}"""
+
+
+def test_out_of_range_int8_quantization_of_a_constant_folds_to_xlas_values():
+    o = optimize(TO_INT8)
+    assert stats(o)["folded"] >= 1 and "stablehlo.convert" not in o.text
+    x = np.zeros(8, np.float32)
+    want = run_module(TO_INT8, [x])
+    assert_same(run_module(o.text, [x]), want, "exact")
+    np.testing.assert_array_equal(np.asarray(want[0] if isinstance(want, (list, tuple)) else want),
+                                  [-128, -128, 127, 127, 127, -128, 0, 127])
 
 
 RESIZE_INDEX = """
