@@ -350,7 +350,8 @@ def _subnormal_risk(op, args: list) -> bool:
         wide = [np.asarray(a, np.float64) if (np.asarray(a).dtype.kind == "f" or np.asarray(a).dtype.name
                                               == "bfloat16") else np.asarray(a) for a in args]
         with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):
-            exact = np.asarray(jax.device_get(emit_op(op, wide)[0]), np.float64)
+            exact = np.asarray(jax.device_get(emit_op(op, [jax.device_put(a) for a in wide])[0]),
+                               np.float64)   # device arrays: XLA's semantics, as _evaluate
     except Exception:  # noqa: BLE001 - folding boundary: jax runs hlofuse's emitter; no float64 twin
         return False  # no float64 twin for this op: its inputs were checked above
     with np.errstate(over="ignore", invalid="ignore"):

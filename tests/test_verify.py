@@ -498,3 +498,21 @@ def test_compare_matches_nans_of_every_float_type():
         for category in ("exact", "kernel"):
             assert compare(a, a, category) == [], (dt, category)
             assert compare(a, np.asarray(jnp.asarray([1.0, 1.0, -2.0], dt)), category), (dt, category)
+
+
+def test_compare_reads_the_imaginary_parts_of_complex_leaves():
+    """A complex leaf is compared part by part: every toleranced category passed [1+5j, 2-7j]
+    against [1+0j, 2+7j] (the float64 cast dropped the imaginary parts), so a kernel with a
+    wrong imaginary part would have passed check=True (adversarial round)."""
+    import warnings
+    e = np.array([1 + 0j, 2 + 7j], np.complex64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # no ComplexWarning: nothing is silently dropped
+        for category in ("exact", "kernel", "reassociate", "grad"):
+            assert compare(np.array([1 + 5j, 2 - 7j], np.complex64), e, category), category
+            assert compare(np.array([1 + 0j, 2 + 7j], np.complex64), e, category) == [], category
+            nan = np.array([complex(1, np.nan), 2 + 7j], np.complex128)
+            assert compare(nan, nan, category) == [], category
+            assert compare(nan, e.astype(np.complex128), category), category
+        close = e * np.complex64(1 + 1e-7)
+        assert compare(close, e, "kernel") == []

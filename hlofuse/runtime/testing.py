@@ -77,6 +77,8 @@ def compare(actual, expected, category: str = "kernel", *, finite_floats: bool =
             problems.append(f"leaf {i}: {a.dtype}{list(a.shape)} vs {e.dtype}{list(e.shape)}")
             continue
         rtol, atol = tolerance(e.dtype, category)
+        if e.dtype.kind == "c":   # real and imaginary parts, each as a float (a last axis of 2)
+            a, e = (np.stack([x.real, x.imag], axis=-1) for x in (a, e))
         if e.dtype.kind in "biu" or (rtol == 0 and atol == 0):
             same = (a == e) | (_isnan(a) & _isnan(e))
         else:
@@ -89,7 +91,7 @@ def compare(actual, expected, category: str = "kernel", *, finite_floats: bool =
             bad = np.argwhere(~same)
             idx = tuple(int(i) for i in bad[0]) if bad.size else ()
             err = ""
-            if _is_float(e.dtype) and e.dtype.kind != "c":
+            if _is_float(e.dtype):
                 with np.errstate(invalid="ignore"):
                     diff = np.abs(a.astype(np.float64) - e.astype(np.float64))
                 err = f", max abs err {np.nanmax(np.where(np.isfinite(diff), diff, 0)):.3g}"
