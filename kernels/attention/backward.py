@@ -566,7 +566,15 @@ def build_cpu_bwd(bs: BwdSpec, blocks: AttentionBlocks | None = None, *,
                 dp = lax.dot_general(doc, vb, (((doc.ndim - 1,), (vb.ndim - 1,)), (bdims, bdims)),
                                      preferred_element_type=F32)
                 dx = logit_grad(p, dp, ddc[..., None])
+                if nk * bk != sk:
+                    # padded keys: a row with every key masked has p = exp(-inf - -inf) = NaN
+                    # there, and a padded key's mask entry may pass (its side values are 0):
+                    # their gradients are 0 (jax.jit's dQ of such a row is 0, not NaN)
+                    kv = (j * bk + jnp.arange(bk, dtype=jnp.int32)) < sk
+                    dx = jnp.where(kv, dx, 0.0)
                 ds, *dls = vjp(dx)
+                if nk * bk != sk:
+                    ds = jnp.where(kv, ds, 0.0)
                 dsq = ds.astype(q.dtype)
                 dqc = dqc + lax.dot_general(dsq, kb, (((k_ax,), (nb,)), (bdims, bdims)),
                                             preferred_element_type=F32)

@@ -46,12 +46,12 @@ def _regions(layout, mask, dtype, sq, sk, learned=False, softmax="nn", gqa=1, b=
     return _step_regions(f, args, tuple(range(len(args))) if learned else (0, 1, 2))
 
 
-def _step_regions(f, args, argn=(0, 1, 2)):
-    """The (forward-with-lse, backward) functions ``fuse-attention`` outlines from the training
-    step ``value_and_grad(sum(f(*args)**2))``."""
+def _step_regions(f, args, argn=(0, 1, 2), passes="fuse-attention"):
+    """The (forward-with-lse, backward) functions ``fuse-attention`` (after ``passes``' others)
+    outlines from the training step ``value_and_grad(sum(f(*args)**2))``."""
     def loss(*a):
         return jnp.sum(f(*a).astype(jnp.float32) ** 2)
-    out = outline(jax.value_and_grad(loss, argnums=argn), args, "fuse-attention")
+    out = outline(jax.value_and_grad(loss, argnums=argn), args, passes)
     _KEEP.append(out)
     (ffn,) = out.funcs("attention_fwd_lse")
     (bfn,) = out.funcs("attention_bwd")
@@ -139,6 +139,48 @@ def test_fully_masked_rows_with_a_finite_fill():
     assert_same([np.asarray(g) for g in got], [np.asarray(t) for t in run_region(_text(bfn), ins)],
                 "grad")
 
+
+
+def _first_rows_see_no_key(q, k, v):
+    """bshd attention whose first 5 query rows have every key masked with -inf (their softmax
+    is NaN), zeroed by the program afterwards."""
+    t = q.shape[1]
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / 4
+    i, j = jnp.arange(t)[:, None], jnp.arange(t)[None, :]
+    s = jnp.where(i >= j + 5, s, -jnp.inf)
+    o = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, axis=-1), v)
+    return jnp.where(jnp.isnan(o), 0.0, o)
+
+
+@pytest.mark.parametrize("target,seq", [("cpu", 300), ("gpu", 40), ("tpu", 136)])
+def test_rows_with_every_key_masked_get_no_nan_from_padding_keys(target, seq):
+    """A row with every key masked has p = exp(-inf - -inf) = NaN at every key, and a padding
+    key (past Sk, up to the block size) passes the position mask (its side values are 0):
+    the backward must give it no gradient, so dQ of that row is the program's 0, not NaN
+    (adversarial round: dQ was NaN for those rows when Sk was not a multiple of the key
+    block; cpu: two 256-key blocks for 300 keys)."""
+    from jax.experimental.pallas import tpu as pltpu
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal((1, seq, 2, 16)).astype(np.float32) for _ in range(3)]
+    # (constant-fold first, as the pipeline does: the mask's positions become a constant)
+    ffn, bfn = _step_regions(_first_rows_see_no_key, args, passes="constant-fold,fuse-attention")
+    fs, fwd_in, extra, _ = _inputs(ffn, bfn)
+    (pos,) = [i for i, a in enumerate(fwd_in) if a.dtype == np.int32]   # the folded j + 5
+    fwd_in[pos] = (np.arange(seq, dtype=np.int32) + 5).reshape(fwd_in[pos].shape)
+    interp = {"cpu": None, "gpu": True, "tpu": pltpu.InterpretParams()}[target]
+    blocks = None if target == "cpu" else _pallas_blocks(target, seq)
+    o_lse = jax.jit(build_fwd_lse(fs, target, interpret=interp, blocks=blocks))(*fwd_in)
+    extra[0], extra[1] = np.asarray(o_lse[fs.o_index]), np.asarray(o_lse[1 - fs.o_index])
+    bs = FAMILIES["attention_bwd"].spec_from_func(bfn)
+    ins = list(fwd_in) + extra
+    truth = [np.asarray(t) for t in run_region(_text(bfn), ins)]
+    kernel = build_bwd(bs, target, interpret=interp, blocks=blocks)
+    if target == "cpu":
+        assert "bk=256" in kernel.blocks
+    got = [np.asarray(g) for g in jax.jit(kernel)(*ins)]
+    dq = got[dict((g, i) for i, (g, _) in enumerate(bs.outs))[fs.fwd.q_arg]]
+    assert not np.isnan(dq).any() and not np.take(dq, range(5), axis=dq.shape.index(seq)).any()
+    assert_same(got, truth, "grad")
 
 
 @pytest.mark.parametrize("target,seq,mask,shifted", [
