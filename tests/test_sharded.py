@@ -220,3 +220,47 @@ def test_a_body_that_places_data_on_a_mesh_runs_with_uncommitted_inputs_or_none(
         assert o[name]["err"] <= TOLERANCES["kernel"]["float32"][0], (name, o)
         assert o[name]["spec"] == [o[name]["jax_spec"]] * 2, (name, o)
     assert o["kernels"] >= 1 and o["grad_err"] <= TOLERANCES["grad"]["float32"][0], o
+
+
+CHILD_TUNED = textwrap.dedent('''
+    import json, os, sys
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    os.environ["HLOFUSE_AUTOTUNE"] = "on"
+    sys.path.insert(0, ROOT)
+    import numpy as np, jax, jax.numpy as jnp, hlofuse
+    from jax.sharding import NamedSharding, PartitionSpec as P, AxisType
+    from hlofuse.runtime import autotune as at
+    mesh = jax.make_mesh((2, 2), ("a", "b"), axis_types=(AxisType.Auto,) * 2)
+    def body(x, w):
+        return jax.nn.gelu(x @ w).sum(-1) * 0.5 + jnp.tanh(x).mean()
+    rs = np.random.RandomState(0)
+    x = jax.device_put(jnp.asarray(rs.randn(16, 32), jnp.float32), NamedSharding(mesh, P("a", "b")))
+    w = jax.device_put(jnp.asarray(rs.randn(32, 8), jnp.float32), NamedSharding(mesh, P("b", None)))
+    out = {}
+    syncs = []
+    real = jax.block_until_ready
+    jax.block_until_ready = lambda o: (syncs.append(1), real(o))[1]
+    j = jax.jit(body, out_shardings=NamedSharding(mesh, P("a")))
+    at.time_calls(j, (x, w), 20)
+    out["sharded_syncs"] = len(syncs)
+    syncs.clear()
+    at.time_calls(jax.jit(body), (np.asarray(x), np.asarray(w)), 20)
+    out["single_syncs"] = len(syncs)
+    jax.block_until_ready = real
+    g = hlofuse.jit(body, out_shardings=NamedSharding(mesh, P("a")))
+    want = np.asarray(j(x, w))
+    out["err"] = max(float(np.max(np.abs(np.asarray(g(x, w)) - want) / (1 + np.abs(want))))
+                     for _ in range(3))
+    print(json.dumps(out))
+''').replace("ROOT", repr(ROOT))
+
+
+def test_tuning_a_sharded_program_waits_for_each_timed_call():
+    """Tuning timed 50 back-to-back calls of a program over 4 CPU devices; jaxlib 0.10.2's
+    XLA:CPU deadlocks on that many collectives in flight (plain jax.jit too), so the user's
+    second call hung in an all-reduce and the process aborted after a minute (adversarial
+    round). Timed calls of a multi-device CPU program now wait for each other; a one-device
+    program's are still synchronized once."""
+    o = run_json_child(CHILD_TUNED, timeout=300)
+    assert o["sharded_syncs"] == 21 and o["single_syncs"] == 1, o
+    assert o["err"] <= TOLERANCES["kernel"]["float32"][0], o

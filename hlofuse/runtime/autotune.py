@@ -794,21 +794,41 @@ def quiesce(call_s: float, block_s: float | None = None) -> float:
 
 def time_calls(fn: Callable, args: Sequence, reps: int, kwargs: dict | None = None,
                cpu: list | None = None) -> float:
-    """Seconds per call of ``reps`` back-to-back calls (synchronized once at the end), then
+    """Seconds per call of ``reps`` back-to-back calls (synchronized once at the end; each
+    one where the program spans several CPU devices, see :func:`_sync_each_call`), then
     :func:`quiesce` (untimed). When ``cpu`` is a list, this process's CPU seconds per call
     (all threads) are appended to it."""
     kwargs = kwargs or {}
     c0 = time.process_time()
     t0 = time.perf_counter()
     out = None
-    for _ in range(reps):
+    each = False
+    for i in range(reps):
         out = fn(*args, **kwargs)
+        if i == 0:
+            each = _sync_each_call(args, out)
+        if each:
+            jax.block_until_ready(out)
     jax.block_until_ready(out)
     dt = time.perf_counter() - t0
     if cpu is not None:
         cpu.append((time.process_time() - c0) / reps)
     quiesce(dt / reps, dt)
     return dt / reps
+
+
+def _sync_each_call(args, out) -> bool:
+    """Whether timed calls must wait for each other: a program over several CPU devices
+    (its collectives rendezvous across the devices' threads). jaxlib 0.10.2's XLA:CPU deadlocks
+    on tens of such calls in flight at once (plain jax.jit too: 50 calls of a 2x2-mesh program
+    hang in an all-reduce and abort the process after a minute), so tuning a sharded program
+    hung a user's call where jax.jit's would not have made those calls."""
+    for leaf in jax.tree_util.tree_leaves((args, out)):
+        sharding = getattr(leaf, "sharding", None)
+        devices = getattr(sharding, "device_set", None) or ()
+        if len(devices) > 1 and any(d.platform == "cpu" for d in devices):
+            return True
+    return False
 
 
 @dataclasses.dataclass
