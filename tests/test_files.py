@@ -49,3 +49,30 @@ def test_model_explorer_files_follow_the_umask(tmp_path):
     finally:
         os.umask(old)
     assert stat.S_IMODE(os.stat(tmp_path / "after.mlir").st_mode) == 0o644
+
+
+def test_exclusive_serializes_and_never_blocks_for_long(tmp_path):
+    """``files.exclusive``: a second holder waits for the first; past its wait it goes on
+    without the lock (never an error, never a hang), and a folder where no lock file can be
+    made gives no lock either."""
+    import threading
+    import time
+    target = str(tmp_path / "autotune.json")
+    with files.exclusive(target) as held:
+        assert held
+        with files.exclusive(target, wait_s=0.05) as second:
+            assert not second          # held elsewhere: gave up after its wait
+    order = []
+
+    def late():
+        with files.exclusive(target, wait_s=5) as got:
+            order.append(("late", got))
+    with files.exclusive(target):
+        t = threading.Thread(target=late)
+        t.start()
+        time.sleep(0.1)
+        order.append(("first", True))
+    t.join()
+    assert order == [("first", True), ("late", True)]
+    with files.exclusive(str(tmp_path / "missing" / "x.json")) as held:
+        assert not held

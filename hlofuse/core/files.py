@@ -11,11 +11,16 @@ never the temporary.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import threading
+import time
 
-__all__ = ["current_umask", "replace_atomically", "TempFileError"]
+__all__ = ["current_umask", "replace_atomically", "TempFileError", "exclusive"]
+
+#: how long :func:`exclusive` waits for another process's lock before going on without it
+LOCK_WAIT_S = 5.0
 
 _UMASK_LOCK = threading.Lock()
 
@@ -67,3 +72,38 @@ def replace_atomically(target: str, data: bytes) -> None:
         except OSError:
             pass
         raise
+
+
+@contextlib.contextmanager
+def exclusive(target: str, wait_s: float = LOCK_WAIT_S):
+    """Hold an inter-process lock for a read-modify-replace of ``target`` (``flock`` on
+    ``<target>.lock`` beside it), so two processes merging into one file (the decision cache
+    of a shared cache folder) do not drop each other's entries: with the lock, the later
+    writer reads the earlier one's file. Best effort and never an error: where no lock can
+    be taken (no ``fcntl``, a read-only folder, a holder past ``wait_s``) it goes on without."""
+    try:
+        import fcntl
+        fd = os.open(target + ".lock", os.O_RDWR | os.O_CREAT, 0o666 & ~current_umask())
+    except (ImportError, OSError):
+        yield False
+        return
+    held = False
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held = True
+                break
+            except OSError:
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(0.01)
+        yield held
+    finally:
+        if held:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            except OSError:
+                pass
+        os.close(fd)

@@ -474,8 +474,10 @@ class DecisionCache:
     decisions (kernel or XLA, by region hash) and measurement records (region features ->
     measured kernel/XLA time ratio, for the learned cost model).
 
-    Concurrent writers in several processes may lose each other's newest entry (last rename
-    wins), never corrupt the file: every write re-reads the file and merges before renaming.
+    Concurrent writers in several processes keep each other's entries: every write re-reads
+    the file and merges before renaming, under a lock on ``autotune.json.lock``
+    (:func:`hlofuse.core.files.exclusive`; where none can be taken in 5 s, the last rename
+    may drop another process's newest entry, and the file is still never corrupted).
     An unreadable file is treated as empty (one warning), a damaged entry is skipped.
     """
 
@@ -614,18 +616,22 @@ class DecisionCache:
             return  # another user's (or a damaged) file we cannot read: never replace it
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            decs, regs, recs = self._read_all()
-            decs.update({k: v for k, v in self._mem.items() if k in self._persist})
-            regs.update({k: v for k, v in self._regions.items() if k in self._persist_regions})
-            seen = {json.dumps(r, sort_keys=True) for r in recs}
-            recs += [r for r in self._new_records if json.dumps(r, sort_keys=True) not in seen]
-            payload = {"version": 2, "decisions": {k: v.to_json() for k, v in decs.items()},
-                       "regions": regs, "records": recs[-MAX_RECORDS:]}
-            # atomically, with the mode of the file it replaces or the umask's (a shared
-            # cache: another user's process must be able to read the decisions back)
-            files.replace_atomically(path, json.dumps(payload, indent=1, sort_keys=True).encode())
+            with files.exclusive(path):   # another process's merge in between would be lost
+                self._merge_and_replace(path)
         except OSError:
             pass  # a read-only home must not break compilation; the decision stays in memory
+
+    def _merge_and_replace(self, path: str) -> None:
+        decs, regs, recs = self._read_all()
+        decs.update({k: v for k, v in self._mem.items() if k in self._persist})
+        regs.update({k: v for k, v in self._regions.items() if k in self._persist_regions})
+        seen = {json.dumps(r, sort_keys=True) for r in recs}
+        recs += [r for r in self._new_records if json.dumps(r, sort_keys=True) not in seen]
+        payload = {"version": 2, "decisions": {k: v.to_json() for k, v in decs.items()},
+                   "regions": regs, "records": recs[-MAX_RECORDS:]}
+        # atomically, with the mode of the file it replaces or the umask's (a shared
+        # cache: another user's process must be able to read the decisions back)
+        files.replace_atomically(path, json.dumps(payload, indent=1, sort_keys=True).encode())
 
     def clear_memory(self) -> None:
         with self._lock:
