@@ -41,6 +41,7 @@ class Setting:
     program: bool = False       # changes the compiled program: part of the module-cache keys
     choices: tuple = ()         # type 'choice': the values allowed (lowercase)
     internal: bool = False      # hlofuse's own plumbing (the CLI's worker process), not for users
+    minimum: float | None = None    # int and float: the smallest value allowed
 
     def parse(self, raw: str) -> Any:
         """The value of ``raw`` (the variable's text, not empty) as this setting's type."""
@@ -56,15 +57,19 @@ class Setting:
             if low in self.choices:
                 return low
             try:
-                return int(text)
+                value = int(text)
             except ValueError:
                 alt = f" or {', '.join(self.choices)}" if self.choices else ""
-                return self._bad(raw, f"an integer{alt}")
+                return self._bad(raw, f"an integer{self._bound()}{alt}")
+            return self._at_least(raw, value)
         if self.type == "float":
             try:
-                return float(text)
+                value = float(text)
             except ValueError:
-                return self._bad(raw, "a number")
+                return self._bad(raw, f"a number{self._bound()}")
+            if value != value:   # NaN compares false with every bound: max(nan, x) is nan
+                return self._bad(raw, f"a number{self._bound()}")
+            return self._at_least(raw, value)
         if self.type == "choice":
             if low in self.choices:
                 return low
@@ -76,6 +81,15 @@ class Setting:
             # literally named '~' in the working directory is never what was meant
             return os.path.expanduser(text)
         return text
+
+    def _bound(self) -> str:
+        return "" if self.minimum is None else f" of at least {self.minimum:g}"
+
+    def _at_least(self, raw: str, value):
+        if self.minimum is not None and value < self.minimum:
+            kind = "an integer" if self.type == "int" else "a number"
+            raise SettingError(f"{self.name}={raw!r}: expected {kind}{self._bound()} ({self.doc})")
+        return value
 
     def _bad(self, raw: str, expected: str):
         raise SettingError(f"{self.name}={raw!r}: expected {expected} ({self.doc})")
@@ -92,10 +106,11 @@ _DECLARED = [
             "cached (use earlier decisions only); hlofuse.jit(autotune=...) wins",
             choices=_TRUE + _FALSE + ("cached",)),
     Setting("HLOFUSE_AUTOTUNE_BUDGET_S", "float", 10.0,
-            "seconds one signature's tuning may spend (compiles and timing)"),
+            "seconds one signature's tuning may spend (compiles and timing)", minimum=0),
     Setting("HLOFUSE_RECHECK_S", "float", 30.0,
             "with tuning on, seconds of calls before a decided signature is re-checked against "
-            "XLA's own module (the interval then doubles while re-checks keep it); 0: never"),
+            "XLA's own module (the interval then doubles while re-checks keep it); 0: never",
+            minimum=0),
     Setting("HLOFUSE_TIERED", "bool", True,
             "tiered first calls: the first call runs XLA's code while hlofuse builds its own in "
             "the background; hlofuse.jit(tiered=...) wins"),
@@ -112,7 +127,7 @@ _DECLARED = [
     # -- kernels and rewrites -----------------------------------------------------------------
     Setting("HLOFUSE_CPU_ATTENTION_PARTS", "int", 1,
             "independent loops per cpu attention kernel (an integer, or 'cores'); 1 measured "
-            "neutral", program=True, choices=("cores",)),
+            "neutral", program=True, choices=("cores",), minimum=1),
     Setting("HLOFUSE_CPU_ELEMENTWISE_KERNELS", "bool", False,
             "build elementwise kernels on cpu too (XLA:CPU fuses them as well; the test suite "
             "sets it to exercise kernels)", program=True),
@@ -163,6 +178,7 @@ def markdown() -> str:
             continue
         default = "~/.cache/hlofuse" if s.name == "HLOFUSE_CACHE_DIR" else s.default
         kind = s.type + (f" ({', '.join(s.choices)})" if s.type == "int" and s.choices else "")
+        kind += f" >= {s.minimum:g}" if s.minimum is not None else ""
         doc = s.doc + (" *Part of the module-cache keys.*" if s.program else "")
         rows.append(f"| `{s.name}` | {kind} | `{default!r}` | {doc} |")
     return "\n".join(rows) + "\n"
