@@ -218,9 +218,16 @@ def _column_match(idx, domain: list[int], *, clamp: bool, before) -> ir.Value:
     it = ir.RankedTensorType(idx.type).element_type
     idx_row = gu.create("stablehlo.reshape", [idx], [gu.tensor_type(domain[:-1] + [1], it)],
                         before=before).results[0]
+    # the column iota and the clamp bound V-1 are built in the index type: widen narrow
+    # indices first (in i8, iota 0..199 and the bound 199 wrapped; the value is kept)
+    width = max(ir.IntegerType(it).width, 32 if domain[-1] - 1 < 2 ** 31 else 64)
+    if width != ir.IntegerType(it).width:
+        it = ir.IntegerType.get_signless(width)
+        idx_row = gu.create("stablehlo.convert", [idx_row],
+                            [gu.tensor_type(domain[:-1] + [1], it)], before=before).results[0]
     if clamp:
-        lo = _splat(0, idx.type, [], before=before)
-        hi = _splat(domain[-1] - 1, idx.type, [], before=before)
+        lo = _splat(0, idx_row.type, [], before=before)
+        hi = _splat(domain[-1] - 1, idx_row.type, [], before=before)
         idx_row = gu.create("stablehlo.clamp", [lo, idx_row, hi], [idx_row.type], before=before).results[0]
     full = gu.tensor_type(domain, it)
     idx_b = gu.make_broadcast(idx_row, list(range(r)), full, before=before)

@@ -74,6 +74,47 @@ def test_pass_is_exact_and_fires_on_cross_entropy_grad():
     assert again.text == after.text
 
 
+_NARROW_GATHER = """
+func.func @main(%z: tensor<8xVxf32>, %y: tensor<8x1x1xIT>) -> (tensor<8x1xf32>, tensor<8xf32>) {
+  %e = stablehlo.exponential %z : tensor<8xVxf32>
+  %c0 = stablehlo.constant dense<0.0> : tensor<f32>
+  %s = stablehlo.reduce(%e init: %c0) applies stablehlo.add across dimensions = [1] : (tensor<8xVxf32>, tensor<f32>) -> tensor<8xf32>
+  %g = "stablehlo.gather"(%e, %y) <{dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [1], operand_batching_dims = [0], start_indices_batching_dims = [0], start_index_map = [1], index_vector_dim = 2>, indices_are_sorted = false, slice_sizes = array<i64: 1, 1>}> : (tensor<8xVxf32>, tensor<8x1x1xIT>) -> tensor<8x1xf32>
+  return %g, %s : tensor<8x1xf32>, tensor<8xf32>
+}"""
+
+_NARROW_SCATTER = """
+func.func @main(%x: tensor<8xVxf32>, %y: tensor<8x1x1xIT>, %u: tensor<8x1xf32>) -> tensor<8xVxf32> {
+  %e = stablehlo.exponential %x : tensor<8xVxf32>
+  %r = "stablehlo.scatter"(%e, %y, %u) <{indices_are_sorted = false, unique_indices = false, scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = [1], input_batching_dims = [0], scatter_indices_batching_dims = [0], scatter_dims_to_operand_dims = [1], index_vector_dim = 2>}> ({
+  ^bb0(%a: tensor<f32>, %b: tensor<f32>):
+    %t = stablehlo.add %a, %b : tensor<f32>
+    stablehlo.return %t : tensor<f32>
+  }) : (tensor<8xVxf32>, tensor<8x1x1xIT>, tensor<8x1xf32>) -> tensor<8xVxf32>
+  return %r : tensor<8xVxf32>
+}"""
+
+
+@pytest.mark.parametrize("itype,vocab,labels", [
+    ("i8", 200, [5, 100, 127, -100, 0, -1, 126, -128]),
+    ("i16", 40000, [5, 32767, -32768, 0, 1, -1, 20000, 39])])
+def test_narrow_index_types_are_widened_for_the_column_match(itype, vocab, labels):
+    """i8 indices over 200 columns (i16 over 40000): the column iota and the clamp bound V-1
+    were built in the index type and wrapped (the bound 199 became -57, so every row read
+    column 199; a scattered -100 matched the wrapped column 156; adversarial round). The
+    indices are widened to i32 first."""
+    rng = np.random.default_rng(3)
+    z = rng.standard_normal((8, vocab)).astype(np.float32)
+    y = np.array(labels, {"i8": np.int8, "i16": np.int16}[itype]).reshape(8, 1, 1)
+    u = np.full((8, 1), 1000.0, np.float32)
+    for text, ins, kind in ((_NARROW_GATHER, [z, y], "gather"),
+                            (_NARROW_SCATTER, [z, y, u], "scatter")):
+        text = text.replace("xV", f"x{vocab}").replace("xIT", f"x{itype}")
+        after = hlofuse.optimize(text, pipeline=ON)
+        assert _stats(after.report)[kind] == 1, _stats(after.report)
+        assert_same(run_module(after.text, ins), run_module(text, ins), "exact")
+
+
 @pytest.mark.parametrize("loss", [xent_take, xent_onehot], ids=["take_along_axis", "one_hot"])
 @pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16], ids=["f32", "bf16"])
 def test_cross_entropy_fwd_bwd_is_one_row_kernel(loss, dtype):
