@@ -504,3 +504,24 @@ def test_float_op_with_a_subnormal_result_is_not_folded():
     op = hir.block_ops(hir.main_func(m).regions[0].blocks[0])[0]
     assert cf._subnormal_risk(op, [np.array([1e-20, 1.0], np.float32)] * 2)
     assert not cf._subnormal_risk(op, [np.array([1e-15, 1.0], np.float32)] * 2)
+
+
+def test_a_folded_transcendental_is_xla_cpus_run_time_value():
+    """The pass docstring's invariant: tanh of constants folds to what XLA:CPU's compiled code
+    computes for it (bit for bit), which is within ``kernel`` of jax.jit's program, whose
+    compile-time folding (XLA's HLO evaluator) differs by a few ulp (adversarial round)."""
+    import jax
+    import jax.numpy as jnp
+    c = np.linspace(-3, 3, 256, dtype=np.float32)
+    text = ("func.func @main(%x: tensor<256xf32>) -> tensor<256xf32> {\n"
+            f"  %c = stablehlo.constant dense<{np.array2string(c, separator=', ', threshold=1 << 20, floatmode='unique')}> : tensor<256xf32>\n"
+            "  %t = stablehlo.tanh %c : tensor<256xf32>\n"
+            "  %y = stablehlo.add %x, %t : tensor<256xf32>\n"
+            "  return %y : tensor<256xf32>\n}")
+    o = optimize(text)
+    assert stats(o)["folded"] >= 1 and "stablehlo.tanh" not in o.text
+    x = np.zeros(256, np.float32)
+    got = np.asarray(run_module(o.text, [x])[0])
+    run_time = np.asarray(jax.jit(lambda a: jnp.tanh(a) + x)(jax.device_put(c)))
+    np.testing.assert_array_equal(got, run_time)
+    assert_same(got, np.asarray(run_module(text, [x])[0]), "kernel")

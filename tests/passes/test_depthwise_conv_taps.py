@@ -198,3 +198,22 @@ def test_other_targets_and_disabled_leave_the_convolution():
         opt = hlofuse.optimize(text, target=target, pipeline=PIPE, disable=opts or ())
         assert _stats(opt.report) == ({} if opts else {"rewritten": 0, "filter_gradients": 0})
         assert opt.text == hlofuse.optimize(text, target=target, pipeline=PREFIX).text
+
+
+def test_a_zero_sum_of_negative_zeros_may_change_sign_as_passes_readme_says():
+    """passes/README.md, invariant 1: products that are all -0.0 sum to -0.0 as taps, to +0.0
+    in the convolution (its sum starts from +0.0); within the pass's tolerance category, and
+    not fixable by an added ``+ 0.0``, which XLA simplifies away (checked here, so the page
+    goes stale loudly if XLA changes)."""
+    def f(x, w):
+        return lax.conv_general_dilated(x, w, (1, 1), ((1, 1), (1, 1)),
+                                        dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                                        feature_group_count=4)
+    x, w = np.zeros((1, 5, 5, 4), np.float32), -np.ones((3, 3, 1, 4), np.float32)
+    text = jax.jit(f).lower(x, w).as_text()
+    after = hlofuse.optimize(text, pipeline=f"{PREFIX},depthwise-conv-taps")
+    assert "stablehlo.convolution" not in after.text
+    got, want = run_module(after.text, [x, w])[0], run_module(text, [x, w])[0]
+    assert_same(got, want, "reassociate")
+    assert np.signbit(got).all() and not np.signbit(want).any()
+    assert np.signbit(jax.jit(lambda a: a + 0.0)(np.float32(-0.0)))
