@@ -256,3 +256,52 @@ def test_what_users_write_on_jax_012_runs_as_under_jax_jit():
     assert jax_err is not None and ours == jax_err, out["rejected"]   # the same error, as raised
     assert out["inline"]["n"] == (5 if hasattr(jax, "Inline") else 0), out["inline"]
     assert not out["inline"]["problems"], out["inline"]
+
+
+CHILD_PARTLY_MANUAL = textwrap.dedent('''
+    import json, os, sys
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    sys.path.insert(0, ROOT)
+    from functools import partial
+    import numpy as np, jax, jax.numpy as jnp, hlofuse
+    from jax.sharding import NamedSharding, PartitionSpec as P, AxisType
+    from hlofuse.runtime.testing import compare
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+    R = np.random.default_rng(0)
+    x = jax.device_put(R.standard_normal((16, 64)).astype(np.float32), NamedSharding(mesh, P("data")))
+    w = jax.device_put(R.standard_normal((64, 128)).astype(np.float32) / 8,
+                       NamedSharding(mesh, P(None, "model")))
+    b = jax.device_put(R.standard_normal((128,)).astype(np.float32), NamedSharding(mesh, P("model")))
+    xm = jax.device_put(R.standard_normal((16, 64)).astype(np.float32),
+                        NamedSharding(mesh, P("data", "model")))
+    out = {}
+    for name, J in (("jax", jax.jit), ("hlofuse", lambda f: hlofuse.jit(f, tiered=False, autotune=False))):
+        mlp = J(lambda x, w, b: jax.nn.gelu(x @ w + b))
+        ew = J(lambda x: jnp.tanh(x) * 2 + 1)
+
+        @jax.jit
+        def g(x, w, b, xm):
+            y = jax.shard_map(mlp, in_specs=(P("data"), P(), P()), out_specs=P("data"),
+                              axis_names={"data"})(x, w, b)
+            z = jax.shard_map(ew, in_specs=P("data"), out_specs=P("data"), axis_names={"data"})(xm)
+            return y, z
+        with jax.set_mesh(mesh):
+            out[name] = g(x, w, b, xm)
+    print(json.dumps({"problems": compare(out["hlofuse"], out["jax"], "kernel"),
+                      "jax": [str(o.sharding.spec) for o in out["jax"]],
+                      "hlofuse": [str(o.sharding.spec) for o in out["hlofuse"]]}))
+''').replace("ROOT", repr(ROOT))
+
+
+def test_a_shard_map_manual_over_some_explicit_axes_runs_as_under_jax_jit():
+    """``hlofuse.jit`` called in a ``shard_map`` body manual over 'data' of an Explicit
+    ('data', 'model') mesh, on operands sharded over 'model': the process aborted in XLA ("Axes
+    cannot coexist or axes overlap": a per-shard kernel wrapper manual over the whole mesh,
+    nested in the body), and an elementwise function's output lost its 'model' sharding
+    (adversarial round). Now jax.jit's values and output shardings."""
+    import jax
+    if not hasattr(jax, "shard_map"):
+        import pytest
+        pytest.skip("jax.shard_map with axis_names: jax 0.12")
+    out = run_json_child(CHILD_PARTLY_MANUAL, timeout=600)
+    assert not out["problems"] and out["hlofuse"] == out["jax"], out

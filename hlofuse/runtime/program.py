@@ -1097,6 +1097,11 @@ def typed_shardings(avals) -> tuple | None:
         if sh is None or getattr(sh, "mesh", None) is None or sh.mesh.empty or \
                 tuple(sh.mesh.axis_names) != tuple(mesh.axis_names):
             return None
+        if jax.sharding.AxisType.Manual in tuple(sh.mesh.axis_types):
+            # inside a shard_map manual over some axes: the values are per-device there, and
+            # a per-shard kernel wrapper over the whole mesh nested in it made XLA abort
+            # ("Axes cannot coexist or axes overlap"); whole-array kernels of the local shapes
+            return None
         out.append(jax.sharding.NamedSharding(mesh, sh.spec))
     return tuple(out)
 
@@ -1179,6 +1184,12 @@ def call(program: Program, xs: Sequence) -> tuple:
     created inside a ``jax.grad``/``jax.jit``-traced function) gets them as explicit inputs
     of a lifted program, like ``jax.jit`` lifts closed-over tracers."""
     avals = [jax.typeof(x) for x in xs]
+    if _manual_with_explicit_axes(avals):
+        # in a shard_map body manual over some axes of a mesh whose other axes are Explicit:
+        # the outputs' types carry shardings over those axes that jax infers op by op (x @ w
+        # with w on 'model' is on 'model'), which a program exported without them would drop
+        # (P('data', None) where jax.jit gives P('data', 'model')). Traced here, as jax.jit's
+        return tuple(program.fun(*xs))
     sig = signature_of(avals)
     closed = program.jaxpr(sig)
     if program.runs_as_traced(sig):
@@ -1193,6 +1204,16 @@ def call(program: Program, xs: Sequence) -> tuple:
     if tracers:
         return call(program.lifted(sig), [*tracers, *xs])
     return tuple(_bind(program, xs))
+
+
+def _manual_with_explicit_axes(avals) -> bool:
+    """Whether an input lives on a mesh with both Manual and Explicit axes."""
+    for a in avals:
+        mesh = getattr(getattr(a, "sharding", None), "mesh", None)
+        types = tuple(getattr(mesh, "axis_types", ()) or ())
+        if jax.sharding.AxisType.Manual in types and jax.sharding.AxisType.Explicit in types:
+            return True
+    return False
 
 
 def _bind(program: Program, xs: Sequence):
