@@ -65,6 +65,11 @@ def _drop_kept_constraints(module) -> int:
     with module.context:
         for op in [o for o in hir.all_ops(module) if o.name == "sdy.sharding_constraint"]:
             v = op.operands[0]
+            if "?" in str(op.attributes["sharding"]):
+                # an open dim (P.UNCONSTRAINED) reads as replicated here: moved onto the
+                # producer, closed, the other dims' axes were lost ('model' of P(UNCONSTRAINED,
+                # 'model'): outputs P('data') where jax.jit's are P('data', 'model'))
+                continue
             want = shd.value_sharding(op.results[0])   # the sharding it asks for
             if want is None or shd.value_sharding(v) != want:
                 continue
