@@ -86,9 +86,15 @@ def is_propagated(module) -> bool:
 
 
 def is_sharded_module(module) -> bool:
-    """The module has a mesh with more than one device and a sharded ``@main`` argument."""
+    """The module has one mesh, of more than one device, and a sharded ``@main`` argument.
+    A module with several meshes (a constraint onto another mesh of the same devices) is not
+    one hlofuse's per-shard machinery handles: every sharding it writes names one mesh, and
+    the other's axes were unknown there (``kernelize`` failed: the whole program ran
+    unoptimized, with a warning). Its regions are built for whole arrays, left to Shardy."""
     mesh = mesh_of(module)
     if mesh is None or math.prod(mesh[2].values() or [1]) <= 1:
+        return False
+    if sum(op.operation.name == "sdy.mesh" for op in module.body.operations) > 1:
         return False
     main = hir.main_func(module)
     if "arg_attrs" not in main.attributes:
