@@ -331,3 +331,38 @@ def test_a_program_on_two_meshes_is_optimized_for_whole_arrays():
     o = run_json_child(CHILD_TWO_MESHES)
     assert o["err"] <= TOLERANCES["reassociate"]["float32"][0], o
     assert o["kernels"] >= 1, o
+
+
+CHILD_LOOSE_LEAF = textwrap.dedent('''
+    import json, os, sys
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    sys.path.insert(0, ROOT)
+    import numpy as np, jax, jax.numpy as jnp, hlofuse
+    from jax.sharding import NamedSharding, PartitionSpec as P, AxisType
+    from tests.sharded_programs import agreement
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    sh = lambda *s: NamedSharding(mesh, P(*s))
+    R = np.random.default_rng(0)
+    x = jax.device_put(R.standard_normal((16, 64)).astype(np.float32), sh("data"))
+    w = jax.device_put(R.standard_normal((64, 128)).astype(np.float32) / 8, sh(None, "model"))
+    b = jax.device_put(R.standard_normal(128).astype(np.float32), sh("model"))
+    fn = lambda x, w, b, s: jax.nn.gelu(x @ w + b) * s
+    out = {}
+    for name, s in (("committed", jax.device_put(np.float32(2), sh())), ("python", 2.0),
+                    ("uncommitted", jnp.float32(2)), ("numpy", np.float32(2))):
+        f = hlofuse.jit(fn, autotune=False, tiered=False)
+        got = f(x, w, b, s)
+        out[name] = dict(agreement(jax.jit(fn)(x, w, b, s), got),
+                         per_shard=sum("per_shard" in r.extra for r in f.report(x, w, b, s).regions))
+    print(json.dumps(out))
+''').replace("ROOT", repr(ROOT))
+
+
+def test_an_uncommitted_leaf_beside_mesh_arrays_is_replicated_as_jax_jit_does():
+    """A Python number, a numpy scalar or an uncommitted array (optax's step count) beside
+    arrays on a mesh: jax.jit replicates it over their mesh; hlofuse took the whole call for
+    unsharded, and a training step got no per-shard kernel at all (adversarial round)."""
+    o = run_json_child(CHILD_LOOSE_LEAF)
+    for name, r in o.items():
+        assert r["err"] <= TOLERANCES["kernel"]["float32"][0] and r["same_sharding"], (name, r)
+        assert r["per_shard"] >= 1, (name, r)

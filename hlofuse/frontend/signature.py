@@ -385,7 +385,9 @@ class CallSignature:
                             sp, jax.sharding.Sharding) else sp,
                         is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
             elif concrete is not None:
-                per = [getattr(x, "sharding", None) for x in tree_util.tree_leaves(concrete)]
+                leaves = tree_util.tree_leaves(concrete)
+                per = [getattr(x, "sharding", None) for x in leaves]
+                loose = [not isinstance(x, jax.Array) or not x.committed for x in leaves]
             else:
                 # under an outer jax.jit / grad: on an Explicit mesh the shardings are the
                 # tracers' types (on the mesh jax.set_mesh put in context)
@@ -396,6 +398,16 @@ class CallSignature:
             return None
         if len(per) != len(dyn):
             return None
+        if concrete is not None and spec is None:
+            # a Python number, a numpy array or an uncommitted array (optax's step count)
+            # beside mesh arrays: jax.jit replicates it over their mesh, and so do we (one
+            # such leaf turned every per-shard kernel of a training step off)
+            named = [p for p, lo in zip(per, loose)
+                     if not lo and isinstance(p, jax.sharding.NamedSharding)]
+            if named and all(p.mesh == named[0].mesh for p in named):
+                rep = jax.sharding.NamedSharding(named[0].mesh, jax.sharding.PartitionSpec())
+                per = [rep if lo and not isinstance(p, jax.sharding.NamedSharding) else p
+                       for p, lo in zip(per, loose)]
         out = [p for p, d in zip(per, dyn) if d]
         if not out or not all(isinstance(p, jax.sharding.NamedSharding) for p in out):
             return None
