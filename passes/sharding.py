@@ -175,12 +175,17 @@ def annotate_calls(module, calls, table) -> None:
         ret = hir.block_ops(fn.regions[0].blocks[0])[-1]
         per = [value_sharding(v, True) for v in ret.operands]
         if any(value_sharding(v) is None for v in ret.operands):
+            # with the replicated inputs sliced as kernelize slices them (a GQA forward's
+            # replicated K/V beside head-sharded Q); where the region is not shard-local the
+            # call stays unannotated: reading the lse as replicated gave the backward's
+            # per-shard kernel the global row statistics (a failed build, with a warning)
+            args = slice_replicated_inputs(fn, [input_sharding(a) for a in call.operands], axes)
             try:
-                shard = check_region(fn, [input_sharding(a) for a in call.operands], axes)
+                shard = check_region(fn, args, axes)
                 per = [shard.get(hir.value_key(v)) for v in ret.operands]
                 per = [None if x == "*" else x for x in per]
             except NotShardLocal:
-                pass
+                continue
         if not per or any(p is None for p in per):
             continue
         set_shardings(call, mesh, per)

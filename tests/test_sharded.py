@@ -366,3 +366,43 @@ def test_an_uncommitted_leaf_beside_mesh_arrays_is_replicated_as_jax_jit_does():
     for name, r in o.items():
         assert r["err"] <= TOLERANCES["kernel"]["float32"][0] and r["same_sharding"], (name, r)
         assert r["per_shard"] >= 1, (name, r)
+
+
+CHILD_GQA_GRAD = textwrap.dedent('''
+    import json, os, sys, warnings
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    sys.path.insert(0, ROOT)
+    import numpy as np, jax, jax.numpy as jnp, hlofuse
+    from jax.sharding import NamedSharding, PartitionSpec as P, AxisType
+    from tests.sharded_programs import agreement
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    R = np.random.default_rng(0)
+    q = R.standard_normal((4, 16, 8, 16)).astype(np.float32)
+    k, v = (R.standard_normal((4, 16, 4, 16)).astype(np.float32) for _ in range(2))
+    def loss(q, k, v):
+        k, v = jnp.repeat(k, 2, axis=2), jnp.repeat(v, 2, axis=2)
+        s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / 4
+        return jnp.sum(jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, -1), v) ** 2)
+    g = jax.grad(loss, argnums=(0, 1, 2))
+    args = (jax.device_put(q, NamedSharding(mesh, P(None, None, "model"))),
+            jax.device_put(k, NamedSharding(mesh, P())), jax.device_put(v, NamedSharding(mesh, P())))
+    h = hlofuse.jit(g, autotune=False, tiered=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = h(*args)
+    out = agreement(jax.jit(g)(*args), got)
+    out["per_shard"] = sorted(r.kind for r in h.report(*args).regions
+                              if "attention" in r.kind and "per_shard" in r.extra)
+    print(json.dumps(out))
+''').replace("ROOT", repr(ROOT))
+
+
+def test_gqa_training_with_sharded_query_heads_and_replicated_kv_runs_per_shard():
+    """Q heads sharded over 'model', K/V replicated and repeated in the program (GQA), under
+    jax.grad: the forward's per-shard kernel slices K/V; its row statistics were then
+    annotated replicated at the call (the region check ran without that slicing), so the
+    backward's per-shard kernel got the global statistics and failed to build, with a warning
+    (adversarial round). Both kernels now run per shard, with no warning."""
+    o = run_json_child(CHILD_GQA_GRAD)
+    assert o["err"] <= TOLERANCES["grad"]["float32"][0], o
+    assert o["per_shard"] == ["attention_bwd", "attention_fwd_lse"], o
