@@ -312,6 +312,27 @@ def test_regression_folding_never_hands_xla_a_constant_division_by_zero(tmp_path
     assert got == want == "[-1, 2, 33, 8]", p.stdout  # x/0 = -1, x%0 = x at run time
 
 
+def test_regression_x_divided_by_itself_is_what_jax_jit_gives():
+    """Bug 11 (long fuzz run): ``div(x, x)`` with x = 0 is 1 under jax 0.12's jax.jit (XLA
+    simplifies x / x to 1) and -1 under 0.10.2's (run: x / 0 = -1); the H9 guard wrote the
+    division out with XLA's run-time values, which XLA can no longer simplify, so hlofuse gave
+    -1 on 0.12. A division of a value by itself is left unguarded (nothing folds it to a
+    constant zero divisor)."""
+    spec = GraphSpec(inputs=(((1, 8), "i32"),),
+                     nodes=(Node("binary", (0, 0), ("div",)),
+                            Node("broadcast", (0,), ((2, 1, 8), (1, 2))),
+                            Node("broadcast", (1,), ((2, 1, 8), (1, 2))),
+                            Node("binary", (3, 2), ("bitwise_xor",)),
+                            Node("binary", (0, 0), ("rem",))),
+                     outputs=(4, 5), seed=967, edge=False)
+    check_graph(spec)
+    x = np.array([0, 1, -3, 5, 0, 2, 7, 0], np.int32)
+    f = lambda v: (lax.div(v, v), lax.rem(v, v))   # noqa: E731
+    got = hlofuse.jit(f, tiered=False, autotune=False)(x)
+    for g, w in zip(got, jax.jit(f)(x)):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
 def test_regression_layout_assignment_survives_erased_handles():
     """Bug 10 (long fuzz run): layout-assignment asked graph_util.alive() about a transpose
     erased through that very handle; reading its address raised "the operation has been
