@@ -14,6 +14,7 @@ from jax.experimental import pallas as pl
 from hlofuse.core import ir as hir
 from hlofuse.kernels.attention.blocks import AttentionBlocks, tpu_blocks
 from hlofuse.kernels.attention.layout import pallas_index, pallas_inputs, pallas_output
+from hlofuse.core.ops import transcendentals_in_f32
 from hlofuse.kernels.attention.logits import F32, eval_logits
 from hlofuse.kernels.attention.online_softmax import online_finish, online_init, online_update
 from hlofuse.kernels.attention.skip import key_ranges
@@ -48,7 +49,8 @@ def attention_kernel_tpu(lo_ref, hi_ref, q_ref, k_ref, v_ref, *refs, spec: Atten
         q_pos = i * bq + lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
         k_pos = j * bk + lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
         sb = [r[...] for r in side_refs]
-        x = eval_logits(spec, s, sb, pallas_index(spec, n, g, q_pos, k_pos))
+        with transcendentals_in_f32():   # Mosaic: 16-bit transcendentals in f32
+            x = eval_logits(spec, s, sb, pallas_index(spec, n, g, q_pos, k_pos))
         m_sc[...], l_sc[...], acc_sc[...] = online_update(
             (m_sc[...], l_sc[...], acc_sc[...]), jnp.broadcast_to(x, (bq, bk)),
             lambda p: jnp.dot(p.astype(vb.dtype), vb, preferred_element_type=F32),

@@ -37,6 +37,7 @@ from jax.experimental import pallas as pl
 from hlofuse.kernels.attention.blocks import AttentionBlocks
 from hlofuse.kernels.attention.layout import (_flatten_group, canonical_inputs, pad_to,
                                               pallas_index, pallas_inputs)
+from hlofuse.core.ops import transcendentals_in_f32
 from hlofuse.kernels.attention.logits import F32, eval_logits
 from hlofuse.kernels.attention.online_softmax import (logit_grad, needs_own_stats, online_init,
                                                       online_stats)
@@ -145,7 +146,8 @@ def _block_logits(spec, learned, n, g, q_pos, k_pos, q, kb, sb, *, upcast_half: 
         sb2 = list(sb)
         for i, x in zip(learned, ls):
             sb2[i] = x
-        x = eval_logits(spec, s_, sb2, index, upcast_half=upcast_half)
+        with transcendentals_in_f32():   # Mosaic (Triton: upcast_half converts every op)
+            x = eval_logits(spec, s_, sb2, index, upcast_half=upcast_half)
         return jnp.broadcast_to(x, bshape).astype(F32)
     x, vjp = jax.vjp(logits, s, *[sb[i] for i in learned])
     return jnp.where(key_valid, x, -jnp.inf), vjp
