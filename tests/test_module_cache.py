@@ -249,6 +249,45 @@ def test_traced_key_covers_constants_options_and_source(cache_dir):
     ) is None
 
 
+def test_traced_key_covers_nested_programs_and_pallas_index_maps(cache_dir):
+    """What the jaxpr's text does not show is in the traced key too (adversarial round: both
+    ran another function's cached module, silently): an ``hlofuse.jit`` function called inside
+    another prints as its name only (so the outer function with another static value, or a
+    factory's second model, got the first's numbers), and ``pallas_call`` prints its block
+    specs without their index maps."""
+    from jax.experimental import pallas as pl
+    x = jnp.arange(8.0)
+    inner = hlofuse.jit(lambda a, n: a * n, static_argnums=1, tiered=False, autotune="off")
+    outer = hlofuse.jit(lambda a, n: inner(a, n) + 1.0, static_argnums=1, tiered=False,
+                        autotune="off")
+    for n in (3, 5):
+        np.testing.assert_array_equal(np.asarray(outer(x, n)), np.asarray(x * n + 1.0))
+
+    def model(k):
+        helper = hlofuse.jit(lambda a: jnp.tanh(a * k), tiered=False, autotune="off")
+        return hlofuse.jit(lambda a: helper(a) + a, tiered=False, autotune="off")
+    for k in (2.0, 3.0):
+        np.testing.assert_allclose(np.asarray(model(k)(x)), np.tanh(np.asarray(x) * k) + np.asarray(x),
+                                   rtol=1e-6)
+
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...] * 2.0
+
+    def make(index_map):
+        return lambda x: pl.pallas_call(
+            kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(4,),
+            in_specs=[pl.BlockSpec((2,), index_map)], out_specs=pl.BlockSpec((2,), lambda i: (i,)),
+            interpret=True)(x)
+    for index_map in (lambda i: (i,), lambda i: (3 - i,)):
+        f = make(index_map)
+        np.testing.assert_array_equal(np.asarray(hlofuse.jit(f, tiered=False, autotune="off")(x)),
+                                      np.asarray(jax.jit(f)(x)))
+    # both programs are keyed (a traced entry each), not left unkeyed
+    assert runtime._jaxpr_digest(jax.make_jaxpr(make(lambda i: (i,)))(x)) is not None
+    assert runtime._jaxpr_digest(jax.make_jaxpr(make(lambda i: (i,)))(x)) != \
+        runtime._jaxpr_digest(jax.make_jaxpr(make(lambda i: (3 - i,)))(x))
+
+
 @pytest.mark.parametrize("damage", ["truncate", "checksum"])
 def test_damaged_traced_entry_falls_back_to_the_module_entry(cache_dir, damage):
     args = _args()

@@ -490,6 +490,13 @@ def _jaxpr_digest(closed) -> bytes | None:
 
 
 def _jaxpr_digest_of(closed) -> bytes | None:
+    """The digest itself (:func:`_jaxpr_digest`). Parameters the text does not show are hashed
+    too: array values, an inner ``hlofuse.jit`` call's program (its own traced digest for the
+    call's inputs, and how it is optimized: the text prints only its name, so two nested
+    functions with other constants or static values shared one cache entry and the second
+    ran the first's module), and the fields of dataclass parameters, with the text of the
+    jaxprs inside them (``pallas_call``'s grid mapping prints no block index maps: two
+    kernels differing only there shared an entry)."""
     import hashlib
     try:
         text = compat.jaxpr_body(closed).pretty_print(source_info=True, name_stack=True)
@@ -519,6 +526,12 @@ def _jaxpr_digest_of(closed) -> bytes | None:
                 todo.append(body)
             else:
                 for eqn in item.eqns:
+                    if eqn.primitive is hlofuse_call_p:
+                        inner = _inner_program_key(eqn)
+                        if inner is None:
+                            return None
+                        h.update(inner)
+                        continue
                     todo.extend(eqn.params.values())
         elif isinstance(item, (tuple, list)):
             todo.extend(item)
@@ -526,7 +539,59 @@ def _jaxpr_digest_of(closed) -> bytes | None:
             a = np.asarray(item)
             h.update(f"param{a.dtype}{a.shape}".encode())
             h.update(np.ascontiguousarray(a).tobytes())
+        elif dataclasses.is_dataclass(item) and not isinstance(item, type):
+            if not _hash_fields(item, h, todo, 0):
+                return None
     return h.digest()
+
+
+def _hash_fields(obj, h, todo: list, depth: int) -> bool:
+    """Hash a dataclass parameter's fields (a jaxpr by its text, its constants through
+    ``todo``; nested dataclasses and sequences recursively; anything else by its repr).
+    False when some field has no faithful text (an address) or the nesting is too deep."""
+    if depth > 8:
+        return False
+    h.update(f"<{type(obj).__qualname__}".encode())
+    values = ([getattr(obj, f.name, None) for f in dataclasses.fields(obj)]
+              if dataclasses.is_dataclass(obj) else list(obj))
+    for v in values:
+        if compat.is_jaxpr(v):
+            try:
+                h.update(compat.jaxpr_body(v).pretty_print(source_info=False).encode())
+            except Exception:  # noqa: BLE001 - not printable: not keyed
+                return False
+            todo.append(v)
+        elif (dataclasses.is_dataclass(v) and not isinstance(v, type)) or isinstance(v, (tuple, list)):
+            if not _hash_fields(v, h, todo, depth + 1):
+                return False
+        elif isinstance(v, (np.ndarray, jax.Array)) and np.ndim(v) > 0:
+            todo.append(v)
+        else:
+            r = repr(v)
+            if " at 0x" in r:
+                return False
+            h.update(r.encode())
+    h.update(b">")
+    return True
+
+
+def _inner_program_key(eqn) -> bytes | None:
+    """What an ``hlofuse_call`` equation computes: its program's traced digest for the call's
+    inputs and its options; None when that has no key."""
+    program = eqn.params["program"]
+    try:
+        inner = program.jaxpr(signature_of([v.aval for v in eqn.invars]))
+    except Exception:  # noqa: BLE001 - a call that cannot be traced again is not keyed
+        return None
+    digest = _jaxpr_digest(inner)
+    if digest is None:
+        return None
+    extra = repr((program.opts, getattr(program, "shardings", None),
+                  tuple(getattr(program, "linear", ()) or ()),
+                  tuple(getattr(program, "donated", ()) or ())))
+    if " at 0x" in extra:
+        return None
+    return b"hlofuse_call:" + digest + extra.encode()
 
 
 def _module_cache_key(exp0, opts: Options, target: Target, name: str, donated, learned,
