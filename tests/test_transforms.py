@@ -330,3 +330,18 @@ def test_grad_of_attention_with_callbacks_runs_them_as_jax_jit_does():
         jax.effects_barrier()
         assert calls == {"io": 1, "dbg": 1}
         assert_same(got, want, "grad")
+
+
+def test_grad_of_a_weakly_typed_input_is_weakly_typed_as_under_jax_jit():
+    """jax.grad with respect to a Python float argument (or a closed-over one) is a weakly
+    typed f32 under jax.jit; through hlofuse.jit it came back strong, so ``grad * bf16_array``
+    promoted to f32 instead of staying bf16 (adversarial round)."""
+    x = jnp.arange(6.0).reshape(2, 3)
+    f = lambda u, b: jnp.tanh(u * b).sum()   # noqa: E731
+    for fn in (lambda J: jax.grad(J(f), argnums=1)(x, 1.5),
+               lambda J: jax.grad(lambda b: J(lambda u: jnp.tanh(u * b))(x).sum())(1.5)):
+        want = fn(jax.jit)
+        got = fn(lambda g: hlofuse.jit(g, tiered=False, autotune=False))
+        assert jax.typeof(want).weak_type and jax.typeof(got).weak_type
+        assert (got * jnp.ones(2, jnp.bfloat16)).dtype == jnp.bfloat16
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)

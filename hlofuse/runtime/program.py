@@ -735,7 +735,7 @@ class _Derived:
                 def restricted(*lv):
                     nl, li = iter(nonlin), iter(lv)
                     return fn(*[next(li) if i in lin else next(nl) for i in range(n_in)])
-                zeros = [jnp.zeros(s, d, out_sharding=sh) for s, d, sh in linear_avals]
+                zeros = [_zeros(s, d, sh, weak) for s, d, sh, weak in linear_avals]
                 outs = jax.eval_shape(restricted, *zeros)
                 pull = jax.linear_transpose(restricted, *zeros)
                 full = [next(cts) if nz else jnp.zeros_like(o) for o, nz in zip(outs, ct_nonzero)]
@@ -770,6 +770,17 @@ class _Derived:
                            name=f"vmap({self.name})", linear=self.linear)
         return self._derive(("vmap", in_batched), make)
 
+
+
+def _zeros(shape, dtype, sharding, weak: bool):
+    """Zeros of a linear input's type, weakly typed where it is (a Python float argument):
+    the transpose's cotangents take these types, and jax.grad of a weak input is weak under
+    jax.jit (a strong f32 gradient turned ``grad * bf16_array`` into f32; adversarial round)."""
+    if weak and sharding is None:
+        z = jax.lax.full(shape, {"f": 0.0, "c": 0j, "i": 0}.get(np.dtype(dtype).kind, False))
+        if z.dtype == dtype and getattr(jax.typeof(z), "weak_type", False):
+            return z
+    return jnp.zeros(shape, dtype, out_sharding=sharding)
 
 
 class Program(_Derived):
@@ -1386,7 +1397,8 @@ def _transpose(cts, *args, program: Program):
     lin_avals = [a.aval if ad.is_undefined_primal(a) else jax.typeof(a)
                  for i, a in enumerate(args) if i in lin]
     typed = typed_shardings(lin_avals)   # an Explicit mesh: the cotangents' types
-    linear_avals = tuple((tuple(a.shape), np.dtype(a.dtype), typed[k] if typed else None)
+    linear_avals = tuple((tuple(a.shape), np.dtype(a.dtype), typed[k] if typed else None,
+                          bool(getattr(a, "weak_type", False)))
                          for k, a in enumerate(lin_avals))
     nonlin = [a for i, a in enumerate(args) if i not in lin]
     ct_nonzero = tuple(type(c) is not ad.Zero for c in cts)
