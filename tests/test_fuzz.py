@@ -333,6 +333,29 @@ def test_regression_x_divided_by_itself_is_what_jax_jit_gives():
         np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
 
 
+def test_regression_the_second_cleanup_runs_until_stable():
+    """Bug 12 (long fuzz run, seed 1207): the second cleanup's algebraic-simplify turned a
+    select of two equal converts into ``min(broadcast(1.0), 1.0)`` after the last
+    constant-fold, so a second run of the pipeline folded it (not idempotent). The pass
+    manager now runs that cse / constant-fold / algebraic-simplify group again until a round
+    changes nothing (``hlofuse.core.pipeline.UNTIL_STABLE``)."""
+    spec = GraphSpec(inputs=(((4, 3, 2), "bf16"),), nodes=(
+        Node("convert", (0,), ("i1",)), Node("convert", (1,), ("bf16",)),
+        Node("select", (1, 0, 2), ()), Node("const", (), (9.183549615799121e-41, (4, 3, 2), "bf16")),
+        Node("binary", (4, 3), ("rem",)), Node("binary", (3, 4), ("div",)),
+        Node("const", (), (1.0, (4, 3, 2), "bf16")), Node("binary", (7, 4), ("add",)),
+        Node("convert", (7,), ("f32",)), Node("convert", (9,), ("bf16",)),
+        Node("binary", (10, 8), ("min",)), Node("convert", (10,), ("f32",)),
+        Node("select", (1, 9, 12), ()), Node("slice", (12,), ((2, 1, 1), (4, 2, 2), (2, 1, 1))),
+        Node("unary", (4,), ("sqrt",)), Node("concat", (3, 8), (0,)),
+        Node("broadcast", (13,), ((3, 4, 3, 2), (1, 2, 3))),
+        Node("const", (), (1.0, (3, 4, 3, 2), "f32")), Node("binary", (17, 18), ("min",)),
+        Node("const", (), (-0.0, (4, 3, 2), "bf16")), Node("binary", (20, 11), ("min",))),
+        outputs=(7, 8, 10, 19, 21), seed=107, edge=False)
+    opt = check_graph(spec)   # asserts that a second run changes nothing
+    assert [p.name for p in opt.report.passes].count("algebraic-simplify") >= 3
+
+
 def test_regression_layout_assignment_survives_erased_handles():
     """Bug 10 (long fuzz run): layout-assignment asked graph_util.alive() about a transpose
     erased through that very handle; reading its address raised "the operation has been

@@ -5,6 +5,8 @@
   are a frozen dataclass ``Options`` (``self.options`` in ``run``); an unknown or mistyped
   option is an :class:`OptionError` that lists the known ones.
 * A pipeline is a list of pass names (see :data:`PIPELINES`); each step says why it is there.
+  A named pipeline may run one group of its steps again until they change nothing
+  (:data:`UNTIL_STABLE`).
   As text: ``"inline-calls,cse,constant-fold{max_bytes=4096},kernelize"`` (options of one step
   in braces, like MLIR's pass pipelines).
 * After every pass the module is verified. A failure raises :class:`PassFailure` naming the
@@ -34,8 +36,8 @@ from hlofuse.core.report import Report
 from hlofuse.core.target import Target
 
 __all__ = ["Pass", "PassContext", "PassFailure", "PassManager", "register_pass", "get_pass",
-           "all_passes", "UpstreamPass", "PIPELINES", "resolve_pipeline", "parse_pipeline", "Step",
-           "GlobalOptions", "NoOptions", "OptionError", "split_options", "DISABLE_ENV"]
+           "all_passes", "UpstreamPass", "PIPELINES", "UNTIL_STABLE", "resolve_pipeline",
+           "parse_pipeline", "Step", "GlobalOptions", "NoOptions", "OptionError", "split_options", "DISABLE_ENV"]
 
 DISABLE_ENV = "HLOFUSE_DISABLE_PASSES"
 
@@ -420,11 +422,25 @@ PIPELINES: dict[str, list[tuple[str, str]]] = {
 }
 
 
+#: In a named pipeline, a run of consecutive steps (its last occurrence) that the pass manager
+#: runs again, as a group, until a round changes nothing (at most :data:`UNTIL_STABLE_ROUNDS`
+#: more rounds, each step recorded in the report again). The second cleanup's rewrites expose
+#: each other's: a select simplified to the minimum of two constants folds only in a later
+#: constant-fold, so a second run of the whole pipeline still changed the module (long fuzz
+#: run; a third hand-placed copy would only move the limit one step).
+UNTIL_STABLE: dict[str, tuple[str, ...]] = {
+    "default": ("cse", "constant-fold", "algebraic-simplify"),
+}
+UNTIL_STABLE_ROUNDS = 4
+
+
 @dataclasses.dataclass(frozen=True)
 class Step:
-    """One step of a pipeline: a pass name and the options given to this step only."""
+    """One step of a pipeline: a pass name and the options given to this step only;
+    ``until_stable``: it belongs to the pipeline's :data:`UNTIL_STABLE` group."""
     name: str
     options: tuple[tuple[str, str], ...] = ()   # (option, value as written)
+    until_stable: bool = dataclasses.field(default=False, compare=False)
 
     def __str__(self) -> str:
         if not self.options:
@@ -461,7 +477,12 @@ def _steps(pipeline: str | Sequence[str | Step] | None) -> list[Step]:
         pipeline = "default"
     if isinstance(pipeline, str):
         if pipeline in PIPELINES:
-            return [Step(n) for n, _ in PIPELINES[pipeline]]
+            names = [n for n, _ in PIPELINES[pipeline]]
+            group = UNTIL_STABLE.get(pipeline, ())
+            starts = [i for i in range(len(names) - len(group) + 1)
+                      if group and tuple(names[i:i + len(group)]) == group]
+            marked = set(range(starts[-1], starts[-1] + len(group))) if starts else set()
+            return [Step(n, until_stable=i in marked) for i, n in enumerate(names)]
         steps = parse_pipeline(pipeline)
     else:
         steps = [p if isinstance(p, Step) else s for p in pipeline
@@ -538,39 +559,58 @@ class PassManager:
             return self._run_steps(module, ctx)
 
     def _run_steps(self, module: ir.Module, ctx: PassContext) -> ir.Module:
-        report = ctx.report
         self._dump(module, 0, "input")
         hir.guard_integer_division(module)   # H9: before any pass folds a division
         done: list[str] = []
-        for i, step in enumerate(self.steps, start=1):
-            name = step.name
-            cls = get_pass(name)
-            if name in self.disabled or ctx.turned_off(cls, step):
-                report.record_pass(name, 0.0, {}, disabled=True)
+        steps = self.steps
+        i = 0
+        while i < len(steps):
+            if not steps[i].until_stable:
+                self._run_step(module, ctx, steps[i], i + 1, done)
+                i += 1
                 continue
-            before = hir.to_bytecode(module)
-            p = cls(ctx.options_for(cls, step))
-            t0 = time.perf_counter()
-            try:
-                with trace(f"pass {name}", source=report.source or "", step=i):
-                    stats = p.run(module, ctx) or {}
-                if self.verify_each:
-                    hir.verify(module)
-            except PassFailure:
-                raise
-            except Exception as e:  # noqa: BLE001 - re-raised as PassFailure naming pass, op, dump
-                dump = self._dump_failure(before, name)
-                msg = str(e).strip() or type(e).__name__
-                opname, loc = getattr(e, "op", None), getattr(e, "location", None)
-                if opname is None:
-                    opname, loc = _first_op_in_error(module, msg)
-                raise PassFailure(name, f"{type(e).__name__}: {msg}", op=opname, location=loc,
-                                  dump_path=dump, after=done) from e
-            report.record_pass(name, time.perf_counter() - t0, stats)
-            done.append(name)
-            self._dump(module, i, name)
+            j = i
+            while j < len(steps) and steps[j].until_stable:
+                j += 1
+            for _ in range(1 + UNTIL_STABLE_ROUNDS):   # the group, then again while it changes
+                start = hir.to_bytecode(module)
+                for k in range(i, j):
+                    self._run_step(module, ctx, steps[k], k + 1, done)
+                if hir.to_bytecode(module) == start:
+                    break
+            i = j
         hir.guard_integer_division(module)   # H9: what XLA's constant folder would trap on
         return module
+
+    def _run_step(self, module: ir.Module, ctx: PassContext, step: Step, i: int,
+                  done: list) -> None:
+        report = ctx.report
+        name = step.name
+        cls = get_pass(name)
+        if name in self.disabled or ctx.turned_off(cls, step):
+            report.record_pass(name, 0.0, {}, disabled=True)
+            return
+        before = hir.to_bytecode(module)
+        p = cls(ctx.options_for(cls, step))
+        t0 = time.perf_counter()
+        try:
+            with trace(f"pass {name}", source=report.source or "", step=i):
+                stats = p.run(module, ctx) or {}
+            if self.verify_each:
+                hir.verify(module)
+        except PassFailure:
+            raise
+        except Exception as e:  # noqa: BLE001 - re-raised as PassFailure naming pass, op, dump
+            dump = self._dump_failure(before, name)
+            msg = str(e).strip() or type(e).__name__
+            opname, loc = getattr(e, "op", None), getattr(e, "location", None)
+            if opname is None:
+                opname, loc = _first_op_in_error(module, msg)
+            raise PassFailure(name, f"{type(e).__name__}: {msg}", op=opname, location=loc,
+                              dump_path=dump, after=done) from e
+        report.record_pass(name, time.perf_counter() - t0, stats)
+        done.append(name)
+        self._dump(module, i, name)
 
     def _dump_failure(self, module_bytes: bytes, name: str) -> str:
         d = self.dump_dir or tempfile.mkdtemp(prefix="hlofuse-failure-")
