@@ -320,6 +320,7 @@ class Kernelize(Pass):
         mesh = shd.mesh_of(module) if shd.is_propagated(module) else None
         if mesh is not None:
             shd.annotate_calls(module, calls, table)
+        several_meshes = shd.several_meshes(module)
         # kernel names in use (a module optimized before keeps its kernels' names)
         names = {k.kernel for k in kernel_funcs(module).values()}
         for call in calls:
@@ -334,6 +335,13 @@ class Kernelize(Pass):
             region = ctx.report.region(rid)
             if self.options.no_kernels:
                 region.reason = "kernels disabled by option"
+                leave_to_xla(fn_op, region.reason)
+                continue
+            if not ctx.target.is_cpu and several_meshes:
+                # no per-shard kernels there (shd.is_sharded_module), and XLA would gather a
+                # whole-array Pallas kernel's operands onto every device
+                region.reason = ("a program on several meshes: no per-shard kernel, and a "
+                                 "whole-array kernel would gather its operands on every device")
                 leave_to_xla(fn_op, region.reason)
                 continue
             body = body_text(fn_op)

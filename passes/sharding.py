@@ -33,7 +33,7 @@ from hlofuse.core import ir as hir
 from hlofuse.core import ops as hops
 from hlofuse.kernels.support import conv_groups, is_splat_constant
 
-__all__ = ["mesh_of", "is_sharded_module", "value_sharding", "check_region",
+__all__ = ["mesh_of", "several_meshes", "is_sharded_module", "value_sharding", "check_region",
            "slice_replicated_inputs", "local_function", "manual_wrapper", "NotShardLocal"]
 
 SHARDING_ATTR = "sdy.sharding"
@@ -85,6 +85,17 @@ def is_propagated(module) -> bool:
     return PROPAGATED_ATTR in module.operation.attributes and is_sharded_module(module)
 
 
+def several_meshes(module) -> bool:
+    """The module names more than one mesh with axes (jax's axis-less ``@empty_mesh`` and
+    ``@maximal_mesh_N`` do not count)."""
+    n = 0
+    for op in module.body.operations:
+        if op.operation.name == "sdy.mesh":
+            m = re.search(r"<\[(.*?)\]", str(op))
+            n += bool(m and m.group(1).strip())
+    return n > 1
+
+
 def is_sharded_module(module) -> bool:
     """The module has one mesh, of more than one device, and a sharded ``@main`` argument.
     A module with several meshes (a constraint onto another mesh of the same devices) is not
@@ -94,7 +105,7 @@ def is_sharded_module(module) -> bool:
     mesh = mesh_of(module)
     if mesh is None or math.prod(mesh[2].values() or [1]) <= 1:
         return False
-    if sum(op.operation.name == "sdy.mesh" for op in module.body.operations) > 1:
+    if several_meshes(module):
         return False
     main = hir.main_func(module)
     if "arg_attrs" not in main.attributes:
@@ -145,11 +156,16 @@ def _value_sharding(v: ir.Value) -> tuple | None:
 def input_sharding(v: ir.Value, depth: int = 0) -> tuple | None:
     """:func:`value_sharding` of a region input, or, for a value made after propagation (the
     lse a training match adds, the layout ops around it), its operands' carried forward by the
-    rules of :func:`check_region`; replicated when nothing shards it."""
+    rules of :func:`check_region`; replicated when nothing shards it. None for a result of a
+    region call :func:`annotate_calls` left unannotated (a region not shard-local): what it
+    holds is not known, and read as replicated a forward's row statistics reached its
+    backward's per-shard kernel whole."""
     s = value_sharding(v)
     if s is not None:
         return s
     op = hir.defining_op(v)
+    if op is not None and op.name == "func.call":
+        return None
     if (depth < 32 and op is not None and op.name != "func.call" and len(op.results) == 1
             and not len(op.regions)):
         ins = []

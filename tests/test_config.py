@@ -66,7 +66,7 @@ def test_program_settings_change_the_module_cache_key(monkeypatch):
 @pytest.mark.parametrize("name, raw, want", [
     ("HLOFUSE_TIERED", "off", False), ("HLOFUSE_TIERED", " Yes ", True), ("HLOFUSE_TIERED", "", True),
     ("HLOFUSE_AUTOTUNE_BUDGET_S", "2.5", 2.5), ("HLOFUSE_AUTOTUNE", "Cached", "cached"),
-    ("HLOFUSE_AUTOTUNE_BUDGET_S", "inf", float("inf")), ("HLOFUSE_RECHECK_S", "0", 0.0),
+    ("HLOFUSE_RECHECK_S", "inf", float("inf")), ("HLOFUSE_RECHECK_S", "0", 0.0),
     ("HLOFUSE_DISABLE_PASSES", "cse, constant-fold,", ("cse", "constant-fold")),
     ("HLOFUSE_CPU_ATTENTION_PARTS", "cores", "cores"), ("HLOFUSE_CPU_ATTENTION_PARTS", "3", 3),
 ])
@@ -87,14 +87,15 @@ def test_a_path_setting_expands_the_home_directory(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("name, raw, expected", [
     ("HLOFUSE_TIERED", "maybe", "expected one of 1, true, yes, on, 0, false, no, off"),
-    ("HLOFUSE_AUTOTUNE_BUDGET_S", "ten", "expected a number of at least 0"),
+    ("HLOFUSE_AUTOTUNE_BUDGET_S", "ten", "expected a finite number of at least 0"),
     ("HLOFUSE_AUTOTUNE", "sometimes", "expected one of"),
     ("HLOFUSE_CPU_ATTENTION_PARTS", "many", "expected an integer of at least 1 or cores"),
     # NaN passed float() and broke tuning with "cannot convert float NaN to integer", or
     # (HLOFUSE_RECHECK_S) meant "never" through max(nan, ...); negative values were taken
     # silently (adversarial round)
-    ("HLOFUSE_AUTOTUNE_BUDGET_S", "nan", "expected a number of at least 0"),
-    ("HLOFUSE_AUTOTUNE_BUDGET_S", "-5", "expected a number of at least 0"),
+    ("HLOFUSE_AUTOTUNE_BUDGET_S", "nan", "expected a finite number of at least 0"),
+    ("HLOFUSE_AUTOTUNE_BUDGET_S", "-5", "expected a finite number of at least 0"),
+    ("HLOFUSE_AUTOTUNE_BUDGET_S", "inf", "expected a finite number of at least 0"),
     ("HLOFUSE_RECHECK_S", "NaN", "expected a number of at least 0"),
     ("HLOFUSE_RECHECK_S", "-1", "expected a number of at least 0"),
     ("HLOFUSE_CPU_ATTENTION_PARTS", "0", "expected an integer of at least 1"),

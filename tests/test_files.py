@@ -76,3 +76,19 @@ def test_exclusive_serializes_and_never_blocks_for_long(tmp_path):
     assert order == [("first", True), ("late", True)]
     with files.exclusive(str(tmp_path / "missing" / "x.json")) as held:
         assert not held
+
+
+def test_exclusive_gives_up_at_once_where_the_file_system_has_no_locks(tmp_path, monkeypatch):
+    """A network mount without flock answers ENOLCK: no lock, and no wait (a 5 s wait per
+    write of the decision cache, inside the user's call, otherwise)."""
+    import errno
+    import fcntl
+    import time
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    t0 = time.monotonic()
+    with files.exclusive(str(tmp_path / "autotune.json")) as held:
+        assert not held
+    assert time.monotonic() - t0 < 1.0

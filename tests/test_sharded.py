@@ -319,6 +319,9 @@ CHILD_TWO_MESHES = textwrap.dedent('''
         got = h(x)
     out = agreement(jax.jit(f)(x), got)
     out["kernels"] = len(h.report(x).kernels)
+    from hlofuse.runtime.testing import ALL_KERNELS
+    gpu = hlofuse.jit(f, target="gpu", autotune=False, options=ALL_KERNELS).lower(x).report
+    out["gpu"] = [(len(gpu.kernels), r.reason) for r in gpu.regions]
     print(json.dumps(out))
 ''').replace("ROOT", repr(ROOT))
 
@@ -331,6 +334,9 @@ def test_a_program_on_two_meshes_is_optimized_for_whole_arrays():
     o = run_json_child(CHILD_TWO_MESHES)
     assert o["err"] <= TOLERANCES["reassociate"]["float32"][0], o
     assert o["kernels"] >= 1, o
+    # on gpu/tpu a whole-array Pallas kernel would gather its operands on every device: the
+    # regions stay with XLA, and the report says why
+    assert o["gpu"] and all(n == 0 and "several meshes" in (why or "") for n, why in o["gpu"]), o
 
 
 CHILD_LOOSE_LEAF = textwrap.dedent('''

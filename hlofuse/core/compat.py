@@ -350,6 +350,20 @@ def inlined_func_call(callee_op, operands):
 
 
 @functools.cache
+def xla_simplifies_self_division() -> bool:
+    """Whether this jaxlib's XLA simplifies an integer ``x / x`` to 1 (and ``x % x`` to 0)
+    itself, also where x is 0 (jax 0.12's does; 0.10.2's runs them: 0 / 0 = -1). Asked once,
+    of XLA:CPU (one small compile), by :func:`hlofuse.core.ir.guard_integer_division`."""
+    import numpy as np
+    try:
+        with jax.default_device(jax.devices("cpu")[0]), jax.disable_jit(False):
+            out = jax.jit(lambda v: jax.lax.div(v, v))(np.zeros(2, np.int32))
+        return bool(np.all(np.asarray(out) == 1))
+    except Exception:  # noqa: BLE001 - no cpu backend: guard as before
+        return False
+
+
+@functools.cache
 def host_callback_primitives() -> types.SimpleNamespace:
     """``primitives`` (outlined as placeholders), ``unordered_effects`` (need no token), and
     the two callback primitives hlofuse tests by name."""

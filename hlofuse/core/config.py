@@ -42,6 +42,7 @@ class Setting:
     choices: tuple = ()         # type 'choice': the values allowed (lowercase)
     internal: bool = False      # hlofuse's own plumbing (the CLI's worker process), not for users
     minimum: float | None = None    # int and float: the smallest value allowed
+    finite: bool = False            # float: infinity is refused too
 
     def parse(self, raw: str) -> Any:
         """The value of ``raw`` (the variable's text, not empty) as this setting's type."""
@@ -66,9 +67,11 @@ class Setting:
             try:
                 value = float(text)
             except ValueError:
-                return self._bad(raw, f"a number{self._bound()}")
-            if value != value:   # NaN compares false with every bound: max(nan, x) is nan
-                return self._bad(raw, f"a number{self._bound()}")
+                return self._bad(raw, f"a {'finite ' if self.finite else ''}number{self._bound()}")
+            if value != value or (self.finite and value in (float("inf"), float("-inf"))):
+                # NaN compares false with every bound (max(nan, x) is nan); an infinite
+                # budget overflowed int() in tuning, naming no setting
+                return self._bad(raw, f"a {'finite ' if self.finite else ''}number{self._bound()}")
             return self._at_least(raw, value)
         if self.type == "choice":
             if low in self.choices:
@@ -87,7 +90,8 @@ class Setting:
 
     def _at_least(self, raw: str, value):
         if self.minimum is not None and value < self.minimum:
-            kind = "an integer" if self.type == "int" else "a number"
+            kind = ("an integer" if self.type == "int" else
+                    "a finite number" if self.finite else "a number")
             raise SettingError(f"{self.name}={raw!r}: expected {kind}{self._bound()} ({self.doc})")
         return value
 
@@ -106,7 +110,8 @@ _DECLARED = [
             "cached (use earlier decisions only); hlofuse.jit(autotune=...) wins",
             choices=_TRUE + _FALSE + ("cached",)),
     Setting("HLOFUSE_AUTOTUNE_BUDGET_S", "float", 10.0,
-            "seconds one signature's tuning may spend (compiles and timing)", minimum=0),
+            "seconds one signature's tuning may spend (compiles and timing)", minimum=0,
+            finite=True),
     Setting("HLOFUSE_RECHECK_S", "float", 30.0,
             "with tuning on, seconds of calls before a decided signature is re-checked against "
             "XLA's own module (the interval then doubles while re-checks keep it); 0: never",
@@ -179,6 +184,7 @@ def markdown() -> str:
         default = "~/.cache/hlofuse" if s.name == "HLOFUSE_CACHE_DIR" else s.default
         kind = s.type + (f" ({', '.join(s.choices)})" if s.type == "int" and s.choices else "")
         kind += f" >= {s.minimum:g}" if s.minimum is not None else ""
+        kind += ", finite" if s.finite else ""
         doc = s.doc + (" *Part of the module-cache keys.*" if s.program else "")
         rows.append(f"| `{s.name}` | {kind} | `{default!r}` | {doc} |")
     return "\n".join(rows) + "\n"

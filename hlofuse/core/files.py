@@ -12,6 +12,7 @@ never the temporary.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import tempfile
 import threading
@@ -83,8 +84,17 @@ def exclusive(target: str, wait_s: float = LOCK_WAIT_S):
     be taken (no ``fcntl``, a read-only folder, a holder past ``wait_s``) it goes on without."""
     try:
         import fcntl
-        fd = os.open(target + ".lock", os.O_RDWR | os.O_CREAT, 0o666 & ~current_umask())
-    except (ImportError, OSError):
+    except ImportError:
+        yield False
+        return
+    fd = None
+    for flags in (os.O_RDWR | os.O_CREAT, os.O_RDONLY):   # another user's lock file: read-only
+        try:
+            fd = os.open(target + ".lock", flags, 0o666 & ~current_umask())
+            break
+        except OSError:
+            continue
+    if fd is None:
         yield False
         return
     held = False
@@ -95,8 +105,11 @@ def exclusive(target: str, wait_s: float = LOCK_WAIT_S):
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 held = True
                 break
-            except OSError:
-                if time.monotonic() >= deadline:
+            except OSError as e:
+                # held elsewhere: wait; a file system without flock (ENOLCK, EOPNOTSUPP on
+                # some network mounts): go on at once, never a 5 s wait per write
+                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES) or \
+                        time.monotonic() >= deadline:
                     break
                 time.sleep(0.01)
         yield held

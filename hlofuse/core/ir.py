@@ -598,18 +598,30 @@ def guard_integer_division(module: ir.Module) -> int:
         if (c is not None and not np.any(c == 0) and (unsigned or not np.any(c == -1))) \
                 or _is_guarded_divisor(d):
             return
-        if c is None and op.operands[0] == d:
-            # x / x and x % x of a value no folder sees: XLA simplifies them itself (jax
-            # 0.12's to 1 and 0, also where x is 0; 0.10.2's run them: -1 and 0), and guarded
-            # they were not what jax.jit gives (found by the long fuzz)
+        if c is None and op.operands[0] == d and compat.xla_simplifies_self_division():
+            # x / x and x % x: this XLA simplifies them to 1 and 0 itself, also where x is 0
+            # (jax 0.12; 0.10.2's run them: -1 and 0, what the guard writes out). Guarded
+            # they gave -1 where jax.jit gives 1 (long fuzz run); written as XLA's constant
+            # they are that and leave no division a folder could trap on
+            selfs.append(op)
             return
         todo.append(op)
 
+    selfs: list = []
     walk(module, visit)
     with module.context:
         for op in todo:
             _guard_one(op)
-    return len(todo)
+        for op in selfs:
+            with op.location:
+                t = ir.RankedTensorType(op.results[0].type)
+                value = 1 if op.name == "stablehlo.divide" else 0
+                attr = ir.DenseElementsAttr.get_splat(t, ir.IntegerAttr.get(t.element_type, value))
+                c = ir.Operation.create("stablehlo.constant", results=[t], attributes={"value": attr},
+                                        loc=op.location, ip=ir.InsertionPoint(op)).results[0]
+                op.results[0].replace_all_uses_with(c)
+                safe_erase(op)
+    return len(todo) + len(selfs)
 
 
 def _guard_one(op) -> None:

@@ -586,9 +586,14 @@ def _inner_program_key(eqn) -> bytes | None:
     digest = _jaxpr_digest(inner)
     if digest is None:
         return None
-    extra = repr((program.opts, getattr(program, "shardings", None),
-                  tuple(getattr(program, "linear", ()) or ()),
-                  tuple(getattr(program, "donated", ()) or ())))
+    import json
+    o = program.opts
+    extra = json.dumps({   # sorted: the same options in another order are the same key
+        "target": repr(o.target), "pipeline": repr(o.pipeline), "disable": list(o.disable),
+        "options": o.pass_options, "check": o.check, "autotune": repr(o.autotune),
+        "shardings": repr(getattr(program, "shardings", None)),
+        "linear": list(getattr(program, "linear", ()) or ()),
+        "donated": list(getattr(program, "donated", ()) or ())}, sort_keys=True, default=repr)
     if " at 0x" in extra:
         return None
     return b"hlofuse_call:" + digest + extra.encode()

@@ -161,11 +161,16 @@ def _block_grads(spec, learned, n, g, q_pos, k_pos, q, kb, vb, do, m, l, delta, 
     p = jnp.exp(x - m) / l
     p = jnp.where(row_valid, p, 0.0)
     dp = lax.dot_general(do, vb, (((1,), (1,)), ((), ())), preferred_element_type=F32)
-    # padded keys get no gradient: a row with every key masked has p = NaN there, and a
-    # padded key's mask entry may pass (see build_cpu_bwd)
-    dx = jnp.where(key_valid, logit_grad(p, dp, delta), 0.0)
+    dx = logit_grad(p, dp, delta)
+    padded = spec.seq_k % kb.shape[0] != 0
+    if padded:
+        # padding keys get no gradient: a row with every key masked has p = NaN there, and a
+        # padding key's mask entry may pass (see build_cpu_bwd)
+        dx = jnp.where(key_valid, dx, 0.0)
     ds, *dls = vjp(dx)
-    return p, jnp.where(key_valid, ds, 0.0), [d.astype(F32) for d in dls]
+    if padded:
+        ds = jnp.where(key_valid, ds, 0.0)
+    return p, ds, [d.astype(F32) for d in dls]
 
 
 def _tdot(a, dtype, b):
