@@ -23,7 +23,7 @@ from hlofuse.kernels.attention.cpu import cpu_split
 from hlofuse.kernels.common import func_avals
 from hlofuse.core.ops import EmitError
 from hlofuse.runtime.testing import assert_same, random_inputs
-from tests.attention_programs import BF16, make_args, make_attention
+from tests.attention_programs import BF16, first_rows_see_no_key, make_args, make_attention
 from tests.fusion_util import outline, run_region
 
 from hlofuse.core import ir as hir
@@ -141,17 +141,6 @@ def test_fully_masked_rows_with_a_finite_fill():
 
 
 
-def _first_rows_see_no_key(q, k, v):
-    """bshd attention whose first 5 query rows have every key masked with -inf (their softmax
-    is NaN), zeroed by the program afterwards."""
-    t = q.shape[1]
-    s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / 4
-    i, j = jnp.arange(t)[:, None], jnp.arange(t)[None, :]
-    s = jnp.where(i >= j + 5, s, -jnp.inf)
-    o = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, axis=-1), v)
-    return jnp.where(jnp.isnan(o), 0.0, o)
-
-
 @pytest.mark.parametrize("target,seq", [("cpu", 300), ("gpu", 40), ("tpu", 136)])
 def test_rows_with_every_key_masked_get_no_nan_from_padding_keys(target, seq):
     """A row with every key masked has p = exp(-inf - -inf) = NaN at every key, and a padding
@@ -163,7 +152,7 @@ def test_rows_with_every_key_masked_get_no_nan_from_padding_keys(target, seq):
     rng = np.random.default_rng(0)
     args = [rng.standard_normal((1, seq, 2, 16)).astype(np.float32) for _ in range(3)]
     # (constant-fold first, as the pipeline does: the mask's positions become a constant)
-    ffn, bfn = _step_regions(_first_rows_see_no_key, args, passes="constant-fold,fuse-attention")
+    ffn, bfn = _step_regions(first_rows_see_no_key, args, passes="constant-fold,fuse-attention")
     fs, fwd_in, extra, _ = _inputs(ffn, bfn)
     (pos,) = [i for i, a in enumerate(fwd_in) if a.dtype == np.int32]   # the folded j + 5
     fwd_in[pos] = (np.arange(seq, dtype=np.int32) + 5).reshape(fwd_in[pos].shape)

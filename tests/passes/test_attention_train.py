@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import hlofuse
 from hlofuse.runtime.testing import ALL_KERNELS
 from hlofuse.runtime.testing import assert_same
-from tests.attention_programs import BF16, make_args, make_attention
+from tests.attention_programs import BF16, first_rows_see_no_key, make_args, make_attention
 
 
 def train_kernels(report) -> list:
@@ -519,12 +519,11 @@ def test_rows_with_every_key_masked_and_zeroed_get_the_programs_zero_gradient():
     was NaN when the key count is not a multiple of the key block (300 keys: two 256-key
     blocks; adversarial round). Numerics of the kernels alone, on every target:
     tests/kernels/test_attention_backward.py."""
-    from tests.kernels.test_attention_backward import _first_rows_see_no_key
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((1, 300, 2, 16)).astype(np.float32) for _ in range(3))
 
     def loss(q, k, v):
-        return jnp.sum(_first_rows_see_no_key(q, k, v) ** 2)
+        return jnp.sum(first_rows_see_no_key(q, k, v) ** 2)
     step = jax.grad(loss, argnums=(0, 1))
     f = hlofuse.jit(step, autotune=False)
     got = f(q, k, v)
