@@ -86,14 +86,17 @@ def is_propagated(module) -> bool:
 
 
 def several_meshes(module) -> bool:
-    """The module names more than one mesh with axes (jax's axis-less ``@empty_mesh`` and
-    ``@maximal_mesh_N`` do not count)."""
-    n = 0
+    """The module has meshes of more than one layout (axes and devices). jax's axis-less
+    ``@empty_mesh`` and ``@maximal_mesh_N`` do not count, nor do copies of one mesh under two
+    names (a ``shard_map``'s mesh made apart from the inputs': ``@mesh`` and ``@mesh_0``)."""
+    layouts = set()
     for op in module.body.operations:
         if op.operation.name == "sdy.mesh":
-            m = re.search(r"<\[(.*?)\]", str(op))
-            n += bool(m and m.group(1).strip())
-    return n > 1
+            text = str(op)
+            m = re.search(r"<\[(.*?)\]", text)
+            if m and m.group(1).strip():
+                layouts.add(text[text.index("<"):])
+    return len(layouts) > 1
 
 
 def is_sharded_module(module) -> bool:

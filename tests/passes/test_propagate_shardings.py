@@ -181,3 +181,19 @@ def test_propagation_reaches_into_loop_bodies():
     assert shd.LOOP_SHARDING_ATTR in loop.attributes and shd.SHARDING_ATTR not in loop.attributes
     arg = loop.regions[1].blocks[0].arguments[1]
     assert shd.value_sharding(arg) == (("data",), ())
+
+
+def test_several_meshes_counts_layouts_not_names():
+    """A shard_map's mesh made apart from the inputs' is the same mesh under a second name
+    (``@mesh_0``): one layout, still a sharded program (counting names turned every per-shard
+    kernel of a shard_map MLP off on h100 and v5e; CI's deviceless compile caught it). Axis-less
+    meshes do not count; two layouts do."""
+    from hlofuse.core import ir as hir
+    from hlofuse.passes import sharding as shd
+    body = ("func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> {\n"
+            "  return %x : tensor<8xf32>\n}")
+    same = ('sdy.mesh @mesh = <["data"=2, "model"=4]>\nsdy.mesh @mesh_0 = <["data"=2, "model"=4]>\n'
+            'sdy.mesh @empty_mesh = <[]>\n')
+    other = 'sdy.mesh @mesh = <["a"=8]>\nsdy.mesh @mesh_0 = <["a"=2, "b"=4]>\n'
+    assert not shd.several_meshes(hir.parse(same + body))
+    assert shd.several_meshes(hir.parse(other + body))
