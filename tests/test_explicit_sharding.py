@@ -299,9 +299,5 @@ def test_a_shard_map_manual_over_some_explicit_axes_runs_as_under_jax_jit():
     cannot coexist or axes overlap": a per-shard kernel wrapper manual over the whole mesh,
     nested in the body), and an elementwise function's output lost its 'model' sharding
     (adversarial round). Now jax.jit's values and output shardings."""
-    import jax
-    if not hasattr(jax, "shard_map"):
-        import pytest
-        pytest.skip("jax.shard_map with axis_names: jax 0.12")
     out = run_json_child(CHILD_PARTLY_MANUAL, timeout=600)
     assert not out["problems"] and out["hlofuse"] == out["jax"], out

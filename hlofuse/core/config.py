@@ -61,17 +61,17 @@ class Setting:
                 value = int(text)
             except ValueError:
                 alt = f" or {', '.join(self.choices)}" if self.choices else ""
-                return self._bad(raw, f"an integer{self._bound()}{alt}")
+                return self._bad(raw, self._number() + alt)
             return self._at_least(raw, value)
         if self.type == "float":
             try:
                 value = float(text)
             except ValueError:
-                return self._bad(raw, f"a {'finite ' if self.finite else ''}number{self._bound()}")
+                return self._bad(raw, self._number())
             if value != value or (self.finite and value in (float("inf"), float("-inf"))):
                 # NaN compares false with every bound (max(nan, x) is nan); an infinite
                 # budget overflowed int() in tuning, naming no setting
-                return self._bad(raw, f"a {'finite ' if self.finite else ''}number{self._bound()}")
+                return self._bad(raw, self._number())
             return self._at_least(raw, value)
         if self.type == "choice":
             if low in self.choices:
@@ -88,11 +88,15 @@ class Setting:
     def _bound(self) -> str:
         return "" if self.minimum is None else f" of at least {self.minimum:g}"
 
+    def _number(self) -> str:
+        """What a numeric setting takes: 'an integer', 'a (finite) number', with its bound."""
+        kind = ("an integer" if self.type == "int" else
+                "a finite number" if self.finite else "a number")
+        return kind + self._bound()
+
     def _at_least(self, raw: str, value):
         if self.minimum is not None and value < self.minimum:
-            kind = ("an integer" if self.type == "int" else
-                    "a finite number" if self.finite else "a number")
-            raise SettingError(f"{self.name}={raw!r}: expected {kind}{self._bound()} ({self.doc})")
+            return self._bad(raw, self._number())
         return value
 
     def _bad(self, raw: str, expected: str):
